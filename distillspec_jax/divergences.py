@@ -1,0 +1,313 @@
+"""Divergences between target (p) and draft (q) next-token distributions.
+
+DistillSpec (Zhou et al., ICLR 2024, Knowl 6) trains the draft q by minimising a
+divergence D(p || q) averaged over the tokens of each sequence:
+
+    D(M_p || M_q)(y | x) = (1 / |y|) * sum_t D(p(. | x, y_<t) || q(. | x, y_<t)).
+
+Supported token-level divergences (names are the strings used in configs):
+
+* ``"fkl"``: forward KL,  KL(p || q) = sum_c p log(p / q)   (mean-seeking).
+* ``"rkl"``: reverse KL,  KL(q || p) = sum_c q log(q / p)   (mode-seeking).
+* ``"jsd"``: generalised JSD[beta] = beta KL(p || m) + (1 - beta) KL(q || m),
+  m = beta p + (1 - beta) q.
+* ``"tvd"``: total variation, 0.5 * sum_c |p - q|.  1 - TVD is the expected
+  speculative-sampling acceptance probability (Knowl 2).
+
+Everything is computed from logits in log space.  Entries with probability zero
+(``-inf`` logits, e.g. a padded vocabulary) are handled with the "double where"
+pattern so that neither values nor gradients become NaN (0 * log 0 = 0).
+
+Gradients flow to the draft only: target logits pass through
+``jax.lax.stop_gradient``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
+
+
+# --------------------------------------------------------------------------
+# Validation.
+# --------------------------------------------------------------------------
+
+
+def _is_static_number(x) -> bool:
+  """True for Python/NumPy scalars; traced values cannot be validated eagerly."""
+  return isinstance(x, numbers.Real)
+
+
+def validate_divergence_name(name: str) -> None:
+  """Raises ValueError unless ``name`` is one of ``DIVERGENCES``."""
+  if name not in DIVERGENCES:
+    raise ValueError(
+        f"Unknown divergence {name!r}; valid names are {', '.join(map(repr, DIVERGENCES))}."
+    )
+
+
+def _validate_beta(beta) -> None:
+  if _is_static_number(beta) and not 0.0 < float(beta) < 1.0:
+    raise ValueError(f"JSD beta must lie in the open interval (0, 1); got {beta!r}.")
+
+
+def _validate_temperature(temperature, which: str) -> None:
+  if _is_static_number(temperature) and not float(temperature) > 0.0:
+    raise ValueError(f"{which} must be > 0; got {temperature!r}.")
+
+
+# --------------------------------------------------------------------------
+# Log-space building blocks.
+# --------------------------------------------------------------------------
+
+
+def log_probs(
+    logits: jax.Array,
+    *,
+    temperature=1.0,
+    vocab_mask: Optional[jax.Array] = None,
+) -> jax.Array:
+  """Temperature-scaled log-softmax with optional vocabulary masking.
+
+  Args:
+    logits: [..., vocab] unnormalised logits (may contain -inf).
+    temperature: scalar > 0; logits are divided by it.
+    vocab_mask: optional [vocab] bool, True = real entry.  Masked entries get
+      -inf logits, i.e. probability exactly 0.
+
+  Returns:
+    [..., vocab] log-probabilities; -inf where the probability is zero.
+  """
+  logits = logits / temperature
+  if vocab_mask is not None:
+    logits = jnp.where(jnp.asarray(vocab_mask, bool), logits, -jnp.inf)
+  return jax.nn.log_softmax(logits, axis=-1)
+
+
+def _kl_from_log_probs(log_a: jax.Array, log_b: jax.Array) -> jax.Array:
+  """KL(a || b) = sum_c a (log a - log b) over the last axis.
+
+  Terms with a == 0 (log_a == -inf) are exactly 0.  The operands of the
+  arithmetic are replaced by 0 there *before* use (the double-where trick),
+  because the backward pass of ``where`` multiplies the unused branch's local
+  derivative by 0 and 0 * inf = NaN would otherwise leak into the gradient.
+
+  Args:
+    log_a, log_b: [..., vocab] log-probabilities.
+
+  Returns:
+    [...] KL divergence.  +inf only if a > 0 where b == 0 (true infinity).
+  """
+  support = log_a > -jnp.inf
+  safe_log_a = jnp.where(support, log_a, 0.0)
+  safe_log_b = jnp.where(support, log_b, 0.0)
+  terms = jnp.exp(safe_log_a) * (safe_log_a - safe_log_b)
+  return jnp.sum(jnp.where(support, terms, 0.0), axis=-1)
+
+
+def _jsd_from_log_probs(log_p: jax.Array, log_q: jax.Array, beta) -> jax.Array:
+  """beta KL(p || m) + (1 - beta) KL(q || m) with m = beta p + (1 - beta) q.
+
+  log m is formed with ``logaddexp`` so that tiny probabilities (logits of
+  +-1e4) are not rounded to zero before the log.  Where both p and q are zero
+  the inputs to ``logaddexp`` are swapped for finite dummies: its derivative at
+  (-inf, -inf) is NaN, and those entries contribute 0 anyway.
+
+  Args:
+    log_p, log_q: [..., vocab] log-probabilities.
+    beta: scalar in (0, 1).
+
+  Returns:
+    [...] generalised Jensen-Shannon divergence.
+  """
+  either = (log_p > -jnp.inf) | (log_q > -jnp.inf)
+  safe_log_p = jnp.where(either, log_p, 0.0)
+  safe_log_q = jnp.where(either, log_q, 0.0)
+  log_m = jnp.logaddexp(jnp.log(beta) + safe_log_p, jnp.log1p(-beta) + safe_log_q)
+  return beta * _kl_from_log_probs(log_p, log_m) + (1.0 - beta) * _kl_from_log_probs(
+      log_q, log_m
+  )
+
+
+def _tvd_from_log_probs(log_p: jax.Array, log_q: jax.Array) -> jax.Array:
+  """0.5 * sum_c |p - q| over the last axis; exp(-inf) = 0 is safe here."""
+  return 0.5 * jnp.sum(jnp.abs(jnp.exp(log_p) - jnp.exp(log_q)), axis=-1)
+
+
+# --------------------------------------------------------------------------
+# Token- and sequence-level divergences.
+# --------------------------------------------------------------------------
+
+
+def token_divergence(
+    name: str,
+    target_logits: jax.Array,
+    draft_logits: jax.Array,
+    *,
+    target_temperature=1.0,
+    draft_temperature=1.0,
+    beta=0.5,
+    vocab_mask: Optional[jax.Array] = None,
+) -> jax.Array:
+  """Per-token divergence D(p_t || q_t) between target p and draft q.
+
+  Args:
+    name: one of "fkl", "rkl", "jsd", "tvd".
+    target_logits: [batch, length, vocab] target logits (no gradient flows).
+    draft_logits: [batch, length, vocab] draft logits.
+    target_temperature: T_p > 0 applied to the target logits.
+    draft_temperature: T_q > 0 applied to the draft logits.
+    beta: JSD mixing weight in (0, 1) (validated for every name so a bad config
+      fails loudly even if the divergence is switched later).
+    vocab_mask: optional [vocab] bool, True = real vocabulary entry.
+
+  Returns:
+    [batch, length] divergence per token.
+  """
+  validate_divergence_name(name)
+  _validate_beta(beta)
+  _validate_temperature(target_temperature, "target_temperature")
+  _validate_temperature(draft_temperature, "draft_temperature")
+
+  # The target is a fixed teacher: distillation must never update it.
+  target_logits = jax.lax.stop_gradient(target_logits)
+  log_p = log_probs(target_logits, temperature=target_temperature, vocab_mask=vocab_mask)
+  log_q = log_probs(draft_logits, temperature=draft_temperature, vocab_mask=vocab_mask)
+
+  if name == "fkl":
+    return _kl_from_log_probs(log_p, log_q)
+  if name == "rkl":
+    return _kl_from_log_probs(log_q, log_p)
+  if name == "jsd":
+    return _jsd_from_log_probs(log_p, log_q, beta)
+  return _tvd_from_log_probs(log_p, log_q)
+
+
+def masked_sequence_mean(token_values: jax.Array, token_mask: jax.Array) -> jax.Array:
+  """Weighted mean over the length axis: sum_t w_t v_t / sum_t w_t.
+
+  Rows whose weights sum to 0 give exactly 0 (not NaN), with zero gradient.
+  Values at zero-weight positions are ignored even if they are inf/NaN.
+
+  Args:
+    token_values: [batch, length] per-token values.
+    token_mask: [batch, length] non-negative loss weights (0 = padding).
+
+  Returns:
+    [batch] per-sequence mean.
+  """
+  token_mask = jnp.asarray(token_mask, token_values.dtype)
+  weighted = jnp.where(token_mask > 0, token_values * token_mask, 0.0)
+  numerator = jnp.sum(weighted, axis=-1)
+  denominator = jnp.sum(token_mask, axis=-1)
+  has_tokens = denominator > 0
+  safe_denominator = jnp.where(has_tokens, denominator, 1.0)
+  return jnp.where(has_tokens, numerator / safe_denominator, 0.0)
+
+
+def per_sequence_divergence(
+    name: str,
+    target_logits: jax.Array,
+    draft_logits: jax.Array,
+    token_mask: jax.Array,
+    **kwargs,
+) -> jax.Array:
+  """Sequence-level D(M_p || M_q)(y | x) = (1/|y|) sum_t D(p_t || q_t).
+
+  Args:
+    name, target_logits [batch, length, vocab], draft_logits
+      [batch, length, vocab], **kwargs: as in ``token_divergence``.
+    token_mask: [batch, length] loss weights, 0 for padding; |y| = sum_t w_t.
+
+  Returns:
+    [batch] per-sequence divergence (0 for rows without tokens).
+  """
+  per_token = token_divergence(name, target_logits, draft_logits, **kwargs)
+  return masked_sequence_mean(per_token, token_mask)
+
+
+def sequence_divergence(
+    name: str,
+    target_logits: jax.Array,
+    draft_logits: jax.Array,
+    token_mask: jax.Array,
+    **kwargs,
+) -> jax.Array:
+  """DistillSpec loss: per-sequence divergence averaged over the batch.
+
+  Every row counts in the batch mean (rows without tokens contribute 0), so
+  the normaliser is the static batch size and the loss never becomes NaN.
+
+  Args: as in ``per_sequence_divergence``.
+
+  Returns:
+    scalar loss.
+  """
+  return jnp.mean(per_sequence_divergence(name, target_logits, draft_logits, token_mask, **kwargs))
+
+
+# --------------------------------------------------------------------------
+# Helpers.
+# --------------------------------------------------------------------------
+
+
+def expected_acceptance(
+    target: jax.Array,
+    draft: jax.Array,
+    *,
+    from_logits: bool = True,
+    target_temperature=1.0,
+    draft_temperature=1.0,
+    vocab_mask: Optional[jax.Array] = None,
+) -> jax.Array:
+  """Expected speculative-sampling acceptance per token, 1 - TVD(p, q).
+
+  E_{y ~ q}[min(1, p(y)/q(y))] = sum_y min(p(y), q(y)) = 1 - TVD(p, q)
+  (DistillSpec Knowl 2).
+
+  Args:
+    target: [..., vocab] target logits, or probabilities if from_logits=False.
+    draft: [..., vocab] draft logits, or probabilities if from_logits=False.
+    from_logits: whether inputs are logits (temperatures/vocab_mask apply) or
+      already-normalised probabilities.
+    target_temperature, draft_temperature, vocab_mask: see ``token_divergence``.
+
+  Returns:
+    [...] acceptance probability in [0, 1].
+  """
+  if from_logits:
+    _validate_temperature(target_temperature, "target_temperature")
+    _validate_temperature(draft_temperature, "draft_temperature")
+    p = jnp.exp(log_probs(target, temperature=target_temperature, vocab_mask=vocab_mask))
+    q = jnp.exp(log_probs(draft, temperature=draft_temperature, vocab_mask=vocab_mask))
+  else:
+    p, q = jnp.asarray(target), jnp.asarray(draft)
+  return 1.0 - 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
+
+
+def cross_entropy(
+    logits: jax.Array,
+    targets: jax.Array,
+    token_mask: Optional[jax.Array] = None,
+) -> jax.Array:
+  """Per-token negative log-likelihood, for supervised fine-tuning.
+
+  Args:
+    logits: [batch, length, vocab].
+    targets: [batch, length] int token ids.
+    token_mask: optional [batch, length] weights; masked positions give 0.
+
+  Returns:
+    [batch, length] loss -log softmax(logits)[target] * weight.
+  """
+  log_q = jax.nn.log_softmax(logits, axis=-1)
+  nll = -jnp.take_along_axis(log_q, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  if token_mask is None:
+    return nll
+  token_mask = jnp.asarray(token_mask, nll.dtype)
+  return jnp.where(token_mask > 0, nll * token_mask, 0.0)
