@@ -1,0 +1,58 @@
+"""The explicit decoding cache: per-layer keys/values and a real per-row position.
+
+`positions[b]` is the number of decoder tokens row b holds, i.e. where its next token is
+written. Rows move independently (speculative decoding accepts a different number of draft
+tokens per row), and `rollback` moves rows back without copying: the stale entries past a row's
+position are never attended to and are overwritten by the next write.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+KeyValue = tuple[Array, Array]
+
+
+@flax.struct.dataclass
+class DecodingCache:
+  """Decoder state for incremental scoring.
+
+  Attributes:
+    positions: [batch] int32, tokens held per row.
+    self_attention: one (keys, values) pair per decoder layer, each
+      [batch, max_length, heads, head_dim].
+    cross_attention: encoder-decoder only: one (keys, values) pair per decoder layer, each
+      [batch, input_length, heads, head_dim], computed once per prompt.
+    encoder_mask: encoder-decoder only: [batch, input_length] bool, True on real input tokens.
+  """
+
+  positions: Array
+  self_attention: tuple[KeyValue, ...]
+  cross_attention: Optional[tuple[KeyValue, ...]] = None
+  encoder_mask: Optional[Array] = None
+
+  @property
+  def max_length(self) -> int:
+    return self.self_attention[0][0].shape[1]
+
+  @property
+  def batch_size(self) -> int:
+    return self.positions.shape[0]
+
+  def rollback(self, num_positions: Array) -> "DecodingCache":
+    """Moves each row back by `num_positions: [batch]` (>= 0) tokens."""
+    return self.replace(positions=self.positions - jnp.asarray(num_positions, jnp.int32))
+
+  def advance(self, num_positions) -> "DecodingCache":
+    return self.replace(positions=self.positions + jnp.asarray(num_positions, jnp.int32))
+
+
+def empty_self_attention(num_layers: int, batch_size: int, max_length: int, num_heads: int,
+                         head_dim: int, dtype) -> tuple[KeyValue, ...]:
+  shape = (batch_size, max_length, num_heads, head_dim)
+  return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(num_layers))
