@@ -72,6 +72,8 @@ def learning_rate_schedule(
     step = jnp.asarray(step, jnp.float32)
     warmup_lr = base_learning_rate * step / warmup_denominator
     progress = jnp.clip((step - warmup_steps) / decay_denominator, 0.0, 1.0)
+    # Explicit so that a zero-length decay (warmup == total) still ends at the floor.
+    progress = jnp.where(step >= total_steps, 1.0, progress)
     cosine = 0.5 * (1.0 + jnp.cos(math.pi * progress))
     decay_lr = base_learning_rate * (final_fraction + (1.0 - final_fraction) * cosine)
     return jnp.where(step < warmup_steps, warmup_lr, decay_lr)
