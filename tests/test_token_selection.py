@@ -1,0 +1,186 @@
+"""Tests for distillspec_jax.token_selection (AdaSPEC)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from distillspec_jax import divergences as dv
+from distillspec_jax import token_selection as ts
+
+
+def random_mask(rng, batch, length, min_len=1):
+  lengths = rng.integers(min_len, length + 1, batch)
+  return (np.arange(length)[None, :] < lengths[:, None]).astype(np.float32)
+
+
+@pytest.mark.parametrize("k", [0.1, 0.25, 0.4, 0.7, 1.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kept_fraction_equals_k(k, seed):
+  rng = np.random.default_rng(seed)
+  margin = rng.standard_normal((6, 17)).astype(np.float32)
+  mask = random_mask(rng, 6, 17)
+  n_valid = int(mask.sum())
+  keep = np.asarray(ts.select_tokens(margin, mask, k))
+  n_kept = int(keep.sum())
+  # Continuous margins have no ties: exactly the nearest integer to k * n.
+  assert abs(n_kept - k * n_valid) <= 0.5 + 1e-9
+  assert set(np.unique(keep)) <= {0.0, 1.0}
+  # The kept tokens are exactly the largest valid margins.
+  valid_margins = margin[mask > 0]
+  assert np.min(margin[keep > 0]) >= np.max(
+      margin[(mask > 0) & (keep == 0)], initial=-np.inf)
+  np.testing.assert_allclose(
+      np.sort(margin[keep > 0]), np.sort(valid_margins)[n_valid - n_kept:])
+  stats = ts.selection_stats(margin, keep, mask)
+  np.testing.assert_allclose(float(stats["kept_fraction"]), n_kept / n_valid, rtol=1e-6)
+
+
+def test_padding_never_kept_even_with_huge_margins():
+  rng = np.random.default_rng(3)
+  margin = rng.standard_normal((4, 10)).astype(np.float32)
+  mask = random_mask(rng, 4, 10)
+  margin[mask == 0] = 1e9  # padding looks like the "best" tokens
+  for k in [0.1, 0.5, 1.0]:
+    keep = np.asarray(ts.select_tokens(margin, mask, k))
+    assert np.all(keep[mask == 0] == 0.0)
+  keep_all = np.asarray(ts.select_tokens(margin, mask, 1.0))
+  np.testing.assert_array_equal(keep_all, mask)
+
+
+def test_ties_at_threshold_are_kept():
+  margin = np.array([[3.0, 1.0, 1.0, 1.0, 0.0]], np.float32)
+  mask = np.ones_like(margin)
+  # round(0.4 * 5) = 2 -> threshold is the 2nd largest (1.0); all ties kept.
+  keep = np.asarray(ts.select_tokens(margin, mask, 0.4))
+  np.testing.assert_array_equal(keep, [[1, 1, 1, 1, 0]])
+
+
+def test_at_least_one_token_and_empty_batch():
+  margin = np.array([[0.3, -0.2, 0.1]], np.float32)
+  keep = np.asarray(ts.select_tokens(margin, np.ones_like(margin), 0.01))
+  np.testing.assert_array_equal(keep, [[1, 0, 0]])
+  empty = np.asarray(ts.select_tokens(margin, np.zeros_like(margin), 0.5))
+  assert np.all(empty == 0.0)
+
+
+def test_select_tokens_jit_with_traced_k():
+  rng = np.random.default_rng(4)
+  margin = rng.standard_normal((3, 8)).astype(np.float32)
+  mask = random_mask(rng, 3, 8)
+  jitted = jax.jit(ts.select_tokens)
+  for k in [0.2, 0.6]:
+    np.testing.assert_array_equal(
+        np.asarray(jitted(margin, mask, jnp.float32(k))), np.asarray(ts.select_tokens(margin, mask, k)))
+
+
+def test_selection_has_no_gradient():
+  rng = np.random.default_rng(5)
+  margin = jnp.asarray(rng.standard_normal((2, 5)), jnp.float32)
+  grad = jax.grad(lambda m: jnp.sum(ts.select_tokens(m, jnp.ones((2, 5)), 0.4) * m))(margin)
+  # Only the explicit "* m" factor differentiates; the mask itself is constant.
+  np.testing.assert_array_equal(
+      np.asarray(grad), np.asarray(ts.select_tokens(margin, jnp.ones((2, 5)), 0.4)))
+
+
+def _logits(seed, shape):
+  return jnp.asarray(2.0 * np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+@pytest.mark.parametrize("normalization", ["all", "kept"])
+@pytest.mark.parametrize("name", ["fkl", "rkl", "jsd", "tvd"])
+def test_dropped_tokens_get_exactly_zero_gradient(name, normalization):
+  batch, length, vocab = 3, 7, 9
+  target, draft, reference = (_logits(s, (batch, length, vocab)) for s in (10, 11, 12))
+  mask = jnp.asarray(random_mask(np.random.default_rng(13), batch, length, min_len=3))
+  margin = ts.token_margin(target, draft, reference)
+  keep = ts.select_tokens(margin, mask, 0.4)
+
+  def loss_fn(d):
+    losses = dv.token_divergence(name, target, d)
+    return ts.selective_loss(losses, keep, mask, normalization)
+
+  grad = np.asarray(jax.grad(loss_fn)(draft))
+  keep, mask = np.asarray(keep), np.asarray(mask)
+  dropped = keep == 0
+  assert dropped.any() and (keep > 0).any()
+  assert np.all(grad[dropped] == 0.0)  # exactly zero, including padding
+  per_token_grad_norm = np.abs(grad).sum(-1)
+  assert np.all(per_token_grad_norm[keep > 0] > 0.0)
+
+
+@pytest.mark.parametrize("name", ["fkl", "rkl", "jsd", "tvd"])
+def test_k_one_equals_distillspec_loss(name):
+  batch, length, vocab = 4, 6, 8
+  target, draft, reference = (_logits(s, (batch, length, vocab)) for s in (20, 21, 22))
+  mask = np.asarray(random_mask(np.random.default_rng(23), batch, length))
+  mask[2] = 0.0  # an empty row still contributes 0 to the batch mean in both
+  keep = ts.select_tokens(ts.token_margin(target, draft, reference), mask, 1.0)
+  np.testing.assert_array_equal(np.asarray(keep), mask)
+
+  losses = dv.token_divergence(name, target, draft)
+  got = ts.selective_loss(losses, keep, mask, "all")
+  want = dv.sequence_divergence(name, target, draft, mask)
+  assert float(got) == float(want)
+  # Gradients agree as well.
+  g_sel = jax.grad(lambda d: ts.selective_loss(dv.token_divergence(name, target, d), keep, mask))(draft)
+  g_ref = jax.grad(lambda d: dv.sequence_divergence(name, target, d, mask))(draft)
+  np.testing.assert_allclose(np.asarray(g_sel), np.asarray(g_ref), rtol=1e-6, atol=1e-9)
+
+
+def test_normalizations_match_numpy():
+  rng = np.random.default_rng(30)
+  losses = rng.uniform(0, 2, (3, 5)).astype(np.float32)
+  mask = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0]], np.float32)
+  keep = np.array([[1, 0, 1, 0, 0], [0, 1, 0, 0, 0], [0, 0, 0, 0, 0]], np.float32)
+  # "all": per sequence, kept losses over all valid tokens; then batch mean.
+  want_all = np.mean([(losses[0, 0] + losses[0, 2]) / 5, losses[1, 1] / 2, 0.0])
+  # "kept": mean over kept tokens of the whole batch.
+  want_kept = (losses[0, 0] + losses[0, 2] + losses[1, 1]) / 3
+  np.testing.assert_allclose(float(ts.selective_loss(losses, keep, mask, "all")), want_all, rtol=1e-6)
+  np.testing.assert_allclose(float(ts.selective_loss(losses, keep, mask, "kept")), want_kept, rtol=1e-6)
+  nothing = np.zeros_like(keep)
+  assert float(ts.selective_loss(losses, nothing, mask, "kept")) == 0.0
+  assert float(ts.selective_loss(losses, nothing, mask, "all")) == 0.0
+
+
+def test_token_margin_is_fkl_difference_without_gradient():
+  target, draft, reference = (_logits(s, (2, 3, 6)) for s in (40, 41, 42))
+  margin = ts.token_margin(target, draft, reference)
+  want = dv.token_divergence("fkl", target, draft) - dv.token_divergence("fkl", target, reference)
+  np.testing.assert_allclose(np.asarray(margin), np.asarray(want), rtol=1e-6, atol=1e-7)
+  grad = jax.grad(lambda d: jnp.sum(ts.token_margin(target, d, reference)))(draft)
+  assert np.all(np.asarray(grad) == 0.0)
+
+
+def test_selection_stats_values():
+  margin = np.array([[4.0, 3.0, 2.0, 1.0], [9.0, 0.0, 0.0, 0.0]], np.float32)
+  mask = np.array([[1, 1, 1, 1], [0, 1, 1, 0]], np.float32)
+  keep = np.asarray(ts.select_tokens(margin, mask, 0.5))  # round(0.5*6) = 3 -> 4, 3, 2
+  np.testing.assert_array_equal(keep, [[1, 1, 1, 0], [0, 0, 0, 0]])
+  stats = {k: float(v) for k, v in ts.selection_stats(margin, keep, mask).items()}
+  assert stats["kept_fraction"] == pytest.approx(0.5)
+  assert stats["mean_margin_kept"] == pytest.approx(3.0)
+  assert stats["mean_margin_dropped"] == pytest.approx(1.0 / 3.0)
+
+
+def test_num_tokens_to_keep_rounding():
+  assert int(ts.num_tokens_to_keep(10, 0.7)) == 7  # 0.7 * 10 = 7.000000000000001
+  assert int(ts.num_tokens_to_keep(10, 1.0)) == 10
+  assert int(ts.num_tokens_to_keep(3, 0.01)) == 1
+  assert int(ts.num_tokens_to_keep(0, 0.4)) == 0
+  assert int(ts.num_tokens_to_keep(1000, 0.4)) == math.floor(0.4 * 1000 + 0.5)
+
+
+@pytest.mark.parametrize("k", [0.0, -0.2, 1.01, 2.0])
+def test_bad_k_raises(k):
+  with pytest.raises(ValueError, match=r"\(0, 1\]") as info:
+    ts.select_tokens(np.zeros((1, 3)), np.ones((1, 3)), k)
+  assert repr(k) in str(info.value)
+
+
+def test_bad_normalization_raises():
+  with pytest.raises(ValueError, match="'mean'.*'kept'.*'all'"):
+    ts.selective_loss(np.zeros((1, 3)), np.ones((1, 3)), np.ones((1, 3)), "mean")
