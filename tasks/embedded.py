@@ -143,7 +143,7 @@ def embedded_vocabulary_path(directory: Optional[str] = None,
                              vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
   directory = directory or default_cache_dir()
   return os.path.join(directory,
-                      f"embedded_arithmetic_v{GENERATOR_VERSION}_spm{vocab_size}.model")
+                      f"embedded_arithmetic_v{GENERATOR_VERSION}_bpe{vocab_size}.model")
 
 
 def build_embedded_vocabulary(directory: Optional[str] = None,

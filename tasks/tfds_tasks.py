@@ -43,7 +43,7 @@ def text_features(vocabulary: seqio.Vocabulary, with_inputs: bool = True) -> dic
 def register_task(name: str, **task_kwargs) -> seqio.Task:
   """seqio.TaskRegistry.add that replaces an existing task of the same name."""
   seqio.TaskRegistry.remove(name)
-  return seqio.TaskRegistry.add(name, seqio.Task, dict(task_kwargs))
+  return seqio.TaskRegistry.add(name, **task_kwargs)
 
 
 def register_mixture(name: str, tasks: Sequence[str], default_rate: float = 1.0) -> seqio.Mixture:
