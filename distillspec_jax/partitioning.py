@@ -1,0 +1,120 @@
+"""Partitioning: the one place that maps logical axis names to a (data, model) device mesh.
+
+T5X style: every parameter carries logical axis names (`Model.logical_axes()`, e.g.
+`('embed', 'mlp')`); `LOGICAL_AXIS_RULES` maps each name to a mesh axis, and flax's
+`logical_to_mesh_sharding` turns the tree of names into a tree of `NamedSharding`s.
+The batch dimension of every input is split over 'data'; 1-D (data, 1) meshes give plain
+data parallelism, (1, n) meshes pure model (tensor) parallelism.
+
+The mesh is a plain `jax.sharding.Mesh` (Auto axes), not `jax.make_mesh`'s Explicit axes:
+the models are written for GSPMD-style sharding propagation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+DATA_AXIS = "data"
+MODEL_AXIS = "model"
+MESH_AXES = (DATA_AXIS, MODEL_AXIS)
+
+# Logical axis name -> mesh axis (None = replicated). The standard T5X 1-D model-parallel
+# rules: the wide dimensions (vocab, MLP, heads) are split over 'model', d_model is not.
+LOGICAL_AXIS_RULES: tuple[tuple[str, Optional[str]], ...] = (
+    ("batch", DATA_AXIS),
+    ("vocab", MODEL_AXIS),
+    ("mlp", MODEL_AXIS),
+    ("heads", MODEL_AXIS),
+    ("joined_kv", MODEL_AXIS),
+    ("embed", None),
+    ("kv", None),
+    ("length", None),
+    ("relpos_buckets", None),
+)
+
+
+def make_mesh(data: int = -1, model: int = 1,
+              devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+  """A (data, model) `Mesh` over `devices` (default: all devices).
+
+  Args:
+    data: size of the data axis; -1 = all devices left over after `model`.
+    model: size of the model axis.
+  Raises:
+    ValueError: the sizes do not multiply to the number of devices.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  n = len(devices)
+  if model < 1 or n % model:
+    raise ValueError(f"model={model} must be >= 1 and divide the {n} available devices; "
+                     f"set the model-parallel size to one of {_divisors(n)}.")
+  if data == -1:
+    data = n // model
+  if data < 1 or data * model != n:
+    raise ValueError(f"Mesh data={data} x model={model} = {data * model} does not match the "
+                     f"{n} available devices; use data * model == {n} (or data=-1).")
+  return Mesh(np.asarray(devices).reshape(data, model), MESH_AXES)
+
+
+def _divisors(n: int) -> list[int]:
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def logical_to_mesh_spec(logical: PartitionSpec, shape: Sequence[int], mesh: Mesh,
+                         rules=LOGICAL_AXIS_RULES) -> PartitionSpec:
+  """Mesh PartitionSpec for one parameter; a dimension that the mesh axis does not divide is
+  replicated (T5X would fail; tiny test models have e.g. 2 heads on a model axis of 4)."""
+  spec = nn.logical_to_mesh_axes(tuple(logical), rules)
+  if spec is None:
+    return PartitionSpec()
+  out = []
+  for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    size = 1 if axis is None else int(np.prod([mesh.shape[a] for a in
+                                                ((axis,) if isinstance(axis, str) else axis)]))
+    out.append(axis if size > 1 and dim % size == 0 else None)
+  return PartitionSpec(*out)
+
+
+def param_shardings(model, mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> Any:
+  """Tree (same structure as the params) of `NamedSharding` from `model.logical_axes()`."""
+  is_spec = lambda x: isinstance(x, PartitionSpec)
+  logical = model.logical_axes()
+  shapes = model.param_shapes()
+  specs = jax.tree.map(lambda spec, s: logical_to_mesh_spec(spec, s.shape, mesh, rules),
+                       logical, shapes, is_leaf=is_spec)
+  return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=is_spec)
+
+
+def flax_param_shardings(model, mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> Any:
+  """The unadjusted flax mapping (`nn.logical_to_mesh_sharding`), for shapes the mesh divides."""
+  return nn.logical_to_mesh_sharding(model.logical_axes(), mesh, rules)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Inputs [batch, ...]: rows split over 'data', everything else replicated."""
+  return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def check_batch_size(batch_size: int, mesh: Mesh) -> None:
+  if batch_size % mesh.shape[DATA_AXIS]:
+    raise ValueError(f"batch_size={batch_size} is not divisible by the data-parallel mesh size "
+                     f"{mesh.shape[DATA_AXIS]}; use a multiple of it or a smaller data axis.")
+
+
+def shard_batch(batch: dict, mesh: Mesh) -> dict:
+  """Puts a host NumPy batch on the mesh, rows split over 'data'."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}
+
+
+def shard_params(params: Any, shardings: Any) -> Any:
+  return jax.tree.map(jax.device_put, params, shardings)

@@ -1,0 +1,427 @@
+"""The trainer: train state, one jitted train step, the loop, checkpoints, metrics, eval.
+
+One trainer for both stages: fine-tuning with cross-entropy (`FinetuneObjective`) and
+DistillSpec distillation (`DistillationObjective`); the objective decides the batch (fixed or
+sampled) and the loss. `train(config, objective, data, ...)` is the programmatic entry point
+(`train.py` is its gin binary).
+
+Determinism and resumption:
+  * one seed, split once into (init key, step base key); step s uses
+    `jax.random.fold_in(base_key, s)`, so a resumed run replays the same randomness;
+  * data: `data` is a *data source* (see `as_batch_iterator`): `batch_at(step)` objects are
+    indexed by step; a zero-argument factory of a deterministic iterator is re-created and
+    the batches consumed before the restored step are skipped (the simple T5X-free
+    alternative to checkpointing the iterator). Both give the same order after a restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from distillspec_jax import checkpoints, optimizers, partitioning
+from distillspec_jax.distillation import SOURCES, DistillationObjective, FinetuneObjective
+
+Params = Any
+Batch = dict
+EvalFn = Callable[[Params, int], dict]
+
+
+@flax.struct.dataclass
+class TrainState:
+  """What changes every step (and is checkpointed): step, trained params, optimizer state."""
+
+  step: jax.Array
+  params: Params
+  opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Loop and optimiser settings. Defaults = the paper (Adafactor, 3e-4, 5k warm-up, cosine
+  to 0.1x at 300k, batch 32); tiny demos override them.
+
+  Attributes:
+    model_dir: MODEL_DIR (checkpoints, metrics.jsonl, tensorboard/).
+    train_steps: total steps (a resumed run continues up to this step).
+    batch_size: global batch size (checked against the batches).
+    seed: the one seed (initialisation, source draws, sampling, dropout).
+    optimizer, learning_rate, warmup_steps, decay_steps, final_fraction: see optimizers.py.
+    save_every / keep_checkpoints: orbax period and keep-last-N.
+    log_every: metrics period (metrics.jsonl, TensorBoard, progress bar).
+    eval_every: period of `eval_fn` (0 = never).
+    data_parallel / model_parallel: mesh sizes (-1 = all remaining devices).
+    initial_checkpoint_path: params to start from when MODEL_DIR has no checkpoint.
+    progress_bar: tqdm with ETA.
+  """
+
+  model_dir: str
+  train_steps: int
+  batch_size: int = optimizers.PAPER_BATCH_SIZE
+  seed: int = 0
+  optimizer: str = "adafactor"
+  learning_rate: float = optimizers.PAPER_BASE_LEARNING_RATE
+  warmup_steps: int = optimizers.PAPER_WARMUP_STEPS
+  decay_steps: int = optimizers.PAPER_TOTAL_STEPS
+  final_fraction: float = optimizers.PAPER_FINAL_FRACTION
+  save_every: int = 1000
+  keep_checkpoints: Optional[int] = 3
+  log_every: int = 100
+  eval_every: int = 0
+  data_parallel: int = -1
+  model_parallel: int = 1
+  initial_checkpoint_path: Optional[str] = None
+  progress_bar: bool = True
+  async_checkpointing: bool = False
+
+  def __post_init__(self):
+    if self.train_steps < 0:
+      raise ValueError(f"train_steps={self.train_steps} must be >= 0 (gin: TRAIN_STEPS).")
+    if self.batch_size < 1:
+      raise ValueError(f"batch_size={self.batch_size} must be >= 1 (gin: BATCH_SIZE).")
+    if self.log_every < 1:
+      raise ValueError(f"log_every={self.log_every} must be >= 1.")
+
+  def schedule(self) -> optax.Schedule:
+    return optimizers.learning_rate_schedule(
+        self.learning_rate, min(self.warmup_steps, self.decay_steps), self.decay_steps,
+        self.final_fraction)
+
+  def make_optimizer(self) -> optax.GradientTransformation:
+    return optimizers.make_optimizer(self.optimizer, self.schedule())
+
+
+@dataclasses.dataclass
+class TrainResult:
+  state: TrainState
+  history: list  # the logged metric records (also in MODEL_DIR/metrics.jsonl)
+
+
+# --- the step ---------------------------------------------------------------------------------
+
+
+def train_step(state: TrainState, batch: Batch, rng: jax.Array, frozen: dict, *, objective,
+               optimizer: optax.GradientTransformation):
+  """One update: (state, batch, rng, frozen params) -> (state, metrics).
+
+  batch: T5X features [batch, ...]; rng: this step's key (fold_in(base, step));
+  frozen: {"target": ..., "reference": ...} params that receive no gradient (a separate
+  argument so they are neither donated nor checkpointed with the trained params).
+  """
+  batch_rng, dropout_rng = jax.random.split(rng)
+  train_batch, source = objective.make_batch(state.params, frozen, batch, batch_rng)
+  use_dropout = objective.model.config.dropout_rate > 0.0
+
+  def loss_fn(params):
+    return objective.loss(params, frozen, train_batch, dropout_rng if use_dropout else None)
+
+  (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = dict(metrics, source=source, grad_norm=optax.global_norm(grads))
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def make_train_step(objective, optimizer, state_shardings, frozen_shardings, mesh):
+  """`train_step` jitted once, with explicit in/out shardings and the state donated."""
+  return jax.jit(
+      functools.partial(train_step, objective=objective, optimizer=optimizer),
+      in_shardings=(state_shardings, partitioning.batch_sharding(mesh),
+                    partitioning.replicated(mesh), frozen_shardings),
+      out_shardings=(state_shardings, partitioning.replicated(mesh)),
+      donate_argnums=(0,))
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+
+def as_batch_iterator(data: Any, start_step: int) -> Iterator[Batch]:
+  """Batches for steps start_step, start_step + 1, ... from a data source.
+
+  data may be: an object with `batch_at(step) -> batch` (indexed, O(1) resume); a callable
+  `batch_at(step)` when wrapped with `BatchAt`; a zero-argument callable returning a fresh
+  deterministic iterator (re-created and fast-forwarded past `start_step` batches); or a
+  re-iterable (list, dataset) iterated from its start and fast-forwarded likewise.
+  """
+  if hasattr(data, "batch_at"):
+    return (data.batch_at(step) for step in itertools.count(start_step))
+  iterator = iter(data() if callable(data) else data)
+  if start_step:
+    if iterator is data:
+      logging.warning("Resuming at step %d from a one-shot iterator: batches cannot be replayed "
+                      "deterministically; pass a batch_at source or an iterator factory.",
+                      start_step)
+    else:
+      iterator = itertools.islice(iterator, start_step, None)
+  return iterator
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticData:
+  """Indexed procedurally generated seq2seq source (tests, benchmarks, the CPU demo binary).
+
+  Row: encoder_input_tokens = random tokens in [2, vocab) of random length, then padding;
+  target = the input reversed, then EOS. `batch_at(step)` depends on (seed, step) only.
+  Decoder-only models get the prefix-LM layout: [prompt, target] with loss only on the target.
+  """
+
+  batch_size: int
+  input_length: int = 8
+  target_length: int = 8
+  vocab_size: int = 64
+  seed: int = 0
+  decoder_only: bool = False
+
+  def batch_at(self, step: int) -> Batch:
+    rng = np.random.default_rng((self.seed, step))
+    b, li, lt = self.batch_size, self.input_length, self.target_length
+    n = rng.integers(1, min(li, lt - 1) + 1, size=b)
+    tokens = rng.integers(2, self.vocab_size, size=(b, li))
+    inputs = np.where(np.arange(li)[None] < n[:, None], tokens, 0).astype(np.int32)
+    targets = np.zeros((b, lt), np.int32)
+    for i in range(b):
+      targets[i, :n[i]] = inputs[i, :n[i]][::-1]
+      targets[i, n[i]] = 1  # EOS
+    if self.decoder_only:
+      width = li + lt
+      full = np.zeros((b, width), np.int32)
+      weights = np.zeros((b, width), np.float32)
+      for i in range(b):
+        full[i, :n[i]] = inputs[i, :n[i]]
+        full[i, n[i]:n[i] + n[i] + 1] = targets[i, :n[i] + 1]
+        weights[i, n[i]:n[i] + n[i] + 1] = 1.0
+      return {"decoder_target_tokens": full,
+              "decoder_input_tokens": np.pad(full, ((0, 0), (1, 0)))[:, :-1],
+              "decoder_loss_weights": weights}
+    return {"encoder_input_tokens": inputs, "decoder_target_tokens": targets,
+            "decoder_input_tokens": np.pad(targets, ((0, 0), (1, 0)))[:, :-1],
+            "decoder_loss_weights": (targets > 0).astype(np.float32)}
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchAt:
+  """Wraps a function `step -> batch` as an indexed data source."""
+
+  fn: Callable[[int], Batch]
+
+  def batch_at(self, step: int) -> Batch:
+    return self.fn(step)
+
+
+# --- metrics ------------------------------------------------------------------------------------
+
+
+class MetricsWriter:
+  """Appends records to MODEL_DIR/metrics.jsonl and scalars to TensorBoard (tensorboardX)."""
+
+  def __init__(self, model_dir: str, tensorboard: bool = True):
+    os.makedirs(model_dir, exist_ok=True)
+    self.path = os.path.join(model_dir, "metrics.jsonl")
+    self.writer = None
+    if tensorboard:
+      from tensorboardX import SummaryWriter  # Only the loop needs it.
+      self.writer = SummaryWriter(os.path.join(model_dir, "tensorboard"))
+
+  def write(self, record: dict) -> None:
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record) + "\n")
+    if self.writer is not None:
+      for k, v in record.items():
+        if isinstance(v, (int, float)) and k != "step":
+          self.writer.add_scalar(k, v, record["step"])
+      self.writer.flush()
+
+  def close(self) -> None:
+    if self.writer is not None:
+      self.writer.close()
+
+
+def summarize(pending: list, source_totals: np.ndarray, elapsed: float, step: int,
+              learning_rate: float) -> dict:
+  """Averages the per-step metrics of a logging interval into one JSON record."""
+  fetched = jax.device_get(pending)
+  record = {"step": int(step)}
+  for key in fetched[0]:
+    if key == "source":
+      continue
+    record[key] = float(np.mean([m[key] for m in fetched]))
+  sources = np.asarray([int(m["source"]) for m in fetched])
+  counts = np.bincount(sources, minlength=len(SOURCES))
+  source_totals += counts
+  record["source"] = SOURCES[int(sources[-1])]  # the last step's source
+  for i, name in enumerate(SOURCES):
+    record[f"source_count/{name}"] = int(counts[i])
+    record[f"source_total/{name}"] = int(source_totals[i])
+  tokens = float(np.sum([m.get("num_tokens", 0.0) for m in fetched]))
+  record["tokens_per_s"] = tokens / max(elapsed, 1e-9)
+  record["steps_per_s"] = len(fetched) / max(elapsed, 1e-9)
+  record["learning_rate"] = float(learning_rate)
+  return record
+
+
+# --- the loop -----------------------------------------------------------------------------------
+
+
+def _initial_params(config: TrainConfig, model, init_key, abstract, restore_fn, init_params):
+  if init_params is not None:
+    return jax.tree.map(lambda x, a: jax.device_put(x, a.sharding), init_params, abstract)
+  if config.initial_checkpoint_path:
+    return restore_fn(config.initial_checkpoint_path, abstract)
+  shardings = jax.tree.map(lambda a: a.sharding, abstract)
+  return jax.jit(model.init, out_shardings=shardings)(init_key)
+
+
+def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[dict] = None,
+          init_params: Optional[Params] = None, eval_fn: Optional[EvalFn] = None,
+          restore_fn: checkpoints.RestoreFn = checkpoints.restore_params,
+          mesh: Optional[jax.sharding.Mesh] = None) -> TrainResult:
+  """Trains `objective.model` for `config.train_steps` steps, resuming from MODEL_DIR.
+
+  Args:
+    objective: `FinetuneObjective(model)` or `DistillationObjective(target, draft, ...)`.
+    data: a data source yielding NumPy batches of `config.batch_size` rows with T5X features
+      (`encoder_input_tokens`, `decoder_input_tokens`, `decoder_target_tokens`,
+      `decoder_loss_weights`; [batch, length]); see `as_batch_iterator`.
+    frozen_params: {"target": params[, "reference": params]} for distillation.
+    init_params: starting params (overrides INITIAL_CHECKPOINT_PATH and random init); a
+      checkpoint in MODEL_DIR always wins (that is a resume).
+    eval_fn: `eval_fn(params, step) -> dict`, called every `config.eval_every` steps and at the
+      end; results go to metrics.jsonl (keys prefixed "eval/").
+    restore_fn: reader for `config.initial_checkpoint_path` (hook for T5X/HF importers).
+    mesh: default `partitioning.make_mesh(config.data_parallel, config.model_parallel)`.
+  Returns:
+    TrainResult(final state, logged records).
+  """
+  model = objective.model
+  frozen_params = dict(frozen_params or {})
+  missing = [n for n in objective.frozen_names if n not in frozen_params]
+  if missing:
+    raise ValueError(f"The {objective.name} objective needs frozen params {missing}; pass "
+                     "frozen_params={'target': ...} (gin: TARGET_CHECKPOINT_PATH).")
+  mesh = mesh or partitioning.make_mesh(config.data_parallel, config.model_parallel)
+  partitioning.check_batch_size(config.batch_size, mesh)
+  base_key = jax.random.PRNGKey(config.seed)
+  init_key, step_base_key = jax.random.split(base_key)  # split once; steps fold_in their index
+
+  param_sharding = partitioning.param_shardings(model, mesh)
+  abstract_params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                 model.param_shapes(), param_sharding)
+  optimizer = config.make_optimizer()
+  checkpointer = checkpoints.Checkpointer(config.model_dir, save_every=config.save_every,
+                                          keep=config.keep_checkpoints,
+                                          async_save=config.async_checkpointing)
+  latest = checkpointer.latest_step()
+  if latest is not None:
+    checkpointer.check_compatible(latest, abstract_params)  # fail before any work
+  # Optimizer-state shardings follow the params through XLA's propagation.
+  make_opt_state = jax.jit(optimizer.init)
+  abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+
+  if latest is not None:
+    opt_shardings = jax.tree.map(lambda x: x.sharding,
+                                 make_opt_state(jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype,
+                                                             device=a.sharding),
+                                                             abstract_params)))
+    abstract_opt = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                abstract_opt, opt_shardings)
+    params, opt_state, meta = checkpointer.restore(latest, abstract_params, abstract_opt)
+    opt_state = jax.tree.unflatten(jax.tree.structure(abstract_opt), jax.tree.leaves(opt_state))
+    start_step = int(meta["step"])
+    logging.info("Resuming from %s at step %d.", config.model_dir, start_step)
+  else:
+    params = _initial_params(config, model, init_key, abstract_params, restore_fn, init_params)
+    opt_state = make_opt_state(params)
+    start_step = 0
+  state = TrainState(step=jnp.asarray(start_step, jnp.int32), params=params, opt_state=opt_state)
+  state_shardings = TrainState(step=partitioning.replicated(mesh), params=param_sharding,
+                               opt_state=jax.tree.map(lambda x: x.sharding, opt_state))
+  state = jax.device_put(state, state_shardings)
+  frozen_params = {k: frozen_params[k] for k in objective.frozen_names}
+  frozen_shardings = {}
+  for name in objective.frozen_names:
+    frozen_model = objective.target if name == "target" else objective.reference
+    frozen_shardings[name] = partitioning.param_shardings(frozen_model, mesh)
+  frozen_params = jax.device_put(frozen_params, frozen_shardings)
+  step_fn = make_train_step(objective, optimizer, state_shardings, frozen_shardings, mesh)
+
+  writer = MetricsWriter(config.model_dir)
+  schedule = config.schedule()
+  history, pending = [], []
+  source_totals = np.zeros(len(SOURCES), np.int64)
+  meta = {"model_config": dataclasses.asdict(model.config), "objective": objective.name}
+  progress = None
+  if config.progress_bar and start_step < config.train_steps:
+    from tqdm.auto import tqdm  # Only the loop needs it.
+    progress = tqdm(total=config.train_steps, initial=start_step, desc=objective.name,
+                    dynamic_ncols=True)
+  batches = as_batch_iterator(data, start_step)
+  interval_start = time.perf_counter()
+  try:
+    for step in range(start_step, config.train_steps):
+      batch = next(batches)
+      rows = len(next(iter(batch.values())))
+      if rows != config.batch_size:
+        raise ValueError(f"Step {step}: the data gave {rows} rows but batch_size="
+                         f"{config.batch_size}; make them agree (gin: BATCH_SIZE).")
+      batch = partitioning.shard_batch(batch, mesh)
+      state, metrics = step_fn(state, batch, jax.random.fold_in(step_base_key, step),
+                               frozen_params)
+      pending.append(metrics)
+      done = step + 1
+      if done % config.log_every == 0 or done == config.train_steps:
+        record = summarize(pending, source_totals, time.perf_counter() - interval_start, done,
+                           schedule(step))
+        pending = []
+        history.append(record)
+        writer.write(record)
+        if progress is not None:
+          progress.set_postfix(loss=f"{record['loss']:.4f}",
+                               acc=f"{record.get('predicted_acceptance', float('nan')):.3f}")
+        interval_start = time.perf_counter()
+      if eval_fn is not None and config.eval_every and (
+          done % config.eval_every == 0 or done == config.train_steps):
+        results = {f"eval/{k}": float(v) for k, v in jax.device_get(eval_fn(state.params,
+                                                                            done)).items()}
+        record = dict(step=done, **results)
+        history.append(record)
+        writer.write(record)
+      checkpointer.save(done, state.params, state.opt_state, meta,
+                        force=done == config.train_steps)
+      if progress is not None:
+        progress.update(1)
+  finally:
+    if progress is not None:
+      progress.close()
+    writer.close()
+    checkpointer.close()
+  return TrainResult(state=state, history=history)
+
+
+def distill(config: TrainConfig, target, target_params: Params, draft, data: Any,
+            distillation_config=None, *, reference=None, reference_params: Params = None,
+            **kwargs) -> TrainResult:
+  """DistillSpec: `train` with a `DistillationObjective(target, draft, distillation_config)`."""
+  from distillspec_jax.distillation import DistillationConfig  # noqa: local alias for clarity
+  objective = DistillationObjective(target, draft, distillation_config or DistillationConfig(),
+                                    reference)
+  frozen = {"target": target_params}
+  if reference is not None:
+    frozen["reference"] = reference_params
+  return train(config, objective, data, frozen_params=frozen, **kwargs)
+
+
+def finetune(config: TrainConfig, model, data: Any, **kwargs) -> TrainResult:
+  """Supervised fine-tuning (cross-entropy) of `model`: `train` with a FinetuneObjective."""
+  return train(config, FinetuneObjective(model), data, **kwargs)
