@@ -103,7 +103,7 @@ def train_sentencepiece(texts: Iterable[str], out_path: Union[str, os.PathLike],
       pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
       split_digits=split_digits, hard_vocab_limit=hard_vocab_limit,
       max_sentence_length=max_sentence_length, num_threads=1,
-      input_sentence_size=min(len(texts), 200000), shuffle_input_sentence=False,
+      input_sentence_size=0 if len(texts) <= 200000 else 200000, shuffle_input_sentence=False,
       minloglevel=2)
   if user_defined_symbols:
     kwargs["user_defined_symbols"] = list(user_defined_symbols)
