@@ -1,0 +1,308 @@
+"""Speculative decoding (Leviathan et al. 2023; DistillSpec Knowl 5) as one jitted while_loop.
+
+Each round, per batch row: the draft proposes `gamma` tokens, the target scores them all in
+one (gamma + 1)-token call, the row accepts a prefix of n <= gamma draft tokens and appends one
+more token from the target (the correction at the first rejection, or the bonus token when all
+gamma were accepted). Rows advance by their own n + 1; both caches are rolled back per row by
+lowering positions, never copied.
+
+Cache invariant at the start of a round (n committed decoder tokens, the last one `pending`):
+the target cache holds the n - 1 tokens before `pending`; the draft cache holds the n - 2 tokens
+before `previous, pending`. The draft's first step feeds [previous, pending] (rewriting
+`previous` where it was already cached gives identical keys/values), so a fully accepted block
+never needs an extra draft call to catch up on its last token.
+
+Statistics (per row, counted only while the row is unfinished; the first generated token comes
+from the prompt's prefill in both plain and speculative decoding and is not counted):
+  target_calls: verification calls.   draft_calls: draft forward calls (gamma per round).
+  drafted: draft tokens proposed (gamma per round).   accepted: draft tokens accepted.
+  produced: tokens appended to the output by verification rounds (accepted + 1 per round,
+            less what EOS or the length limit cut off).
+  block efficiency tau = sum(produced) / sum(target_calls)   (the bonus/correction token counts)
+  acceptance rate alpha = sum(accepted) / sum(drafted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from distillspec_jax.config import check_same_vocabulary
+from distillspec_jax.decoding import SamplingConfig, check_capacity, probabilities, sample_tokens
+from distillspec_jax.models import PAD_ID, Model, decoder_prompt
+
+Array = jax.Array
+
+LENIENCE_FUNCTIONS = ("lin", "sq", "exp")
+
+
+@dataclasses.dataclass(frozen=True)
+class Lenience:
+  """Lossy acceptance f(p, eps) (DistillSpec Knowl 5): lin p/eps, sq p/eps^2, exp p^eps.
+
+  eps = 1 is lossless speculative sampling; smaller eps accepts more draft tokens.
+  """
+
+  kind: str = "lin"
+  epsilon: float = 1.0
+
+  def __post_init__(self):
+    if self.kind not in LENIENCE_FUNCTIONS:
+      raise ValueError(f"Unknown lenience function {self.kind!r}; use one of "
+                       f"{LENIENCE_FUNCTIONS}.")
+    if not 0.0 < self.epsilon <= 1.0:
+      raise ValueError(f"lenience epsilon={self.epsilon} must be in (0, 1]; 1 is lossless.")
+
+  def __call__(self, p: Array) -> Array:
+    if self.kind == "lin":
+      return p / self.epsilon
+    if self.kind == "sq":
+      return p / self.epsilon ** 2
+    return jnp.power(p, self.epsilon)
+
+
+def acceptance_probability(p_token: Array, q_token: Array, lenience: Lenience = Lenience()) -> Array:
+  """min(1, f(p(y), eps) / q(y)) for the drafted token y; shapes broadcast."""
+  ratio = lenience(p_token) / jnp.maximum(q_token, jnp.finfo(jnp.float32).tiny)
+  return jnp.minimum(1.0, ratio)
+
+
+def verify_block(target_logits: Array, draft_logits: Array, draft_tokens: Array, rng: Array,
+                 temperature: float, lenience: Lenience = Lenience()):
+  """Accepts a prefix of the drafted block and picks the next target token, per row.
+
+  Args:
+    target_logits: [batch, gamma + 1, vocab], the target's logits before each draft token and
+      after the last one.
+    draft_logits: [batch, gamma, vocab], the draft's logits each draft token was drawn from.
+    draft_tokens: [batch, gamma].
+    temperature: 0 = greedy (accept while the draft token is the target's argmax).
+  Returns:
+    (num_accepted [batch] in [0, gamma], next_token [batch]): the correction token sampled from
+    normalize(max(0, p - q)) at the first rejection, or a bonus token from p when all
+    gamma draft tokens are accepted.
+  """
+  batch, gamma = draft_tokens.shape
+  if temperature == 0.0:
+    target_argmax = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)
+    accepted = draft_tokens == target_argmax[:, :gamma]
+    num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
+    next_token = jnp.take_along_axis(target_argmax, num_accepted[:, None], axis=1)[:, 0]
+    return num_accepted, next_token
+  accept_rng, residual_rng = jax.random.split(rng)
+  p = probabilities(target_logits, temperature)                    # [b, g+1, V]
+  q = probabilities(draft_logits, temperature)                     # [b, g, V]
+  p_token = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
+  q_token = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
+  uniform = jax.random.uniform(accept_rng, (batch, gamma))
+  accepted = uniform < acceptance_probability(p_token, q_token, lenience)
+  num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
+  # A zero draft row at index gamma turns the residual into p itself: the bonus token.
+  q_padded = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
+  index = num_accepted[:, None, None]
+  p_next = jnp.take_along_axis(p, index, axis=1)[:, 0]
+  residual = jnp.maximum(p_next - jnp.take_along_axis(q_padded, index, axis=1)[:, 0], 0.0)
+  # p == q up to rounding leaves no residual mass; p is then the exact answer.
+  residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, p_next)
+  next_token = jax.random.categorical(residual_rng, jnp.log(residual)).astype(jnp.int32)
+  return num_accepted, next_token
+
+
+@flax.struct.dataclass
+class SpeculativeResult:
+  """Output tokens and per-row statistics (see the module docstring for definitions).
+
+  tokens: [batch, max_new_tokens] (EOS included, PAD after).
+  accepted_per_round: [batch, max_new_tokens], draft tokens accepted in each of the row's
+    rounds, -1 where the row had no such round (lets tests rebuild every round's context).
+  Every other field: [batch] int32.
+  """
+
+  tokens: Array
+  lengths: Array
+  target_calls: Array
+  draft_calls: Array
+  drafted: Array
+  accepted: Array
+  produced: Array
+  accepted_per_round: Array
+
+  @property
+  def block_efficiency(self) -> Array:
+    """tau = tokens produced by verification rounds / target verification calls."""
+    return jnp.sum(self.produced) / jnp.maximum(jnp.sum(self.target_calls), 1)
+
+  @property
+  def acceptance_rate(self) -> Array:
+    """alpha = accepted draft tokens / drafted tokens."""
+    return jnp.sum(self.accepted) / jnp.maximum(jnp.sum(self.drafted), 1)
+
+
+def expected_block_efficiency(alpha, gamma: int):
+  """tau for i.i.d. per-token acceptance alpha (Leviathan et al.): (1 - a^(g+1)) / (1 - a)."""
+  alpha = jnp.minimum(jnp.asarray(alpha, jnp.float32), 1.0 - 1e-7)
+  return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def cost_model_speedup(plain_time: float, draft_steps: float, draft_step_time: float,
+                       verifications: float, verification_time: float) -> float:
+  """Speedup predicted from separately measured per-call costs:
+  plain decoding time / (draft steps x draft step time + verifications x verification time)."""
+  return plain_time / (draft_steps * draft_step_time + verifications * verification_time)
+
+
+def _validate(target: Model, draft: Model, gamma: int, lenience: Lenience) -> None:
+  if not isinstance(gamma, int) or gamma < 1:
+    raise ValueError(f"gamma={gamma!r} must be an integer >= 1 (draft tokens per block).")
+  check_same_vocabulary(target.config, draft.config)
+  if target.config.kind != draft.config.kind:
+    raise ValueError(f"The target is {target.config.kind} but the draft is {draft.config.kind}; "
+                     "pair models of the same kind.")
+  if not isinstance(lenience, Lenience):
+    raise TypeError(f"lenience must be a Lenience, got {lenience!r}.")
+
+
+def speculative_decode(target: Model, target_params, draft: Model, draft_params, *,
+                       encoder_input_tokens: Optional[Array] = None,
+                       prompt_tokens: Optional[Array] = None, max_new_tokens: int,
+                       gamma: int, sampling: SamplingConfig = SamplingConfig(),
+                       lenience: Lenience = Lenience(), rng: Optional[Array] = None,
+                       max_length: Optional[int] = None) -> SpeculativeResult:
+  """Speculative decoding of up to `max_new_tokens` per row (see the module docstring).
+
+  Args:
+    encoder_input_tokens: [batch, input_len] prompts of encoder-decoder pairs (0 = padding).
+    prompt_tokens: [batch, P] right-padded prompts of decoder-only pairs.
+    gamma: draft tokens per block (>= 1).
+    sampling: temperature 0 = greedy; the draft samples at the same temperature.
+    lenience: lossy acceptance (eps = 1, the default, is exact).
+    max_length: cache capacity of both models (default: the target's max_decode_length).
+  """
+  _validate(target, draft, gamma, lenience)
+  if target.is_encoder_decoder and encoder_input_tokens is None:
+    raise ValueError("These models are encoder-decoders: pass encoder_input_tokens.")
+  source = encoder_input_tokens if target.is_encoder_decoder else prompt_tokens
+  if source is None:
+    raise ValueError("Decoder-only models need prompt_tokens [batch, P].")
+  max_length = max_length or target.config.max_decode_length
+  prompt_width = 1 if target.is_encoder_decoder else 1 + prompt_tokens.shape[1]
+  check_capacity(prompt_width, max_new_tokens + gamma + 1, max_length,
+                 "prompt + max_new_tokens + gamma + 1 for the verification block")
+  if rng is None:
+    rng = jax.random.PRNGKey(0)
+  return _speculative_jit(target, target_params, draft, draft_params, encoder_input_tokens,
+                          prompt_tokens, rng, max_new_tokens=max_new_tokens, gamma=gamma,
+                          sampling=sampling, lenience=lenience, max_length=max_length)
+
+
+@functools.partial(jax.jit, static_argnames=("target", "draft", "max_new_tokens", "gamma",
+                                             "sampling", "lenience", "max_length"))
+def _speculative_jit(target, target_params, draft, draft_params, encoder_input_tokens,
+                     prompt_tokens, rng, *, max_new_tokens, gamma, sampling, lenience,
+                     max_length):
+  source = encoder_input_tokens if target.is_encoder_decoder else prompt_tokens
+  batch = source.shape[0]
+  temperature, eos = sampling.temperature, sampling.eos_id
+  first_rng, loop_rng = jax.random.split(rng)
+
+  # Prefill: the target holds the decoder prompt and gives the first token; the draft holds
+  # the prompt minus its last token (`previous`).
+  prompt, prompt_lengths = decoder_prompt(target, prompt_tokens, batch)
+  target_cache = target.init_cache(target_params, batch, max_length, encoder_input_tokens)
+  first_logits, target_cache = target.prefill(target_params, target_cache, prompt,
+                                              prompt_lengths)
+  draft_cache = draft.init_cache(draft_params, batch, max_length, encoder_input_tokens)
+  _, draft_cache = draft.extend(draft_params, draft_cache, prompt)
+  draft_cache = draft_cache.rollback(prompt.shape[1] - (prompt_lengths - 1))
+  previous = jnp.take_along_axis(prompt, (prompt_lengths - 1)[:, None], axis=1)[:, 0]
+  pending = sample_tokens(first_logits, first_rng, temperature)
+
+  # One spare block at the end so a round's writes never fall off the buffer.
+  out = jnp.full((batch, max_new_tokens + gamma + 1), PAD_ID, jnp.int32).at[:, 0].set(pending)
+  generated = jnp.ones((batch,), jnp.int32)
+  done = (pending == eos) | (generated >= max_new_tokens)
+  zeros = jnp.zeros((batch,), jnp.int32)
+  stats = dict(target_calls=zeros, draft_calls=zeros, drafted=zeros, accepted=zeros,
+               produced=zeros,
+               accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32))
+
+  def draft_block(draft_cache, previous, pending, round_rng):
+    """gamma draft steps; the first feeds [previous, pending]. Returns tokens/logits [b, g(, V)]."""
+    keys = jax.random.split(round_rng, gamma)
+    logits, draft_cache = draft.extend(draft_params, draft_cache,
+                                       jnp.stack([previous, pending], axis=1))
+    step_logits = logits[:, 1]
+    tokens, all_logits = [], []
+    for i in range(gamma):
+      if i > 0:
+        logits, draft_cache = draft.extend(draft_params, draft_cache, tokens[-1][:, None])
+        step_logits = logits[:, 0]
+      all_logits.append(step_logits)
+      tokens.append(sample_tokens(step_logits, keys[i], temperature))
+    return jnp.stack(tokens, 1), jnp.stack(all_logits, 1), draft_cache
+
+  def cond(state):
+    return ~jnp.all(state["done"])
+
+  def body(state):
+    round_rng = jax.random.fold_in(loop_rng, state["round"])
+    draft_rng, verify_rng = jax.random.split(round_rng)
+    active = ~state["done"]
+    draft_tokens, draft_logits, draft_cache = draft_block(
+        state["draft_cache"], state["previous"], state["pending"], draft_rng)
+    block = jnp.concatenate([state["pending"][:, None], draft_tokens], axis=1)
+    target_logits, target_cache = target.extend(target_params, state["target_cache"], block)
+    num_accepted, next_token = verify_block(target_logits, draft_logits, draft_tokens,
+                                            verify_rng, temperature, lenience)
+    # New tokens of this round: accepted draft tokens, then the target's token.
+    offsets = jnp.arange(gamma + 1)[None, :]
+    padded_draft = jnp.concatenate([draft_tokens, jnp.zeros_like(draft_tokens[:, :1])], axis=1)
+    new_tokens = jnp.where(offsets < num_accepted[:, None], padded_draft,
+                           jnp.where(offsets == num_accepted[:, None], next_token[:, None],
+                                     PAD_ID))
+    # Keep tokens up to the first EOS and within the length budget.
+    is_eos = (new_tokens == eos) & (offsets <= num_accepted[:, None])
+    first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), gamma + 1)
+    budget = max_new_tokens - state["generated"]
+    produced = jnp.minimum(jnp.minimum(num_accepted + 1, first_eos + 1), budget)
+    produced = jnp.where(active, produced, 0)
+    new_tokens = jnp.where(offsets < produced[:, None], new_tokens, PAD_ID)
+    rows = jnp.arange(batch)[:, None]
+    columns = state["generated"][:, None] + offsets
+    out = state["out"].at[rows, columns].set(
+        jnp.where(offsets < produced[:, None], new_tokens, state["out"][rows, columns]),
+        mode="drop")
+    generated = state["generated"] + produced
+    done = state["done"] | (first_eos <= num_accepted) | (generated >= max_new_tokens)
+    # Roll back what was not accepted; finished rows return to where they were.
+    rollback = jnp.where(active, gamma - num_accepted, gamma + 1)
+    target_cache = target_cache.rollback(rollback)
+    draft_cache = draft_cache.rollback(rollback)
+    last_accepted = jnp.take_along_axis(block, num_accepted[:, None], axis=1)[:, 0]
+    previous = jnp.where(active, last_accepted, state["previous"])
+    pending = jnp.where(active, next_token, state["pending"])
+    count = active.astype(jnp.int32)
+    new_stats = dict(
+        target_calls=state["stats"]["target_calls"] + count,
+        draft_calls=state["stats"]["draft_calls"] + gamma * count,
+        drafted=state["stats"]["drafted"] + gamma * count,
+        accepted=state["stats"]["accepted"] + num_accepted * count,
+        produced=state["stats"]["produced"] + produced,
+        accepted_per_round=state["stats"]["accepted_per_round"].at[
+            jnp.arange(batch), state["stats"]["target_calls"]].set(
+                jnp.where(active, num_accepted, -1), mode="drop"))
+    return dict(round=state["round"] + 1, target_cache=target_cache, draft_cache=draft_cache,
+                previous=previous, pending=pending, out=out, generated=generated, done=done,
+                stats=new_stats)
+
+  state = dict(round=jnp.int32(0), target_cache=target_cache, draft_cache=draft_cache,
+               previous=previous, pending=pending, out=out, generated=generated, done=done,
+               stats=stats)
+  state = jax.lax.while_loop(cond, body, state)
+  return SpeculativeResult(tokens=state["out"][:, :max_new_tokens], lengths=state["generated"],
+                           **state["stats"])

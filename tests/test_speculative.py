@@ -1,0 +1,214 @@
+"""Speculative decoding: exactness (greedy and sampled), statistics, lenience, bad input."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from distillspec_jax import speculative
+from distillspec_jax.config import TransformerConfig
+from distillspec_jax.decoding import SamplingConfig, decode
+from distillspec_jax.divergences import expected_acceptance
+from distillspec_jax.models import Model
+from distillspec_jax.speculative import Lenience, acceptance_probability, speculative_decode
+
+
+def _pair(kind):
+  common = dict(kind=kind, vocab_size=97, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
+                dropout_rate=0.0, max_decode_length=64)
+  enc = 1 if kind == "encoder_decoder" else 0
+  target = Model(TransformerConfig(num_encoder_layers=2 * enc, num_decoder_layers=2, **common))
+  draft = Model(TransformerConfig(num_encoder_layers=enc, num_decoder_layers=1, **common))
+  return target, target.init(jax.random.PRNGKey(0)), draft, draft.init(jax.random.PRNGKey(1))
+
+
+def _prompts(kind, batch=4):
+  # Rows of different lengths (0 = padding).
+  tokens = np.array(jax.random.randint(jax.random.PRNGKey(7), (batch, 6), 2, 97))
+  tokens[1, 3:] = 0
+  tokens[2, 1:] = 0
+  key = "encoder_input_tokens" if kind == "encoder_decoder" else "prompt_tokens"
+  return {key: jnp.asarray(tokens)}
+
+
+@pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
+def test_greedy_speculative_equals_greedy_target(kind):
+  target, tp, draft, dp = _pair(kind)
+  prompts = _prompts(kind)
+  reference = decode(target, tp, max_new_tokens=20, **prompts)
+  for gamma in (1, 3, 6):
+    result = speculative_decode(target, tp, draft, dp, max_new_tokens=20, gamma=gamma, **prompts)
+    np.testing.assert_array_equal(result.tokens, reference.tokens)
+    np.testing.assert_array_equal(result.lengths, reference.lengths)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_identical_draft_accepts_everything(temperature):
+  target, tp, _, _ = _pair("decoder_only")
+  gamma, new = 4, 23
+  result = speculative_decode(target, tp, target, tp, max_new_tokens=new, gamma=gamma,
+                              sampling=SamplingConfig(temperature, eos_id=-1),
+                              rng=jax.random.PRNGKey(3), **_prompts("decoder_only"))
+  np.testing.assert_array_equal(result.accepted, result.drafted)
+  # The first token comes from the prefill; every round then yields gamma + 1 tokens until the
+  # length limit cuts the last one.
+  np.testing.assert_array_equal(result.produced, new - 1)
+  np.testing.assert_array_equal(result.target_calls, -(-(new - 1) // (gamma + 1)))
+  rounds = np.asarray(result.accepted_per_round)
+  assert np.all(rounds[:, :result.target_calls[0]] == gamma)
+
+
+def _peaked_decoder_pair(vocab=5, seed_target=0, seed_draft=1):
+  """Tiny decoder-only models whose next-token distributions are far from uniform and differ."""
+  config = TransformerConfig(kind="decoder_only", vocab_size=vocab, emb_dim=16, num_heads=2,
+                             num_encoder_layers=0, num_decoder_layers=1, head_dim=8, mlp_dim=32,
+                             dropout_rate=0.0, max_decode_length=16)
+  model = Model(config)
+
+  def sharpen(params, scale):
+    params = jax.tree.map(lambda x: x, params)
+    params["decoder"]["logits_dense"]["kernel"] = params["decoder"]["logits_dense"]["kernel"] * scale
+    return params
+
+  return (model, sharpen(model.init(jax.random.PRNGKey(seed_target)), 3.0),
+          sharpen(model.init(jax.random.PRNGKey(seed_draft)), 3.0))
+
+
+def _exact_sequence_distribution(model, params, length, eos):
+  """P(y) for every continuation of the empty prompt, enumerated with full forward passes."""
+  vocab = model.config.vocab_size
+  probs = {}
+
+  def expand(prefix, prob):
+    if len(prefix) == length or (prefix and prefix[-1] == eos):
+      probs[tuple(prefix)] = prob
+      return
+    logits = model.logits(params, {"decoder_input_tokens": jnp.array([[0] + prefix])})
+    p = np.asarray(jax.nn.softmax(logits[0, -1]), np.float64)
+    for token in range(vocab):  # generated 0s are ordinary tokens; lengths delimit outputs
+      expand(prefix + [token], prob * p[token])
+
+  expand([], 1.0)
+  return probs
+
+
+def _goodness_of_fit_pvalue(samples, expected):
+  """Chi-square test of sampled sequences against exact probabilities (rare cells pooled)."""
+  n = len(samples)
+  counts = {}
+  for s in samples:
+    counts[s] = counts.get(s, 0) + 1
+  observed_cells, expected_cells = [], []
+  pooled_observed, pooled_expected = 0, 0.0
+  for seq, prob in expected.items():
+    if prob * n >= 5:
+      observed_cells.append(counts.pop(seq, 0))
+      expected_cells.append(prob * n)
+    else:
+      pooled_observed += counts.pop(seq, 0)
+      pooled_expected += prob * n
+  pooled_observed += sum(counts.values())  # sequences outside the support (must be ~none)
+  observed_cells.append(pooled_observed)
+  expected_cells.append(max(pooled_expected, 1e-9))
+  return stats.chisquare(observed_cells, np.array(expected_cells) * n / sum(expected_cells)).pvalue
+
+
+def _sample_speculative(model, tp, dp, lenience, num_samples, length, gamma=2, seed=11):
+  result = speculative_decode(model, tp, model, dp, prompt_tokens=jnp.zeros((num_samples, 1), jnp.int32),
+                              max_new_tokens=length, gamma=gamma,
+                              sampling=SamplingConfig(1.0, eos_id=1), lenience=lenience,
+                              rng=jax.random.PRNGKey(seed))
+  tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
+  return [tuple(int(t) for t in row[:n]) for row, n in zip(tokens, lengths)]
+
+
+def test_sampled_speculative_matches_target_distribution_and_broken_variants_fail(monkeypatch):
+  model, tp, dp = _peaked_decoder_pair()
+  length, num_samples = 3, 20000
+  expected = _exact_sequence_distribution(model, tp, length, eos=1)
+  np.testing.assert_allclose(sum(expected.values()), 1.0, atol=1e-4)
+  draft_distribution = _exact_sequence_distribution(model, dp, length, eos=1)
+  # The draft is far from the target, so a wrong acceptance rule has something to show.
+  assert 0.5 * sum(abs(expected[k] - draft_distribution.get(k, 0.0)) for k in expected) > 0.1
+
+  exact = _sample_speculative(model, tp, dp, Lenience("lin", 1.0), num_samples, length)
+  assert _goodness_of_fit_pvalue(exact, expected) > 1e-3
+
+  # Teeth 1: lossy acceptance (eps = 0.5) no longer samples the target's distribution.
+  lossy = _sample_speculative(model, tp, dp, Lenience("lin", 0.5), num_samples, length)
+  assert _goodness_of_fit_pvalue(lossy, expected) < 1e-6
+
+  # Teeth 2: a broken engine that accepts every draft token.
+  monkeypatch.setattr(speculative, "acceptance_probability",
+                      lambda p, q, lenience=None: jnp.ones_like(p))
+  jax.clear_caches()
+  broken = _sample_speculative(model, tp, dp, Lenience("lin", 1.0), num_samples, length, seed=12)
+  jax.clear_caches()
+  assert _goodness_of_fit_pvalue(broken, expected) < 1e-6
+
+
+def test_empirical_acceptance_matches_one_minus_tvd():
+  """gamma = 1: each round's acceptance probability is 1 - TVD(p, q) at that round's context."""
+  model, tp, dp = _peaked_decoder_pair(vocab=7, seed_target=2, seed_draft=3)
+  batch, new = 400, 8
+  result = speculative_decode(model, tp, model, dp, prompt_tokens=jnp.zeros((batch, 1), jnp.int32),
+                              max_new_tokens=new, gamma=1, sampling=SamplingConfig(1.0, eos_id=-1),
+                              rng=jax.random.PRNGKey(5))
+  tokens = np.asarray(result.tokens)
+  rounds = np.asarray(result.accepted_per_round)
+  contexts, accepted = [], []
+  for row in range(batch):
+    held = 1  # tokens committed before the round (the first comes from the prefill)
+    for a in rounds[row]:
+      if a < 0:
+        break
+      contexts.append(np.concatenate([[0], tokens[row, :held]]))
+      accepted.append(a)
+      held += a + 1
+  contexts = np.stack([np.pad(c, (0, new + 1 - len(c))) for c in contexts])
+  ends = np.array([np.count_nonzero(c[1:]) for c in contexts])  # index of the last real token
+  t_logits = model.logits(tp, {"decoder_input_tokens": jnp.asarray(contexts)})
+  d_logits = model.logits(dp, {"decoder_input_tokens": jnp.asarray(contexts)})
+  rows = np.arange(len(contexts))
+  beta = np.asarray(expected_acceptance(t_logits[rows, ends], d_logits[rows, ends]))
+  accepted = np.array(accepted, np.float64)
+  standard_error = np.sqrt(np.sum(beta * (1 - beta))) / len(beta)
+  assert abs(accepted.mean() - beta.mean()) < 4 * standard_error
+  np.testing.assert_allclose(float(result.acceptance_rate), accepted.mean(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", speculative.LENIENCE_FUNCTIONS)
+def test_acceptance_does_not_decrease_as_epsilon_decreases(kind):
+  rng = np.random.default_rng(0)
+  p = rng.dirichlet(np.ones(11), size=200)
+  q = rng.dirichlet(np.ones(11), size=200)
+  previous = None
+  for eps in (1.0, 0.8, 0.5, 0.3, 0.1):
+    per_token = acceptance_probability(jnp.asarray(p), jnp.asarray(q), Lenience(kind, eps))
+    expected = np.sum(q * np.asarray(per_token), axis=-1)  # E_{y~q}[min(1, f(p(y))/q(y))]
+    if previous is not None:
+      assert np.all(expected >= previous - 1e-7)
+    previous = expected
+  lossless = np.sum(q * np.asarray(acceptance_probability(jnp.asarray(p), jnp.asarray(q))), -1)
+  np.testing.assert_allclose(lossless, 1 - 0.5 * np.abs(p - q).sum(-1), atol=1e-6)
+
+
+def test_bad_input_is_rejected_with_a_clear_message():
+  target, tp, draft, dp = _pair("decoder_only")
+  prompts = _prompts("decoder_only")
+  with pytest.raises(ValueError, match="gamma=0"):
+    speculative_decode(target, tp, draft, dp, max_new_tokens=5, gamma=0, **prompts)
+  for eps in (0.0, 1.5):
+    with pytest.raises(ValueError, match=f"epsilon={eps}"):
+      Lenience("lin", eps)
+  with pytest.raises(ValueError, match="'cubic'"):
+    Lenience("cubic", 0.5)
+  other = Model(draft.config.replace(vocab_size=101))
+  with pytest.raises(ValueError, match="vocab_size=101"):
+    speculative_decode(target, tp, other, other.init(jax.random.PRNGKey(0)), max_new_tokens=5,
+                       gamma=2, **prompts)
+  with pytest.raises(ValueError, match="max_length=64"):
+    speculative_decode(target, tp, draft, dp, max_new_tokens=60, gamma=4, **prompts)
