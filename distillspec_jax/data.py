@@ -82,15 +82,15 @@ def _check_lengths(task, sequence_lengths: Mapping[str, int], feature_converter:
     if not isinstance(v, (int, np.integer)) or v <= 0:
       raise ValueError(f"sequence_lengths[{k!r}]={v!r} must be a positive int.")
   features = set(task.output_features)
+  if feature_converter == "enc_dec" and "inputs" not in features:
+    raise ValueError(
+        f"Task {task.name!r} is decoder-only (features {sorted(features)}); pass "
+        "feature_converter='decoder' with sequence_lengths={'targets': N}.")
   unknown = set(sequence_lengths) - features
   if unknown:
     raise ValueError(f"sequence_lengths has {sorted(unknown)} but task {task.name!r} has only "
                      f"the features {sorted(features)}.")
   if feature_converter == "enc_dec":
-    if "inputs" not in features:
-      raise ValueError(
-          f"Task {task.name!r} is decoder-only (features {sorted(features)}); pass "
-          "feature_converter='decoder' with sequence_lengths={'targets': N}.")
     missing = {"inputs", "targets"} - set(sequence_lengths)
     if missing:
       raise ValueError(f"feature_converter='enc_dec' needs lengths for 'inputs' and 'targets'; "
