@@ -1,0 +1,188 @@
+"""Plain decoding: greedy follows the full forward's argmax, stops at EOS, is deterministic;
+sampling is reproducible per key; requests that do not fit the cache are rejected."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from distillspec_jax import decoding
+from distillspec_jax.decoding import SamplingConfig
+from distillspec_jax.models import DECODER_START_ID, EOS_ID, PAD_ID, Model
+
+MODEL_NAMES = ("tiny_encoder_decoder", "tiny_decoder_only")
+MAX_NEW = 12
+NEVER_STOP = SamplingConfig(eos_id=-1)  # greedy, no token ever ends a row
+
+
+@functools.lru_cache(maxsize=None)
+def model_and_params(name):
+  model = Model.from_name(name)
+  return model, jax.jit(model.init)(jax.random.PRNGKey(0))
+
+
+def inputs_for(model, seed=0):
+  """Keyword inputs of `decode`: padded encoder inputs or right-padded decoder prompts."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(2, model.config.vocab_size, (4, 6)).astype(np.int32)
+  for b, n in enumerate((6, 2, 4, 1)):
+    tokens[b, n:] = PAD_ID
+  key = "encoder_input_tokens" if model.is_encoder_decoder else "prompt_tokens"
+  return {key: jnp.asarray(tokens)}
+
+
+def run(model, params, inputs, **kwargs):
+  kwargs.setdefault("max_new_tokens", MAX_NEW)
+  result = decoding.decode(model, params, **inputs, **kwargs)
+  return np.asarray(result.tokens), np.asarray(result.lengths)
+
+
+def swap_ids(tree_or_tokens, a, b):
+  """Relabels token ids a <-> b in a token array."""
+  x = np.asarray(tree_or_tokens).copy()
+  ia, ib = x == a, x == b
+  x[ia], x[ib] = b, a
+  return x
+
+
+def relabel_params(params, a, b):
+  """The same network with token ids a and b exchanged (embedding rows, logits columns)."""
+  params = jax.tree.map(lambda x: x, params)  # new containers, shared leaves
+  emb = np.asarray(params["token_embedder"]["embedding"]).copy()
+  emb[[a, b]] = emb[[b, a]]
+  kernel = np.asarray(params["decoder"]["logits_dense"]["kernel"]).copy()
+  kernel[:, [a, b]] = kernel[:, [b, a]]
+  params["token_embedder"]["embedding"] = jnp.asarray(emb)
+  params["decoder"]["logits_dense"]["kernel"] = jnp.asarray(kernel)
+  return params
+
+
+@pytest.fixture(scope="module", params=MODEL_NAMES)
+def setup(request):
+  model, params = model_and_params(request.param)
+  inputs = inputs_for(model)
+  greedy = run(model, params, inputs, sampling=NEVER_STOP)
+  return model, params, inputs, greedy
+
+
+def test_greedy_is_argmax_of_full_forward(setup):
+  """Teacher-forcing the model on its own greedy output: each token is the argmax there."""
+  model, params, inputs, (tokens, lengths) = setup
+  np.testing.assert_array_equal(lengths, [MAX_NEW] * 4)
+  if model.is_encoder_decoder:
+    prompts = [[DECODER_START_ID]] * 4
+  else:
+    p = np.asarray(inputs["prompt_tokens"])
+    prompts = [[DECODER_START_ID] + [t for t in row if t != PAD_ID] for row in p]
+  width = max(len(p) for p in prompts) + MAX_NEW
+  seqs = np.zeros((4, width), np.int32)
+  for b, p in enumerate(prompts):
+    seqs[b, :len(p) + MAX_NEW] = p + list(tokens[b])
+  batch = {"decoder_input_tokens": jnp.asarray(seqs)}
+  if model.is_encoder_decoder:
+    batch["encoder_input_tokens"] = inputs["encoder_input_tokens"]
+  logits = np.asarray(jax.jit(model.logits)(params, batch))
+  for b, p in enumerate(prompts):
+    # The token at step i is predicted from position len(prompt) - 1 + i.
+    predicted = logits[b, len(p) - 1:len(p) - 1 + MAX_NEW].argmax(-1)
+    np.testing.assert_array_equal(tokens[b], predicted, err_msg=f"row {b}")
+
+
+def test_greedy_is_deterministic(setup):
+  model, params, inputs, (tokens, lengths) = setup
+  again, again_lengths = run(model, params, inputs, sampling=NEVER_STOP,
+                             rng=jax.random.PRNGKey(123))  # the key is unused when greedy
+  np.testing.assert_array_equal(again, tokens)
+  np.testing.assert_array_equal(again_lengths, lengths)
+
+
+def test_greedy_stops_at_eos(setup):
+  """Relabel a token the model emits as EOS: rows must stop right there, PAD after.
+
+  Exchanging ids t <-> EOS in the embedding and the logits layer gives the same network
+  under other token names, so its greedy output is the original one with t and EOS
+  exchanged; a row must end at its first EOS with the right length.
+  """
+  model, params, inputs, (tokens, _) = setup
+  # Choose t so rows end at different steps, one of them strictly inside the budget.
+  def first(row, t):
+    hits = np.flatnonzero(row == t)
+    return hits[0] if hits.size else MAX_NEW
+  candidates = [t for t in np.unique(tokens[:, 1:MAX_NEW - 1])
+                if t not in (PAD_ID, EOS_ID) and len({first(r, t) for r in tokens}) > 1]
+  assert candidates, "the greedy outputs are too uniform to pick a token to relabel"
+  t = int(candidates[0])
+  relabelled = relabel_params(params, t, EOS_ID)
+  new_inputs = {k: jnp.asarray(swap_ids(v, t, EOS_ID)) for k, v in inputs.items()}
+  out, lengths = run(model, relabelled, new_inputs)  # default sampling: stops at EOS_ID
+  expected = swap_ids(tokens, t, EOS_ID)
+  for b in range(4):
+    stop = first(expected[b], EOS_ID)
+    n = min(stop + 1, MAX_NEW)
+    assert lengths[b] == n, f"row {b}: length {lengths[b]}, expected {n}"
+    np.testing.assert_array_equal(out[b, :n], expected[b, :n], err_msg=f"row {b}")
+    np.testing.assert_array_equal(out[b, n:], PAD_ID, err_msg=f"row {b}: tokens after EOS")
+  assert lengths.min() < MAX_NEW and len(set(lengths.tolist())) > 1
+
+
+def test_all_rows_end_at_first_step(setup):
+  """Same prompt on every row, its first greedy token relabelled as EOS: [EOS, PAD, ...]."""
+  model, params, inputs, _ = setup
+  same = {k: jnp.repeat(v[:1], 4, axis=0) for k, v in inputs.items()}
+  tokens, _ = run(model, params, same, sampling=NEVER_STOP)
+  t = int(tokens[0, 0])
+  assert t not in (PAD_ID, EOS_ID)
+  relabelled = relabel_params(params, t, EOS_ID)
+  same = {k: jnp.asarray(swap_ids(v, t, EOS_ID)) for k, v in same.items()}
+  out, lengths = run(model, relabelled, same)
+  np.testing.assert_array_equal(lengths, [1, 1, 1, 1])
+  np.testing.assert_array_equal(out[:, 0], EOS_ID)
+  np.testing.assert_array_equal(out[:, 1:], PAD_ID)
+
+
+def test_sampling_reproducible_per_key(setup):
+  model, params, inputs, (greedy, _) = setup
+  sampling = SamplingConfig(temperature=1.0, eos_id=-1)
+  a, _ = run(model, params, inputs, sampling=sampling, rng=jax.random.PRNGKey(7))
+  b, _ = run(model, params, inputs, sampling=sampling, rng=jax.random.PRNGKey(7))
+  c, _ = run(model, params, inputs, sampling=sampling, rng=jax.random.PRNGKey(8))
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c), "a different key gave the same samples"
+  assert not np.array_equal(a, greedy), "temperature 1 sampled exactly the greedy output"
+  assert a.min() >= 0 and a.max() < model.config.vocab_size
+
+
+def test_request_longer_than_cache_is_rejected():
+  model, params = model_and_params("tiny_encoder_decoder")
+  inputs = inputs_for(model)
+  with pytest.raises(ValueError) as info:
+    decoding.decode(model, params, **inputs, max_new_tokens=128)
+  message = str(info.value)
+  assert "129" in message and "max_length=128" in message  # 1 start token + 128 > 128
+  assert "raise max_length" in message and "max_new_tokens" in message
+  with pytest.raises(ValueError, match="max_length=16"):
+    decoding.decode(model, params, **inputs, max_new_tokens=16, max_length=16)
+
+  model, params = model_and_params("tiny_decoder_only")
+  inputs = inputs_for(model)  # prompt width 6, plus the start token
+  with pytest.raises(ValueError) as info:
+    decoding.decode(model, params, **inputs, max_new_tokens=122)
+  assert "129" in str(info.value) and "max_length=128" in str(info.value)
+
+
+def test_other_bad_requests():
+  model, params = model_and_params("tiny_encoder_decoder")
+  with pytest.raises(ValueError, match="encoder_input_tokens"):
+    decoding.decode(model, params, prompt_tokens=jnp.ones((1, 3), jnp.int32), max_new_tokens=2)
+  with pytest.raises(ValueError, match=r"temperature=-1\.0 must be >= 0"):
+    SamplingConfig(temperature=-1.0)
+
+
+def test_probabilities_and_sample_tokens():
+  logits = jnp.array([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
+  np.testing.assert_array_equal(decoding.probabilities(logits, 0.0), [[0, 1, 0], [1, 0, 0]])
+  np.testing.assert_allclose(decoding.probabilities(logits, 1.0), jax.nn.softmax(logits),
+                             rtol=1e-6)
+  np.testing.assert_array_equal(decoding.sample_tokens(logits, jax.random.PRNGKey(0), 0.0), [1, 0])
