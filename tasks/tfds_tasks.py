@@ -23,6 +23,7 @@ import functools
 from typing import Callable, Mapping, Optional, Sequence
 
 import seqio
+import tensorflow as tf
 
 from distillspec_jax import vocabularies
 from distillspec_jax.tasks import metrics
@@ -46,10 +47,18 @@ def register_task(name: str, **task_kwargs) -> seqio.Task:
   return seqio.TaskRegistry.add(name, **task_kwargs)
 
 
-def register_mixture(name: str, tasks: Sequence[str], default_rate: float = 1.0) -> seqio.Mixture:
-  """seqio.MixtureRegistry.add that replaces an existing mixture of the same name."""
+def register_mixture(name: str, tasks: Sequence[str], default_rate: float = 1.0,
+                     stop_on_empty_dataset: bool = False) -> seqio.Mixture:
+  """seqio.MixtureRegistry.add that replaces an existing mixture of the same name.
+
+  With stop_on_empty_dataset=False (unlike seqio's default) one epoch of the
+  mixture yields every example of every task, not only until the first ends.
+  """
   seqio.MixtureRegistry.remove(name)
-  return seqio.MixtureRegistry.add(name, list(tasks), default_rate=default_rate)
+  sample_fn = functools.partial(tf.data.Dataset.sample_from_datasets,
+                                stop_on_empty_dataset=stop_on_empty_dataset)
+  return seqio.MixtureRegistry.add(name, list(tasks), default_rate=default_rate,
+                                   sample_fn=sample_fn)
 
 
 def text_task_preprocessors(format_fn: Callable, **kwargs) -> list:

@@ -197,10 +197,14 @@ def test_bbh_tasks_and_mixture(vocab, data_dir):
   assert got["target_texts"] == ["(B)"]
   assert data.compute_metrics("bbh_date_understanding", ["(B)"], ["So the answer is (B)."]) == {
       "exact_match": 100.0}
+  batches = list(data.get_dataset("bbh", "test", {"inputs": 64, "targets": 8}, batch_size=4))
+  assert len(batches) == 1 and batches[0]["encoder_input_tokens"].shape == (3, 64)  # One epoch.
+  prompts = sorted(_dec(vocab, r) for r in batches[0]["encoder_input_tokens"])
+  assert prompts == sorted(["Q: True and False is" + COT, "Q: not False is" + COT,
+                            vocab.decode(vocab.encode(got["prompt_texts"][0]))])
   batch = next(data.get_dataset("bbh", "test", {"inputs": 64, "targets": 8}, batch_size=4,
                                 shuffle=True, seed=0, num_epochs=None))
   assert batch["encoder_input_tokens"].shape == (4, 64)
-  assert _dec(vocab, batch["encoder_input_tokens"][0]).startswith("Q:")
 
 
 # ------------------------------------------------------------------ errors
@@ -225,6 +229,21 @@ def test_malformed_bbh_file_names_file_and_line(vocab, tmp_path):
   bad.write_text('{"examples": [\n {"input": "a", "target": "b"},\n {"input": "c"}\n]}')
   with pytest.raises(ValueError, match=rf"{bad}:3: example 1"):
     data.get_prompts_and_targets("bbh_navigate", "test")
+
+
+def test_malformed_text_and_missing_fields(vocab, tmp_path):
+  lm = tmp_path / "lm1b"
+  lm.mkdir()
+  (lm / "train.txt").write_bytes(b"fine line\nbad \xff byte\n")
+  tasks.register_lm1b_files(str(lm), vocabulary=vocab, name="bad_lm1b")
+  with pytest.raises(ValueError, match=rf"{lm / 'train.txt'}:2: not valid UTF-8"):
+    next(data.get_dataset("bad_lm1b", "train", {"targets": 8}, batch_size=1,
+                          feature_converter="decoder"))
+  path = tmp_path / "xsum" / "test.jsonl"
+  _write_jsonl(path, [{"document": "d", "summary": "s"}, {"document": "d", "summary": 3}])
+  tasks.register_xsum_files(str(tmp_path / "xsum"), vocabulary=vocab, name="bad_xsum")
+  with pytest.raises(ValueError, match=rf"{path}:2: field 'summary' must be a string"):
+    data.get_prompts_and_targets("bad_xsum", "test")
 
 
 def test_misaligned_wmt_files(vocab, tmp_path):
