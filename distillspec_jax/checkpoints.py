@@ -87,8 +87,13 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=self.save_every, max_to_keep=self.keep, create=True,
         enable_async_checkpointing=self.async_save)
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=("params", "opt_state", "meta"))
+    # Handlers are registered up front so that a fresh manager (a restarted job) can read
+    # item metadata (shapes) before restoring anything.
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options,
+        item_handlers={"params": ocp.StandardCheckpointHandler(),
+                       "opt_state": ocp.StandardCheckpointHandler(),
+                       "meta": ocp.JsonCheckpointHandler()})
 
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()

@@ -18,6 +18,7 @@ one jitted step. Library code: no gin here (gin_utils registers these classes).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Optional
 
 import jax
@@ -328,3 +329,60 @@ def mean_tvd(target: Model, target_params, draft: Model, draft_params, batch: di
   return jnp.mean(divergences.per_sequence_divergence(
       "tvd", target.logits(target_params, features), draft.logits(draft_params, features),
       features["decoder_loss_weights"]))
+
+
+# --- periodic evaluation (trainer eval_fn builders) ------------------------------------------
+
+
+def _prompt_kwargs(model: Model, batch: dict) -> dict:
+  if model.is_encoder_decoder:
+    return {"encoder_input_tokens": jnp.asarray(batch["encoder_input_tokens"], jnp.int32)}
+  return {"prompt_tokens": prompt_tokens_from_batch(batch)}
+
+
+def make_tvd_eval_fn(target: Model, target_params, draft: Model, batch: dict, *,
+                     max_new_tokens: int, temperature: float = 1.0, seed: int = 0):
+  """eval_fn(draft_params, step) -> {"tvd_on_target_samples", "tvd_on_draft_samples"}.
+
+  Held-out prompts `batch` are continued once by the target (fixed samples, Knowl 2's
+  acceptance is measured under the target's sequences) and, at every call, by the current
+  draft (on-policy); the mean per-sequence TVD(p || q) is reported on both.
+  """
+  rng_target, rng_draft = jax.random.split(jax.random.PRNGKey(seed))
+  features = _training_features(batch, draft) if "decoder_target_tokens" in batch else batch
+  target_batch = sample_batch(target, target_params, features, rng_target,
+                              max_new_tokens=max_new_tokens, temperature=temperature)
+  tvd = jax.jit(functools.partial(mean_tvd, target, target_params, draft))
+
+  def eval_fn(draft_params, step):
+    draft_batch = sample_batch(draft, draft_params, features, rng_draft,
+                               max_new_tokens=max_new_tokens, temperature=temperature)
+    return {"tvd_on_target_samples": float(tvd(draft_params, target_batch)),
+            "tvd_on_draft_samples": float(tvd(draft_params, draft_batch))}
+
+  return eval_fn
+
+
+def make_speculative_eval_fn(target: Model, target_params, draft: Model, batch: dict, *,
+                             max_new_tokens: int, gamma: int = 4,
+                             temperature: float = 1.0, seed: int = 0,
+                             speculative_decode=None):
+  """eval_fn(draft_params, step) -> {"tau": block efficiency, "alpha": acceptance rate}.
+
+  Runs `speculative.speculative_decode` on the held-out prompts of `batch` (fixed rng, so
+  successive evaluations differ only through the draft). `speculative_decode` may be injected
+  (tests, other implementations); default: distillspec_jax.speculative.speculative_decode.
+  """
+  if speculative_decode is None:
+    from distillspec_jax.speculative import speculative_decode  # built by another module
+  sampling = decoding.SamplingConfig(temperature=temperature)
+  prompts = _prompt_kwargs(draft, batch)
+  rng = jax.random.PRNGKey(seed)
+
+  def eval_fn(draft_params, step):
+    result = speculative_decode(target, target_params, draft, draft_params,
+                                max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
+                                rng=rng, **prompts)
+    return {"tau": float(result.block_efficiency), "alpha": float(result.acceptance_rate)}
+
+  return eval_fn

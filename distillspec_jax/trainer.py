@@ -94,13 +94,29 @@ class TrainConfig:
     if self.log_every < 1:
       raise ValueError(f"log_every={self.log_every} must be >= 1.")
 
+  @property
+  def optimizer_spec(self) -> "OptimizerSpec":
+    return OptimizerSpec(self.optimizer, self.learning_rate, self.warmup_steps,
+                         self.decay_steps, self.final_fraction)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+  """The hashable optimiser description (a static part of the jitted step)."""
+
+  name: str
+  learning_rate: float
+  warmup_steps: int
+  decay_steps: int
+  final_fraction: float
+
   def schedule(self) -> optax.Schedule:
     return optimizers.learning_rate_schedule(
         self.learning_rate, min(self.warmup_steps, self.decay_steps), self.decay_steps,
         self.final_fraction)
 
-  def make_optimizer(self) -> optax.GradientTransformation:
-    return optimizers.make_optimizer(self.optimizer, self.schedule())
+  def make(self) -> optax.GradientTransformation:
+    return optimizers.make_optimizer(self.name, self.schedule())
 
 
 @dataclasses.dataclass
@@ -130,18 +146,35 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, frozen: dict, *,
   (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = dict(metrics, source=source, grad_norm=optax.global_norm(grads))
+  metrics = dict(metrics, source=source, grad_norm=optax.tree.norm(grads))
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def make_train_step(objective, optimizer, state_shardings, frozen_shardings, mesh):
-  """`train_step` jitted once, with explicit in/out shardings and the state donated."""
-  return jax.jit(
+@functools.lru_cache(maxsize=32)
+def make_train_step(objective, optimizer_spec: "OptimizerSpec", mesh):
+  """`train_step` jitted once per (objective, optimizer, mesh), with explicit in/out shardings
+  and the state donated. Cached, so restarts and repeated stages in one process reuse the
+  compiled step. Returns (step_fn, state_shardings, frozen_shardings)."""
+  optimizer = optimizer_spec.make()
+  model = objective.model
+  param_sharding = partitioning.param_shardings(model, mesh)
+  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          model.param_shapes(), param_sharding)
+  # Optimizer-state shardings follow the params through XLA's sharding propagation.
+  opt_sharding = jax.jit(optimizer.init).lower(abstract).compile().output_shardings
+  state_shardings = TrainState(step=partitioning.replicated(mesh), params=param_sharding,
+                               opt_state=opt_sharding)
+  frozen_shardings = {}
+  for name in objective.frozen_names:
+    frozen_model = objective.target if name == "target" else objective.reference
+    frozen_shardings[name] = partitioning.param_shardings(frozen_model, mesh)
+  step_fn = jax.jit(
       functools.partial(train_step, objective=objective, optimizer=optimizer),
       in_shardings=(state_shardings, partitioning.batch_sharding(mesh),
                     partitioning.replicated(mesh), frozen_shardings),
       out_shardings=(state_shardings, partitioning.replicated(mesh)),
       donate_argnums=(0,))
+  return step_fn, state_shardings, frozen_shardings
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -315,49 +348,34 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
   base_key = jax.random.PRNGKey(config.seed)
   init_key, step_base_key = jax.random.split(base_key)  # split once; steps fold_in their index
 
-  param_sharding = partitioning.param_shardings(model, mesh)
+  step_fn, state_shardings, frozen_shardings = make_train_step(
+      objective, config.optimizer_spec, mesh)
+  optimizer = config.optimizer_spec.make()
   abstract_params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                 model.param_shapes(), param_sharding)
-  optimizer = config.make_optimizer()
+                                 model.param_shapes(), state_shardings.params)
+  abstract_opt = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                              jax.eval_shape(optimizer.init, abstract_params),
+                              state_shardings.opt_state)
   checkpointer = checkpoints.Checkpointer(config.model_dir, save_every=config.save_every,
                                           keep=config.keep_checkpoints,
                                           async_save=config.async_checkpointing)
   latest = checkpointer.latest_step()
   if latest is not None:
-    checkpointer.check_compatible(latest, abstract_params)  # fail before any work
-  # Optimizer-state shardings follow the params through XLA's propagation.
-  make_opt_state = jax.jit(optimizer.init)
-  abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
-
-  if latest is not None:
-    opt_shardings = jax.tree.map(lambda x: x.sharding,
-                                 make_opt_state(jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype,
-                                                             device=a.sharding),
-                                                             abstract_params)))
-    abstract_opt = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                abstract_opt, opt_shardings)
     params, opt_state, meta = checkpointer.restore(latest, abstract_params, abstract_opt)
     opt_state = jax.tree.unflatten(jax.tree.structure(abstract_opt), jax.tree.leaves(opt_state))
     start_step = int(meta["step"])
     logging.info("Resuming from %s at step %d.", config.model_dir, start_step)
   else:
     params = _initial_params(config, model, init_key, abstract_params, restore_fn, init_params)
-    opt_state = make_opt_state(params)
+    opt_state = jax.jit(optimizer.init, out_shardings=state_shardings.opt_state)(params)
     start_step = 0
   state = TrainState(step=jnp.asarray(start_step, jnp.int32), params=params, opt_state=opt_state)
-  state_shardings = TrainState(step=partitioning.replicated(mesh), params=param_sharding,
-                               opt_state=jax.tree.map(lambda x: x.sharding, opt_state))
   state = jax.device_put(state, state_shardings)
-  frozen_params = {k: frozen_params[k] for k in objective.frozen_names}
-  frozen_shardings = {}
-  for name in objective.frozen_names:
-    frozen_model = objective.target if name == "target" else objective.reference
-    frozen_shardings[name] = partitioning.param_shardings(frozen_model, mesh)
-  frozen_params = jax.device_put(frozen_params, frozen_shardings)
-  step_fn = make_train_step(objective, optimizer, state_shardings, frozen_shardings, mesh)
+  frozen_params = jax.device_put({k: frozen_params[k] for k in objective.frozen_names},
+                                 frozen_shardings)
 
   writer = MetricsWriter(config.model_dir)
-  schedule = config.schedule()
+  schedule = config.optimizer_spec.schedule()
   history, pending = [], []
   source_totals = np.zeros(len(SOURCES), np.int64)
   meta = {"model_config": dataclasses.asdict(model.config), "objective": objective.name}
@@ -397,6 +415,7 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
         record = dict(step=done, **results)
         history.append(record)
         writer.write(record)
+        interval_start = time.perf_counter()  # evaluation time is not training throughput
       checkpointer.save(done, state.params, state.opt_state, meta,
                         force=done == config.train_steps)
       if progress is not None:

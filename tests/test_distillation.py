@@ -1,0 +1,173 @@
+"""DistillSpec objective: source mixture, sampled batches, validation, AdaSPEC hook."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from distillspec_jax import distillation as D
+from distillspec_jax import divergences
+from distillspec_jax.models import Model
+from distillspec_jax.trainer import SyntheticData
+
+VOCAB = 64
+
+
+def _models():
+  target = Model.from_name("tiny_encoder_decoder", vocab_size=VOCAB)
+  draft = Model.from_name("demo_draft", vocab_size=VOCAB)
+  return target, draft
+
+
+@pytest.mark.parametrize("lambda1,lambda2", [(1.0, 0.0), (0.0, 0.0), (0.5, 1.0), (0.0, 0.5),
+                                             (0.0, 1.0), (0.3, 0.7)])
+def test_source_selection_follows_lambdas(lambda1, lambda2):
+  n = 20000
+  keys = jax.random.split(jax.random.PRNGKey(0), n)
+  sources = np.asarray(jax.vmap(lambda k: D.select_source(k, lambda1, lambda2))(keys))
+  counts = np.bincount(sources, minlength=3) / n
+  expected = np.array([lambda1, (1 - lambda1) * lambda2, (1 - lambda1) * (1 - lambda2)])
+  # 5 binomial standard errors (exact 0 / 1 probabilities must give exact 0 / 1 counts).
+  tolerance = 5 * np.sqrt(expected * (1 - expected) / n)
+  np.testing.assert_array_less(np.abs(counts - expected), tolerance + 1e-12)
+
+
+def test_source_selection_is_a_function_of_the_key():
+  key = jax.random.PRNGKey(3)
+  assert int(D.select_source(key, 0.4, 0.5)) == int(D.select_source(key, 0.4, 0.5))
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(lambda1=1.5), "lambda1=1.5"),
+    (dict(lambda1=-0.1), "lambda1=-0.1"),
+    (dict(lambda2=2.0), "lambda2=2.0"),
+    (dict(beta=0.0), "beta=0.0"),
+    (dict(beta=1.0), "beta=1.0"),
+    (dict(divergence="kl"), "'kl'"),
+    (dict(top_k_fraction=0.0), "top_k_fraction=0.0"),
+])
+def test_bad_config_names_value_and_fix(kwargs, needle):
+  with pytest.raises(ValueError) as error:
+    D.DistillationConfig(**kwargs)
+  message = str(error.value)
+  assert needle in message
+  assert "[0, 1]" in message or "(0, 1)" in message or "one of" in message or "(0, 1]" in message
+
+
+def test_different_vocabularies_rejected():
+  target = Model.from_name("tiny_encoder_decoder", vocab_size=64)
+  draft = Model.from_name("demo_draft", vocab_size=128)
+  with pytest.raises(ValueError, match="vocab_size=128.*vocab_size=64"):
+    D.DistillationObjective(target, draft)
+
+
+def test_adaspec_needs_reference_and_fraction():
+  target, draft = _models()
+  with pytest.raises(ValueError, match="reference"):
+    D.DistillationObjective(target, draft, D.DistillationConfig(top_k_fraction=0.5))
+
+
+def test_samples_to_batch_encoder_decoder():
+  target, _ = _models()
+  batch = SyntheticData(2, vocab_size=VOCAB).batch_at(0)
+  tokens = jnp.array([[5, 6, 1, 0], [7, 1, 0, 0]], jnp.int32)
+  out = D.samples_to_batch(tokens, jnp.array([3, 2]), batch, target)
+  width = batch["decoder_target_tokens"].shape[1]
+  assert out["decoder_target_tokens"].shape == (2, width)
+  np.testing.assert_array_equal(out["decoder_target_tokens"][:, :4], tokens)
+  np.testing.assert_array_equal(out["decoder_input_tokens"][:, :5],
+                                [[0, 5, 6, 1, 0], [0, 7, 1, 0, 0]])
+  np.testing.assert_array_equal(out["decoder_loss_weights"][:, :5],
+                                [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
+
+
+def test_samples_to_batch_decoder_only_places_sample_after_prompt():
+  model = Model.from_name("tiny_decoder_only", vocab_size=VOCAB)
+  batch = SyntheticData(2, input_length=3, target_length=4, vocab_size=VOCAB,
+                        decoder_only=True).batch_at(0)
+  prompts = D.prompt_tokens_from_batch(batch)
+  n = np.asarray(jnp.sum(prompts > 0, axis=1))
+  tokens = jnp.array([[9, 1, 0], [8, 8, 1]], jnp.int32)
+  out = D.samples_to_batch(tokens, jnp.array([2, 3]), batch, model, prompts)
+  for row in range(2):
+    targets = np.asarray(out["decoder_target_tokens"][row])
+    weights = np.asarray(out["decoder_loss_weights"][row])
+    np.testing.assert_array_equal(targets[:n[row]], np.asarray(prompts[row, :n[row]]))
+    length = [2, 3][row]
+    np.testing.assert_array_equal(targets[n[row]:n[row] + length], tokens[row, :length])
+    assert weights.sum() == length and weights[:n[row]].sum() == 0
+
+
+def test_on_policy_batch_is_drawn_from_the_draft():
+  target, draft = _models()
+  tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
+  batch = SyntheticData(4, vocab_size=VOCAB).batch_at(0)
+  objective = D.DistillationObjective(target, draft, D.DistillationConfig(lambda1=0.0,
+                                                                          lambda2=1.0))
+  out, source = jax.jit(objective.make_batch)(dp, {"target": tp}, batch, jax.random.PRNGKey(5))
+  assert int(source) == D.DRAFT
+  _, sample_rng = jax.random.split(jax.random.PRNGKey(5))
+  expected = D.sample_batch(draft, dp, batch, sample_rng, max_new_tokens=8, temperature=1.0)
+  for k in expected:
+    np.testing.assert_array_equal(out[k], expected[k])
+  # Weights are 1 up to and including EOS, 0 after.
+  t, w = np.asarray(out["decoder_target_tokens"]), np.asarray(out["decoder_loss_weights"])
+  for row in range(4):
+    eos = np.flatnonzero(t[row] == 1)
+    end = eos[0] + 1 if len(eos) else t.shape[1]
+    assert w[row, :end].all() and not w[row, end:].any()
+
+
+def test_fixed_source_returns_the_fixed_batch():
+  target, draft = _models()
+  tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
+  batch = SyntheticData(4, vocab_size=VOCAB).batch_at(0)
+  objective = D.DistillationObjective(target, draft, D.DistillationConfig(lambda1=1.0))
+  out, source = objective.make_batch(dp, {"target": tp}, batch, jax.random.PRNGKey(0))
+  assert int(source) == D.FIXED
+  np.testing.assert_array_equal(out["decoder_target_tokens"], batch["decoder_target_tokens"])
+
+
+def test_loss_is_sequence_divergence_and_grads_only_reach_the_draft():
+  target, draft = _models()
+  tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
+  batch = D._training_features(SyntheticData(4, vocab_size=VOCAB).batch_at(0), draft)
+  objective = D.DistillationObjective(target, draft, D.DistillationConfig(divergence="rkl"))
+  loss, metrics = objective.loss(dp, {"target": tp}, batch)
+  expected = divergences.sequence_divergence("rkl", target.logits(tp, batch),
+                                             draft.logits(dp, batch),
+                                             batch["decoder_loss_weights"])
+  np.testing.assert_allclose(loss, expected, rtol=1e-6)
+  np.testing.assert_allclose(metrics["predicted_acceptance"], 1 - metrics["tvd"], rtol=1e-6)
+  target_grads = jax.grad(lambda t: objective.loss(dp, {"target": t}, batch)[0])(tp)
+  assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(target_grads))
+
+
+def test_adaspec_k1_equals_plain_distillation():
+  target, draft = _models()
+  tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
+  rp = draft.init(jax.random.PRNGKey(2))
+  batch = D._training_features(SyntheticData(4, vocab_size=VOCAB).batch_at(0), draft)
+  plain = D.DistillationObjective(target, draft, D.DistillationConfig())
+  ada = D.DistillationObjective(target, draft, D.DistillationConfig(top_k_fraction=1.0),
+                                reference=draft)
+  frozen = {"target": tp, "reference": rp}
+  grad_plain = jax.grad(lambda p: plain.loss(p, frozen, batch)[0])(dp)
+  grad_ada = jax.grad(lambda p: ada.loss(p, frozen, batch)[0])(dp)
+  np.testing.assert_allclose(plain.loss(dp, frozen, batch)[0], ada.loss(dp, frozen, batch)[0],
+                             rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8),
+               grad_plain, grad_ada)
+  # k < 1 drops tokens: a different (smaller-or-equal) loss.
+  half = D.DistillationObjective(target, draft, D.DistillationConfig(top_k_fraction=0.5),
+                                 reference=draft)
+  loss_half, metrics = half.loss(dp, frozen, batch)
+  assert float(loss_half) < float(plain.loss(dp, frozen, batch)[0])
+  assert 0.4 < float(metrics["kept_fraction"]) < 0.7
+
+
+def test_recipes_table():
+  assert D.DistillationConfig.from_recipe("gkd").lambda2 == 1.0
+  assert D.DistillationConfig.from_recipe("fdistill").divergence == "tvd"
+  with pytest.raises(ValueError, match="Unknown recipe"):
+    D.DistillationConfig.from_recipe("nope")
