@@ -125,8 +125,13 @@ def _untrimmed_examples(task: seqio.Task, split: str, num: int, shuffle: bool = 
 
 def check_prompt_lengths(task_name: str, split: str, sequence_lengths: Mapping[str, int],
                          num_examples: int = 64, max_truncated_fraction: float = 0.5) -> None:
-  """Raises ValueError if more than `max_truncated_fraction` of the first
-  `num_examples` prompts ('inputs', with EOS) exceed sequence_lengths['inputs']."""
+  """Raises ValueError if sequence_lengths['inputs'] is too small for the prompts.
+
+  Looks at the first `num_examples` prompts ('inputs', with EOS).  Error when
+  more than `max_truncated_fraction` of them are longer than the length; for
+  document tasks (summarization, where truncating the article is the norm) only
+  when more than that fraction would lose over half of their tokens.
+  """
   if "inputs" not in sequence_lengths:
     return
   length = int(sequence_lengths["inputs"])
@@ -137,10 +142,13 @@ def check_prompt_lengths(task_name: str, split: str, sequence_lengths: Mapping[s
       continue
     lens = np.asarray(lens)
     too_long = int((lens > length).sum())
-    if too_long / len(lens) > max_truncated_fraction:
+    lenient = task.name in _tasks.tfds_tasks.TRUNCATABLE_INPUT_TASKS
+    bad = int((lens > 2 * length).sum()) if lenient else too_long
+    if bad / len(lens) > max_truncated_fraction:
+      what = "would lose over half of their tokens" if lenient else "are longer"
       raise ValueError(
           f"sequence_lengths['inputs']={length} is too small for task {task.name!r} "
-          f"(split {split!r}): {too_long} of the first {len(lens)} prompts are longer "
+          f"(split {split!r}): {bad} of the first {len(lens)} prompts {what} "
           f"(longest {lens.max()} tokens incl. EOS, median {int(np.median(lens))}). Pass "
           f"sequence_lengths['inputs'] >= {int(np.percentile(lens, 95))} (95th percentile), or "
           f"{lens.max()} to keep every prompt whole.")

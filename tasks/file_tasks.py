@@ -281,6 +281,7 @@ def register_xsum_files(directory: str, vocabulary: Optional[vocabularies.VocabL
                         ) -> seqio.Task:
   """XSum from JSONL {"document","summary"}: 'summarize: <document>' -> summary."""
   files = _resolve_split_files(directory, split_files, (".jsonl",), name)
+  tfds_tasks.mark_inputs_truncatable(name)
   return tfds_tasks.register_task(
       name, source=_source(files, functools.partial(_jsonl_records, keys=("document", "summary"))),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),
@@ -295,6 +296,7 @@ def register_cnn_dailymail_files(directory: str,
                                  split_files: Optional[SplitFiles] = None) -> seqio.Task:
   """CNN/DM from JSONL {"article","highlights"} or Spec-Bench {"turns","reference"}."""
   files = _resolve_split_files(directory, split_files, (".jsonl",), name)
+  tfds_tasks.mark_inputs_truncatable(name)
   return tfds_tasks.register_task(
       name, source=_source(files, _cnndm_records),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),

@@ -75,6 +75,16 @@ def lm_task_preprocessors(text_key: str = "text") -> list:
           seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim]
 
 
+# Tasks whose inputs are documents that T5-style setups routinely truncate
+# (summarization).  data.check_prompt_lengths is lenient with them.
+TRUNCATABLE_INPUT_TASKS = set()
+
+
+def mark_inputs_truncatable(name: str) -> None:
+  """Declares that truncating this task's inputs is normal (long documents)."""
+  TRUNCATABLE_INPUT_TASKS.add(name)
+
+
 SUMMARIZATION_METRICS = (metrics.rouge,)
 TRANSLATION_METRICS = (metrics.bleu,)
 GSM8K_METRICS = (metrics.gsm8k_accuracy,)
@@ -121,12 +131,14 @@ def register_tfds_tasks(vocabulary: Optional[vocabularies.VocabLike] = None,
                                                       summary_key="summary"),
                 metric_fns=list(SUMMARIZATION_METRICS))
   names.append(f"xsum{suffix}")
+  mark_inputs_truncatable(f"xsum{suffix}")
   register_task(f"cnn_dailymail{suffix}", source=source("cnn_dailymail:3.4.0", three),
                 output_features=feats,
                 preprocessors=text_task_preprocessors(prep.summarize, article_key="article",
                                                       summary_key="highlights"),
                 metric_fns=list(SUMMARIZATION_METRICS))
   names.append(f"cnn_dailymail{suffix}")
+  mark_inputs_truncatable(f"cnn_dailymail{suffix}")
   register_task(f"gsm8k{suffix}", source=source("gsm8k:1.0.0", ("train", "test")),
                 output_features=feats,
                 preprocessors=text_task_preprocessors(prep.gsm8k_cot),

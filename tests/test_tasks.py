@@ -344,3 +344,18 @@ def test_shared_data_through_file_tasks(vocab):
                                 feature_converter="decoder"))
   assert batch["decoder_target_tokens"].shape == (2, 256)
   assert _dec(vocab, batch["decoder_target_tokens"][0]) == vocab.decode(vocab.encode(line.strip()))
+
+
+def test_document_tasks_allow_moderate_truncation(vocab, tmp_path):
+  doc = "The quick brown fox jumps over the lazy dog near the river bank today."
+  _write_jsonl(tmp_path / "xsum" / "train.jsonl", [{"document": doc, "summary": "Fox."}] * 4)
+  tasks.register_xsum_files(str(tmp_path / "xsum"), vocabulary=vocab, name="xsum_long")
+  n = len(vocab.encode("summarize: " + doc)) + 1
+  # Every document is cut, but keeps more than half: normal for summarization.
+  length = n // 2 + 2
+  batch = next(data.get_dataset("xsum_long", "train", {"inputs": length, "targets": 8},
+                                batch_size=4))
+  assert batch["encoder_input_tokens"].shape == (4, length)
+  assert (batch["encoder_input_tokens"] > 0).all()
+  with pytest.raises(ValueError, match="would lose over half of their tokens"):
+    data.get_dataset("xsum_long", "train", {"inputs": n // 2 - 1, "targets": 8}, batch_size=4)
