@@ -23,8 +23,10 @@ from distillspec_jax.tasks import file_tasks
 from distillspec_jax.tasks import bbh
 
 from distillspec_jax.tasks.bbh import register_bbh_tasks
-from distillspec_jax.tasks.embedded import (TASK_NAME as EMBEDDED_TASK_NAME,
+from distillspec_jax.tasks.embedded import (DEFAULT_SEQUENCE_LENGTHS as EMBEDDED_SEQUENCE_LENGTHS,
+                                            TASK_NAME as EMBEDDED_TASK_NAME,
                                             build_embedded_vocabulary, embedded_vocabulary,
+                                            generate_examples as generate_embedded_examples,
                                             register_embedded_task)
 from distillspec_jax.tasks.file_tasks import (register_cnn_dailymail_files, register_file_tasks,
                                               register_gsm8k_files, register_lm1b_files,
