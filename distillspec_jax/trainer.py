@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding
 
 from distillspec_jax import checkpoints, optimizers, partitioning
 from distillspec_jax.distillation import SOURCES, DistillationObjective, FinetuneObjective
@@ -161,7 +162,12 @@ def make_train_step(objective, optimizer_spec: "OptimizerSpec", mesh):
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           model.param_shapes(), param_sharding)
   # Optimizer-state shardings follow the params through XLA's sharding propagation.
-  opt_sharding = jax.jit(optimizer.init).lower(abstract).compile().output_shardings
+  # Scalars (step counts) come back on one device: put every non-mesh sharding on the mesh,
+  # replicated, so all step arguments live on the same devices.
+  opt_sharding = jax.tree.map(
+      lambda s: s if isinstance(s, NamedSharding) and s.mesh == mesh
+      else partitioning.replicated(mesh),
+      jax.jit(optimizer.init).lower(abstract).compile().output_shardings)
   state_shardings = TrainState(step=partitioning.replicated(mesh), params=param_sharding,
                                opt_state=opt_sharding)
   frozen_shardings = {}

@@ -1,0 +1,96 @@
+"""Checkpoints: round trip, keep-last-N, atomic saves, clear errors for another model."""
+
+import os
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from distillspec_jax import checkpoints as C
+from distillspec_jax.models import Model
+
+
+def _state(emb_dim=64):
+  model = Model.from_name("demo_draft", vocab_size=64, emb_dim=emb_dim)
+  params = model.init(jax.random.PRNGKey(0))
+  opt_state = optax.adafactor(1e-3).init(params)
+  return model, params, opt_state
+
+
+def _equal(a, b):
+  jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+
+
+def test_round_trip_and_keep_last_n(tmp_path):
+  _, params, opt_state = _state()
+  ck = C.Checkpointer(str(tmp_path), save_every=2, keep=2)
+  saved = [ck.save(step, params, opt_state, {"note": "x"}) for step in range(7)]
+  assert saved == [True, False, True, False, True, False, True]
+  ck.wait()
+  assert ck.all_steps() == [4, 6]
+  restored, restored_opt, meta = C.Checkpointer(str(tmp_path)).restore(
+      6, C.abstract_like(params), C.abstract_like(opt_state))
+  _equal(params, restored)
+  _equal(jax.tree.leaves(opt_state), jax.tree.leaves(restored_opt))
+  assert meta == {"note": "x", "step": 6}
+  assert not [d for d in os.listdir(tmp_path) if "tmp" in d]  # nothing half-written left
+
+
+def test_failed_save_keeps_previous_checkpoint(tmp_path):
+  """A save that dies midway (here: an unserialisable item) never becomes a step."""
+  _, params, opt_state = _state()
+  ck = C.Checkpointer(str(tmp_path), save_every=1)
+  ck.save(1, params, opt_state)
+  ck.wait()
+  with pytest.raises(Exception):
+    ck.save(2, params, opt_state, {"bad": object()})
+    ck.wait()
+  fresh = C.Checkpointer(str(tmp_path))
+  assert fresh.latest_step() == 1
+  assert not os.path.exists(tmp_path / "2" / "commit_success.txt")
+  restored, _, _ = fresh.restore(1, C.abstract_like(params), C.abstract_like(opt_state))
+  _equal(params, restored)
+
+
+def test_leftover_temporary_directory_is_ignored(tmp_path):
+  """A process killed mid-save leaves `<step>.orbax-checkpoint-tmp-*`: never restored."""
+  _, params, opt_state = _state()
+  ck = C.Checkpointer(str(tmp_path), save_every=1)
+  ck.save(3, params, opt_state)
+  ck.close()
+  partial = tmp_path / "5.orbax-checkpoint-tmp-1234567" / "params"
+  partial.mkdir(parents=True)
+  (partial / "garbage").write_bytes(b"\0" * 10)
+  fresh = C.Checkpointer(str(tmp_path))
+  assert fresh.latest_step() == 3
+  restored = C.restore_params(str(tmp_path), C.abstract_like(params))
+  _equal(params, restored)
+
+
+def test_restore_params_from_model_dir_or_step_dir(tmp_path):
+  _, params, opt_state = _state()
+  ck = C.Checkpointer(str(tmp_path / "run"), save_every=1)
+  ck.save(7, params, opt_state)
+  ck.close()
+  _equal(params, C.restore_params(str(tmp_path / "run"), C.abstract_like(params)))
+  _equal(params, C.restore_params(str(tmp_path / "run" / "7"), C.abstract_like(params)))
+  C.save_params(str(tmp_path / "exported"), params)
+  _equal(params, C.restore_params(str(tmp_path / "exported"), C.abstract_like(params)))
+  with pytest.raises(FileNotFoundError, match="restore_fn"):
+    C.restore_params(str(tmp_path / "nothing"), C.abstract_like(params))
+
+
+def test_other_model_shape_is_a_clear_error(tmp_path):
+  _, params, opt_state = _state(emb_dim=64)
+  other_model, other_params, _ = _state(emb_dim=32)
+  ck = C.Checkpointer(str(tmp_path), save_every=1)
+  ck.save(1, params, opt_state)
+  ck.close()
+  with pytest.raises(ValueError) as error:
+    C.Checkpointer(str(tmp_path)).check_compatible(1, other_model.param_shapes())
+  message = str(error.value)
+  assert "checkpoint shape (64" in message and "model shape (32" in message
+  assert message.count("\n  ") <= 5  # only the first few mismatches
+  with pytest.raises(ValueError, match="another model shape"):
+    C.restore_params(str(tmp_path), C.abstract_like(other_params))
