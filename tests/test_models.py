@@ -156,8 +156,8 @@ def test_bfloat16_activations(name):
 def test_params_are_fp32_and_init_is_seeded():
   model, params = model_and_params("tiny_decoder_only")
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
-  again = jax.jit(model.init)(jax.random.PRNGKey(0))
-  other = jax.jit(model.init)(jax.random.PRNGKey(1))
+  init = jax.jit(model.init)
+  again, other = init(jax.random.PRNGKey(0)), init(jax.random.PRNGKey(1))
   leaf = lambda p: np.asarray(p["decoder"]["logits_dense"]["kernel"])
   np.testing.assert_array_equal(leaf(params), leaf(again))
   assert not np.allclose(leaf(params), leaf(other))
