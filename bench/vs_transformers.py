@@ -65,6 +65,11 @@ def _models(args):
     target_params = Model(target_config).init(jax.random.PRNGKey(args.seed))
     draft_params = Model(draft_config).init(jax.random.PRNGKey(args.seed + 1))
     source = {"target": "random", "draft": "random"}
+  if args.self_draft:
+    # A consistency check, not a speedup claim: the draft is the target itself, so greedy
+    # acceptance is ~100% and both engines' full-acceptance (bonus token) paths are exercised.
+    draft_config, draft_params = target_config, target_params
+    source["draft"] = "the target itself (--self-draft)"
   if target_config.kind != "encoder_decoder":
     raise SystemExit(hf_t5.DECODER_ONLY_NOTE)
   target_config = target_config.replace(dropout_rate=0.0)
@@ -171,6 +176,8 @@ def main(argv=None):
   parser.add_argument("--num-prompts", type=int, default=8)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--self-draft", action="store_true",
+                      help="use the target as its own draft (checks the full-acceptance path)")
   parser.add_argument("--threads", type=int, default=1,
                       help="1: both engines single-threaded (stable on a shared CPU, where "
                            "oversubscribed OpenMP threads made torch ~20x slower here); "

@@ -375,6 +375,47 @@ def save_hf(params: Params, config: TransformerConfig, directory: str) -> None:
             metadata={"format": "pt"})
 
 
+def decoder_only_as_encoder_decoder(params: Params, config: TransformerConfig):
+  """An encoder-decoder that computes exactly our decoder-only model's logits.
+
+  The cross-attention output projections are zero, so each decoder layer adds exactly 0 from
+  the (dummy, 1-layer) encoder and the decoder is our decoder-only stack. Feed it any encoder
+  input and `decoder_input_tokens = [0] + prompt`. This lets transformers' T5 check our
+  decoder-only model; it is not an efficient way to serve one (see DECODER_ONLY_NOTE).
+  Returns (params, config) of the encoder-decoder.
+  """
+  if config.kind != "decoder_only":
+    raise ValueError("Expected a decoder_only config.")
+  c = config
+  ed_config = c.replace(kind="encoder_decoder", num_encoder_layers=1)
+  inner = c.num_heads * c.head_dim
+  zeros = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
+  ones = lambda n: np.ones((n,), np.float32)  # noqa: E731
+  attention = lambda: {"query": {"kernel": zeros(c.emb_dim, inner)},  # noqa: E731
+                       "key": {"kernel": zeros(c.emb_dim, inner)},
+                       "value": {"kernel": zeros(c.emb_dim, inner)},
+                       "out": {"kernel": zeros(inner, c.emb_dim)}}
+  mlp = {"wi_0": {"kernel": zeros(c.emb_dim, c.mlp_dim)},
+         "wi_1": {"kernel": zeros(c.emb_dim, c.mlp_dim)},
+         "wo": {"kernel": zeros(c.mlp_dim, c.emb_dim)}}
+  encoder = {"relpos_bias": {"rel_embedding": zeros(c.num_heads,
+                                                     c.relative_attention_num_buckets)},
+             "layers_0": {"pre_attention_layer_norm": {"scale": ones(c.emb_dim)},
+                          "attention": attention(), "pre_mlp_layer_norm": {"scale": ones(c.emb_dim)},
+                          "mlp": mlp},
+             "encoder_norm": {"scale": ones(c.emb_dim)}}
+  decoder = jax.tree.map(np.asarray, dict(params["decoder"]))
+  for i in range(c.num_decoder_layers):
+    layer = dict(decoder[f"layers_{i}"])
+    layer["pre_cross_attention_layer_norm"] = {"scale": ones(c.emb_dim)}
+    layer["encoder_decoder_attention"] = attention()
+    decoder[f"layers_{i}"] = layer
+  out = {"token_embedder": jax.tree.map(np.asarray, params["token_embedder"]),
+         "encoder": encoder, "decoder": decoder}
+  check_param_shapes(out, ed_config)
+  return out, ed_config
+
+
 def to_transformers(params: Params, config: TransformerConfig):
   """A `transformers.T5ForConditionalGeneration` (eval mode, fp32) holding our weights.
 

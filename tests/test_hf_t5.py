@@ -100,6 +100,23 @@ def test_to_transformers_matches_our_logits():
   np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-4, rtol=1e-4)
 
 
+def test_decoder_only_matches_transformers_t5_decoder_with_silent_cross_attention():
+  """No transformers class is our decoder-only LM, but T5's decoder with zero cross-attention
+  output is: an independent check of our decoder-only logits."""
+  torch = pytest.importorskip("torch", reason="torch (extra 'reference') is not installed")
+  pytest.importorskip("transformers", reason="transformers (extra 'reference') is not installed")
+  model = Model(TINY_DECODER_ONLY)
+  params = model.init(jax.random.PRNGKey(4))
+  ed_params, ed_config = hf_t5.decoder_only_as_encoder_decoder(params, TINY_DECODER_ONLY)
+  hf_model = hf_t5.to_transformers(ed_params, ed_config)
+  _, dec = _inputs()
+  with torch.no_grad():
+    ref = hf_model(input_ids=torch.ones((2, 3), dtype=torch.long),
+                   decoder_input_ids=torch.tensor(dec, dtype=torch.long)).logits.numpy()
+  ours = jax.jit(model.logits)(params, {"decoder_input_tokens": jnp.asarray(dec)})
+  np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-4, rtol=1e-4)
+
+
 def _assert_trees_identical(a, b):
   flat_a = dict(jax.tree_util.tree_flatten_with_path(a)[0])
   flat_b = dict(jax.tree_util.tree_flatten_with_path(b)[0])
