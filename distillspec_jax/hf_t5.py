@@ -238,8 +238,11 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig)
     # describes then really computes logits with the embedding (without rescaling).
     tensors["lm_head.weight"] = tensors["shared.weight"]
   expected = {name for _, name, _ in mapping}
+  ignored = set(_IGNORED)
+  if config.logits_via_embedding:
+    ignored.add("lm_head.weight")  # tied: a stored copy of the embedding, unused
   missing = sorted(expected - set(tensors))
-  unexpected = sorted(set(tensors) - expected - set(_IGNORED))
+  unexpected = sorted(set(tensors) - expected - ignored)
   if missing or unexpected:
     raise ValueError(
         f"The checkpoint does not match a {config.kind} model with {config.num_encoder_layers}+"

@@ -168,6 +168,23 @@ def test_pickle_checkpoints_are_refused(tmp_path, monkeypatch):
     hf_t5.load_hf(str(tmp_path / "pytorch_model.bin"), TINY)
 
 
+def test_bfloat16_safetensors_load_widened_exactly(tmp_path):
+  import ml_dtypes
+  from safetensors.numpy import save_file
+  params = Model(TINY).init(jax.random.PRNGKey(5))
+  tensors = {k: v.astype(ml_dtypes.bfloat16) for k, v in hf_t5.params_to_hf(params, TINY).items()}
+  try:
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+  except Exception:  # older safetensors numpy backends cannot write bf16: use the flax one
+    from safetensors.flax import save_file as save_flax
+    save_flax({k: jnp.asarray(v) for k, v in tensors.items()}, str(tmp_path / "model.safetensors"))
+  loaded = hf_t5.params_from_hf(hf_t5.read_hf_tensors(str(tmp_path / "model.safetensors")), TINY)
+  want = np.asarray(params["decoder"]["logits_dense"]["kernel"]).astype(ml_dtypes.bfloat16)
+  got = loaded["decoder"]["logits_dense"]["kernel"]
+  assert got.dtype == np.float32
+  np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
 def test_relu_t5_is_refused():
   with pytest.raises(ValueError, match="gated-gelu"):
     hf_t5.config_from_hf({"model_type": "t5", "vocab_size": 8, "d_model": 4, "d_kv": 2,
