@@ -411,8 +411,8 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
         history.append(record)
         writer.write(record)
         if progress is not None:
-          progress.set_postfix(loss=f"{record['loss']:.4f}",
-                               acc=f"{record.get('predicted_acceptance', float('nan')):.3f}")
+          accuracy = record.get("predicted_acceptance", record.get("accuracy", float("nan")))
+          progress.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{accuracy:.3f}")
         interval_start = time.perf_counter()
       if eval_fn is not None and config.eval_every and (
           done % config.eval_every == 0 or done == config.train_steps):

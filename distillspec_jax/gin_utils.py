@@ -1,0 +1,159 @@
+"""Gin at the edge: the only library module (with train.py) that imports gin.
+
+* `register_configurables()` registers the library's constructors as external configurables
+  (`TrainConfig`, `DistillationConfig`, `model_by_name`, ...), so library modules stay
+  gin-free and usable programmatically.
+* `parse_gin_flags(argv)` understands T5X-style flags: `--gin_file=F` (repeatable, also
+  comma-separated), `--gin.NAME=VALUE` (a binding `NAME = VALUE`; a bare word is quoted as a
+  string, so `--gin.MODEL_DIR=/tmp/run` works as well as `--gin.MODEL_DIR="'/tmp/run'"`),
+  `--gin_bindings=...` and `--gin_search_paths=...`. Unknown gin files and bad bindings raise
+  `GinConfigError` naming the culprit and the fix, before anything is trained.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import glob
+import os
+from typing import Optional, Sequence
+
+import gin
+
+from distillspec_jax import config as config_lib
+from distillspec_jax.distillation import DistillationConfig
+from distillspec_jax.models import Model
+from distillspec_jax.trainer import SyntheticData, TrainConfig
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_SEARCH_PATHS = (REPO_ROOT, os.path.join(REPO_ROOT, "gin"))
+
+
+class GinConfigError(ValueError):
+  """A gin file or binding that cannot be used; the message says how to fix it."""
+
+
+def model_by_name(name: str, **overrides) -> Model:
+  """A `Model` from a preset name (`config.MODEL_CONFIGS`) with field overrides.
+
+  gin: `TARGET = @target/model_by_name()` and `target/model_by_name.name = 't5_1_1_xl'`.
+  """
+  fields = {f.name for f in dataclasses.fields(config_lib.TransformerConfig)}
+  unknown = sorted(set(overrides) - fields)
+  if unknown:
+    raise GinConfigError(f"model_by_name({name!r}): unknown TransformerConfig field(s) {unknown}; "
+                         f"valid fields: {sorted(fields)}.")
+  return Model(config_lib.model_config(name, **overrides))
+
+
+_REGISTERED = False
+
+
+def register_configurables() -> None:
+  """Registers library constructors with gin (idempotent)."""
+  global _REGISTERED
+  if _REGISTERED:
+    return
+  gin.external_configurable(model_by_name, name="model_by_name")
+  gin.external_configurable(TrainConfig, name="TrainConfig")
+  gin.external_configurable(DistillationConfig, name="DistillationConfig")
+  gin.external_configurable(SyntheticData, name="SyntheticData")
+  _REGISTERED = True
+
+
+def _split(values: Sequence[str]) -> list[str]:
+  return [v for value in values for v in value.split(",") if v]
+
+
+def resolve_gin_file(path: str, search_paths: Sequence[str] = DEFAULT_SEARCH_PATHS) -> str:
+  """Absolute path of a gin file (as given, or under a search path), else GinConfigError."""
+  candidates = [path] + [os.path.join(root, path) for root in search_paths]
+  for candidate in candidates:
+    if os.path.isfile(candidate):
+      return os.path.abspath(candidate)
+  known = sorted(os.path.relpath(p, REPO_ROOT) for p in
+                 glob.glob(os.path.join(REPO_ROOT, "gin", "**", "*.gin"), recursive=True))
+  close = difflib.get_close_matches(path, known, n=3, cutoff=0.4)
+  hint = f" Did you mean {close}?" if close else ""
+  raise GinConfigError(f"Unknown gin file {path!r} (looked in the working directory and "
+                       f"{list(search_paths)}).{hint} Available files: {known}.")
+
+
+def _literal(value: str) -> str:
+  """A gin value: literals and @references as given; anything else becomes a string."""
+  value = value.strip()
+  if value.startswith(("@", "%")) or value in ("None", "True", "False"):
+    return value
+  try:
+    ast.literal_eval(value)
+    return value
+  except (ValueError, SyntaxError):
+    return repr(value)
+
+
+def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str]]:
+  """Splits argv into (gin files, gin bindings, search paths, other args)."""
+  files, bindings, paths, rest = [], [], [], []
+  args = list(argv)
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    name, eq, value = arg.partition("=")
+    if name in ("--gin_file", "--gin_bindings", "--gin_search_paths") and not eq:
+      if i + 1 >= len(args):
+        raise GinConfigError(f"{name} needs a value, e.g. {name}=VALUE.")
+      value, i = args[i + 1], i + 1
+    if name == "--gin_file":
+      files.extend(_split([value]))
+    elif name == "--gin_search_paths":
+      paths.extend(_split([value]))
+    elif name == "--gin_bindings":
+      bindings.append(value)
+    elif name.startswith("--gin."):
+      if not eq:
+        raise GinConfigError(f"{arg!r} has no value; write {arg}=VALUE.")
+      bindings.append(f"{name[len('--gin.'):]} = {_literal(value)}")
+    else:
+      rest.append(arg)
+    i += 1
+  return files, bindings, paths, rest
+
+
+def parse_gin(files: Sequence[str], bindings: Sequence[str],
+              search_paths: Sequence[str] = ()) -> None:
+  """Parses gin files then bindings (later wins), with errors that name the culprit."""
+  register_configurables()
+  paths = list(search_paths) + list(DEFAULT_SEARCH_PATHS)
+  for path in paths:
+    gin.add_config_file_search_path(path)
+  resolved = [resolve_gin_file(f, paths) for f in files]
+  for path in resolved:
+    try:
+      gin.parse_config_file(path)
+    except (ValueError, IOError, SyntaxError) as error:
+      raise GinConfigError(f"Cannot parse gin file {path}: {error}\nFix the file, or check its "
+                           "`include` lines (paths are relative to the repository root or "
+                           "gin/).") from error
+  for binding in bindings:
+    try:
+      gin.parse_config(binding)
+    except (ValueError, SyntaxError) as error:
+      raise GinConfigError(
+          f"Bad gin binding {binding!r}: {error}\nBindings look like --gin.MACRO=VALUE or "
+          "--gin.Configurable.parameter=VALUE; strings need quotes when they contain spaces. "
+          "Configurables: TrainConfig, DistillationConfig, model_by_name, run, SyntheticData.") from error
+
+
+def parse_gin_flags(argv: Sequence[str]) -> list[str]:
+  """Parses the gin flags of `argv`; returns the remaining arguments."""
+  files, bindings, paths, rest = parse_flags(argv)
+  if not files:
+    raise GinConfigError("No --gin_file given; pass e.g. --gin_file=gin/runs/distill_tiny.gin.")
+  parse_gin(files, bindings, paths)
+  return rest
+
+
+def clear() -> None:
+  """Forgets all bindings (tests parse several configs in one process)."""
+  gin.clear_config()

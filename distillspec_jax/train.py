@@ -1,0 +1,198 @@
+r"""The gin binary: fine-tuning and DistillSpec distillation, T5X style.
+
+  python -m distillspec_jax.train --gin_file=gin/runs/distill_tiny.gin \
+      --gin.MODEL_DIR=/tmp/distill --gin.TRAIN_STEPS=200 \
+      --gin.TARGET_CHECKPOINT_PATH=/tmp/finetune_target
+
+Macros (T5X names): MODEL_DIR, MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, TRAIN_STEPS,
+BATCH_SIZE, INITIAL_CHECKPOINT_PATH (start of the trained model), TARGET_CHECKPOINT_PATH
+(the frozen target of a distillation run), plus the recipe macros LAMBDA1, LAMBDA2,
+DIVERGENCE, BETA, SAMPLING_TEMPERATURE (gin/recipes/).
+
+The whole configuration is resolved into a `RunSpec` (models built, files checked) before
+any training, so a bad binding, gin file or model name fails in seconds.
+MIXTURE_OR_TASK_NAME = 'synthetic_reverse' is a built-in procedurally generated task
+(`trainer.SyntheticData`, reversal of random tokens) for tests and CPU smoke runs; every
+other name goes to `distillspec_jax.data.get_dataset` (seqio).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from typing import Any, Mapping, Optional, Sequence
+
+import gin
+import jax
+
+from distillspec_jax import checkpoints, distillation, gin_utils, trainer
+from distillspec_jax.distillation import DistillationConfig
+from distillspec_jax.models import Model
+
+SYNTHETIC_TASK = "synthetic_reverse"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """Everything a run needs, resolved from gin before training starts."""
+
+  mode: str
+  model: Model
+  train_config: trainer.TrainConfig
+  mixture_or_task_name: str
+  task_feature_lengths: Mapping[str, int]
+  target: Optional[Model] = None
+  target_checkpoint_path: Optional[str] = None
+  distillation_config: Optional[DistillationConfig] = None
+  split: str = "train"
+  eval_split: str = "validation"
+  eval_batch_size: int = 16
+  eval_gamma: int = 4
+  eval_temperature: float = 1.0
+
+
+@gin.configurable
+def run(mode: str = "distill", model: Optional[Model] = None,
+        train_config: Optional[trainer.TrainConfig] = None,
+        mixture_or_task_name: Optional[str] = None,
+        task_feature_lengths: Optional[Mapping[str, int]] = None,
+        target: Optional[Model] = None, target_checkpoint_path: Optional[str] = None,
+        distillation_config: Optional[DistillationConfig] = None, split: str = "train",
+        eval_split: str = "validation", eval_batch_size: int = 16, eval_gamma: int = 4,
+        eval_temperature: float = 1.0) -> RunSpec:
+  """Validates the gin-bound pieces into a RunSpec (nothing is trained here)."""
+  if mode not in ("finetune", "distill"):
+    raise gin_utils.GinConfigError(f"run.mode={mode!r}; use 'finetune' or 'distill'.")
+  if model is None:
+    raise gin_utils.GinConfigError("run.model is not set; bind e.g. "
+                                   "run.model = @draft/model_by_name() in the gin file.")
+  if train_config is None:
+    raise gin_utils.GinConfigError("run.train_config is not set; include "
+                                   "gin/recipes/train_base.gin.")
+  if not train_config.model_dir:
+    raise gin_utils.GinConfigError("MODEL_DIR is not set; pass --gin.MODEL_DIR=/path/to/dir.")
+  if not mixture_or_task_name:
+    raise gin_utils.GinConfigError("MIXTURE_OR_TASK_NAME is not set; pass "
+                                   f"--gin.MIXTURE_OR_TASK_NAME=... (or '{SYNTHETIC_TASK}').")
+  if mode == "distill":
+    if target is None:
+      raise gin_utils.GinConfigError("Distillation needs run.target "
+                                     "(TARGET = @target/model_by_name()).")
+    if distillation_config is None:
+      raise gin_utils.GinConfigError("Distillation needs a recipe: include one of "
+                                     "gin/recipes/{supervised_kd,seqkd,imitkd,fdistill,gkd}.gin.")
+    # Vocabulary / kind checks now, not after data loading.
+    distillation.DistillationObjective(target, model, distillation_config)
+  return RunSpec(mode=mode, model=model, train_config=train_config,
+                 mixture_or_task_name=mixture_or_task_name,
+                 task_feature_lengths=dict(task_feature_lengths or {}), target=target,
+                 target_checkpoint_path=target_checkpoint_path,
+                 distillation_config=distillation_config, split=split, eval_split=eval_split,
+                 eval_batch_size=eval_batch_size, eval_gamma=eval_gamma,
+                 eval_temperature=eval_temperature)
+
+
+def resolve() -> RunSpec:
+  """Calls the gin-configured `run`; any gin/config error becomes a GinConfigError."""
+  try:
+    return run()
+  except gin_utils.GinConfigError:
+    raise
+  except (TypeError, ValueError) as error:
+    missing = re.search(r"configurable 'macro' .* in scope '([^']+)'", str(error))
+    if missing:
+      raise gin_utils.GinConfigError(
+          f"Gin macro {missing.group(1)} is used but not defined; pass "
+          f"--gin.{missing.group(1)}=VALUE (or define it in a gin file).") from error
+    raise gin_utils.GinConfigError(
+        f"Invalid configuration: {error}\nCheck the --gin.* flags and gin files (every macro "
+        "used must be defined, e.g. --gin.TRAIN_STEPS=1000).") from error
+
+
+def _lengths(spec: RunSpec) -> tuple[int, int]:
+  lengths = spec.task_feature_lengths
+  return int(lengths.get("inputs", 8)), int(lengths.get("targets", 8))
+
+
+def make_data(spec: RunSpec, split: str, batch_size: int, seed: int, repeat: bool):
+  """A data source for the trainer: SyntheticData (indexed) or a seqio iterator factory."""
+  inputs, targets = _lengths(spec)
+  decoder_only = not spec.model.is_encoder_decoder
+  if spec.mixture_or_task_name == SYNTHETIC_TASK:
+    return trainer.SyntheticData(batch_size, input_length=inputs, target_length=targets,
+                                 vocab_size=spec.model.config.vocab_size,
+                                 seed=seed + (0 if split == "train" else 10_000),
+                                 decoder_only=decoder_only)
+  from distillspec_jax import data  # seqio/TF only when a real task is used
+  converter = "decoder" if decoder_only else "enc_dec"
+
+  def factory():
+    # Seeded shuffle: the same order after a restart; the trainer skips consumed batches.
+    return data.get_dataset(spec.mixture_or_task_name, split, spec.task_feature_lengths,
+                            batch_size, feature_converter=converter, shuffle=repeat, seed=seed,
+                            num_epochs=None if repeat else 1, drop_remainder=True)
+
+  return factory
+
+
+def _first_batch(source) -> dict:
+  if hasattr(source, "batch_at"):
+    return source.batch_at(0)
+  return next(iter(source()))
+
+
+def execute(spec: RunSpec) -> trainer.TrainResult:
+  """Trains according to `spec` (fine-tuning or distillation)."""
+  config = spec.train_config
+  train_data = make_data(spec, spec.split, config.batch_size, config.seed, repeat=True)
+  if spec.mode == "finetune":
+    return trainer.finetune(config, spec.model, train_data)
+  if not spec.target_checkpoint_path:
+    raise gin_utils.GinConfigError("Distillation needs the frozen target's parameters: pass "
+                                   "--gin.TARGET_CHECKPOINT_PATH=/path/to/target/MODEL_DIR.")
+  target_params = checkpoints.restore_params(spec.target_checkpoint_path,
+                                             spec.target.param_shapes())
+  eval_fn = None
+  if config.eval_every:
+    held_out = _first_batch(make_data(spec, spec.eval_split, spec.eval_batch_size,
+                                      config.seed, repeat=False))
+    new_tokens = held_out["decoder_target_tokens"].shape[1]
+    eval_fn = distillation.make_speculative_eval_fn(
+        spec.target, target_params, spec.model, held_out, max_new_tokens=new_tokens,
+        gamma=spec.eval_gamma, temperature=spec.eval_temperature, seed=config.seed)
+  return trainer.distill(config, spec.target, target_params, spec.model, train_data,
+                         spec.distillation_config, eval_fn=eval_fn)
+
+
+def main(argv: Sequence[str]) -> trainer.TrainResult:
+  rest = gin_utils.parse_gin_flags(argv)
+  if rest:
+    raise gin_utils.GinConfigError(f"Unknown arguments {rest}; use --gin_file=..., "
+                                   "--gin.NAME=VALUE, --gin_bindings=..., --gin_search_paths=...")
+  spec = resolve()
+  print(f"distillspec_jax.train: {spec.mode} of {spec.model.config.kind} model "
+        f"({spec.model.num_params():,} params) for {spec.train_config.train_steps} steps "
+        f"in {spec.train_config.model_dir}; devices: {jax.devices()}", flush=True)
+  with open(_config_path(spec.train_config.model_dir), "w") as f:
+    f.write(gin.config_str())
+  result = execute(spec)
+  last = next((r for r in reversed(result.history) if "loss" in r), None)
+  if last is not None:
+    print(json.dumps(last), flush=True)
+  return result
+
+
+def _config_path(model_dir: str) -> str:
+  import os
+  os.makedirs(model_dir, exist_ok=True)
+  return os.path.join(model_dir, "config.gin")
+
+
+if __name__ == "__main__":
+  try:
+    main(sys.argv[1:])
+  except gin_utils.GinConfigError as error:
+    print(f"Configuration error: {error}", file=sys.stderr)
+    sys.exit(2)
