@@ -133,8 +133,11 @@ def _hf(hf_target, hf_draft, prompts, args, assisted):
   import torch
   calls = {"n": 0}
   hook = hf_target.register_forward_hook(lambda *_: calls.__setitem__("n", calls["n"] + 1))
-  kwargs = dict(do_sample=False, num_beams=1, max_new_tokens=args.max_new_tokens,
+  import copy
+  config = copy.deepcopy(hf_target.generation_config)
+  config.update(do_sample=False, num_beams=1, max_new_tokens=args.max_new_tokens,
                 min_new_tokens=args.max_new_tokens, eos_token_id=None)
+  kwargs = dict(generation_config=config)
   if assisted:
     kwargs["assistant_model"] = hf_draft
 
