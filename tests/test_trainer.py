@@ -134,3 +134,20 @@ def test_initial_checkpoint_path_and_restore_hook(tmp_path):
   assert seen == [str(tmp_path / "a")]
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                first.state.params, second.state.params)
+
+
+def test_decoder_only_mixture_with_adaspec_hook(tmp_path):
+  """Decoder-only pair (prompts from prefix-LM batches), all sources, AdaSPEC k = 0.5."""
+  target = Model.from_name("tiny_decoder_only", vocab_size=VOCAB)
+  draft = Model.from_name("tiny_decoder_only", vocab_size=VOCAB, num_decoder_layers=1)
+  reference_params = draft.init(jax.random.PRNGKey(7))
+  config = _config(tmp_path, 6, optimizer="adamw", learning_rate=3e-3, log_every=6)
+  data = T.SyntheticData(4, input_length=4, target_length=6, vocab_size=VOCAB,
+                         decoder_only=True)
+  result = T.distill(config, target, target.init(jax.random.PRNGKey(1)), draft, data,
+                     D.DistillationConfig(lambda1=0.34, lambda2=0.5, top_k_fraction=0.5),
+                     reference=draft, reference_params=reference_params)
+  record = result.history[-1]
+  assert np.isfinite(record["loss"]) and record["loss"] <= record["divergence"]
+  assert 0.3 < record["kept_fraction"] < 0.8
+  assert sum(record[f"source_total/{s}"] for s in D.SOURCES) == 6
