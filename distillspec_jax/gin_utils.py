@@ -154,6 +154,45 @@ def parse_gin_flags(argv: Sequence[str]) -> list[str]:
   return rest
 
 
+_MODEL_FIELDS = ("kind", "vocab_size", "emb_dim", "num_heads", "num_encoder_layers",
+                 "num_decoder_layers", "head_dim", "mlp_dim", "dropout_rate", "dtype",
+                 "relative_attention_num_buckets", "relative_attention_max_distance",
+                 "logits_via_embedding", "max_decode_length")
+
+
+def model_gin_text(name: str, description: str = "") -> str:
+  """The gin/models/<name>.gin text spelling out every field of the preset `name`."""
+  preset = config_lib.model_config(name)
+  lines = [f"# {description or name}", "#", f"# Use: include 'gin/models/{name}.gin', then e.g.",
+           f"#   run.model = @{name}/model_by_name()    (or run.target = ...).",
+           "# Every field is spelled out (tests/test_gin_configs.py checks it equals the preset;",
+           "# regenerate with `python -m distillspec_jax.gin_utils --write_model_gin`).", "",
+           f"{name}/model_by_name.name = '{name}'"]
+  lines += [f"{name}/model_by_name.{f} = {getattr(preset, f)!r}" for f in _MODEL_FIELDS]
+  return "\n".join(lines) + "\n"
+
+
+def write_model_gin_files(directory: str = os.path.join(REPO_ROOT, "gin", "models")) -> None:
+  """(Re)writes gin/models/<name>.gin for every preset, keeping each file's first comment."""
+  for name in config_lib.MODEL_CONFIGS:
+    path = os.path.join(directory, f"{name}.gin")
+    description = ""
+    if os.path.exists(path):
+      first = open(path).readline()
+      description = first[2:].strip() if first.startswith("# ") else ""
+    with open(path, "w") as f:
+      f.write(model_gin_text(name, description))
+
+
 def clear() -> None:
   """Forgets all bindings (tests parse several configs in one process)."""
   gin.clear_config()
+
+
+if __name__ == "__main__":
+  import sys
+  if sys.argv[1:] == ["--write_model_gin"]:
+    write_model_gin_files()
+  else:
+    print("usage: python -m distillspec_jax.gin_utils --write_model_gin", file=sys.stderr)
+    sys.exit(2)

@@ -34,7 +34,9 @@ def test_each_gin_model_file_equals_the_preset(name):
   gin_utils.parse_gin([path], [])
   with gin.config_scope(name):
     built = gin.get_configurable("model_by_name")()
-  assert built.config == MODEL_CONFIGS[name]
+  assert built.config == MODEL_CONFIGS[name], (
+      f"{path} differs from config.MODEL_CONFIGS[{name!r}]; if the preset changed on purpose, "
+      "regenerate with `python -m distillspec_jax.gin_utils --write_model_gin`.")
   # Every field is spelled out in the file (not inherited silently from the preset).
   text = open(path).read()
   for field in ("vocab_size", "emb_dim", "num_heads", "num_decoder_layers", "head_dim",
