@@ -33,7 +33,8 @@ import optax
 from jax.sharding import NamedSharding
 
 from distillspec_jax import checkpoints, optimizers, partitioning
-from distillspec_jax.distillation import SOURCES, DistillationObjective, FinetuneObjective
+from distillspec_jax.distillation import (SOURCES, DistillationConfig, DistillationObjective,
+                                          FinetuneObjective)
 
 Params = Any
 Batch = dict
@@ -435,10 +436,14 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
 
 
 def distill(config: TrainConfig, target, target_params: Params, draft, data: Any,
-            distillation_config=None, *, reference=None, reference_params: Params = None,
-            **kwargs) -> TrainResult:
-  """DistillSpec: `train` with a `DistillationObjective(target, draft, distillation_config)`."""
-  from distillspec_jax.distillation import DistillationConfig  # noqa: local alias for clarity
+            distillation_config: Optional[DistillationConfig] = None, *, reference=None,
+            reference_params: Params = None, **kwargs) -> TrainResult:
+  """DistillSpec: `train` with a `DistillationObjective(target, draft, distillation_config)`.
+
+  target_params stay frozen; `reference`/`reference_params` (with
+  distillation_config.top_k_fraction) switch on AdaSPEC token selection; **kwargs go to
+  `train` (init_params, eval_fn, restore_fn, mesh).
+  """
   objective = DistillationObjective(target, draft, distillation_config or DistillationConfig(),
                                     reference)
   frozen = {"target": target_params}
