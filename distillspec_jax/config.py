@@ -109,13 +109,13 @@ MODEL_CONFIGS: dict[str, TransformerConfig] = {
         num_decoder_layers=2, head_dim=16, mlp_dim=128, dropout_rate=0.0,
         max_decode_length=128),
     "demo_target": TransformerConfig(
-        kind="encoder_decoder", vocab_size=512, emb_dim=256, num_heads=4,
-        num_encoder_layers=3, num_decoder_layers=3, head_dim=64, mlp_dim=768,
-        dropout_rate=0.0, max_decode_length=128),
+        kind="encoder_decoder", vocab_size=256, emb_dim=128, num_heads=4,
+        num_encoder_layers=2, num_decoder_layers=2, head_dim=32, mlp_dim=512,
+        dropout_rate=0.0, max_decode_length=64),
     "demo_draft": TransformerConfig(
-        kind="encoder_decoder", vocab_size=512, emb_dim=64, num_heads=2,
+        kind="encoder_decoder", vocab_size=256, emb_dim=64, num_heads=2,
         num_encoder_layers=1, num_decoder_layers=1, head_dim=32, mlp_dim=128,
-        dropout_rate=0.0, max_decode_length=128),
+        dropout_rate=0.0, max_decode_length=64),
 }
 
 

@@ -1,0 +1,373 @@
+"""The main job: train a target, a raw draft and DistillSpec drafts, then measure them.
+
+Stages (each writes `<run_dir>/<stage>/` and a `DONE.json` marker last, atomically):
+  vocab            SentencePiece vocabulary + tokenized train split (NumPy, no TF afterwards)
+  target           fine-tune the target with cross-entropy
+  draft_raw        fine-tune the draft with cross-entropy (the "w/o distillation" draft)
+  distill_<recipe> distil the raw draft toward the target with each recipe (GKD, SupervisedKD..)
+  evaluate         task quality of every model; tau, alpha and speedup of every draft with the
+                   target at each gamma and temperature, by running the speculative engine
+  report           report.md, report.json and the PNG plots
+
+A stage whose marker exists and is newer than its inputs' markers is skipped; a stage that was
+interrupted resumes from its checkpoints; a stage whose inputs changed starts over. So running
+the job twice reuses everything, and deleting one stage's folder reruns that stage and what
+depends on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from distillspec_jax import checkpoints
+from distillspec_jax.config import model_config
+from distillspec_jax.distillation import DistillationConfig, make_speculative_eval_fn
+from distillspec_jax.models import Model
+from distillspec_jax.trainer import TrainConfig, distill, finetune
+
+DONE = "DONE.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+  """Everything the main job needs; the gin run files bind these fields.
+
+  Attributes:
+    run_dir: MODEL_DIR of the whole job; each stage writes a subfolder.
+    task: seqio task name (MIXTURE_OR_TASK_NAME).
+    task_feature_lengths: TASK_FEATURE_LENGTHS, {"inputs": ..., "targets": ...}.
+    target_model / draft_model: preset names from config.MODEL_CONFIGS (vocab_size is set from
+      the vocabulary).
+    target_steps / draft_steps / distill_steps: TRAIN_STEPS of each stage.
+    batch_size: BATCH_SIZE of every stage.
+    optimizer / learning_rate / warmup_steps: the demo's optimiser (the paper's Adafactor
+      defaults live in the trainer; the CPU demo uses AdamW with a short warm-up).
+    recipes: distillation recipes to run (distillation.RECIPES names); divergence: their
+      divergence (None = each recipe's default).
+    gammas / temperatures: the speculative decoding grid of the evaluation.
+    eval_examples: test prompts for quality and tau; speed_examples: prompts timed one at a
+      time (batch 1, as in the paper) for the wall-clock speedup.
+    max_new_tokens: decoding budget in evaluation and on-policy sampling.
+    eval_every: distillation steps between in-training tau evaluations (the tau curve).
+    vocab_size: SentencePiece pieces of the embedded vocabulary.
+    train_examples: keep only this many training examples (None = the whole split; smoke
+      tests use a few).
+    seed: the one seed of the job.
+  """
+
+  run_dir: str = "runs/demo"
+  task: str = "embedded_arithmetic"
+  task_feature_lengths: dict = dataclasses.field(
+      default_factory=lambda: {"inputs": 40, "targets": 44})
+  target_model: str = "demo_target"
+  draft_model: str = "demo_draft"
+  target_steps: int = 1500
+  draft_steps: int = 1500
+  distill_steps: int = 600
+  batch_size: int = 32
+  optimizer: str = "adamw"
+  learning_rate: float = 2e-3
+  distill_learning_rate: float = 1e-3
+  warmup_steps: int = 100
+  recipes: tuple = ("gkd", "supervised_kd")
+  divergence: Optional[str] = None
+  gammas: tuple = (3, 5, 7)
+  temperatures: tuple = (0.0, 1.0)
+  eval_examples: int = 128
+  speed_examples: int = 8
+  max_new_tokens: int = 44
+  eval_every: int = 100
+  vocab_size: int = 256
+  train_examples: Optional[int] = None
+  seed: int = 0
+  progress_bar: bool = True
+
+  def __post_init__(self):
+    for name in ("target_steps", "draft_steps", "distill_steps", "batch_size", "eval_examples",
+                 "speed_examples", "max_new_tokens"):
+      if int(getattr(self, name)) < 1:
+        raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1.")
+    if not self.recipes:
+      raise ValueError("recipes is empty; name at least one of distillation.RECIPES.")
+    for recipe in self.recipes:
+      DistillationConfig.from_recipe(recipe)  # raises on an unknown name
+    if any(g < 1 for g in self.gammas):
+      raise ValueError(f"gammas={self.gammas} must all be >= 1.")
+
+  def stage_dir(self, stage: str) -> str:
+    return os.path.join(self.run_dir, stage)
+
+  @property
+  def distill_stages(self) -> tuple:
+    return tuple(f"distill_{r}" for r in self.recipes)
+
+  @property
+  def stages(self) -> tuple:
+    return ("vocab", "target", "draft_raw") + self.distill_stages + ("evaluate", "report")
+
+  def dependencies(self, stage: str) -> tuple:
+    if stage in ("target", "draft_raw"):
+      return ("vocab",)
+    if stage.startswith("distill_"):
+      return ("target", "draft_raw")
+    if stage == "evaluate":
+      return ("target", "draft_raw") + self.distill_stages
+    if stage == "report":
+      return ("evaluate",)
+    return ()
+
+
+# --- stage bookkeeping ---------------------------------------------------------------------------
+
+
+def write_json_atomic(path: str, payload: Any) -> None:
+  """Writes JSON through a temporary file and a rename: readers never see half a file."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(payload, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def read_json(path: str) -> Any:
+  with open(path) as f:
+    return json.load(f)
+
+
+def _marker(config: PipelineConfig, stage: str) -> str:
+  return os.path.join(config.stage_dir(stage), DONE)
+
+
+def stage_status(config: PipelineConfig, stage: str) -> str:
+  """'done', 'stale' (an input finished after it) or 'todo'."""
+  marker = _marker(config, stage)
+  if not os.path.exists(marker):
+    return "todo"
+  mtime = os.path.getmtime(marker)
+  for dependency in config.dependencies(stage):
+    dep_marker = _marker(config, dependency)
+    if not os.path.exists(dep_marker) or os.path.getmtime(dep_marker) > mtime:
+      return "stale"
+  return "done"
+
+
+def check_run_dir(run_dir: str) -> None:
+  """Fails before any training when the run directory cannot be written."""
+  try:
+    os.makedirs(run_dir, exist_ok=True)
+    probe = os.path.join(run_dir, f".write-probe-{os.getpid()}")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as error:
+    raise ValueError(f"MODEL_DIR={run_dir!r} is not writable ({error}); pass a directory you "
+                     "can write to with --gin.MODEL_DIR=...") from error
+
+
+def required_stages(config: PipelineConfig, requested: Optional[tuple] = None) -> tuple:
+  """The requested stages and everything they depend on, in run order (None = all)."""
+  if requested is None:
+    return config.stages
+  unknown = [s for s in requested if s not in config.stages]
+  if unknown:
+    raise ValueError(f"Unknown stage(s) {unknown}; this job's stages are {config.stages}.")
+  needed, frontier = set(), list(requested)
+  while frontier:
+    stage = frontier.pop()
+    if stage not in needed:
+      needed.add(stage)
+      frontier.extend(config.dependencies(stage))
+  return tuple(s for s in config.stages if s in needed)
+
+
+def run_pipeline(config: PipelineConfig, stage_fns: Optional[dict] = None,
+                 stages: Optional[tuple] = None) -> dict:
+  """Runs the `stages` (default all) and their inputs that are not done.
+
+  Returns {stage: "ran" | "skipped"}.
+  """
+  check_run_dir(config.run_dir)
+  stage_fns = stage_fns or default_stage_functions()
+  outcome = {}
+  for stage in required_stages(config, stages):
+    status = stage_status(config, stage)
+    if status == "done":
+      logging.info("Stage %s: done, skipped.", stage)
+      outcome[stage] = "skipped"
+      continue
+    stage_dir = config.stage_dir(stage)
+    if status == "stale" and os.path.exists(stage_dir):
+      logging.info("Stage %s: inputs changed, starting over.", stage)
+      shutil.rmtree(stage_dir)
+    os.makedirs(stage_dir, exist_ok=True)
+    print(f"=== stage {stage} ===", flush=True)
+    start = time.time()
+    fn = stage_fns["distill"] if stage.startswith("distill_") else stage_fns[stage]
+    summary = fn(config, stage) or {}
+    summary["wall_clock_s"] = time.time() - start
+    write_json_atomic(_marker(config, stage), summary)
+    outcome[stage] = "ran"
+  return outcome
+
+
+def default_stage_functions() -> dict:
+  from distillspec_jax import evaluation, report  # Heavy imports only when the job runs.
+  return {"vocab": stage_vocab, "target": stage_finetune, "draft_raw": stage_finetune,
+          "distill": stage_distill, "evaluate": evaluation.stage_evaluate,
+          "report": report.stage_report}
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class InMemoryData:
+  """An indexed, reshuffled-every-epoch data source over tokenized arrays (no TF per step).
+
+  `batch_at(step)` depends on (seed, step) only, so a resumed run sees the same batches.
+  """
+
+  arrays: dict
+  batch_size: int
+  seed: int = 0
+
+  @property
+  def num_examples(self) -> int:
+    return len(next(iter(self.arrays.values())))
+
+  def batch_at(self, step: int) -> dict:
+    per_epoch = self.num_examples // self.batch_size
+    epoch, index = divmod(step, per_epoch)
+    order = np.random.default_rng((self.seed, epoch)).permutation(self.num_examples)
+    rows = order[index * self.batch_size:(index + 1) * self.batch_size]
+    return {k: v[rows] for k, v in self.arrays.items()}
+
+
+def _register_task(config: PipelineConfig):
+  """Registers the task; the embedded one reads its vocabulary from the run directory."""
+  from distillspec_jax import data as data_lib
+  from distillspec_jax.tasks import embedded
+  if config.task == embedded.TASK_NAME:
+    vocabulary = embedded.embedded_vocabulary(config.stage_dir("vocab"), config.vocab_size)
+    embedded.register_embedded_task(vocabulary=vocabulary)
+  return data_lib.get_task(config.task)
+
+
+def stage_vocab(config: PipelineConfig, stage: str) -> dict:
+  """Builds the vocabulary and tokenizes the train split once into train.npz."""
+  from distillspec_jax import data as data_lib
+  from distillspec_jax.tasks import embedded
+  if config.task == embedded.TASK_NAME:
+    embedded.build_embedded_vocabulary(config.stage_dir(stage), config.vocab_size)
+  task = _register_task(config)
+  arrays, count = {}, 0
+  for batch in data_lib.get_dataset(config.task, "train", config.task_feature_lengths,
+                                    batch_size=1024, feature_converter="enc_dec"):
+    for key, value in batch.items():
+      arrays.setdefault(key, []).append(value)
+    count += len(value)
+    if config.train_examples and count >= config.train_examples:
+      break
+  arrays = {k: np.concatenate(v)[:config.train_examples] for k, v in arrays.items()}
+  if len(arrays["decoder_target_tokens"]) < config.batch_size:
+    raise ValueError(f"The train split has {len(arrays['decoder_target_tokens'])} examples, "
+                     f"fewer than batch_size={config.batch_size}; lower BATCH_SIZE.")
+  path = os.path.join(config.stage_dir(stage), "train.npz")
+  np.savez(path + ".tmp.npz", **arrays)
+  os.replace(path + ".tmp.npz", path)
+  vocabulary = task.output_features["targets"].vocabulary
+  return {"vocab_size": int(vocabulary.vocab_size), "train_examples": int(len(arrays[
+      "decoder_target_tokens"]))}
+
+
+def vocab_size(config: PipelineConfig) -> int:
+  return int(read_json(_marker(config, "vocab"))["vocab_size"])
+
+
+def train_data(config: PipelineConfig) -> InMemoryData:
+  with np.load(os.path.join(config.stage_dir("vocab"), "train.npz")) as arrays:
+    return InMemoryData({k: arrays[k] for k in arrays.files}, config.batch_size, config.seed)
+
+
+def models(config: PipelineConfig) -> tuple:
+  """(target, draft) Models with the vocabulary's size."""
+  size = vocab_size(config)
+  return (Model(model_config(config.target_model, vocab_size=size)),
+          Model(model_config(config.draft_model, vocab_size=size)))
+
+
+def load_params(config: PipelineConfig, stage: str, model: Model):
+  """The final parameters a training stage saved in its folder."""
+  return checkpoints.restore_params(config.stage_dir(stage), model.param_shapes())
+
+
+# --- training stages -------------------------------------------------------------------------
+
+
+def _train_config(config: PipelineConfig, stage: str, steps: int, learning_rate: float,
+                  eval_every: int = 0) -> TrainConfig:
+  return TrainConfig(model_dir=config.stage_dir(stage), train_steps=steps,
+                     batch_size=config.batch_size, seed=config.seed, optimizer=config.optimizer,
+                     learning_rate=learning_rate, warmup_steps=config.warmup_steps,
+                     decay_steps=steps, final_fraction=0.1, save_every=max(steps // 4, 1),
+                     keep_checkpoints=1, log_every=max(min(50, steps // 10), 1),
+                     eval_every=eval_every, progress_bar=config.progress_bar)
+
+
+def _last_loss(history: list) -> float:
+  losses = [r["loss"] for r in history if "loss" in r]
+  return float(losses[-1]) if losses else float("nan")
+
+
+def stage_finetune(config: PipelineConfig, stage: str) -> dict:
+  """Cross-entropy fine-tuning of the target ("target") or the raw draft ("draft_raw")."""
+  target, draft = models(config)
+  model = target if stage == "target" else draft
+  steps = config.target_steps if stage == "target" else config.draft_steps
+  result = finetune(_train_config(config, stage, steps, config.learning_rate), model,
+                    train_data(config))
+  return {"final_loss": _last_loss(result.history), "num_params": model.num_params()}
+
+
+def heldout_prompts(config: PipelineConfig, num_examples: int, split: str = "validation"):
+  """Prompt token arrays of held-out examples for decoding (encoder inputs)."""
+  from distillspec_jax import data as data_lib
+  _register_task(config)
+  examples = data_lib.get_prompts_and_targets(config.task, split, config.task_feature_lengths,
+                                              num_examples=num_examples)
+  return examples
+
+
+def stage_distill(config: PipelineConfig, stage: str) -> dict:
+  """Distils the raw draft toward the target with the stage's recipe."""
+  recipe = stage[len("distill_"):]
+  overrides = {"max_new_tokens": config.task_feature_lengths["targets"]}
+  if config.divergence:
+    overrides["divergence"] = config.divergence
+  distillation_config = DistillationConfig.from_recipe(recipe, **overrides)
+  target, draft = models(config)
+  target_params = load_params(config, "target", target)
+  draft_params = load_params(config, "draft_raw", draft)
+  prompts = heldout_prompts(config, 32)["prompts"]
+  eval_fn = make_speculative_eval_fn(target, target_params, draft,
+                                     {"encoder_input_tokens": prompts},
+                                     max_new_tokens=config.max_new_tokens, gamma=5,
+                                     temperature=0.0, seed=config.seed)
+  train_config = _train_config(config, stage, config.distill_steps, config.distill_learning_rate,
+                               eval_every=config.eval_every)
+  result = distill(train_config, target, target_params, draft, train_data(config),
+                   distillation_config, init_params=draft_params, eval_fn=eval_fn)
+  curve = [{"step": r["step"], "tau": r["eval/tau"], "alpha": r["eval/alpha"]}
+           for r in result.history if "eval/tau" in r]
+  return {"recipe": recipe, "divergence": distillation_config.divergence,
+          "lambda1": distillation_config.lambda1, "lambda2": distillation_config.lambda2,
+          "final_loss": _last_loss(result.history), "tau_curve": curve}

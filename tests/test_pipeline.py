@@ -1,0 +1,74 @@
+"""The main job end to end with a handful of steps per stage (the CI smoke test)."""
+
+import json
+import math
+import os
+
+import pytest
+
+from distillspec_jax import pipeline
+from distillspec_jax.pipeline import PipelineConfig, required_stages, run_pipeline
+
+
+def _smoke_config(run_dir):
+  return PipelineConfig(
+      run_dir=str(run_dir), task_feature_lengths={"inputs": 40, "targets": 44},
+      target_steps=3, draft_steps=3, distill_steps=2, batch_size=4, warmup_steps=1,
+      gammas=(2,), temperatures=(0.0, 1.0), eval_examples=4, speed_examples=1,
+      max_new_tokens=8, eval_every=1, train_examples=64, progress_bar=False)
+
+
+def _mtimes(config):
+  return {s: os.path.getmtime(os.path.join(config.stage_dir(s), pipeline.DONE))
+          for s in config.stages}
+
+
+def test_demo_pipeline_smoke_reuse_and_partial_rerun(tmp_path):
+  config = _smoke_config(tmp_path / "demo")
+  outcome = run_pipeline(config)
+  assert set(outcome.values()) == {"ran"}
+
+  report = json.load(open(tmp_path / "demo" / "report.json"))
+  assert len(report["rows"]) == len(config.recipes) * len(config.temperatures) * len(config.gammas)
+  for row in report["rows"]:
+    for key in ("task", "temperature", "gamma", "recipe", "tau_raw", "tau_distilled",
+                "speedup_raw", "speedup_distilled"):
+      assert key in row
+    for key in ("tau_raw", "tau_distilled", "speedup_raw", "speedup_distilled"):
+      assert math.isfinite(row[key]) and row[key] > 0
+    assert 1.0 <= row["tau_raw"] <= row["gamma"] + 1
+  assert {"target", "draft_raw"} <= set(report["target_quality"])
+  assert math.isfinite(report["target_quality"]["target"]["per_token_loss"])
+  assert set(report["wall_clock_s"]) >= {"vocab", "target", "draft_raw", "evaluate"}
+  for name in ("report.md", "tau_over_steps.png", "speedup_vs_gamma.png"):
+    assert (tmp_path / "demo" / name).stat().st_size > 0
+
+  # A second run reuses every stage.
+  before = _mtimes(config)
+  assert set(run_pipeline(config).values()) == {"skipped"}
+  assert _mtimes(config) == before
+
+  # Deleting one stage's output reruns that stage and only what depends on it.
+  import shutil
+  shutil.rmtree(config.stage_dir("distill_gkd"))
+  outcome = run_pipeline(config)
+  ran = {s for s, v in outcome.items() if v == "ran"}
+  assert ran == {"distill_gkd", "evaluate", "report"}
+
+
+def test_required_stages_follow_dependencies(tmp_path):
+  config = _smoke_config(tmp_path)
+  assert required_stages(config, ("distill_gkd",)) == ("vocab", "target", "draft_raw",
+                                                      "distill_gkd")
+  assert required_stages(config, ("target",)) == ("vocab", "target")
+  with pytest.raises(ValueError, match="distill_nope"):
+    required_stages(config, ("distill_nope",))
+
+
+def test_bad_input_fails_before_training(tmp_path):
+  with pytest.raises(ValueError, match="recipe"):
+    PipelineConfig(run_dir=str(tmp_path), recipes=("gkd", "magic"))
+  blocker = tmp_path / "file"
+  blocker.write_text("not a directory")
+  with pytest.raises(ValueError, match="MODEL_DIR="):
+    pipeline.check_run_dir(str(blocker / "run"))
