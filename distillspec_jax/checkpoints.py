@@ -123,10 +123,18 @@ class Checkpointer:
   def restore(self, step: int, abstract_params: Params, abstract_opt_state: Any):
     """(params, opt_state, meta) of `step`; abstract trees carry shapes, dtypes, shardings."""
     self.check_compatible(step, abstract_params)
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract_params),
-        opt_state=ocp.args.StandardRestore(abstract_opt_state),
-        meta=ocp.args.JsonRestore()))
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          params=ocp.args.StandardRestore(abstract_params),
+          opt_state=ocp.args.StandardRestore(abstract_opt_state),
+          meta=ocp.args.JsonRestore()))
+    except (ValueError, KeyError, TypeError) as error:
+      # Same parameter shapes but another optimiser (e.g. adamw vs adafactor state).
+      raise ValueError(
+          f"Cannot restore the checkpoint at {os.path.join(self.directory, str(step))}: its "
+          f"optimizer state does not match this run's optimizer ({error}). Resume with the "
+          "optimizer that wrote it, or start from its parameters in a fresh MODEL_DIR "
+          "(INITIAL_CHECKPOINT_PATH).") from error
     return restored["params"], restored["opt_state"], dict(restored["meta"])
 
   def wait(self) -> None:

@@ -151,3 +151,11 @@ def test_decoder_only_mixture_with_adaspec_hook(tmp_path):
   assert np.isfinite(record["loss"]) and record["loss"] <= record["divergence"]
   assert 0.3 < record["kept_fraction"] < 0.8
   assert sum(record[f"source_total/{s}"] for s in D.SOURCES) == 6
+
+
+def test_model_dir_written_with_another_optimizer(tmp_path):
+  model = Model.from_name("demo_draft", vocab_size=VOCAB)
+  T.finetune(_config(tmp_path, 3, optimizer="adamw"), model, T.SyntheticData(4, vocab_size=VOCAB))
+  with pytest.raises(ValueError, match="optimizer state does not match"):
+    T.finetune(_config(tmp_path, 6, optimizer="adafactor"), model,
+               T.SyntheticData(4, vocab_size=VOCAB))
