@@ -62,6 +62,12 @@ class PipelineConfig:
     vocab_size: SentencePiece pieces of the embedded vocabulary.
     train_examples: keep only this many training examples (None = the whole split; smoke
       tests use a few).
+    adaspec_reference / adaspec_top_k / adaspec_normalization: the recipe "adaspec" (AdaSPEC,
+      Hu et al. 2025) distils the raw draft with token selection against a reference model:
+      the draft distilled by the `adaspec_reference` recipe (which must also be in `recipes`,
+      and whose data source and divergence AdaSPEC reuses); keeps the top `adaspec_top_k`
+      fraction of tokens by loss margin; normalises the loss by "all" valid tokens (as the
+      public AdaSPEC code) or by the "kept" ones.
     seed: the one seed of the job.
   """
 
@@ -89,6 +95,9 @@ class PipelineConfig:
   eval_every: int = 100
   vocab_size: int = 256
   train_examples: Optional[int] = None
+  adaspec_reference: str = "supervised_kd"
+  adaspec_top_k: float = 0.4
+  adaspec_normalization: str = "all"
   seed: int = 0
   progress_bar: bool = True
 
@@ -99,8 +108,11 @@ class PipelineConfig:
         raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1.")
     if not self.recipes:
       raise ValueError("recipes is empty; name at least one of distillation.RECIPES.")
+    if "adaspec" in self.recipes and self.adaspec_reference not in self.recipes:
+      raise ValueError(f"The recipe 'adaspec' needs its reference recipe "
+                       f"adaspec_reference={self.adaspec_reference!r} in recipes={self.recipes}.")
     for recipe in self.recipes:
-      DistillationConfig.from_recipe(recipe)  # raises on an unknown name
+      distillation_config(self, recipe)  # raises on an unknown name or bad value
     if any(g < 1 for g in self.gammas):
       raise ValueError(f"gammas={self.gammas} must all be >= 1.")
 
@@ -118,6 +130,8 @@ class PipelineConfig:
   def dependencies(self, stage: str) -> tuple:
     if stage in ("target", "draft_raw"):
       return ("vocab",)
+    if stage == "distill_adaspec":
+      return ("target", "draft_raw", f"distill_{self.adaspec_reference}")
     if stage.startswith("distill_"):
       return ("target", "draft_raw")
     if stage == "evaluate":
@@ -347,16 +361,29 @@ def heldout_prompts(config: PipelineConfig, num_examples: int, split: str = "val
   return examples
 
 
-def stage_distill(config: PipelineConfig, stage: str) -> dict:
-  """Distils the raw draft toward the target with the stage's recipe."""
-  recipe = stage[len("distill_"):]
+def distillation_config(config: PipelineConfig, recipe: str) -> DistillationConfig:
+  """The DistillationConfig of a recipe name (distillation.RECIPES, or "adaspec")."""
   overrides = {"max_new_tokens": config.task_feature_lengths["targets"]}
   if config.divergence:
     overrides["divergence"] = config.divergence
-  distillation_config = DistillationConfig.from_recipe(recipe, **overrides)
+  if recipe == "adaspec":
+    return DistillationConfig.from_recipe(
+        config.adaspec_reference, top_k_fraction=config.adaspec_top_k,
+        selection_normalization=config.adaspec_normalization, **overrides)
+  return DistillationConfig.from_recipe(recipe, **overrides)
+
+
+def stage_distill(config: PipelineConfig, stage: str) -> dict:
+  """Distils the raw draft toward the target with the stage's recipe."""
+  recipe = stage[len("distill_"):]
+  distillation = distillation_config(config, recipe)
   target, draft = models(config)
   target_params = load_params(config, "target", target)
   draft_params = load_params(config, "draft_raw", draft)
+  reference = {}
+  if recipe == "adaspec":
+    reference = dict(reference=draft, reference_params=load_params(
+        config, f"distill_{config.adaspec_reference}", draft))
   prompts = heldout_prompts(config, 32)["prompts"]
   eval_fn = make_speculative_eval_fn(target, target_params, draft,
                                      {"encoder_input_tokens": prompts},
@@ -364,10 +391,15 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
                                      temperature=0.0, seed=config.seed)
   train_config = _train_config(config, stage, config.distill_steps, config.distill_learning_rate,
                                eval_every=config.eval_every)
+  start = eval_fn(draft_params, 0)
   result = distill(train_config, target, target_params, draft, train_data(config),
-                   distillation_config, init_params=draft_params, eval_fn=eval_fn)
-  curve = [{"step": r["step"], "tau": r["eval/tau"], "alpha": r["eval/alpha"]}
-           for r in result.history if "eval/tau" in r]
-  return {"recipe": recipe, "divergence": distillation_config.divergence,
-          "lambda1": distillation_config.lambda1, "lambda2": distillation_config.lambda2,
+                   distillation, init_params=draft_params, eval_fn=eval_fn, **reference)
+  curve = [{"step": 0, "tau": start["tau"], "alpha": start["alpha"]}]
+  curve += [{"step": r["step"], "tau": r["eval/tau"], "alpha": r["eval/alpha"]}
+            for r in result.history if "eval/tau" in r]
+  kept = [r["kept_fraction"] for r in result.history if "kept_fraction" in r]
+  return {"recipe": recipe, "divergence": distillation.divergence,
+          "lambda1": distillation.lambda1, "lambda2": distillation.lambda2,
+          "top_k_fraction": distillation.top_k_fraction,
+          "kept_fraction_last": kept[-1] if kept else None,
           "final_loss": _last_loss(result.history), "tau_curve": curve}

@@ -1,7 +1,9 @@
 """The main job's report: report.json, report.md (the paper's table form) and PNG plots.
 
 report.json: {"rows": [{"task", "temperature", "gamma", "recipe", "tau_raw", "tau_distilled",
-"speedup_raw", "speedup_distilled", ...}], "target_quality": {...}, "wall_clock_s": {...}}.
+"speedup_raw", "speedup_distilled", ...}], "target_quality": {...}, "wall_clock_s": {...}}; for
+an AdaSPEC comparison "rows" is [{"task", "temperature", "gamma", "recipe", "alpha", "tau"}]
+with recipe in {"raw", "distillspec", "adaspec"}.
 """
 
 from __future__ import annotations
@@ -32,6 +34,26 @@ def build_rows(config, evaluation: dict) -> list:
   return rows
 
 
+def draft_names(config) -> dict:
+  """Evaluation draft name -> report recipe name. In an AdaSPEC comparison the reference
+  recipe's draft is "distillspec" (AdaSPEC's baseline) and the raw draft is "raw"."""
+  names = {"draft_raw": "raw"}
+  for stage in config.distill_stages:
+    names[stage] = stage[len("distill_"):]
+  if "adaspec" in config.recipes:
+    names[f"distill_{config.adaspec_reference}"] = "distillspec"
+  return names
+
+
+def build_draft_rows(config, evaluation: dict) -> list:
+  """One row per (draft, temperature, gamma): {task, temperature, gamma, recipe, alpha, tau,
+  speedup}."""
+  names = draft_names(config)
+  return [dict(task=config.task, temperature=r["temperature"], gamma=r["gamma"],
+               recipe=names[r["draft"]], alpha=r["alpha"], tau=r["tau"], speedup=r["speedup"])
+          for r in evaluation["speculative"]]
+
+
 def wall_clock(config) -> dict:
   times = {}
   for stage in config.stages:
@@ -58,11 +80,16 @@ def render_markdown(config, report: dict) -> str:
             "| task | T | gamma | tau w/o distill | speedup w/o | tau DistillSpec | speedup "
             "DistillSpec | delta speedup | recipe | target accuracy |",
             "|---|---|---|---|---|---|---|---|---|---|"]
-  for r in report["rows"]:
+  for r in report["paired_rows"]:
     lines.append(
         f"| {r['task']} | {r['temperature']:g} | {r['gamma']} | {r['tau_raw']:.2f} | "
         f"{r['speedup_raw']:.2f}x | {r['tau_distilled']:.2f} | {r['speedup_distilled']:.2f}x | "
         f"{r['delta_speedup']:+.2f}x | {r['recipe']} | {target_accuracy:.3f} |")
+  lines += ["", "## Every draft", "", "| T | gamma | recipe | alpha | tau | speedup |",
+            "|---|---|---|---|---|---|"]
+  for r in report["draft_rows"]:
+    lines.append(f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | {r['alpha']:.3f} | "
+                 f"{r['tau']:.2f} | {r['speedup']:.2f}x |")
   lines += ["", "## Wall clock per stage (s)", "", "| stage | seconds |", "|---|---|"]
   for stage, seconds in report["wall_clock_s"].items():
     lines.append(f"| {stage} | {seconds:.0f} |")
@@ -88,11 +115,11 @@ def plot(config, report: dict, curves: dict, out_dir: str) -> list:
   fig.savefig(paths[-1], dpi=120)
   plt.close(fig)
 
-  temperatures = sorted({r["temperature"] for r in report["rows"]})
+  temperatures = sorted({r["temperature"] for r in report["paired_rows"]})
   fig, axes = plt.subplots(1, len(temperatures), figsize=(5 * len(temperatures), 4),
                            squeeze=False)
   for ax, temperature in zip(axes[0], temperatures):
-    rows = [r for r in report["rows"] if r["temperature"] == temperature]
+    rows = [r for r in report["paired_rows"] if r["temperature"] == temperature]
     first_recipe = rows[0]["recipe"]
     raw = [r for r in rows if r["recipe"] == first_recipe]
     ax.plot([r["gamma"] for r in raw], [r["speedup_raw"] for r in raw], marker="o",
@@ -114,7 +141,7 @@ def plot(config, report: dict, curves: dict, out_dir: str) -> list:
 
 
 def _check_finite(report: dict) -> None:
-  for row in report["rows"]:
+  for row in report["paired_rows"] + report["draft_rows"]:
     for key, value in row.items():
       if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"report row {row} has a non-finite {key}.")
@@ -124,7 +151,11 @@ def stage_report(config, stage: str) -> dict:
   evaluation = pipeline.read_json(os.path.join(config.stage_dir("evaluate"), "eval.json"))
   quality = {name: {k: v for k, v in q.items() if k != "example_prediction"}
              for name, q in evaluation["quality"].items()}
-  report = {"rows": build_rows(config, evaluation), "target_quality": quality,
+  paired, per_draft = build_rows(config, evaluation), build_draft_rows(config, evaluation)
+  # "rows" is the paper-table form for DistillSpec jobs, the per-draft form for AdaSPEC
+  # comparisons (recipe in raw / distillspec / adaspec); both forms are always present.
+  report = {"rows": per_draft if "adaspec" in config.recipes else paired,
+            "paired_rows": paired, "draft_rows": per_draft, "target_quality": quality,
             "plain_tokens_per_s": evaluation["plain_tokens_per_s"],
             "wall_clock_s": wall_clock(config)}
   _check_finite(report)
