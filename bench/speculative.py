@@ -63,8 +63,9 @@ def per_call_time(model, params, inputs, batch, width, position, repeats, steps=
 
 
 def load_pair(args):
-  target = Model.from_name(args.target_model)
-  draft = Model.from_name(args.draft_model)
+  overrides = {"max_decode_length": args.max_decode_length} if args.max_decode_length else {}
+  target = Model.from_name(args.target_model, **overrides)
+  draft = Model.from_name(args.draft_model, **overrides)
   if args.target_checkpoint:
     from distillspec_jax.convert import load_initial_params
     target_params = load_initial_params(args.target_checkpoint, target)
@@ -84,9 +85,9 @@ def make_inputs(target, batch, input_length, seed=0):
 
 def run(args):
   target, target_params, draft, draft_params = load_pair(args)
-  gammas = [1, 3, 5] if args.quick else list(range(1, 9))
-  temperatures = [0.0, 1.0]
-  batches = [1, 8]
+  gammas = args.gammas or ([1, 3, 5] if args.quick else list(range(1, 9)))
+  temperatures = args.temperatures or [0.0, 1.0]
+  batches = args.batches or [1, 8]
   repeats = 3 if args.quick else 5
   rows = []
   configs = [(b, t, g) for b in batches for t in temperatures for g in gammas]
@@ -148,8 +149,13 @@ def main():
   parser.add_argument("--draft_model", default="demo_draft")
   parser.add_argument("--target_checkpoint", default=None)
   parser.add_argument("--draft_checkpoint", default=None)
-  parser.add_argument("--max_new_tokens", type=int, default=64)
+  parser.add_argument("--max_new_tokens", type=int, default=200)
   parser.add_argument("--input_length", type=int, default=32)
+  parser.add_argument("--max_decode_length", type=int, default=256,
+                      help="cache capacity of both models")
+  parser.add_argument("--gammas", type=int, nargs="*", help="default 1..8 (quick: 1 3 5)")
+  parser.add_argument("--temperatures", type=float, nargs="*", help="default 0 1")
+  parser.add_argument("--batches", type=int, nargs="*", help="default 1 8")
   args = parser.parse_args()
   if bool(args.target_checkpoint) != bool(args.draft_checkpoint):
     parser.error("pass both --target_checkpoint and --draft_checkpoint, or neither.")
