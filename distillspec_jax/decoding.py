@@ -58,6 +58,13 @@ class DecodeResult:
   lengths: Array
 
 
+def prompt_inputs(model: Model, prompts) -> dict:
+  """Decoding keyword arguments for `prompts: [N, P]`: encoder inputs of an encoder-decoder,
+  decoder prompts of a decoder-only model."""
+  key = "encoder_input_tokens" if model.is_encoder_decoder else "prompt_tokens"
+  return {key: jnp.asarray(prompts, jnp.int32)}
+
+
 def check_capacity(prompt_length: int, new_tokens: int, max_length: int, what: str) -> None:
   if prompt_length + new_tokens > max_length:
     raise ValueError(

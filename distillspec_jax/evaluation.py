@@ -20,27 +20,43 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distillspec_jax.decoding import SamplingConfig, decode
+from distillspec_jax.decoding import SamplingConfig, decode, prompt_inputs
 from distillspec_jax.divergences import cross_entropy
 from distillspec_jax.models import EOS_ID, Model
 from distillspec_jax.speculative import speculative_decode
 
 
+def _teacher_forcing(model: Model, prompts: np.ndarray, targets: np.ndarray):
+  """(batch, decoder targets, loss mask) scoring `targets` after `prompts`: encoder inputs for
+  an encoder-decoder; [prompt, target] with loss on the target part for a decoder-only model."""
+  if model.is_encoder_decoder:
+    sequence, mask = targets, targets > 0
+    batch = {"encoder_input_tokens": jnp.asarray(prompts, jnp.int32)}
+  else:
+    width = prompts.shape[1] + targets.shape[1]
+    sequence = np.zeros((len(prompts), width), np.int32)
+    mask = np.zeros((len(prompts), width), bool)
+    for i, (prompt, target) in enumerate(zip(prompts, targets)):
+      p, t = prompt[prompt > 0], target[target > 0]
+      sequence[i, :len(p) + len(t)] = np.concatenate([p, t])
+      mask[i, len(p):len(p) + len(t)] = True
+    batch = {}
+  sequence = jnp.asarray(sequence, jnp.int32)
+  batch["decoder_input_tokens"] = jnp.pad(sequence, ((0, 0), (1, 0)))[:, :-1]
+  return batch, sequence, jnp.asarray(mask, jnp.float32)
+
+
 def per_token_loss(model: Model, params, prompts: np.ndarray, targets: np.ndarray) -> float:
   """Mean cross-entropy (nats) of the reference `targets: [N, T]` given `prompts: [N, P]`."""
-  targets = jnp.asarray(targets, jnp.int32)
-  decoder_inputs = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
-  logits = jax.jit(model.logits)(params, {"encoder_input_tokens": jnp.asarray(prompts),
-                                          "decoder_input_tokens": decoder_inputs})
-  mask = (targets > 0).astype(jnp.float32)
+  batch, targets, mask = _teacher_forcing(model, np.asarray(prompts), np.asarray(targets))
+  logits = jax.jit(model.logits)(params, batch)
   losses = cross_entropy(logits, targets, mask)
   return float(jnp.sum(losses) / jnp.sum(mask))
 
 
 def greedy_predictions(model: Model, params, prompts: np.ndarray, max_new_tokens: int,
                        detokenize: Callable[[Sequence[int]], str]) -> list:
-  result = decode(model, params, encoder_input_tokens=jnp.asarray(prompts),
-                  max_new_tokens=max_new_tokens)
+  result = decode(model, params, max_new_tokens=max_new_tokens, **prompt_inputs(model, prompts))
   tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
   return [detokenize([t for t in row[:n] if t != EOS_ID]) for row, n in zip(tokens, lengths)]
 
@@ -72,8 +88,8 @@ def plain_tokens_per_second(target: Model, target_params, prompts, max_new_token
   sampling = SamplingConfig(temperature)
   rng = jax.random.PRNGKey(seed)
   return _tokens_per_second(
-      lambda p: decode(target, target_params, encoder_input_tokens=jnp.asarray(p),
-                       max_new_tokens=max_new_tokens, sampling=sampling, rng=rng).lengths,
+      lambda p: decode(target, target_params, max_new_tokens=max_new_tokens, sampling=sampling,
+                       rng=rng, **prompt_inputs(target, p)).lengths,
       prompts)
 
 
@@ -86,8 +102,8 @@ def speculative_metrics(target: Model, target_params, draft: Model, draft_params
 
   def run(p):
     return speculative_decode(target, target_params, draft, draft_params,
-                              encoder_input_tokens=jnp.asarray(p), max_new_tokens=max_new_tokens,
-                              gamma=gamma, sampling=sampling, rng=rng)
+                              max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
+                              rng=rng, **prompt_inputs(target, p))
 
   result = run(prompts)
   spec_tokens_per_s = _tokens_per_second(lambda p: run(p).lengths, speed_prompts)
@@ -101,14 +117,17 @@ def stage_evaluate(config, stage: str) -> dict:
   import os
   from tqdm.auto import tqdm
   from distillspec_jax import pipeline
-  from distillspec_jax.tasks import metrics as task_metrics
 
   target, draft = pipeline.models(config)
   params = {"target": pipeline.load_params(config, "target", target),
             "draft_raw": pipeline.load_params(config, "draft_raw", draft)}
   for name in config.distill_stages:
     params[name] = pipeline.load_params(config, name, draft)
-  examples = pipeline.heldout_prompts(config, config.eval_examples, split="test")
+  from distillspec_jax import data as data_lib
+  eval_task = config.eval_task or config.task
+  examples = pipeline.heldout_prompts(config, config.eval_examples, split="test", task=eval_task)
+  metric_fn = lambda targets, predictions: data_lib.compute_metrics(eval_task, targets,
+                                                                    predictions)
   prompts, targets = examples["prompts"], examples["targets"]
   speed_prompts = prompts[:config.speed_examples]
   vocabulary = pipeline._register_task(config).output_features["targets"].vocabulary
@@ -121,7 +140,7 @@ def stage_evaluate(config, stage: str) -> dict:
     for name, model in [("target", target)] + [(d, draft) for d in drafts]:
       results["quality"][name] = quality(model, params[name], prompts, targets,
                                          examples["target_texts"], config.max_new_tokens,
-                                         detokenize, task_metrics.gsm8k_accuracy)
+                                         detokenize, metric_fn)
       bar.update(1)
     for temperature in config.temperatures:
       plain = plain_tokens_per_second(target, params["target"], speed_prompts,

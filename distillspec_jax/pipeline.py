@@ -31,6 +31,7 @@ import numpy as np
 
 from distillspec_jax import checkpoints
 from distillspec_jax.config import model_config
+from distillspec_jax.decoding import prompt_inputs
 from distillspec_jax.distillation import DistillationConfig, make_speculative_eval_fn
 from distillspec_jax.models import Model
 from distillspec_jax.trainer import TrainConfig, distill, finetune
@@ -52,6 +53,21 @@ class PipelineConfig:
     batch_size: BATCH_SIZE of every stage.
     optimizer / learning_rate / warmup_steps: the demo's optimiser (the paper's Adafactor
       defaults live in the trainer; the CPU demo uses AdamW with a short warm-up).
+    decay_steps: cosine decay length (None = each stage's own number of steps; the paper's
+      runs use 300k).
+    in_memory_data: tokenize the train split once into train.npz (small tasks, the demo);
+      False streams batches from seqio (large tasks), resumed by skipping consumed batches.
+    model_vocab_size: rows of the models' embeddings (None = the vocabulary's size; T5's
+      32,000-piece vocabulary with 100 extra ids is padded to 32128).
+    save_every: checkpoint period of the training stages (None = a quarter of the steps).
+    data_dir: DATA_DIR of the file-backed tasks (`gsm8k_files`, `xsum_files`, ...; see
+      tasks.register_file_tasks), None for TFDS and the embedded task.
+    train_vocabulary: train a `vocab_size`-piece SentencePiece model on the task's training
+      text in the vocab stage (offline use of file-backed tasks) instead of T5's vocabulary.
+    lm_prompt_length: for tasks without inputs (LM1B), the first tokens of each held-out
+      example that form the decoding prompt.
+    eval_task: the task evaluated (None = `task`; e.g. BBH for a draft distilled on GSM8K,
+      the paper's cross-task transfer).
     recipes: distillation recipes to run (distillation.RECIPES names); divergence: their
       divergence (None = each recipe's default).
     gammas / temperatures: the speculative decoding grid of the evaluation.
@@ -85,6 +101,14 @@ class PipelineConfig:
   learning_rate: float = 2e-3
   distill_learning_rate: float = 1e-3
   warmup_steps: int = 100
+  decay_steps: Optional[int] = None
+  in_memory_data: bool = True
+  model_vocab_size: Optional[int] = None
+  save_every: Optional[int] = None
+  eval_task: Optional[str] = None
+  lm_prompt_length: int = 8
+  data_dir: Optional[str] = None
+  train_vocabulary: bool = False
   recipes: tuple = ("gkd", "supervised_kd")
   divergence: Optional[str] = None
   gammas: tuple = (3, 5, 7)
@@ -115,6 +139,11 @@ class PipelineConfig:
       distillation_config(self, recipe)  # raises on an unknown name or bad value
     if any(g < 1 for g in self.gammas):
       raise ValueError(f"gammas={self.gammas} must all be >= 1.")
+
+  @property
+  def feature_converter(self) -> str:
+    """'enc_dec' for encoder-decoder models, 'decoder' (prefix LM / LM) for decoder-only."""
+    return "enc_dec" if model_config(self.target_model).kind == "encoder_decoder" else "decoder"
 
   def stage_dir(self, stage: str) -> str:
     return os.path.join(self.run_dir, stage)
@@ -266,13 +295,22 @@ class InMemoryData:
     return {k: v[rows] for k, v in self.arrays.items()}
 
 
-def _register_task(config: PipelineConfig):
-  """Registers the task; the embedded one reads its vocabulary from the run directory."""
+def _trained_vocabulary_path(config: PipelineConfig) -> str:
+  return os.path.join(config.stage_dir("vocab"), "sentencepiece.model")
+
+
+def _register_task(config: PipelineConfig, vocabulary=None):
+  """Registers the task with the job's vocabulary (the embedded task's own, or the one the
+  vocab stage trained, or the task's default)."""
   from distillspec_jax import data as data_lib
-  from distillspec_jax.tasks import embedded
-  if config.task == embedded.TASK_NAME:
-    vocabulary = embedded.embedded_vocabulary(config.stage_dir("vocab"), config.vocab_size)
-    embedded.register_embedded_task(vocabulary=vocabulary)
+  from distillspec_jax import tasks
+  if config.task == tasks.EMBEDDED_TASK_NAME:
+    vocabulary = tasks.embedded.embedded_vocabulary(config.stage_dir("vocab"), config.vocab_size)
+    tasks.register_embedded_task(vocabulary=vocabulary)
+  elif config.data_dir:
+    if vocabulary is None and config.train_vocabulary:
+      vocabulary = _trained_vocabulary_path(config)
+    tasks.register_file_tasks(config.data_dir, vocabulary=vocabulary)
   return data_lib.get_task(config.task)
 
 
@@ -282,10 +320,20 @@ def stage_vocab(config: PipelineConfig, stage: str) -> dict:
   from distillspec_jax.tasks import embedded
   if config.task == embedded.TASK_NAME:
     embedded.build_embedded_vocabulary(config.stage_dir(stage), config.vocab_size)
+  elif config.train_vocabulary:
+    from distillspec_jax import vocabularies
+    _register_task(config, vocabulary=vocabularies.T5_DEFAULT_SPM_PATH)  # texts only
+    vocabularies.train_vocabulary_for_task(config.task, _trained_vocabulary_path(config),
+                                           vocab_size=config.vocab_size)
   task = _register_task(config)
+  vocabulary = task.output_features["targets"].vocabulary
+  summary = {"vocab_size": int(config.model_vocab_size or vocabulary.vocab_size)}
+  if not config.in_memory_data:
+    return summary
   arrays, count = {}, 0
   for batch in data_lib.get_dataset(config.task, "train", config.task_feature_lengths,
-                                    batch_size=1024, feature_converter="enc_dec"):
+                                    batch_size=1024,
+                                    feature_converter=config.feature_converter):
     for key, value in batch.items():
       arrays.setdefault(key, []).append(value)
     count += len(value)
@@ -298,16 +346,24 @@ def stage_vocab(config: PipelineConfig, stage: str) -> dict:
   path = os.path.join(config.stage_dir(stage), "train.npz")
   np.savez(path + ".tmp.npz", **arrays)
   os.replace(path + ".tmp.npz", path)
-  vocabulary = task.output_features["targets"].vocabulary
-  return {"vocab_size": int(vocabulary.vocab_size), "train_examples": int(len(arrays[
-      "decoder_target_tokens"]))}
+  summary["train_examples"] = int(len(arrays["decoder_target_tokens"]))
+  return summary
 
 
 def vocab_size(config: PipelineConfig) -> int:
   return int(read_json(_marker(config, "vocab"))["vocab_size"])
 
 
-def train_data(config: PipelineConfig) -> InMemoryData:
+def train_data(config: PipelineConfig):
+  """The training data source: indexed in-memory arrays, or a deterministic seqio stream
+  factory (the trainer re-creates it and skips the consumed batches on resume)."""
+  if not config.in_memory_data:
+    from distillspec_jax import data as data_lib
+    _register_task(config)
+    return lambda: data_lib.get_dataset(
+        config.task, "train", config.task_feature_lengths, config.batch_size, shuffle=True,
+        seed=config.seed, num_epochs=None, drop_remainder=True,
+        feature_converter=config.feature_converter)
   with np.load(os.path.join(config.stage_dir("vocab"), "train.npz")) as arrays:
     return InMemoryData({k: arrays[k] for k in arrays.files}, config.batch_size, config.seed)
 
@@ -332,7 +388,8 @@ def _train_config(config: PipelineConfig, stage: str, steps: int, learning_rate:
   return TrainConfig(model_dir=config.stage_dir(stage), train_steps=steps,
                      batch_size=config.batch_size, seed=config.seed, optimizer=config.optimizer,
                      learning_rate=learning_rate, warmup_steps=config.warmup_steps,
-                     decay_steps=steps, final_fraction=0.1, save_every=max(steps // 4, 1),
+                     decay_steps=config.decay_steps or steps, final_fraction=0.1,
+                     save_every=config.save_every or max(steps // 4, 1),
                      keep_checkpoints=1, log_every=max(min(50, steps // 10), 1),
                      eval_every=eval_every, progress_bar=config.progress_bar)
 
@@ -352,13 +409,20 @@ def stage_finetune(config: PipelineConfig, stage: str) -> dict:
   return {"final_loss": _last_loss(result.history), "num_params": model.num_params()}
 
 
-def heldout_prompts(config: PipelineConfig, num_examples: int, split: str = "validation"):
-  """Prompt token arrays of held-out examples for decoding (encoder inputs)."""
+def heldout_prompts(config: PipelineConfig, num_examples: int, split: str = "validation",
+                    task: Optional[str] = None):
+  """Prompt/target token arrays and texts of held-out examples (data.get_prompts_and_targets).
+
+  Prompts longer than the input length are truncated (as in training).
+  """
   from distillspec_jax import data as data_lib
   _register_task(config)
-  examples = data_lib.get_prompts_and_targets(config.task, split, config.task_feature_lengths,
-                                              num_examples=num_examples)
-  return examples
+  task = task or config.task
+  split = split if split in data_lib.get_task(task).splits else "test"
+  return data_lib.get_prompts_and_targets(task, split, config.task_feature_lengths,
+                                          num_examples=num_examples, on_long_prompt="truncate",
+                                          lm_prompt_length=config.lm_prompt_length)
+
 
 
 def distillation_config(config: PipelineConfig, recipe: str) -> DistillationConfig:
@@ -386,7 +450,7 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
         config, f"distill_{config.adaspec_reference}", draft))
   prompts = heldout_prompts(config, 32)["prompts"]
   eval_fn = make_speculative_eval_fn(target, target_params, draft,
-                                     {"encoder_input_tokens": prompts},
+                                     prompt_inputs(draft, prompts),
                                      max_new_tokens=config.max_new_tokens, gamma=5,
                                      temperature=0.0, seed=config.seed)
   train_config = _train_config(config, stage, config.distill_steps, config.distill_learning_rate,

@@ -3,7 +3,7 @@
 Needs no download; it is the default task of the demo.  In the spirit of GSM8K:
 
   inputs : "Mia has 12 shells. She buys 7 more. Then she doubles them. How many shells does Mia have?"
-  targets: "12 + 7 = 19. 19 * 2 = 38. #### 38"
+  targets: "12 + 7 = 19. 19 times 2 is 38. #### 38"   (each step in one of three forms)
 
 Design for a fast CPU demo: short sequences (< 48 tokens each with the embedded
 vocabulary), small numbers (operands 1-20, every intermediate result < 100),
@@ -37,7 +37,7 @@ from distillspec_jax.tasks import metrics
 from distillspec_jax.tasks import tfds_tasks
 
 TASK_NAME = "embedded_arithmetic"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 DEFAULT_SEED = 0
 DEFAULT_NUM_EXAMPLES = {"train": 50000, "validation": 1000, "test": 1000}
 DEFAULT_VOCAB_SIZE = 256
@@ -57,6 +57,12 @@ _MUL = {2: ("Then {p} doubles them.", "{P} doubles them."),
         3: ("Then {p} triples them.", "{P} triples them.")}
 _DIV = ("{P} gives half of them away.", "Then {p} gives half away.")
 _QUESTION = ("How many {items} does {name} have?", "How many {items} does {name} have now?")
+
+# Each solution step is written in one of three equally likely forms of the same length, so
+# the data has several right answers and each trained model has its own preferences among
+# them: what a draft must learn from its target, not from the data (the DistillSpec setting).
+_OPERATOR_WORDS = {"+": "plus", "-": "minus", "*": "times", "/": "over"}
+_STEP_FORMS = ("{x} {op} {y} = {z}.", "{x} {word} {y} is {z}.", "{z} = {x} {op} {y}.")
 
 _SPLIT_BUCKETS = {"test": range(0, 2), "validation": range(2, 4), "train": range(4, 100)}
 MAX_VALUE = 99
@@ -85,19 +91,20 @@ def _make_problem(rng: random.Random) -> Tuple[str, str, int]:
     op = rng.choice(ops)
     if op == "add":
       b = rng.randint(1, min(15, MAX_VALUE - cur))
-      text, new, eq = rng.choice(_ADD), cur + b, f"{cur} + {b} = {cur + b}."
+      text, new, op_symbol = rng.choice(_ADD), cur + b, "+"
     elif op == "sub":
       b = rng.randint(1, min(15, cur - 1))
-      text, new, eq = rng.choice(_SUB), cur - b, f"{cur} - {b} = {cur - b}."
+      text, new, op_symbol = rng.choice(_SUB), cur - b, "-"
     elif op == "mul":
       k = 3 if cur * 3 <= MAX_VALUE and rng.random() < 0.4 else 2
       b = k
-      text, new, eq = rng.choice(_MUL[k]), cur * k, f"{cur} * {k} = {cur * k}."
+      text, new, op_symbol = rng.choice(_MUL[k]), cur * k, "*"
     else:
       b = 2
-      text, new, eq = rng.choice(_DIV), cur // 2, f"{cur} / 2 = {cur // 2}."
+      text, new, op_symbol = rng.choice(_DIV), cur // 2, "/"
     sentences.append(text.format(P=he_cap, p=he, b=b))
-    steps.append(eq)
+    steps.append(rng.choice(_STEP_FORMS).format(x=cur, y=b, z=new, op=op_symbol,
+                                                word=_OPERATOR_WORDS[op_symbol]))
     cur = new
   sentences.append(rng.choice(_QUESTION).format(items=items, name=name))
   question = " ".join(sentences)

@@ -31,8 +31,9 @@ def test_every_preset_is_valid_and_hashable():
   for name, c in MODEL_CONFIGS.items():
     assert model_config(name) is c
     hash(c)  # configs are static jit arguments
+  # Small vocabularies: a tiny model with a 32k vocabulary spends its time in the logits layer.
   for name in ("tiny_encoder_decoder", "tiny_decoder_only", "demo_target", "demo_draft"):
-    assert MODEL_CONFIGS[name].dropout_rate == 0.0 and MODEL_CONFIGS[name].vocab_size == 512
+    assert MODEL_CONFIGS[name].dropout_rate == 0.0 and MODEL_CONFIGS[name].vocab_size <= 512
   check_same_vocabulary(MODEL_CONFIGS["demo_target"], MODEL_CONFIGS["demo_draft"])
 
 

@@ -9,7 +9,19 @@ from distillspec_jax import data
 from distillspec_jax.tasks import embedded
 from distillspec_jax.tasks import metrics
 
-_STEP = re.compile(r"^(\d+) ([-+*/]) (\d+) = (\d+)\.$")
+_WORDS = {"plus": "+", "minus": "-", "times": "*", "over": "/"}
+_STEP_FORMS = (re.compile(r"^(?P<a>\d+) (?P<op>[-+*/]) (?P<b>\d+) = (?P<r>\d+)\.$"),
+               re.compile(r"^(?P<a>\d+) (?P<op>plus|minus|times|over) (?P<b>\d+) is (?P<r>\d+)\.$"),
+               re.compile(r"^(?P<r>\d+) = (?P<a>\d+) (?P<op>[-+*/]) (?P<b>\d+)\.$"))
+
+
+def _parse_step(step):
+  for form in _STEP_FORMS:
+    m = form.match(step)
+    if m:
+      op = _WORDS.get(m.group("op"), m.group("op"))
+      return int(m.group("a")), op, int(m.group("b")), int(m.group("r"))
+  return None
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +65,9 @@ def _check_solution(ex):
   sentences = q.split(". ")[1:]
   assert len(sentences) == len(steps) + 1 and sentences[-1].startswith("How many")
   for sentence, step in zip(sentences, steps):
-    m = _STEP.match(step)
-    assert m, step
-    a, op, b, r = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+    parsed = _parse_step(step)
+    assert parsed, step
+    a, op, b, r = parsed
     assert a == cur
     if "more" in sentence:
       expected = cur + int(re.search(r"(\d+) more", sentence).group(1))
