@@ -72,3 +72,29 @@ def test_bad_input_fails_before_training(tmp_path):
   blocker.write_text("not a directory")
   with pytest.raises(ValueError, match="MODEL_DIR="):
     pipeline.check_run_dir(str(blocker / "run"))
+
+
+def test_adaspec_comparison_job(tmp_path):
+  """AdaSPEC's reference is another recipe's ordinary distillation stage; the report has the
+  raw / distillspec / adaspec rows and the kept fraction is logged."""
+  import dataclasses
+  config = dataclasses.replace(_smoke_config(tmp_path / "ada"), recipes=("supervised_kd", "adaspec"),
+                               temperatures=(0.0,))
+  assert config.dependencies("distill_adaspec") == ("target", "draft_raw", "distill_supervised_kd")
+  run_pipeline(config)
+  report = json.load(open(tmp_path / "ada" / "report.json"))
+  assert {r["recipe"] for r in report["rows"]} == {"raw", "distillspec", "adaspec"}
+  for row in report["rows"]:
+    assert set(row) >= {"task", "temperature", "gamma", "recipe", "alpha", "tau"}
+    assert 0.0 <= row["alpha"] <= 1.0 and 1.0 <= row["tau"] <= row["gamma"] + 1
+  marker = json.load(open(os.path.join(config.stage_dir("distill_adaspec"), pipeline.DONE)))
+  assert marker["top_k_fraction"] == 0.4
+  assert abs(marker["kept_fraction_last"] - 0.4) < 0.05
+
+
+def test_adaspec_bad_input(tmp_path):
+  with pytest.raises(ValueError, match="top_k_fraction=1.5"):
+    PipelineConfig(run_dir=str(tmp_path), recipes=("supervised_kd", "adaspec"), adaspec_top_k=1.5)
+  with pytest.raises(ValueError, match="adaspec_reference='gkd'"):
+    PipelineConfig(run_dir=str(tmp_path), recipes=("supervised_kd", "adaspec"),
+                   adaspec_reference="gkd")
