@@ -27,20 +27,34 @@ def main_job(pipeline: PipelineConfig = gin.REQUIRED, stages: Optional[tuple] = 
   return run_pipeline(pipeline, stages=tuple(stages) if stages else None)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  gin.external_configurable(PipelineConfig, name="PipelineConfig")
+_REGISTERED = []
+
+
+def load_pipeline(argv: Sequence[str]) -> PipelineConfig:
+  """Parses the gin flags and builds the run file's PipelineConfig (nothing runs)."""
+  if not _REGISTERED:
+    gin.external_configurable(PipelineConfig, name="PipelineConfig")
+    _REGISTERED.append(True)
   rest = gin_utils.parse_gin_flags(argv)
   if rest:
     raise gin_utils.GinConfigError(f"Unknown arguments {rest}; pass --gin_file=... and "
                                    "--gin.NAME=VALUE flags only.")
-  logging.basicConfig(level=logging.INFO, format="%(message)s")
   try:
     pipeline = gin.query_parameter("main_job.pipeline").scoped_configurable_fn()
   except ValueError as error:
     raise gin_utils.GinConfigError(
         "The run file does not bind main_job.pipeline; use a gin/runs/ file made for "
         "distillspec_jax.main, e.g. gin/runs/demo.gin.") from error
+  if not pipeline.run_dir:
+    raise gin_utils.GinConfigError("MODEL_DIR is not set; pass --gin.MODEL_DIR=<directory> "
+                                   "(a gs:// path on a TPU slice).")
+  return pipeline
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  pipeline = load_pipeline(argv)
+  logging.basicConfig(level=logging.INFO, format="%(message)s")
   check_run_dir(pipeline.run_dir)
   outcome = main_job(pipeline=pipeline)
   print("stages:", ", ".join(f"{k}={v}" for k, v in outcome.items()))

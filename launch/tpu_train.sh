@@ -15,7 +15,9 @@ set -euo pipefail
 PROJECT="${PROJECT:-my-gcp-project}"
 ZONE="${ZONE:-us-central2-b}"
 TPU_NAME="${TPU_NAME:-distillspec-v4-32}"
-GIN_FILE="${GIN_FILE:-gin/runs/demo.gin}"          # a run file under gin/runs/
+GIN_FILE="${GIN_FILE:-gin/runs/paper_xsum.gin}"    # a run file under gin/runs/
+BINARY="${BINARY:-distillspec_jax.main}"            # main (gin/runs/paper_*.gin, demo.gin)
+                                                    # or train (finetune_*/distill_*.gin)
 MODEL_DIR="${MODEL_DIR:-gs://my-bucket/distillspec/$(date +%Y%m%d-%H%M%S)}"
 TFDS_DATA_DIR="${TFDS_DATA_DIR:-gs://my-bucket/tensorflow_datasets}"
 EXTRA_GIN_BINDINGS="${EXTRA_GIN_BINDINGS:-}"        # e.g. "--gin.TRAIN_STEPS=20000"
@@ -38,7 +40,7 @@ gcloud compute tpus tpu-vm ssh "${TPU_NAME}" --project="${PROJECT}" --zone="${ZO
   --worker=all --command "${SETUP_CMD}"
 
 # ---- 2. train: one process per host, all started together ---------------------------------
-TRAIN_CMD="cd ${REMOTE_DIR} && TFDS_DATA_DIR=${TFDS_DATA_DIR} .venv/bin/python -m distillspec_jax.train \
+TRAIN_CMD="cd ${REMOTE_DIR} && TFDS_DATA_DIR=${TFDS_DATA_DIR} .venv/bin/python -m ${BINARY} \
   --gin_file=${GIN_FILE} \
   --gin.MODEL_DIR=\"'${MODEL_DIR}'\" \
   ${EXTRA_GIN_BINDINGS} \

@@ -28,3 +28,25 @@ def test_unwritable_model_dir(tmp_path):
   blocker.write_text("x")
   with pytest.raises(ValueError, match="MODEL_DIR="):
     main.main(["--gin_file=gin/runs/demo.gin", f"--gin.MODEL_DIR={blocker}/run"])
+
+
+MAIN_RUN_FILES = ["gin/runs/demo.gin", "gin/runs/adaspec_compare.gin", "gin/runs/paper_xsum.gin",
+                  "gin/runs/paper_cnn_dailymail.gin", "gin/runs/paper_gsm8k.gin",
+                  "gin/runs/paper_wmt_en_de.gin", "gin/runs/paper_bbh.gin",
+                  "gin/runs/paper_lm1b.gin"]
+
+
+@pytest.mark.parametrize("run_file", MAIN_RUN_FILES)
+def test_every_main_run_file_builds_its_pipeline(run_file):
+  config = main.load_pipeline([f"--gin_file={run_file}", "--gin.MODEL_DIR=/tmp/unused"])
+  assert config.run_dir == "/tmp/unused" and config.recipes
+  if "paper" in run_file:
+    assert (config.optimizer, config.learning_rate, config.warmup_steps, config.decay_steps,
+            config.batch_size) == ("adafactor", 3e-4, 5000, 300000, 32)
+  if run_file.endswith("lm1b.gin"):
+    assert config.feature_converter == "decoder"
+
+
+def test_paper_run_file_needs_a_model_dir():
+  with pytest.raises(gin_utils.GinConfigError, match="MODEL_DIR is not set"):
+    main.load_pipeline(["--gin_file=gin/runs/paper_xsum.gin"])

@@ -98,3 +98,18 @@ def test_adaspec_bad_input(tmp_path):
   with pytest.raises(ValueError, match="adaspec_reference='gkd'"):
     PipelineConfig(run_dir=str(tmp_path), recipes=("supervised_kd", "adaspec"),
                    adaspec_reference="gkd")
+
+
+def test_decoder_only_job(tmp_path):
+  """The same job with decoder-only models (prefix LM on the embedded task)."""
+  import dataclasses
+  config = dataclasses.replace(_smoke_config(tmp_path / "dec"), target_model="tiny_decoder_only",
+                               draft_model="tiny_decoder_only", recipes=("gkd",),
+                               temperatures=(0.0,))
+  assert config.feature_converter == "decoder"
+  run_pipeline(config)
+  report = json.load(open(tmp_path / "dec" / "report.json"))
+  assert len(report["rows"]) == 1
+  row = report["rows"][0]
+  assert 1.0 <= row["tau_raw"] <= row["gamma"] + 1 and math.isfinite(row["speedup_distilled"])
+  assert math.isfinite(report["target_quality"]["target"]["per_token_loss"])
