@@ -59,6 +59,7 @@ class PipelineConfig:
       False streams batches from seqio (large tasks), resumed by skipping consumed batches.
     model_vocab_size: rows of the models' embeddings (None = the vocabulary's size; T5's
       32,000-piece vocabulary with 100 extra ids is padded to 32128).
+    max_decode_length: decoding cache capacity of both models (None = the presets').
     save_every: checkpoint period of the training stages (None = a quarter of the steps).
     data_dir: DATA_DIR of the file-backed tasks (`gsm8k_files`, `xsum_files`, ...; see
       tasks.register_file_tasks), None for TFDS and the embedded task.
@@ -105,6 +106,7 @@ class PipelineConfig:
   in_memory_data: bool = True
   model_vocab_size: Optional[int] = None
   save_every: Optional[int] = None
+  max_decode_length: Optional[int] = None
   eval_task: Optional[str] = None
   lm_prompt_length: int = 8
   data_dir: Optional[str] = None
@@ -370,9 +372,11 @@ def train_data(config: PipelineConfig):
 
 def models(config: PipelineConfig) -> tuple:
   """(target, draft) Models with the vocabulary's size."""
-  size = vocab_size(config)
-  return (Model(model_config(config.target_model, vocab_size=size)),
-          Model(model_config(config.draft_model, vocab_size=size)))
+  overrides = {"vocab_size": vocab_size(config)}
+  if config.max_decode_length:
+    overrides["max_decode_length"] = config.max_decode_length
+  return (Model(model_config(config.target_model, **overrides)),
+          Model(model_config(config.draft_model, **overrides)))
 
 
 def load_params(config: PipelineConfig, stage: str, model: Model):

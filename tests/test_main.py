@@ -33,7 +33,7 @@ def test_unwritable_model_dir(tmp_path):
 MAIN_RUN_FILES = ["gin/runs/demo.gin", "gin/runs/adaspec_compare.gin", "gin/runs/paper_xsum.gin",
                   "gin/runs/paper_cnn_dailymail.gin", "gin/runs/paper_gsm8k.gin",
                   "gin/runs/paper_wmt_en_de.gin", "gin/runs/paper_bbh.gin",
-                  "gin/runs/paper_lm1b.gin"]
+                  "gin/runs/paper_lm1b.gin", "gin/runs/adaspec_gsm8k.gin"]
 
 
 @pytest.mark.parametrize("run_file", MAIN_RUN_FILES)
