@@ -5,7 +5,8 @@ for gamma in 1..8, T in {0, 1}, batch in {1, 8}: block efficiency tau, acceptanc
 c = draft step time / target step time, the measured wall-clock speedup over plain decoding
 (same prompts, same number of new tokens: EOS is disabled; compiled once, timed warm, median of
 several runs), the cost-model speedup = plain time / (draft steps x draft step time +
-verifications x verification time) with each cost measured alone, and the loop overhead =
+verifications x verification time) with each cost measured alone (a round's draft steps are
+one 2-token call and gamma - 1 single-token calls, each timed alone), and the loop overhead =
 speculative wall time / that denominator.
 
   python bench/speculative.py --out bench_speculative.json [--quick]
@@ -98,6 +99,8 @@ def run(args):
       inputs = make_inputs(target, batch, args.input_length)
       target_step = per_call_time(target, target_params, inputs, batch, 1, mid, repeats)
       draft_step = per_call_time(draft, draft_params, inputs, batch, 1, mid, repeats)
+      # The engine's first draft call of a round feeds two tokens ([previous, pending]).
+      draft_first_step = per_call_time(draft, draft_params, inputs, batch, 2, mid, repeats)
       for temperature in temperatures:
         sampling = SamplingConfig(temperature, eos_id=-1)  # fixed lengths: EOS never stops
         plain = _median_time(lambda: decode(target, target_params, max_new_tokens=args.max_new_tokens,
@@ -114,15 +117,17 @@ def run(args):
           result = spec_fn()
           spec = _median_time(lambda: spec_fn().tokens, repeats)
           rounds = int(np.max(result.target_calls))  # loop iterations (rows move in lockstep)
-          denominator = rounds * gamma * draft_step + rounds * verification
+          draft_time = rounds * (draft_first_step + (gamma - 1) * draft_step)
+          denominator = draft_time + rounds * verification
           rows.append(dict(
               gamma=gamma, temperature=temperature, batch=batch,
               tau=float(result.block_efficiency), alpha=float(result.acceptance_rate),
               c=draft_step / target_step, speedup_measured=plain / spec,
-              speedup_cost_model=cost_model_speedup(plain, rounds * gamma, draft_step, rounds,
-                                                    verification),
+              speedup_cost_model=cost_model_speedup(plain, rounds * gamma, draft_time /
+                                                    (rounds * gamma), rounds, verification),
               overhead=spec / denominator, plain_s=plain, speculative_s=spec,
-              draft_step_s=draft_step, target_step_s=target_step,
+              draft_step_s=draft_step, draft_first_step_s=draft_first_step,
+              target_step_s=target_step,
               verification_s=verification, rounds=rounds))
           bar.update(1)
   return dict(rows=rows, target_model=args.target_model, draft_model=args.draft_model,

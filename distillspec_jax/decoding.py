@@ -43,11 +43,29 @@ def probabilities(logits: Array, temperature: float) -> Array:
   return jax.nn.softmax(logits.astype(jnp.float32) / temperature, axis=-1)
 
 
-def sample_tokens(logits: Array, rng: Array, temperature: float) -> Array:
-  """logits: [batch, vocab] -> tokens [batch] int32."""
+def sample_from_probabilities(probs: Array, uniform: Array) -> Array:
+  """Inverse-CDF sampling: probs [batch, vocab] (need not sum to 1), uniform [batch] in [0, 1).
+
+  One uniform number per row instead of one per vocabulary entry (what Gumbel sampling
+  needs): on CPU the random bits, not the model, dominated the cost of a sampled step.
+  Entries of zero probability are never chosen.
+  """
+  cdf = jnp.cumsum(probs.astype(jnp.float32), axis=-1)
+  threshold = (1.0 - uniform)[:, None] * cdf[:, -1:]  # in (0, total]
+  token = jnp.sum(cdf < threshold, axis=-1)
+  return jnp.minimum(token, probs.shape[-1] - 1).astype(jnp.int32)
+
+
+def sample_tokens(logits: Array, rng: Array, temperature: float,
+                  uniform: Optional[Array] = None) -> Array:
+  """logits: [batch, vocab] -> tokens [batch] int32 (argmax when temperature == 0).
+
+  `uniform: [batch]` may be given instead of drawing it from `rng`."""
   if temperature == 0.0:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  return jax.random.categorical(rng, logits.astype(jnp.float32) / temperature).astype(jnp.int32)
+  if uniform is None:
+    uniform = jax.random.uniform(rng, logits.shape[:1])
+  return sample_from_probabilities(probabilities(logits, temperature), uniform)
 
 
 @flax.struct.dataclass

@@ -33,7 +33,8 @@ import jax
 import jax.numpy as jnp
 
 from distillspec_jax.config import check_same_vocabulary
-from distillspec_jax.decoding import SamplingConfig, check_capacity, probabilities, sample_tokens
+from distillspec_jax.decoding import (SamplingConfig, check_capacity, probabilities,
+                                      sample_from_probabilities, sample_tokens)
 from distillspec_jax.models import PAD_ID, Model, decoder_prompt
 
 Array = jax.Array
@@ -94,13 +95,13 @@ def verify_block(target_logits: Array, draft_logits: Array, draft_tokens: Array,
     num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
     next_token = jnp.take_along_axis(target_argmax, num_accepted[:, None], axis=1)[:, 0]
     return num_accepted, next_token
-  accept_rng, residual_rng = jax.random.split(rng)
+  # One draw per round: gamma acceptance tests and the residual/bonus sample.
+  uniform = jax.random.uniform(rng, (batch, gamma + 1))
   p = probabilities(target_logits, temperature)                    # [b, g+1, V]
   q = probabilities(draft_logits, temperature)                     # [b, g, V]
   p_token = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
   q_token = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
-  uniform = jax.random.uniform(accept_rng, (batch, gamma))
-  accepted = uniform < acceptance_probability(p_token, q_token, lenience)
+  accepted = uniform[:, :gamma] < acceptance_probability(p_token, q_token, lenience)
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
   # A zero draft row at index gamma turns the residual into p itself: the bonus token.
   q_padded = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
@@ -109,7 +110,7 @@ def verify_block(target_logits: Array, draft_logits: Array, draft_tokens: Array,
   residual = jnp.maximum(p_next - jnp.take_along_axis(q_padded, index, axis=1)[:, 0], 0.0)
   # p == q up to rounding leaves no residual mass; p is then the exact answer.
   residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, p_next)
-  next_token = jax.random.categorical(residual_rng, jnp.log(residual)).astype(jnp.int32)
+  next_token = sample_from_probabilities(residual, uniform[:, gamma])
   return num_accepted, next_token
 
 
@@ -233,7 +234,7 @@ def _speculative_jit(target, target_params, draft, draft_params, encoder_input_t
 
   def draft_block(draft_cache, previous, pending, round_rng):
     """gamma draft steps; the first feeds [previous, pending]. Returns tokens/logits [b, g(, V)]."""
-    keys = jax.random.split(round_rng, gamma)
+    uniform = jax.random.uniform(round_rng, (batch, gamma))
     logits, draft_cache = draft.extend(draft_params, draft_cache,
                                        jnp.stack([previous, pending], axis=1))
     step_logits = logits[:, 1]
@@ -243,7 +244,7 @@ def _speculative_jit(target, target_params, draft, draft_params, encoder_input_t
         logits, draft_cache = draft.extend(draft_params, draft_cache, tokens[-1][:, None])
         step_logits = logits[:, 0]
       all_logits.append(step_logits)
-      tokens.append(sample_tokens(step_logits, keys[i], temperature))
+      tokens.append(sample_tokens(step_logits, None, temperature, uniform[:, i]))
     return jnp.stack(tokens, 1), jnp.stack(all_logits, 1), draft_cache
 
   def cond(state):
