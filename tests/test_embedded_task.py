@@ -94,8 +94,13 @@ def test_solutions_are_correct_and_small():
   exs = embedded.generate_examples("train", 2000)
   for ex in exs:
     _check_solution(ex)
-  n_steps = [ex["targets"].count("=") for ex in exs]
+  n_steps = [len(ex["targets"].split(". ")) - 1 for ex in exs]
   assert set(n_steps) == {2, 3}
+  # Every solution-step form occurs, in roughly equal shares.
+  steps = [s for ex in exs for s in ex["targets"].split(". ")[:-1]]
+  shares = [sum(form.match(s + ".") is not None for s in steps) / len(steps)
+            for form in _STEP_FORMS]
+  assert all(0.25 < share < 0.42 for share in shares), shares
   # Templated phrasing has a few variations.
   assert len({re.sub(r"\d+", "N", ex["inputs"]) for ex in exs}) > 100
 
