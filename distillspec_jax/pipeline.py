@@ -332,10 +332,19 @@ def stage_vocab(config: PipelineConfig, stage: str) -> dict:
   summary = {"vocab_size": int(config.model_vocab_size or vocabulary.vocab_size)}
   if not config.in_memory_data:
     return summary
+  from tqdm.auto import tqdm
+  try:
+    total = task.num_input_examples("train") or None
+  except Exception:  # pylint: disable=broad-except  # only the progress bar's length
+    total = None
+  if config.train_examples and total:
+    total = min(total, config.train_examples)
   arrays, count = {}, 0
-  for batch in data_lib.get_dataset(config.task, "train", config.task_feature_lengths,
-                                    batch_size=1024,
-                                    feature_converter=config.feature_converter):
+  batches = data_lib.get_dataset(config.task, "train", config.task_feature_lengths,
+                                 batch_size=1024, feature_converter=config.feature_converter)
+  progress = tqdm(batches, desc="tokenize train split", unit="batch", dynamic_ncols=True,
+                  total=-(-total // 1024) if total else None, disable=not config.progress_bar)
+  for batch in progress:
     for key, value in batch.items():
       arrays.setdefault(key, []).append(value)
     count += len(value)
