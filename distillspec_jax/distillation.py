@@ -335,9 +335,9 @@ def mean_tvd(target: Model, target_params, draft: Model, draft_params, batch: di
 
 
 def _prompt_kwargs(model: Model, batch: dict) -> dict:
-  if model.is_encoder_decoder:
-    return {"encoder_input_tokens": jnp.asarray(batch["encoder_input_tokens"], jnp.int32)}
-  return {"prompt_tokens": prompt_tokens_from_batch(batch)}
+  prompts = (batch["encoder_input_tokens"] if model.is_encoder_decoder
+             else prompt_tokens_from_batch(batch))
+  return decoding.prompt_inputs(model, prompts)
 
 
 def make_tvd_eval_fn(target: Model, target_params, draft: Model, batch: dict, *,

@@ -13,6 +13,7 @@ pipeline: `stage_evaluate` is the main job's glue.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable, Sequence
 
@@ -46,10 +47,16 @@ def _teacher_forcing(model: Model, prompts: np.ndarray, targets: np.ndarray):
   return batch, sequence, jnp.asarray(mask, jnp.float32)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(model: Model, params, batch: dict):
+  # One compiled function per model config, shared by every model evaluated with it.
+  return model.logits(params, batch)
+
+
 def per_token_loss(model: Model, params, prompts: np.ndarray, targets: np.ndarray) -> float:
   """Mean cross-entropy (nats) of the reference `targets: [N, T]` given `prompts: [N, P]`."""
   batch, targets, mask = _teacher_forcing(model, np.asarray(prompts), np.asarray(targets))
-  logits = jax.jit(model.logits)(params, batch)
+  logits = _logits(model, params, batch)
   losses = cross_entropy(logits, targets, mask)
   return float(jnp.sum(losses) / jnp.sum(mask))
 
