@@ -4,7 +4,7 @@ For a target/draft pair (the tiny demo shapes with random weights by default, or
 for gamma in 1..8, T in {0, 1}, batch in {1, 8}: block efficiency tau, acceptance alpha,
 c = draft step time / target step time, the measured wall-clock speedup over plain decoding
 (same prompts, same number of new tokens: EOS is disabled; compiled once, timed warm, median of
-several runs), the cost-model speedup = plain time / (draft steps x draft step time +
+several runs, all quantities of a configuration timed in interleaved turns), the cost-model speedup = plain time / (draft steps x draft step time +
 verifications x verification time) with each cost measured alone (a round's draft steps are
 one 2-token call and gamma - 1 single-token calls, each timed alone), and the loop overhead =
 speculative wall time / that denominator.
@@ -31,36 +31,69 @@ from distillspec_jax.models import Model
 from distillspec_jax.speculative import cost_model_speedup, speculative_decode
 
 
-def _median_time(fn, repeats):
-  jax.block_until_ready(fn())  # compile + warm up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+def interleaved_median_times(functions, repeats, block=3):
+  """Median seconds of each of `functions` (name -> callable) over `repeats` timed calls.
+
+  Timed warm, in turns: each turn runs every function once untimed (its data and code back in
+  the CPU caches) and then `block` timed calls. Turns spread bursts of interference from other
+  processes over all quantities instead of skewing one of them.
+  """
+  times = {name: [] for name in functions}
+  for _ in range(max(1, -(-repeats // block))):
+    for name, fn in functions.items():
+      jax.block_until_ready(fn())
+      for _ in range(block):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times[name].append(time.perf_counter() - start)
+  return {name: statistics.median(values) for name, values in times.items()}
 
 
-@functools.partial(jax.jit, static_argnames=("model", "width", "steps"))
-def _repeated_extend(model, params, cache, tokens, *, width, steps):
-  """`steps` calls of `model.extend` on `width` tokens at a fixed cache position."""
+@functools.partial(jax.jit, static_argnames=("model", "width", "steps", "passes"))
+def _repeated_extend(model, params, cache, tokens, *, width, steps, passes):
+  """`passes` x `steps` calls of `model.extend` on `width` tokens, each pass filling the cache.
 
-  def body(_, carry):
+  Each call gets new tokens and the next cache position, as in decoding: with a constant input
+  XLA hoists the embedding lookup and the first layer's projections out of the loop
+  (loop-invariant code motion), and the call would be timed cheaper than it is.
+  """
+  vocab = model.config.vocab_size
+  start_positions = cache.positions
+
+  def one_pass(pass_index, carry):
+    def body(step, carry):
+      cache, total = carry
+      tokens_now = (tokens[:, :width] + pass_index * steps + step) % vocab
+      logits, cache = model.extend(params, cache, tokens_now)
+      return cache, total + logits[:, -1, 0]
+
     cache, total = carry
-    logits, cache = model.extend(params, cache, tokens[:, :width])
-    return cache.rollback(width), total + logits[:, -1, 0]
+    return jax.lax.fori_loop(0, steps, body, (cache.replace(positions=start_positions), total))
 
-  return jax.lax.fori_loop(0, steps, body, (cache, jnp.zeros(tokens.shape[0])))[1]
+  return jax.lax.fori_loop(0, passes, one_pass, (cache, jnp.zeros(tokens.shape[0])))[1]
 
 
-def per_call_time(model, params, inputs, batch, width, position, repeats, steps=64):
-  """Seconds of one `extend` of `width` tokens per row, the cache filled to `position`."""
+def per_call_function(model, params, inputs, batch, width, duration):
+  """(callable making `calls` extends of `width` tokens per row, calls) for per-call costs.
+
+  The callable runs about `duration` seconds, like the decoding it is compared with: on a
+  shared machine a short timed call is less often hit by interference than a long one, so
+  timing short calls against long ones would bias the comparison.
+  """
   encoder_inputs = inputs.get("encoder_input_tokens")
-  cache = model.init_cache(params, batch, model.config.max_decode_length, encoder_inputs)
-  cache = cache.advance(position)
+  capacity = model.config.max_decode_length
+  steps = capacity // width  # one pass fills the cache
+  cache = model.init_cache(params, batch, capacity, encoder_inputs)
   tokens = jnp.full((batch, width), 5, jnp.int32)
-  run = lambda: _repeated_extend(model, params, cache, tokens, width=width, steps=steps)
-  return _median_time(run, repeats) / steps
+  probe = lambda: _repeated_extend(model, params, cache, tokens, width=width, steps=steps,
+                                   passes=1)
+  jax.block_until_ready(probe())
+  start = time.perf_counter()
+  jax.block_until_ready(probe())
+  passes = max(1, round(duration / (time.perf_counter() - start)))
+  run = lambda: _repeated_extend(model, params, cache, tokens, width=width, steps=steps,
+                                 passes=passes)
+  return run, steps * passes
 
 
 def load_pair(args):
@@ -89,51 +122,54 @@ def run(args):
   gammas = args.gammas or ([1, 3, 5] if args.quick else list(range(1, 9)))
   temperatures = args.temperatures or [0.0, 1.0]
   batches = args.batches or [1, 8]
-  repeats = 3 if args.quick else 5
+  repeats = args.repeats or (6 if args.quick else 12)
   rows = []
   configs = [(b, t, g) for b in batches for t in temperatures for g in gammas]
-  mid = args.max_new_tokens // 2
-  call_times = {}
   with tqdm(total=len(configs), desc="speculative bench", unit="config") as bar:
-    for batch in batches:
+    for batch, temperature, gamma in configs:
       inputs = make_inputs(target, batch, args.input_length)
-      target_step = per_call_time(target, target_params, inputs, batch, 1, mid, repeats)
-      draft_step = per_call_time(draft, draft_params, inputs, batch, 1, mid, repeats)
-      # The engine's first draft call of a round feeds two tokens ([previous, pending]).
-      draft_first_step = per_call_time(draft, draft_params, inputs, batch, 2, mid, repeats)
-      for temperature in temperatures:
-        sampling = SamplingConfig(temperature, eos_id=-1)  # fixed lengths: EOS never stops
-        plain = _median_time(lambda: decode(target, target_params, max_new_tokens=args.max_new_tokens,
-                                            sampling=sampling, rng=jax.random.PRNGKey(1),
-                                            **inputs).tokens, repeats)
-        for gamma in gammas:
-          if (batch, gamma) not in call_times:
-            call_times[(batch, gamma)] = per_call_time(
-                target, target_params, inputs, batch, gamma + 1, mid, repeats)
-          verification = call_times[(batch, gamma)]
-          spec_fn = lambda: speculative_decode(
-              target, target_params, draft, draft_params, max_new_tokens=args.max_new_tokens,
-              gamma=gamma, sampling=sampling, rng=jax.random.PRNGKey(2), **inputs)
-          result = spec_fn()
-          spec = _median_time(lambda: spec_fn().tokens, repeats)
-          rounds = int(np.max(result.target_calls))  # loop iterations (rows move in lockstep)
-          draft_time = rounds * (draft_first_step + (gamma - 1) * draft_step)
-          denominator = draft_time + rounds * verification
-          rows.append(dict(
-              gamma=gamma, temperature=temperature, batch=batch,
-              tau=float(result.block_efficiency), alpha=float(result.acceptance_rate),
-              c=draft_step / target_step, speedup_measured=plain / spec,
-              speedup_cost_model=cost_model_speedup(plain, rounds * gamma, draft_time /
-                                                    (rounds * gamma), rounds, verification),
-              overhead=spec / denominator, plain_s=plain, speculative_s=spec,
-              draft_step_s=draft_step, draft_first_step_s=draft_first_step,
-              target_step_s=target_step,
-              verification_s=verification, rounds=rounds))
-          bar.update(1)
+      sampling = SamplingConfig(temperature, eos_id=-1)  # fixed lengths: EOS never stops
+      spec_fn = lambda: speculative_decode(
+          target, target_params, draft, draft_params, max_new_tokens=args.max_new_tokens,
+          gamma=gamma, sampling=sampling, rng=jax.random.PRNGKey(2), **inputs)
+      functions, steps = {}, {}
+      functions["plain"] = lambda: decode(
+          target, target_params, max_new_tokens=args.max_new_tokens, sampling=sampling,
+          rng=jax.random.PRNGKey(1), **inputs).tokens
+      functions["speculative"] = lambda: spec_fn().tokens
+      result = spec_fn()  # compiles
+      start = time.perf_counter()
+      result = jax.block_until_ready(spec_fn())
+      duration = time.perf_counter() - start
+      # Each model call alone; the engine's first draft call of a round feeds two tokens
+      # ([previous, pending]), the others one.
+      for name, model, params, width in [("target_step", target, target_params, 1),
+                                         ("draft_step", draft, draft_params, 1),
+                                         ("draft_first_step", draft, draft_params, 2),
+                                         ("verification", target, target_params, gamma + 1)]:
+        functions[name], steps[name] = per_call_function(model, params, inputs, batch, width,
+                                                         duration)
+      seconds = interleaved_median_times(functions, repeats)
+      for name, count in steps.items():
+        seconds[name] /= count
+      rounds = int(np.max(result.target_calls))  # loop iterations (rows move in lockstep)
+      draft_time = rounds * (seconds["draft_first_step"] + (gamma - 1) * seconds["draft_step"])
+      denominator = draft_time + rounds * seconds["verification"]
+      rows.append(dict(
+          gamma=gamma, temperature=temperature, batch=batch,
+          tau=float(result.block_efficiency), alpha=float(result.acceptance_rate),
+          c=seconds["draft_step"] / seconds["target_step"],
+          speedup_measured=seconds["plain"] / seconds["speculative"],
+          speedup_cost_model=cost_model_speedup(seconds["plain"], rounds * gamma,
+                                                draft_time / (rounds * gamma), rounds,
+                                                seconds["verification"]),
+          overhead=seconds["speculative"] / denominator, rounds=rounds,
+          **{f"{name}_s": value for name, value in seconds.items()}))
+      bar.update(1)
   return dict(rows=rows, target_model=args.target_model, draft_model=args.draft_model,
               target_checkpoint=args.target_checkpoint, draft_checkpoint=args.draft_checkpoint,
               max_new_tokens=args.max_new_tokens, input_length=args.input_length,
-              backend=jax.default_backend())
+              repeats=repeats, backend=jax.default_backend())
 
 
 def print_table(report):
@@ -149,7 +185,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--out", required=True, help="JSON file to write.")
-  parser.add_argument("--quick", action="store_true", help="gamma in {1, 3, 5}, 3 repeats.")
+  parser.add_argument("--quick", action="store_true", help="gamma in {1, 3, 5}, 6 timed calls per quantity.")
   parser.add_argument("--target_model", default="demo_target")
   parser.add_argument("--draft_model", default="demo_draft")
   parser.add_argument("--target_checkpoint", default=None)
@@ -161,6 +197,8 @@ def main():
   parser.add_argument("--gammas", type=int, nargs="*", help="default 1..8 (quick: 1 3 5)")
   parser.add_argument("--temperatures", type=float, nargs="*", help="default 0 1")
   parser.add_argument("--batches", type=int, nargs="*", help="default 1 8")
+  parser.add_argument("--repeats", type=int, default=None,
+                      help="timed calls per quantity (default 12; quick: 6); medians are reported")
   args = parser.parse_args()
   if bool(args.target_checkpoint) != bool(args.draft_checkpoint):
     parser.error("pass both --target_checkpoint and --draft_checkpoint, or neither.")
