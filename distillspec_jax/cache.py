@@ -24,8 +24,10 @@ class DecodingCache:
 
   Attributes:
     positions: [batch] int32, tokens held per row.
-    self_attention: one (keys, values) pair per decoder layer, each
-      [batch, max_length, heads, head_dim].
+    self_attention: one (keys, values) pair per decoder layer: keys
+      [batch * heads, head_dim, max_length], values [batch * heads, max_length, head_dim] (row
+      b's heads are rows b * heads .. b * heads + heads - 1). These are the layouts attention's
+      matmuls read, so a decoding step neither transposes nor copies the cache.
     cross_attention: encoder-decoder only: one (keys, values) pair per decoder layer, each
       [batch, input_length, heads, head_dim], computed once per prompt.
     encoder_mask: encoder-decoder only: [batch, input_length] bool, True on real input tokens.
@@ -38,7 +40,7 @@ class DecodingCache:
 
   @property
   def max_length(self) -> int:
-    return self.self_attention[0][0].shape[1]
+    return self.self_attention[0][0].shape[-1]
 
   @property
   def batch_size(self) -> int:
@@ -54,5 +56,6 @@ class DecodingCache:
 
 def empty_self_attention(num_layers: int, batch_size: int, max_length: int, num_heads: int,
                          head_dim: int, dtype) -> tuple[KeyValue, ...]:
-  shape = (batch_size, max_length, num_heads, head_dim)
-  return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(num_layers))
+  keys = (batch_size * num_heads, head_dim, max_length)
+  values = (batch_size * num_heads, max_length, head_dim)
+  return tuple((jnp.zeros(keys, dtype), jnp.zeros(values, dtype)) for _ in range(num_layers))

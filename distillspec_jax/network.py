@@ -72,17 +72,19 @@ class DecoderLayer(nn.Module):
   def __call__(self, x: Array, self_bias: Array, *, positions: Optional[Array],
                self_cache: Optional[KeyValue], cross: Optional[KeyValue],
                cross_bias: Optional[Array], deterministic: bool):
-    """x: [batch, k, embed]. With `self_cache` (2 x [batch, max_length, heads, head_dim]) the new
+    """x: [batch, k, embed]. With `self_cache` (keys [batch * heads, head_dim, max_length], values
+    [batch * heads, max_length, head_dim]) the new
     keys/values are written at per-row `positions: [batch]` and attention reads the cache.
     Returns (x, updated self_cache or None)."""
     h = self.pre_self_attention_layer_norm(x)
     keys, values = self.self_attention.project_kv(h)
-    if self_cache is not None:
-      keys = layers.write_cache(self_cache[0], keys, positions)
-      values = layers.write_cache(self_cache[1], values, positions)
-      self_cache = (keys, values)
-    x = x + self.dropout(self.self_attention(h, keys, values, self_bias, deterministic),
-                         deterministic)
+    if self_cache is None:
+      attended = self.self_attention(h, keys, values, self_bias, deterministic)
+    else:
+      self_cache = (layers.write_cache(self_cache[0], keys, positions, length_last=True),
+                    layers.write_cache(self_cache[1], values, positions, length_last=False))
+      attended = self.self_attention.attend_cache(h, self_cache[0], self_cache[1], self_bias)
+    x = x + self.dropout(attended, deterministic)
     if self.has_cross_attention:
       h = self.pre_cross_attention_layer_norm(x)
       h = self.encoder_decoder_attention(h, cross[0], cross[1], cross_bias, deterministic)
@@ -157,7 +159,7 @@ class Decoder(nn.Module):
       key_positions = query_positions
     else:
       query_positions = positions[:, None] + offsets
-      max_length = self_caches[0][0].shape[1]
+      max_length = self_caches[0][0].shape[-1]
       key_positions = jnp.broadcast_to(jnp.arange(max_length)[None], (batch, max_length))
     causal = key_positions[:, None, None, :] <= query_positions[:, None, :, None]
     self_bias = self.relpos_bias(query_positions, key_positions) + _mask_to_bias(causal)

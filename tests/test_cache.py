@@ -197,7 +197,8 @@ def test_cache_layout_and_rollback_arithmetic():
   assert cache.max_length == 16 and cache.batch_size == 3
   assert len(cache.self_attention) == c.num_decoder_layers
   for keys, values in cache.self_attention:
-    assert keys.shape == values.shape == (3, 16, c.num_heads, c.head_dim)
+    assert keys.shape == (3 * c.num_heads, c.head_dim, 16)
+    assert values.shape == (3 * c.num_heads, 16, c.head_dim)
   assert cache.cross_attention is None and cache.encoder_mask is None
   cache = cache.advance(5).rollback(jnp.array([0, 2, 5]))
   np.testing.assert_array_equal(cache.positions, [5, 3, 0])
@@ -207,3 +208,29 @@ def test_encoder_decoder_cache_needs_encoder_inputs():
   model, params = model_and_params("tiny_encoder_decoder")
   with pytest.raises(ValueError, match="encoder_input_tokens"):
     model.init_cache(params, 2, 8)
+
+
+@pytest.mark.parametrize("length_last", [True, False])
+@pytest.mark.parametrize("k", [1, 3])
+def test_cache_write_paths_agree(k, length_last):
+  """The per-row in-place write (small batches) and the scatter (large ones) store the same."""
+  from distillspec_jax import layers
+  batch, heads, head_dim, max_length = 3, 2, 4, 10
+  rng = np.random.default_rng(0)
+  shape = (batch * heads,) + ((head_dim, max_length) if length_last else (max_length, head_dim))
+  cache = jnp.asarray(rng.normal(size=shape), jnp.float32)
+  new = jnp.asarray(rng.normal(size=(batch, k, heads, head_dim)), jnp.float32)
+  positions = jnp.array([0, 4, max_length - k], jnp.int32)
+  by_rows = layers.write_cache_by_rows(cache, new, positions, length_last=length_last)
+  by_scatter = layers.write_cache_by_scatter(cache, new, positions, length_last=length_last)
+  np.testing.assert_array_equal(by_rows, by_scatter)
+  expected = np.array(cache)
+  for b in range(batch):
+    for j in range(k):
+      for h in range(heads):
+        slot = int(positions[b]) + j
+        if length_last:
+          expected[b * heads + h, :, slot] = np.asarray(new[b, j, h])
+        else:
+          expected[b * heads + h, slot, :] = np.asarray(new[b, j, h])
+  np.testing.assert_array_equal(by_rows, expected)
