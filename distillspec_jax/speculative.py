@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from distillspec_jax.config import check_same_vocabulary
-from distillspec_jax.decoding import (SamplingConfig, check_capacity, probabilities,
+from distillspec_jax.decoding import (SamplingConfig, check_capacity, default_rng, probabilities,
                                       sample_from_probabilities, sample_tokens)
 from distillspec_jax.models import PAD_ID, Model, decoder_prompt
 
@@ -201,7 +201,7 @@ def speculative_decode(target: Model, target_params, draft: Model, draft_params,
   check_capacity(prompt_width, max_new_tokens + gamma + 1, max_length,
                  "prompt + max_new_tokens + gamma + 1 for the verification block")
   if rng is None:
-    rng = jax.random.PRNGKey(0)
+    rng = default_rng()
   return _speculative_jit(target, target_params, draft, draft_params, encoder_input_tokens,
                           prompt_tokens, rng, max_new_tokens=max_new_tokens, gamma=gamma,
                           sampling=sampling, lenience=lenience, max_length=max_length)
