@@ -129,7 +129,7 @@ def decode(model: Model, params, *, encoder_input_tokens: Optional[Array] = None
   """
   if model.is_encoder_decoder and encoder_input_tokens is None:
     raise ValueError("This model is an encoder-decoder: pass encoder_input_tokens.")
-  batch_size = _batch_size(encoder_input_tokens, prompt_tokens)
+  _batch_size(encoder_input_tokens, prompt_tokens)  # fails early, naming what is missing
   max_length = max_length or model.config.max_decode_length
   prompt_width = 1 + (0 if model.is_encoder_decoder or prompt_tokens is None
                       else prompt_tokens.shape[1])

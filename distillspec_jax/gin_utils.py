@@ -17,7 +17,7 @@ import dataclasses
 import difflib
 import glob
 import os
-from typing import Optional, Sequence
+from typing import Sequence
 
 import gin
 

@@ -19,7 +19,7 @@ never read, so moving a row back (rejected draft tokens) is just lowering its po
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import flax.linen as nn
 import jax

@@ -23,10 +23,8 @@ import logging
 import os
 import shutil
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from distillspec_jax import checkpoints

@@ -22,7 +22,7 @@ import dataclasses
 import json
 import re
 import sys
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import gin
 import jax

@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import flax.struct
 import jax
