@@ -4,10 +4,11 @@ For a target/draft pair (the tiny demo shapes with random weights by default, or
 for gamma in 1..8, T in {0, 1}, batch in {1, 8}: block efficiency tau, acceptance alpha,
 c = draft step time / target step time, the measured wall-clock speedup over plain decoding
 (same prompts, same number of new tokens: EOS is disabled; compiled once, timed warm, median of
-several runs, all quantities of a configuration timed in interleaved turns), the cost-model speedup = plain time / (draft steps x draft step time +
-verifications x verification time) with each cost measured alone (a round's draft steps are
-one 2-token call and gamma - 1 single-token calls, each timed alone), and the loop overhead =
-speculative wall time / that denominator.
+several runs, all quantities of a configuration timed in interleaved turns), the cost-model
+speedup = plain time / (draft steps x draft step time + verifications x verification time)
+with each cost measured alone (a round's draft steps are one 2-token call and gamma - 1
+single-token calls, each timed alone), and the loop overhead = speculative wall time / that
+denominator.
 
   python bench/speculative.py --out bench_speculative.json [--quick]
       [--target_checkpoint DIR --draft_checkpoint DIR] [--target_model NAME --draft_model NAME]
@@ -187,7 +188,9 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--out", required=True, help="JSON file to write.")
-  parser.add_argument("--quick", action="store_true", help="gamma in {1, 3, 5}, 3 timed calls per quantity, short per-call timings.")
+  parser.add_argument("--quick", action="store_true",
+                      help="gamma in {1, 3, 5}, 3 timed calls per quantity, short per-call "
+                           "timings, 100 tokens.")
   parser.add_argument("--target_model", default="demo_target")
   parser.add_argument("--draft_model", default="demo_draft")
   parser.add_argument("--target_checkpoint", default=None)

@@ -20,12 +20,12 @@ from distillspec_jax.models import EOS_ID, PAD_ID, Model, decoder_prompt
 Array = jax.Array
 
 
-
 @functools.cache
 def default_rng() -> Array:
   """PRNGKey(0), made once: building a key costs ~0.2 ms of Python, as much as a few decoding
   steps of a small model."""
   return jax.random.PRNGKey(0)
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
