@@ -18,6 +18,7 @@ never read, so moving a row back (rejected draft tokens) is just lowering its po
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Sequence
 
@@ -118,6 +119,21 @@ def relative_position_bucket(relative_position: Array, bidirectional: bool, num_
   return bucket + jnp.where(is_small, distance, large)
 
 
+@functools.lru_cache(maxsize=None)
+def relative_position_bucket_table(bidirectional: bool, num_buckets: int,
+                                   max_distance: int) -> np.ndarray:
+  """Bucket of every relative position in [-max_distance, max_distance]: int32 [2 * max_distance + 1].
+
+  Entry i is the bucket of `key_position - query_position = i - max_distance`. Every relative
+  position at or beyond +-max_distance falls in the same bucket as +-max_distance, so clipping
+  to this range is exact. Computed once, eagerly (a constant of the compiled programs).
+  """
+  with jax.ensure_compile_time_eval():
+    relative = jnp.arange(-max_distance, max_distance + 1, dtype=jnp.int32)
+    return np.asarray(relative_position_bucket(relative, bidirectional, num_buckets,
+                                               max_distance))
+
+
 class RelativePositionBiases(nn.Module):
   """Per-head scalar bias from the bucketed relative position: `rel_embedding: [heads, buckets]`."""
 
@@ -135,10 +151,15 @@ class RelativePositionBiases(nn.Module):
         _logical(nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
                  ("heads", "relpos_buckets")),
         (self.num_heads, self.num_buckets), jnp.float32)
+    # A lookup in a per-relative-position bias row instead of T5's bucket formula per
+    # (query, key) pair: decoding steps see new positions every call, and the formula's log
+    # over every cache slot cost as much as a layer's attention in a small model.
+    buckets = relative_position_bucket_table(self.bidirectional, self.num_buckets,
+                                             self.max_distance)
+    bias_by_relative = jnp.take(table, jnp.asarray(buckets), axis=1)  # [heads, 2 * max_dist + 1]
     relative = key_positions[:, None, :] - query_positions[:, :, None]
-    buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets,
-                                       self.max_distance)
-    bias = jnp.take(table, buckets, axis=1)  # [heads, batch, q, k]
+    index = jnp.clip(relative, -self.max_distance, self.max_distance) + self.max_distance
+    bias = jnp.take(bias_by_relative, index, axis=1)  # [heads, batch, q, k]
     return jnp.asarray(jnp.transpose(bias, (1, 0, 2, 3)), self.dtype)
 
 

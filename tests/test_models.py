@@ -2,6 +2,7 @@
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -162,3 +163,25 @@ def test_params_are_fp32_and_init_is_seeded():
   np.testing.assert_array_equal(leaf(params), leaf(again))
   assert not np.allclose(leaf(params), leaf(other))
   assert model.num_params() == sum(x.size for x in jax.tree.leaves(params))
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_relative_position_bias_table_matches_t5_bucketing(bidirectional):
+  """The clipped lookup table gives T5's bucket for every (query, key) pair, far beyond
+  max_distance too, so decoding at any cache position sees the same bias as the formula."""
+  from distillspec_jax import layers
+  num_buckets, max_distance, heads = 32, 20, 3
+  module = layers.RelativePositionBiases(num_buckets, max_distance, heads, bidirectional)
+  query = jnp.array([[0, 7, 45, 300], [1, 2, 3, 250]])
+  key = jnp.array([[0, 3, 19, 20, 21, 44, 90, 299, 350, 600],
+                   [5, 6, 7, 0, 1, 2, 230, 260, 270, 290]])
+  params = module.init(jax.random.PRNGKey(0), query, key)
+  bias = module.apply(params, query, key)
+  relative = key[:, None, :] - query[:, :, None]
+  buckets = layers.relative_position_bucket(relative, bidirectional, num_buckets, max_distance)
+  table = nn.unbox(params)["params"]["rel_embedding"]
+  expected = jnp.transpose(table[:, buckets], (1, 0, 2, 3))
+  assert bias.shape == (2, heads, 4, 10)
+  np.testing.assert_array_equal(np.asarray(bias), np.asarray(expected))
+  # The pairs reach past +-max_distance, where clipping must land in the last bucket.
+  assert int(jnp.max(jnp.abs(relative))) > 10 * max_distance
