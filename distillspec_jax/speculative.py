@@ -41,6 +41,9 @@ Array = jax.Array
 
 LENIENCE_FUNCTIONS = ("lin", "sq", "exp")
 
+# Columns of the engine's per-row state `rows: [batch, 6]` (see _speculative_jit).
+_GENERATED, _TARGET_CALLS, _ACCEPTED, _PREVIOUS, _PENDING, _DONE = range(6)
+
 
 @dataclasses.dataclass(frozen=True)
 class Lenience:
@@ -231,13 +234,15 @@ def _speculative_jit(target, target_params, draft, draft_params, encoder_input_t
 
   # One spare block at the end so a round's writes never fall off the buffer.
   out = jnp.full((batch, max_new_tokens + gamma + 1), PAD_ID, jnp.int32).at[:, 0].set(pending)
-  # Per-row scalars live in one array each so that a round updates them in one fused op
-  # each: on CPU every separate small op costs about a microsecond.
-  # counters[:, 0] tokens generated (the prefill's included), [:, 1] verification calls,
-  # [:, 2] accepted draft tokens. draft_calls, drafted and produced follow from them.
-  counters = jnp.zeros((batch, 3), jnp.int32).at[:, 0].set(1)
-  done = (pending == eos) | (max_new_tokens <= 1)
-  context = jnp.stack([previous, pending], axis=1)  # [batch, 2]: the draft's next input
+  # Every per-row scalar of the loop lives in one int32 array, `rows: [batch, 6]`, so that a
+  # round updates them all in one fused op: on CPU each separate small op (and the copy XLA
+  # adds for each loop-carried value read after it is overwritten) costs about a microsecond.
+  # Columns: tokens generated (the prefill's included), verification calls, accepted draft
+  # tokens, the draft's next input [previous, pending], and done (0/1). draft_calls, drafted
+  # and produced follow from them.
+  rows = jnp.stack([jnp.ones_like(pending), jnp.zeros_like(pending), jnp.zeros_like(pending),
+                    previous, pending,
+                    ((pending == eos) | (max_new_tokens <= 1)).astype(jnp.int32)], axis=1)
 
   def draft_block(draft_cache, context, round_rng):
     """gamma draft steps; the first feeds context = [previous, pending].
@@ -255,16 +260,18 @@ def _speculative_jit(target, target_params, draft, draft_params, encoder_input_t
     return jnp.stack(tokens, 1), jnp.stack(all_logits, 1), draft_cache
 
   def cond(state):
-    return ~jnp.all(state["done"])
+    return jnp.any(state["rows"][:, _DONE] == 0)
 
   def body(state):
     round_rng = jax.random.fold_in(loop_rng, state["round"])
     draft_rng, verify_rng = jax.random.split(round_rng)
-    active = ~state["done"]
-    generated, target_calls = state["counters"][:, 0], state["counters"][:, 1]
-    draft_tokens, draft_logits, draft_cache = draft_block(state["draft_cache"],
-                                                          state["context"], draft_rng)
-    block = jnp.concatenate([state["context"][:, 1:], draft_tokens], axis=1)  # [b, g + 1]
+    rows = state["rows"]
+    active = rows[:, _DONE] == 0
+    generated, target_calls = rows[:, _GENERATED], rows[:, _TARGET_CALLS]
+    context = rows[:, _PREVIOUS:_PENDING + 1]
+    draft_tokens, draft_logits, draft_cache = draft_block(state["draft_cache"], context,
+                                                          draft_rng)
+    block = jnp.concatenate([context[:, 1:], draft_tokens], axis=1)  # [b, g + 1]
     target_logits, target_cache = target.extend(target_params, state["target_cache"], block)
     num_accepted, next_token = verify_block(target_logits, draft_logits, draft_tokens,
                                             verify_rng, temperature, lenience)
@@ -283,29 +290,28 @@ def _speculative_jit(target, target_params, draft, draft_params, encoder_input_t
     relative = jnp.arange(state["out"].shape[1])[None, :] - generated[:, None]
     shifted = jnp.take_along_axis(new_tokens, jnp.clip(relative, 0, gamma), axis=1)
     out = jnp.where((relative >= 0) & (relative < produced[:, None]), shifted, state["out"])
-    counters = state["counters"] + jnp.stack(
-        [produced, active.astype(jnp.int32), num_accepted * active], axis=1)
-    done = (state["done"] | (first_eos <= num_accepted) |
-            (counters[:, 0] >= max_new_tokens))
+    # Finished rows keep their row as it is.
+    last_accepted = jnp.take_along_axis(block, num_accepted[:, None], axis=1)[:, 0]
+    finished = (first_eos <= num_accepted) | (generated + produced >= max_new_tokens)
+    rows = jnp.where(active[:, None], jnp.stack(
+        [generated + produced, target_calls + 1, rows[:, _ACCEPTED] + num_accepted,
+         last_accepted, next_token, finished.astype(jnp.int32)], axis=1), rows)
     # Roll back what was not accepted; finished rows return to where they were.
     rollback = jnp.where(active, gamma - num_accepted, gamma + 1)
     target_cache = target_cache.rollback(rollback)
     draft_cache = draft_cache.rollback(rollback)
-    last_accepted = jnp.take_along_axis(block, num_accepted[:, None], axis=1)
-    context = jnp.where(active[:, None], jnp.concatenate([last_accepted, next_token[:, None]],
-                                                         axis=1), state["context"])
     accepted_per_round = jnp.where(
         active[:, None] & (jnp.arange(max_new_tokens)[None, :] == target_calls[:, None]),
         num_accepted[:, None], state["accepted_per_round"])
     return dict(round=state["round"] + 1, target_cache=target_cache, draft_cache=draft_cache,
-                context=context, out=out, counters=counters, done=done,
-                accepted_per_round=accepted_per_round)
+                rows=rows, out=out, accepted_per_round=accepted_per_round)
 
   state = dict(round=jnp.int32(0), target_cache=target_cache, draft_cache=draft_cache,
-               context=context, out=out, counters=counters, done=done,
+               rows=rows, out=out,
                accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32))
   state = jax.lax.while_loop(cond, body, state)
-  generated, target_calls, accepted = (state["counters"][:, i] for i in range(3))
+  generated, target_calls, accepted = (state["rows"][:, i] for i in
+                                       (_GENERATED, _TARGET_CALLS, _ACCEPTED))
   return SpeculativeResult(tokens=state["out"][:, :max_new_tokens], lengths=generated,
                            target_calls=target_calls, draft_calls=gamma * target_calls,
                            drafted=gamma * target_calls, accepted=accepted,
