@@ -227,8 +227,9 @@ def _speculative_jit(target, target_params, draft, draft_params, encoder_input_t
   first_logits, target_cache = target.prefill(target_params, target_cache, prompt,
                                               prompt_lengths)
   draft_cache = draft.init_cache(draft_params, batch, max_length, encoder_input_tokens)
-  _, draft_cache = draft.extend(draft_params, draft_cache, prompt)
-  draft_cache = draft_cache.rollback(prompt.shape[1] - (prompt_lengths - 1))
+  if prompt.shape[1] > 1:  # a one-token prompt (encoder-decoders) leaves the draft empty
+    _, draft_cache = draft.extend(draft_params, draft_cache, prompt)
+    draft_cache = draft_cache.rollback(prompt.shape[1] - (prompt_lengths - 1))
   previous = jnp.take_along_axis(prompt, (prompt_lengths - 1)[:, None], axis=1)[:, 0]
   pending = sample_tokens(first_logits, first_rng, temperature)
 
