@@ -205,25 +205,16 @@ def speculative_decode(target: Model, target_params, draft: Model, draft_params,
                  "prompt + max_new_tokens + gamma + 1 for the verification block")
   if rng is None:
     rng = default_rng()
-  static = dict(max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
-                lenience=lenience, max_length=max_length)
-  # Two programs, prefill then loop. XLA's CPU runtime runs a program that starts with
-  # parallel work (the two encoders) on its intra-op thread pool, and a loop that follows
-  # then hands its 1-10 us kernels between pool threads. As a program of its own the loop stays
-  # on one thread: 4% less wall time on a 2-core CPU, for one more dispatch.
-  state = _prefill_jit(target, target_params, draft, draft_params, encoder_input_tokens,
-                       prompt_tokens, rng, **static)
-  return _rounds_jit(target, target_params, draft, draft_params, state, **static)[0]
+  return _speculative_jit(target, target_params, draft, draft_params, encoder_input_tokens,
+                          prompt_tokens, rng, max_new_tokens=max_new_tokens, gamma=gamma,
+                          sampling=sampling, lenience=lenience, max_length=max_length)
 
 
-_STATIC = ("target", "draft", "max_new_tokens", "gamma", "sampling", "lenience", "max_length")
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC)
-def _prefill_jit(target, target_params, draft, draft_params, encoder_input_tokens,
-                 prompt_tokens, rng, *, max_new_tokens, gamma, sampling, lenience, max_length):
-  """Both caches filled with the prompt and the first token chosen: the loop's first state."""
-  del lenience  # static arguments are shared with _rounds_jit
+@functools.partial(jax.jit, static_argnames=("target", "draft", "max_new_tokens", "gamma",
+                                             "sampling", "lenience", "max_length"))
+def _speculative_jit(target, target_params, draft, draft_params, encoder_input_tokens,
+                     prompt_tokens, rng, *, max_new_tokens, gamma, sampling, lenience,
+                     max_length):
   source = encoder_input_tokens if target.is_encoder_decoder else prompt_tokens
   batch = source.shape[0]
   temperature, eos = sampling.temperature, sampling.eos_id
@@ -253,21 +244,6 @@ def _prefill_jit(target, target_params, draft, draft_params, encoder_input_token
   rows = jnp.stack([jnp.ones_like(pending), jnp.zeros_like(pending), jnp.zeros_like(pending),
                     previous, pending,
                     ((pending == eos) | (max_new_tokens <= 1)).astype(jnp.int32)], axis=1)
-
-  return dict(round=jnp.int32(0), loop_rng=loop_rng, target_cache=target_cache,
-              draft_cache=draft_cache, rows=rows, out=out,
-              accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32))
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
-def _rounds_jit(target, target_params, draft, draft_params, state, *, max_new_tokens, gamma,
-                sampling, lenience, max_length):
-  """Draft-verify rounds until every row is done. Returns (SpeculativeResult, final state);
-  the final state is returned so that every donated buffer is reused (no cache copies)."""
-  del max_length
-  batch = state["rows"].shape[0]
-  temperature, eos = sampling.temperature, sampling.eos_id
-  loop_rng = state["loop_rng"]
 
   def draft_block(draft_cache, context, round_rng):
     """gamma draft steps; the first feeds context = [previous, pending].
@@ -328,16 +304,17 @@ def _rounds_jit(target, target_params, draft, draft_params, state, *, max_new_to
     accepted_per_round = jnp.where(
         active[:, None] & (jnp.arange(max_new_tokens)[None, :] == target_calls[:, None]),
         num_accepted[:, None], state["accepted_per_round"])
-    return dict(state, round=state["round"] + 1, target_cache=target_cache,
-                draft_cache=draft_cache, rows=rows, out=out,
-                accepted_per_round=accepted_per_round)
+    return dict(round=state["round"] + 1, target_cache=target_cache, draft_cache=draft_cache,
+                rows=rows, out=out, accepted_per_round=accepted_per_round)
 
+  state = dict(round=jnp.int32(0), target_cache=target_cache, draft_cache=draft_cache,
+               rows=rows, out=out,
+               accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32))
   state = jax.lax.while_loop(cond, body, state)
   generated, target_calls, accepted = (state["rows"][:, i] for i in
                                        (_GENERATED, _TARGET_CALLS, _ACCEPTED))
-  result = SpeculativeResult(tokens=state["out"][:, :max_new_tokens], lengths=generated,
-                             target_calls=target_calls, draft_calls=gamma * target_calls,
-                             drafted=gamma * target_calls, accepted=accepted,
-                             produced=generated - 1,
-                             accepted_per_round=state["accepted_per_round"])
-  return result, state
+  return SpeculativeResult(tokens=state["out"][:, :max_new_tokens], lengths=generated,
+                           target_calls=target_calls, draft_calls=gamma * target_calls,
+                           drafted=gamma * target_calls, accepted=accepted,
+                           produced=generated - 1,
+                           accepted_per_round=state["accepted_per_round"])
