@@ -10,7 +10,9 @@ with each cost measured alone (a round's draft steps are one 2-token call and ga
 single-token calls, each timed alone), and the loop overhead = speculative wall time / that
 denominator.
 
-  python bench/speculative.py --out bench_speculative.json [--quick]
+By default the process is pinned to one core before JAX starts (`--cpus`, see pin_cores).
+
+  python bench/speculative.py --out bench_speculative.json [--quick] [--cpus N]
       [--target_checkpoint DIR --draft_checkpoint DIR] [--target_model NAME --draft_model NAME]
 """
 
@@ -140,7 +142,7 @@ def make_inputs(target, batch, input_length, seed=0):
 
 def run(args):
   target, target_params, draft, draft_params = load_pair(args)
-  gammas = args.gammas or ([1, 3, 5] if args.quick else list(range(1, 9)))
+  gammas = args.gammas or ([1, 5] if args.quick else list(range(1, 9)))
   temperatures = args.temperatures or [0.0, 1.0]
   batches = args.batches or [1, 8]
   repeats = args.repeats or (3 if args.quick else 12)
@@ -212,7 +214,7 @@ def main():
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--out", required=True, help="JSON file to write.")
   parser.add_argument("--quick", action="store_true",
-                      help="gamma in {1, 3, 5}, 3 timed calls per quantity, short per-call "
+                      help="gamma in {1, 5}, 3 timed calls per quantity, short per-call "
                            "timings, 100 tokens.")
   parser.add_argument("--target_model", default="demo_target")
   parser.add_argument("--draft_model", default="demo_draft")
@@ -223,7 +225,7 @@ def main():
   parser.add_argument("--input_length", type=int, default=32)
   parser.add_argument("--max_decode_length", type=int, default=256,
                       help="cache capacity of both models")
-  parser.add_argument("--gammas", type=int, nargs="*", help="default 1..8 (quick: 1 3 5)")
+  parser.add_argument("--gammas", type=int, nargs="*", help="default 1..8 (quick: 1 5)")
   parser.add_argument("--temperatures", type=float, nargs="*", help="default 0 1")
   parser.add_argument("--batches", type=int, nargs="*", help="default 1 8")
   parser.add_argument("--cpus", type=int, default=1,
