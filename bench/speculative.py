@@ -106,9 +106,10 @@ def pin_cores(count: int) -> None:
 
   Must run before JAX's first computation: XLA sizes its CPU thread pools from the cores the
   process may use. On the 2-vCPU VMs this project is developed on, the intra-op pool hands the
-  tiny models' 1-10 us kernels between two threads; a single core is faster for every quantity
-  here (a 6-token verification: 156 against 170-230 us) and its timings spread by a few percent
-  instead of 20-40%. Plain and speculative decoding run under the same setting.
+  tiny models' 1-10 us kernels between two threads. One core is as fast or faster for every
+  quantity here (a 6-token verification: 154 against 164-167 us), and its timings vary less
+  (154-158 against 166-238 us over one series of turns). Plain and speculative decoding run
+  under the same setting.
   """
   if count <= 0:
     return

@@ -122,7 +122,7 @@ def relative_position_bucket(relative_position: Array, bidirectional: bool, num_
 @functools.lru_cache(maxsize=None)
 def relative_position_bucket_table(bidirectional: bool, num_buckets: int,
                                    max_distance: int) -> np.ndarray:
-  """Bucket of every relative position in [-max_distance, max_distance]: int32 [2 * max_distance + 1].
+  """Bucket of each relative position in [-max_distance, max_distance]: [2 * max_distance + 1].
 
   Entry i is the bucket of `key_position - query_position = i - max_distance`. Every relative
   position at or beyond +-max_distance falls in the same bucket as +-max_distance, so clipping
@@ -152,8 +152,8 @@ class RelativePositionBiases(nn.Module):
                  ("heads", "relpos_buckets")),
         (self.num_heads, self.num_buckets), jnp.float32)
     # A lookup in a per-relative-position bias row instead of T5's bucket formula per
-    # (query, key) pair: decoding steps see new positions every call, and the formula's log
-    # over every cache slot cost as much as a layer's attention in a small model.
+    # (query, key) pair: decoding steps see new positions every call, and the formula took a
+    # log for every cache slot on every call.
     buckets = relative_position_bucket_table(self.bidirectional, self.num_buckets,
                                              self.max_distance)
     bias_by_relative = jnp.take(table, jnp.asarray(buckets), axis=1)  # [heads, 2 * max_dist + 1]
