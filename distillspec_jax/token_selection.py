@@ -15,11 +15,33 @@ Typical use inside a train step:
     margin = token_margin(target_logits, draft_logits, reference_logits)
     keep = select_tokens(margin, token_mask, top_k_fraction=0.4)
     losses = divergences.token_divergence("fkl", target_logits, draft_logits)
-    loss = selective_loss(losses, keep, token_mask, normalization="all")
+    loss = selective_loss(losses, keep, token_mask, normalization="sequence_mean")
+
+Normalisations of the kept tokens' loss (``selective_loss``):
+
+* "sequence_mean" (alias "all", the default of this framework): each row's
+  kept-loss sum over that row's valid tokens, then the mean over rows.  With
+  k = 1 it is exactly DistillSpec's sequence-level loss.
+* "batch_valid_tokens": the kept-loss sum of the whole batch over the batch's
+  count of valid tokens.  This is the rule of the public AdaSPEC code.
+* "kept": the mean over the kept tokens of the whole batch.
+
+"sequence_mean" and "batch_valid_tokens" agree when every row has the same
+number of valid tokens.  When rows differ in length, "sequence_mean" gives
+each kept token of a short row more weight than one of a long row.
+
+The number of kept tokens is round(k * n) for n valid tokens.  The public code
+keeps every token whose margin is >= the (1 - k) quantile of the valid margins
+(linear interpolation).  Without ties that keeps floor(k * n + 1 - k) tokens,
+so the two rules differ by one token in some batches: with k = 0.4, whenever
+n = 6, 11, 16, ... (n = 6: we keep 2, the quantile rule keeps 3).
+``quantile_keep_count`` gives the public count; the tests show both.
 """
 
 from __future__ import annotations
 
+import fractions
+import math
 import numbers
 from typing import Dict, Optional
 
@@ -29,7 +51,9 @@ import jax.numpy as jnp
 from distillspec_jax import divergences
 
 DEFAULT_TOP_K_FRACTION = 0.4
-NORMALIZATIONS = ("kept", "all")
+# "all" is the old name of "sequence_mean"; it stays so existing configs keep working.
+NORMALIZATIONS = ("sequence_mean", "batch_valid_tokens", "kept", "all")
+_ALIASES = {"all": "sequence_mean"}
 
 
 def _validate_top_k_fraction(top_k_fraction) -> None:
@@ -72,6 +96,9 @@ def num_tokens_to_keep(num_valid: jax.Array, top_k_fraction) -> jax.Array:
   lower clip keeps at least one token whenever the batch has any, and k = 1
   keeps exactly all n.
 
+  This is not the count of the public AdaSPEC code, which can keep one token
+  more or fewer (see ``quantile_keep_count`` and the module docstring).
+
   Args:
     num_valid: scalar number of valid tokens n.
     top_k_fraction: k in (0, 1], static or traced.
@@ -82,6 +109,31 @@ def num_tokens_to_keep(num_valid: jax.Array, top_k_fraction) -> jax.Array:
   num_valid = jnp.asarray(num_valid, jnp.int32)
   wanted = jnp.round(jnp.asarray(top_k_fraction, jnp.float32) * num_valid.astype(jnp.float32))
   return jnp.clip(wanted.astype(jnp.int32), jnp.minimum(1, num_valid), num_valid)
+
+
+def quantile_keep_count(num_valid: int, top_k_fraction: float) -> int:
+  """Tokens kept by the public AdaSPEC rule, for n distinct margins.
+
+  That rule keeps the margins >= the (1 - k) quantile of the n valid margins,
+  with linear interpolation between sorted values.  The quantile sits at
+  sorted position (1 - k) * (n - 1) (0 = smallest), so ceil of that position
+  tokens fall below it and the rest are kept.  Plain Python, for documentation
+  and tests; the train step uses ``num_tokens_to_keep``.
+
+  Args:
+    num_valid: number of valid tokens n (>= 1).
+    top_k_fraction: k in (0, 1].
+
+  Returns:
+    n - ceil((1 - k) * (n - 1)).
+  """
+  _validate_top_k_fraction(top_k_fraction)
+  if num_valid < 1:
+    raise ValueError(f"num_valid must be >= 1; got {num_valid!r}.")
+  # Exact rational arithmetic on k's binary value: no float error in the ceil.
+  position = (1 - fractions.Fraction(float(top_k_fraction))) * (num_valid - 1)
+  below = math.ceil(position)
+  return int(num_valid - below)
 
 
 def select_tokens(
@@ -122,26 +174,34 @@ def selective_loss(
     token_losses: jax.Array,
     keep_mask: jax.Array,
     token_mask: jax.Array,
-    normalization: str = "all",
+    normalization: str = "sequence_mean",
 ) -> jax.Array:
   """Distillation loss over the kept tokens only.
 
   Dropped tokens are replaced by exactly 0 with ``where`` so they receive
-  exactly zero gradient.  With w = token_mask and s = keep_mask:
+  exactly zero gradient.  With w = token_mask, s = keep_mask and L the token
+  losses:
 
-  * "all": per sequence sum_t s_t w_t L_t / sum_t w_t, then the mean over all
-    batch rows.  This is DistillSpec's sequence-level loss
-    (``divergences.sequence_divergence``) with dropped tokens zeroed, i.e.
-    normalised by *all* valid tokens as the public AdaSPEC code does; with
-    k = 1 (s = 1 on valid tokens) it is numerically identical to it.
+  * "sequence_mean" (alias "all"): per row sum_t s w L / sum_t w, then the
+    mean over all batch rows (a row without valid tokens counts as 0).  This
+    is DistillSpec's sequence-level loss (``divergences.sequence_divergence``)
+    with dropped tokens zeroed; with k = 1 (s = 1 on valid tokens) it is
+    numerically identical to it.  It is not the public AdaSPEC rule.
+  * "batch_valid_tokens": sum_{b,t} s w L / sum_{b,t} w, the kept losses of
+    the whole batch over the batch's count of valid tokens.  This is what the
+    public AdaSPEC code computes (0/1 masks; there w is 0 or 1).  With k = 1
+    it is the per-token mean over the batch.
   * "kept": sum_{b,t} s w L / sum_{b,t} s w, the mean over kept tokens of the
-    whole batch (0 if nothing is kept).
+    whole batch.
+
+  Each returns 0 (not NaN) when its denominator is 0.  The first two agree
+  when all rows have the same number of valid tokens.
 
   Args:
     token_losses: [batch, length] per-token divergence (any divergence).
     keep_mask: [batch, length] from ``select_tokens``.
     token_mask: [batch, length] loss weights, 0 for padding.
-    normalization: "all" or "kept".
+    normalization: one of ``NORMALIZATIONS``.
 
   Returns:
     scalar loss.
@@ -151,13 +211,20 @@ def selective_loss(
         f"Unknown normalization {normalization!r}; valid values are "
         f"{', '.join(map(repr, NORMALIZATIONS))}."
     )
+  normalization = _ALIASES.get(normalization, normalization)
   kept = jnp.asarray(keep_mask) > 0
   kept_losses = jnp.where(kept, token_losses, 0.0)
-  if normalization == "all":
+  if normalization == "sequence_mean":
     # Same reduction as divergences.sequence_divergence, so k = 1 matches exactly.
     return jnp.mean(divergences.masked_sequence_mean(kept_losses, token_mask))
-  weights = jnp.where(kept, jnp.asarray(token_mask, token_losses.dtype), 0.0)
-  return _safe_mean(kept_losses, weights)
+  token_mask = jnp.asarray(token_mask, token_losses.dtype)
+  kept_weights = jnp.where(kept, token_mask, 0.0)
+  if normalization == "batch_valid_tokens":
+    total_valid = jnp.sum(jnp.where(token_mask > 0, token_mask, 0.0))
+    kept_sum = jnp.sum(jnp.where(kept_weights > 0, kept_losses * kept_weights, 0.0))
+    has_valid = total_valid > 0
+    return jnp.where(has_valid, kept_sum / jnp.where(has_valid, total_valid, 1.0), 0.0)
+  return _safe_mean(kept_losses, kept_weights)
 
 
 def _safe_mean(values: jax.Array, weights: jax.Array) -> jax.Array:

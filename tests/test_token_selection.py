@@ -89,7 +89,7 @@ def _logits(seed, shape):
   return jnp.asarray(2.0 * np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
-@pytest.mark.parametrize("normalization", ["all", "kept"])
+@pytest.mark.parametrize("normalization", ts.NORMALIZATIONS)
 @pytest.mark.parametrize("name", ["fkl", "rkl", "jsd", "tvd"])
 def test_dropped_tokens_get_exactly_zero_gradient(name, normalization):
   batch, length, vocab = 3, 7, 9
@@ -121,7 +121,7 @@ def test_k_one_equals_distillspec_loss(name):
   np.testing.assert_array_equal(np.asarray(keep), mask)
 
   losses = dv.token_divergence(name, target, draft)
-  got = ts.selective_loss(losses, keep, mask, "all")
+  got = ts.selective_loss(losses, keep, mask, "sequence_mean")
   want = dv.sequence_divergence(name, target, draft, mask)
   assert float(got) == float(want)
   # Gradients agree as well.
@@ -135,15 +135,105 @@ def test_normalizations_match_numpy():
   losses = rng.uniform(0, 2, (3, 5)).astype(np.float32)
   mask = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0]], np.float32)
   keep = np.array([[1, 0, 1, 0, 0], [0, 1, 0, 0, 0], [0, 0, 0, 0, 0]], np.float32)
-  # "all": per sequence, kept losses over all valid tokens; then batch mean.
-  want_all = np.mean([(losses[0, 0] + losses[0, 2]) / 5, losses[1, 1] / 2, 0.0])
+  # "sequence_mean": per sequence, kept losses over its valid tokens; then batch mean.
+  want_seq = np.mean([(losses[0, 0] + losses[0, 2]) / 5, losses[1, 1] / 2, 0.0])
+  # "batch_valid_tokens": kept losses of the batch over the batch's 7 valid tokens.
+  want_batch = (losses[0, 0] + losses[0, 2] + losses[1, 1]) / 7
   # "kept": mean over kept tokens of the whole batch.
   want_kept = (losses[0, 0] + losses[0, 2] + losses[1, 1]) / 3
-  np.testing.assert_allclose(float(ts.selective_loss(losses, keep, mask, "all")), want_all, rtol=1e-6)
-  np.testing.assert_allclose(float(ts.selective_loss(losses, keep, mask, "kept")), want_kept, rtol=1e-6)
+  for name, want in [("sequence_mean", want_seq), ("all", want_seq),
+                     ("batch_valid_tokens", want_batch), ("kept", want_kept)]:
+    np.testing.assert_allclose(float(ts.selective_loss(losses, keep, mask, name)), want, rtol=1e-6)
   nothing = np.zeros_like(keep)
-  assert float(ts.selective_loss(losses, nothing, mask, "kept")) == 0.0
-  assert float(ts.selective_loss(losses, nothing, mask, "all")) == 0.0
+  for name in ts.NORMALIZATIONS:
+    assert float(ts.selective_loss(losses, nothing, mask, name)) == 0.0
+    assert float(ts.selective_loss(losses, keep, np.zeros_like(mask), name)) == 0.0
+
+
+def test_batch_valid_tokens_is_the_public_adaspec_rule():
+  # Rows of 4, 2 and 1 valid tokens; 3 of the 7 valid tokens are kept.
+  losses = np.array([[1.0, 2.0, 3.0, 4.0],
+                     [5.0, 6.0, 0.0, 0.0],
+                     [7.0, 0.0, 0.0, 0.0]], np.float32)
+  mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], np.float32)
+  keep = np.array([[0, 0, 0, 1], [0, 1, 0, 0], [1, 0, 0, 0]], np.float32)
+  # Public rule: sum of kept losses / count of valid tokens = (4 + 6 + 7) / 7.
+  got = float(ts.selective_loss(losses, keep, mask, "batch_valid_tokens"))
+  assert got == pytest.approx(17.0 / 7.0, rel=1e-6)
+  # Ours: (4/4 + 6/2 + 7/1) / 3 = 11/3, not the same number.
+  ours = float(ts.selective_loss(losses, keep, mask, "sequence_mean"))
+  assert ours == pytest.approx(11.0 / 3.0, rel=1e-6)
+  assert abs(ours - got) > 1.0
+  # "all" is only another name for "sequence_mean".
+  assert float(ts.selective_loss(losses, keep, mask, "all")) == ours
+
+
+def test_batch_valid_tokens_weighs_every_kept_token_alike():
+  # One kept token of loss 1 in a row of length 1 or in a row of length 4.
+  mask = np.array([[1, 1, 1, 1], [1, 0, 0, 0]], np.float32)
+  short = np.array([[0, 0, 0, 0], [1, 0, 0, 0]], np.float32)
+  long = np.array([[1, 0, 0, 0], [0, 0, 0, 0]], np.float32)
+  losses = np.ones((2, 4), np.float32)
+  batch = [float(ts.selective_loss(losses, k, mask, "batch_valid_tokens")) for k in (short, long)]
+  seq = [float(ts.selective_loss(losses, k, mask, "sequence_mean")) for k in (short, long)]
+  assert batch[0] == batch[1] == pytest.approx(1.0 / 5.0)
+  assert seq[0] == pytest.approx(1.0 / 2.0) and seq[1] == pytest.approx(1.0 / 8.0)
+
+
+def test_normalizations_agree_when_rows_have_equal_length():
+  rng = np.random.default_rng(31)
+  losses = rng.uniform(0, 2, (4, 6)).astype(np.float32)
+  mask = np.ones((4, 6), np.float32)
+  mask[:, 4:] = 0.0
+  keep = ts.select_tokens(rng.standard_normal((4, 6)).astype(np.float32), mask, 0.4)
+  np.testing.assert_allclose(float(ts.selective_loss(losses, keep, mask, "batch_valid_tokens")),
+                             float(ts.selective_loss(losses, keep, mask, "sequence_mean")),
+                             rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["fkl", "tvd"])
+def test_batch_valid_tokens_with_k_one_is_the_token_mean(name):
+  target, draft = _logits(50, (3, 5, 7)), _logits(51, (3, 5, 7))
+  mask = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], np.float32)
+  losses = dv.token_divergence(name, target, draft)
+  keep = ts.select_tokens(np.zeros((3, 5), np.float32), mask, 1.0)
+  want = float(np.sum(np.asarray(losses) * mask) / mask.sum())
+  got = float(ts.selective_loss(losses, keep, mask, "batch_valid_tokens"))
+  assert got == pytest.approx(want, rel=1e-6)
+
+
+def _quantile_rule_count(margins, k):
+  """Tokens kept by the public rule: margin >= the (1 - k) quantile (linear)."""
+  return int(np.sum(margins >= np.quantile(margins, 1.0 - k)))
+
+
+def test_kept_count_differs_from_quantile_rule_by_one_in_some_batches():
+  # Worked example, k = 0.4.  Six valid tokens: round(0.4 * 6) = round(2.4) = 2.
+  # The 0.6 quantile of six sorted margins sits at position 0.6 * 5 = 3, the
+  # 4th smallest (0.4), and the margins >= 0.4 are three: 0.4, 0.5 and 0.6.
+  margin = np.array([[0.6, 0.1, 0.5, 0.3, 0.2, 0.4, 0.0, 0.0]], np.float32)
+  mask = np.array([[1, 1, 1, 1, 1, 1, 0, 0]], np.float32)
+  ours = np.asarray(ts.select_tokens(margin, mask, 0.4))
+  np.testing.assert_array_equal(ours, [[1, 0, 1, 0, 0, 0, 0, 0]])
+  assert _quantile_rule_count(margin[mask > 0], 0.4) == 3
+  assert ts.quantile_keep_count(6, 0.4) == 3
+  # Five valid tokens: both rules keep 2.
+  assert int(ts.num_tokens_to_keep(5, 0.4)) == 2 == ts.quantile_keep_count(5, 0.4)
+  # With k = 0.4 they differ exactly when n = 6, 11, 16, ... (not n = 1).
+  differ = [n for n in range(1, 40)
+            if int(ts.num_tokens_to_keep(n, 0.4)) != ts.quantile_keep_count(n, 0.4)]
+  assert differ == [6, 11, 16, 21, 26, 31, 36]
+
+
+@pytest.mark.parametrize("k", [0.1, 0.25, 0.4, 0.5, 0.7, 1.0])
+def test_kept_count_is_within_one_of_quantile_rule(k):
+  rng = np.random.default_rng(60)
+  for n in range(1, 80):
+    margins = rng.standard_normal(n)
+    public = _quantile_rule_count(margins, k)
+    assert abs(int(ts.num_tokens_to_keep(n, k)) - public) <= 1
+    if k in (0.1, 0.25, 0.4, 0.5):  # k where numpy's float position is exact here
+      assert ts.quantile_keep_count(n, k) == public
 
 
 def test_token_margin_is_fkl_difference_without_gradient():
@@ -182,5 +272,5 @@ def test_bad_k_raises(k):
 
 
 def test_bad_normalization_raises():
-  with pytest.raises(ValueError, match="'mean'.*'kept'.*'all'"):
+  with pytest.raises(ValueError, match="'mean'.*'sequence_mean'.*'batch_valid_tokens'.*'kept'.*'all'"):
     ts.selective_loss(np.zeros((1, 3)), np.ones((1, 3)), np.ones((1, 3)), "mean")
