@@ -16,7 +16,9 @@ Supported token-level divergences (names are the strings used in configs):
 
 Everything is computed from logits in log space.  Entries with probability zero
 (``-inf`` logits, e.g. a padded vocabulary) are handled with the "double where"
-pattern so that neither values nor gradients become NaN (0 * log 0 = 0).
+pattern so that neither values nor gradients become NaN (0 * log 0 = 0).  A NaN
+logit is not a zero probability: it propagates, so every divergence of a NaN
+target or draft is NaN (the trainer then stops with an error).
 
 Gradients flow to the draft only: target logits pass through
 ``jax.lax.stop_gradient``.
@@ -92,7 +94,9 @@ def log_probs(
 def _kl_from_log_probs(log_a: jax.Array, log_b: jax.Array) -> jax.Array:
   """KL(a || b) = sum_c a (log a - log b) over the last axis.
 
-  Terms with a == 0 (log_a == -inf) are exactly 0.  The operands of the
+  Terms with a == 0 (log_a == -inf) are exactly 0; NaN entries are not "zero
+  probability" (the support test is ``!= -inf``, True for NaN) and make the result NaN.
+  The operands of the
   arithmetic are replaced by 0 there *before* use (the double-where trick),
   because the backward pass of ``where`` multiplies the unused branch's local
   derivative by 0 and 0 * inf = NaN would otherwise leak into the gradient.
@@ -103,7 +107,7 @@ def _kl_from_log_probs(log_a: jax.Array, log_b: jax.Array) -> jax.Array:
   Returns:
     [...] KL divergence.  +inf only if a > 0 where b == 0 (true infinity).
   """
-  support = log_a > -jnp.inf
+  support = log_a != -jnp.inf  # True for NaN: NaN must propagate, not read as p = 0
   safe_log_a = jnp.where(support, log_a, 0.0)
   safe_log_b = jnp.where(support, log_b, 0.0)
   terms = jnp.exp(safe_log_a) * (safe_log_a - safe_log_b)
@@ -125,7 +129,7 @@ def _jsd_from_log_probs(log_p: jax.Array, log_q: jax.Array, beta) -> jax.Array:
   Returns:
     [...] generalised Jensen-Shannon divergence.
   """
-  either = (log_p > -jnp.inf) | (log_q > -jnp.inf)
+  either = (log_p != -jnp.inf) | (log_q != -jnp.inf)  # NaN counts as support (propagates)
   safe_log_p = jnp.where(either, log_p, 0.0)
   safe_log_q = jnp.where(either, log_q, 0.0)
   log_m = jnp.logaddexp(jnp.log(beta) + safe_log_p, jnp.log1p(-beta) + safe_log_q)

@@ -312,3 +312,33 @@ def test_bad_temperature_raises(kw, value):
   t = random_logits(28)
   with pytest.raises(ValueError, match=kw):
     dv.token_divergence("fkl", t, t, **{kw: value})
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("which", ["target", "draft"])
+def test_nan_logits_propagate_not_read_as_zero_probability(name, which):
+  """A NaN row is not a zero-probability row: value and draft gradient must be NaN."""
+  rng = np.random.default_rng(0)
+  target = jnp.asarray(rng.normal(size=(2, 3, 7)), jnp.float32)
+  draft = jnp.asarray(rng.normal(size=(2, 3, 7)), jnp.float32)
+  if which == "target":
+    target = target.at[0, 1].set(jnp.nan)
+  else:
+    draft = draft.at[0, 1].set(jnp.nan)
+  per_token = dv.token_divergence(name, target, draft)
+  assert np.isnan(float(per_token[0, 1]))
+  assert np.all(np.isfinite(np.delete(np.asarray(per_token).reshape(-1), 1)))
+  mask = jnp.ones((2, 3))
+  loss = dv.sequence_divergence(name, target, draft, mask)
+  assert np.isnan(float(loss))
+  grad = jax.grad(lambda d: dv.sequence_divergence(name, target, d, mask))(draft)
+  if not (name == "tvd" and which == "target"):  # d|q - NaN|/dq = sign(NaN) is 0 in XLA;
+    assert np.isnan(np.asarray(grad)).any()      # the NaN loss still stops the trainer
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_nan_in_one_logit_of_a_row_propagates(name):
+  target = jnp.zeros((1, 1, 5)).at[0, 0, 2].set(jnp.nan)
+  draft = jnp.zeros((1, 1, 5))
+  assert np.isnan(float(dv.token_divergence(name, target, draft)[0, 0]))
+  assert np.isnan(float(dv.token_divergence(name, draft, target)[0, 0]))
