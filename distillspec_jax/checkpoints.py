@@ -6,17 +6,21 @@ Layout of MODEL_DIR (one orbax step directory per save):
     MODEL_DIR/<step>/opt_state   optimizer state                     (StandardSave)
     MODEL_DIR/<step>/meta        {"step", "model_config", ...}       (JsonSave)
 
-Atomicity: orbax writes every save into `<step>.orbax-checkpoint-tmp-*` and renames it to
-`<step>` only once all items are written and finalized, so a crash during a save leaves
-the previous step directories untouched and the temporary directory is ignored (and
-cleaned up) by the next manager; `latest_step()` only sees finalized steps.
-`tests/test_checkpoints.py` checks this.
+Atomicity: orbax (0.12.8) writes every save into `<step>.orbax-checkpoint-tmp` (older
+versions added `-<timestamp>`) and renames it to `<step>` only once all items are written
+and finalized, so a crash during a save leaves the previous step directories untouched;
+`latest_step()` only sees finalized steps. The next `Checkpointer` on the directory deletes
+such leftover temporary directories when it opens (`remove_temporary_checkpoints`, before
+the orbax manager is created: orbax's own `cleanup_tmp_directories` runs in a background
+future that nothing waits for). `tests/test_checkpoints.py` checks both.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import shutil
 from typing import Any, Callable, Optional
 
 import jax
@@ -64,6 +68,39 @@ def _raise_mismatch(where: str, lines: list[str]) -> None:
       "delete the old checkpoints), or configure the model that wrote the checkpoint.")
 
 
+# orbax's marker of an unfinished save (orbax.checkpoint._src.path.atomicity_types
+# .TMP_DIR_SUFFIX): `<step>.orbax-checkpoint-tmp` in 0.12.8, `...-tmp-<timestamp>` before.
+TMP_DIR_MARKER = ".orbax-checkpoint-tmp"
+
+
+def remove_temporary_checkpoints(directory: str) -> list[str]:
+  """Deletes the unfinished saves (`*.orbax-checkpoint-tmp*` directories) in `directory`.
+
+  A process killed during a save leaves one; it is never restored (only finalized `<step>`
+  directories are), so it is only wasted disk. Run when a Checkpointer opens, i.e. when no
+  save of this directory is in flight (one training job per MODEL_DIR). Only process 0
+  deletes. Returns the names removed.
+  """
+  if jax.process_index() != 0 or not os.path.isdir(directory):
+    return []
+  removed = []
+  for name in sorted(os.listdir(directory)):
+    path = os.path.join(directory, name)
+    if TMP_DIR_MARKER in name and os.path.isdir(path) and not os.path.islink(path):
+      try:
+        shutil.rmtree(path)
+      except OSError as error:  # e.g. files still being written by a save of another manager
+        logging.warning("Could not remove the unfinished checkpoint save %s (%s); it is "
+                        "ignored (never restored) and removed by the next Checkpointer.",
+                        path, error)
+        continue
+      removed.append(name)
+  if removed:
+    logging.warning("Removed %d unfinished checkpoint save(s) in %s: %s", len(removed),
+                    directory, ", ".join(removed))
+  return removed
+
+
 @dataclasses.dataclass
 class Checkpointer:
   """Periodic orbax saves to `directory` (MODEL_DIR).
@@ -84,6 +121,7 @@ class Checkpointer:
     if self.save_every < 1:
       raise ValueError(f"save_every={self.save_every} must be >= 1.")
     self.directory = os.path.abspath(os.fspath(self.directory))
+    self.removed_temporary = remove_temporary_checkpoints(self.directory)
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=self.save_every, max_to_keep=self.keep, create=True,
         enable_async_checkpointing=self.async_save)

@@ -68,6 +68,27 @@ def test_leftover_temporary_directory_is_ignored(tmp_path):
   _equal(params, restored)
 
 
+def test_leftover_temporary_directories_are_removed_when_a_checkpointer_opens(tmp_path):
+  """Both orbax spellings of an unfinished save are deleted; finalized steps are kept."""
+  _, params, opt_state = _state()
+  ck = C.Checkpointer(str(tmp_path), save_every=1)
+  ck.save(3, params, opt_state)
+  ck.close()
+  leftovers = ["5.orbax-checkpoint-tmp", "6.orbax-checkpoint-tmp-1234567"]
+  for name in leftovers:
+    (tmp_path / name / "params").mkdir(parents=True)
+    (tmp_path / name / "params" / "garbage").write_bytes(b"\0" * 10)
+  fresh = C.Checkpointer(str(tmp_path), save_every=1)
+  assert sorted(os.listdir(tmp_path)) == ["3"]
+  assert fresh.removed_temporary == leftovers
+  assert fresh.latest_step() == 3
+  restored, _, _ = fresh.restore(3, C.abstract_like(params), C.abstract_like(opt_state))
+  _equal(params, restored)
+  fresh.save(4, params, opt_state)  # the manager still writes new steps there
+  fresh.close()
+  assert sorted(os.listdir(tmp_path)) == ["3", "4"]
+
+
 def test_restore_params_from_model_dir_or_step_dir(tmp_path):
   _, params, opt_state = _state()
   ck = C.Checkpointer(str(tmp_path / "run"), save_every=1)
