@@ -136,3 +136,42 @@ def check_same_vocabulary(target: TransformerConfig, draft: TransformerConfig) -
         f"The draft's vocab_size={draft.vocab_size} differs from the target's "
         f"vocab_size={target.vocab_size}; draft and target must share one vocabulary "
         "(build both with the same SentencePiece model and the same vocab_size).")
+
+
+def check_token_ids(tokens, vocab_size: int, where: str) -> None:
+  """Raises ValueError unless every id in `tokens` lies in [0, vocab_size).
+
+  An id outside it does not fail by itself: the embedding gather (`jnp.take`) fills NaN or
+  clamps, and a loss reads 0.0 or NaN. Host-side NumPy check (one min and one max over the
+  array); call it where token arrays enter (trainer batches, decoding prompts). Traced
+  values (inside jit) cannot be checked and are skipped.
+
+  Args:
+    tokens: integer array (NumPy, a list, or a concrete jax.Array, fetched to the host).
+    vocab_size: the model's vocabulary size.
+    where: what the tokens are and where they came from, for the message, e.g.
+      "decoder_target_tokens of the batch for step 3 (data: task 'x', MODEL_DIR=...)".
+  """
+  import jax  # local: this module otherwise needs only jax.numpy
+  import numpy as np
+  if isinstance(tokens, jax.core.Tracer):
+    return
+  tokens = np.asarray(tokens)
+  if tokens.size == 0:
+    return
+  if not (np.issubdtype(tokens.dtype, np.integer) or tokens.dtype == np.bool_):
+    if not np.all(np.isfinite(tokens)) or not np.all(tokens == np.round(tokens)):
+      raise ValueError(f"{where}: token ids must be integers; got dtype {tokens.dtype} with "
+                       "non-integer values. Pass integer token ids.")
+  low, high = tokens.min(), tokens.max()
+  if low >= 0 and high < vocab_size:
+    return
+  bad = np.argwhere((tokens < 0) | (tokens >= vocab_size))
+  index = tuple(int(i) for i in bad[0])
+  value = int(tokens[index])
+  kind = "negative" if value < 0 else f">= vocab_size={vocab_size}"
+  raise ValueError(
+      f"{where}: token id {value} at position {list(index)} is {kind}; ids must lie in "
+      f"[0, {vocab_size}) ({len(bad)} id(s) outside, range found [{int(low)}, {int(high)}]). "
+      "The data's vocabulary does not match the model's: use the model's SentencePiece "
+      f"vocabulary for the data, or build the model with the data's vocab_size.")
