@@ -125,13 +125,15 @@ def quantile_keep_count(num_valid: int, top_k_fraction: float) -> int:
     top_k_fraction: k in (0, 1].
 
   Returns:
-    n - ceil((1 - k) * (n - 1)).
+    n - ceil((1 - k) * (n - 1)), in exact arithmetic.
   """
   _validate_top_k_fraction(top_k_fraction)
   if num_valid < 1:
     raise ValueError(f"num_valid must be >= 1; got {num_valid!r}.")
-  # Exact rational arithmetic on k's binary value: no float error in the ceil.
-  position = (1 - fractions.Fraction(float(top_k_fraction))) * (num_valid - 1)
+  # Exact rational arithmetic on k as written in decimal (0.4 is 2/5), so no float error
+  # reaches the ceil.  Floating-point quantile code can be one token off where
+  # (1 - k) * (n - 1) is a whole number: NumPy is for k = 0.7, n = 11.
+  position = (1 - fractions.Fraction(repr(float(top_k_fraction)))) * (num_valid - 1)
   below = math.ceil(position)
   return int(num_valid - below)
 

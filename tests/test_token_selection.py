@@ -232,7 +232,7 @@ def test_kept_count_is_within_one_of_quantile_rule(k):
     margins = rng.standard_normal(n)
     public = _quantile_rule_count(margins, k)
     assert abs(int(ts.num_tokens_to_keep(n, k)) - public) <= 1
-    if k in (0.1, 0.25, 0.4, 0.5):  # k where numpy's float position is exact here
+    if k != 0.7:  # NumPy's float position is exact for these k (not for 0.7, n = 11)
       assert ts.quantile_keep_count(n, k) == public
 
 
