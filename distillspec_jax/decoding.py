@@ -3,28 +3,96 @@
 One jitted `lax.while_loop` for both model kinds. The prompt is prefilled in a single call;
 every loop step samples one token per row, and stops when every row has emitted EOS or the
 token budget is spent.
+
+Also the pieces speculative decoding shares: argument checks (`check_positive_int`,
+`check_capacity`, `check_prompt_padding`, `check_rng`) and the sampler
+(`sample_from_probabilities`, a two-level inverse CDF taking `UNIFORMS_PER_DRAW` uniforms).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from typing import Optional
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from distillspec_jax.models import EOS_ID, PAD_ID, Model, decoder_prompt
 
 Array = jax.Array
 
+# Independent uniforms one draw of `sample_from_probabilities` takes per row: one picks the
+# block, one the token inside it.
+UNIFORMS_PER_DRAW = 2
+# Entries per block of the sampler's two-level inverse CDF (the vocabulary is padded to a
+# multiple). 32,128 (T5) = 251 x 128.
+SAMPLER_BLOCK = 128
+
 
 @functools.cache
 def default_rng() -> Array:
   """PRNGKey(0), made once: building a key costs ~0.2 ms of Python, as much as a few decoding
-  steps of a small model."""
+  steps of a small model. Only for greedy decoding, which draws nothing (see `check_rng`)."""
   return jax.random.PRNGKey(0)
+
+
+def check_positive_int(value, name: str) -> int:
+  """`value` as a Python int >= 1, or a ValueError naming it.
+
+  Accepts Python and NumPy integers (via `operator.index`); refuses bools, floats and
+  strings, which are not counts.
+  """
+  if isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name}={value!r} is a bool; pass an integer >= 1.")
+  try:
+    number = operator.index(value)
+  except TypeError:
+    raise ValueError(f"{name}={value!r} must be an integer >= 1 (got "
+                     f"{type(value).__name__}); pass an int.") from None
+  if number < 1:
+    raise ValueError(f"{name}={number} must be an integer >= 1.")
+  return number
+
+
+def check_rng(rng: Optional[Array], sampling: "SamplingConfig") -> Array:
+  """The key to decode with: `rng` itself, refused when missing at temperature > 0.
+
+  Greedy decoding draws nothing, so it may omit the key (a fixed one is passed along)."""
+  if rng is not None:
+    return rng
+  if sampling.greedy:
+    return default_rng()
+  raise ValueError(
+      f"Sampling at temperature={sampling.temperature} needs a PRNG key: pass "
+      "rng=jax.random.PRNGKey(seed) (a fixed default would give every call the same samples).")
+
+
+def check_prompt_padding(prompt_tokens, name: str = "prompt_tokens") -> None:
+  """Refuses interior padding in right-padded prompts `[batch, P]` (0 = PAD_ID).
+
+  A row's length is its number of non-zero ids, so padding is trailing only: a 0 followed by a
+  non-zero id in the same row is an error naming the row and the position. Checked eagerly
+  when the prompts are concrete (NumPy or JAX arrays outside jit); traced prompts are trusted.
+  """
+  if prompt_tokens is None or isinstance(prompt_tokens, jax.core.Tracer):
+    return
+  tokens = np.asarray(prompt_tokens)
+  if tokens.ndim != 2:
+    raise ValueError(f"{name} must be [batch, P]; got shape {tokens.shape}.")
+  pad = tokens == PAD_ID
+  # Interior padding: a PAD at column c with a real id anywhere after it.
+  real_after = np.flip(np.cumsum(np.flip(~pad, axis=1), axis=1), axis=1) > 0  # incl. column c
+  interior = pad[:, :-1] & real_after[:, 1:]
+  if interior.any():
+    row, column = (int(i) for i in np.argwhere(interior)[0])
+    raise ValueError(
+        f"{name} row {row} has padding (id {PAD_ID}) at position {column} followed by a "
+        f"non-zero id: {tokens[row].tolist()}. Prompts are right-padded: put every real token "
+        "first and the padding after it.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,27 +119,50 @@ def probabilities(logits: Array, temperature: float) -> Array:
 
 
 def sample_from_probabilities(probs: Array, uniform: Array) -> Array:
-  """Inverse-CDF sampling: probs [batch, vocab] (need not sum to 1), uniform [batch] in [0, 1).
+  """Inverse-CDF sampling in two levels: probs [batch, vocab] (>= 0, need not sum to 1),
+  uniform [batch, UNIFORMS_PER_DRAW] independent, in [0, 1) -> tokens [batch] int32.
 
-  One uniform number per row instead of one per vocabulary entry (what Gumbel sampling
-  needs): on CPU the random bits, not the model, dominated the cost of a sampled step.
-  Entries of zero probability are never chosen.
+  The vocabulary is cut into blocks of SAMPLER_BLOCK entries (zero-padded to a multiple):
+  uniform[:, 0] picks a block by inverse CDF over the block totals, uniform[:, 1] a token by
+  inverse CDF within that block. A single fp32 cumsum over 32,128 entries rounds every token's
+  interval to the ulp of the running total (~6e-8 near 1: a TVD bias of ~2e-4, and tokens
+  below ~6e-8 never drawn); here each level sums at most ~250 numbers, block boundaries are
+  exact to fp32 rounding of the totals and tokens to fp32 rounding relative to their block, so
+  a token of probability 1e-8 in a block of such tokens is drawn at its rate. Only the chosen
+  block's cumsum is formed (one reduction over the vocabulary, no vocabulary-wide scan).
+  Deterministic given `uniform`; one uniform per row instead of one per vocabulary entry (what
+  Gumbel sampling needs): on CPU the random bits, not the model, dominated a sampled step.
+  Entries of zero probability are never chosen (when the row has any mass).
   """
-  cdf = jnp.cumsum(probs.astype(jnp.float32), axis=-1)
-  threshold = (1.0 - uniform)[:, None] * cdf[:, -1:]  # in (0, total]
-  token = jnp.sum(cdf < threshold, axis=-1)
-  return jnp.minimum(token, probs.shape[-1] - 1).astype(jnp.int32)
+  probs = probs.astype(jnp.float32)
+  batch, vocab = probs.shape
+  block = min(SAMPLER_BLOCK, vocab)
+  num_blocks = -(-vocab // block)
+  if num_blocks * block != vocab:
+    probs = jnp.pad(probs, ((0, 0), (0, num_blocks * block - vocab)))
+  blocks = probs.reshape(batch, num_blocks, block)
+
+  def inverse_cdf(weights, u):
+    """First index whose cumulative weight reaches (1 - u) x total, in (0, total]."""
+    cdf = jnp.cumsum(weights, axis=-1)
+    threshold = (1.0 - u)[:, None] * cdf[:, -1:]
+    return jnp.minimum(jnp.sum(cdf < threshold, axis=-1), weights.shape[-1] - 1)
+
+  chosen = inverse_cdf(jnp.sum(blocks, axis=-1), uniform[:, 0])              # [batch]
+  in_block = jnp.take_along_axis(blocks, chosen[:, None, None], axis=1)[:, 0]  # [batch, block]
+  token = chosen * block + inverse_cdf(in_block, uniform[:, 1])
+  return token.astype(jnp.int32)
 
 
 def sample_tokens(logits: Array, rng: Array, temperature: float,
                   uniform: Optional[Array] = None) -> Array:
   """logits: [batch, vocab] -> tokens [batch] int32 (argmax when temperature == 0).
 
-  `uniform: [batch]` may be given instead of drawing it from `rng`."""
+  `uniform: [batch, UNIFORMS_PER_DRAW]` may be given instead of drawing it from `rng`."""
   if temperature == 0.0:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
   if uniform is None:
-    uniform = jax.random.uniform(rng, logits.shape[:1])
+    uniform = jax.random.uniform(rng, (logits.shape[0], UNIFORMS_PER_DRAW))
   return sample_from_probabilities(probabilities(logits, temperature), uniform)
 
 
@@ -91,6 +182,9 @@ def prompt_inputs(model: Model, prompts) -> dict:
 
 
 def check_capacity(prompt_length: int, new_tokens: int, max_length: int, what: str) -> None:
+  """Refuses a request whose cache writes (`prompt_length + new_tokens` slots, the most the
+  caller's engine writes for one row) do not fit `max_length`. The cache does not drop
+  writes past its end (see `DecodingCache`), so this check is what keeps them in bounds."""
   if prompt_length + new_tokens > max_length:
     raise ValueError(
         f"The request needs {prompt_length + new_tokens} decoder positions ({what}) but the cache "
@@ -118,24 +212,33 @@ def decode(model: Model, params, *, encoder_input_tokens: Optional[Array] = None
            prompt_tokens: Optional[Array] = None, max_new_tokens: int,
            sampling: SamplingConfig = SamplingConfig(), rng: Optional[Array] = None,
            max_length: Optional[int] = None) -> DecodeResult:
-  """Generates up to `max_new_tokens` tokens per row.
+  """Generates up to `max_new_tokens` (int >= 1) tokens per row.
 
   Args:
     encoder_input_tokens: [batch, input_len] for encoder-decoder models (0 = padding).
-    prompt_tokens: [batch, P] right-padded prompts for decoder-only models (may be None).
+    prompt_tokens: [batch, P] right-padded prompts for decoder-only models (may be None);
+      padding is trailing only (interior padding is refused).
     sampling: greedy when temperature == 0.
-    rng: PRNG key; the same key gives the same samples.
-    max_length: cache capacity; defaults to `config.max_decode_length`.
+    rng: PRNG key, required when temperature > 0; the same key gives the same samples.
+    max_length: cache capacity (>= 1 + P + max_new_tokens); defaults to
+      `config.max_decode_length`.
+  Returns:
+    DecodeResult with tokens [batch, max_new_tokens] and lengths [batch].
   """
   if model.is_encoder_decoder and encoder_input_tokens is None:
     raise ValueError("This model is an encoder-decoder: pass encoder_input_tokens.")
   _batch_size(encoder_input_tokens, prompt_tokens)  # fails early, naming what is missing
-  max_length = max_length or model.config.max_decode_length
+  max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
+  if max_length is None:
+    max_length = model.config.max_decode_length
+  max_length = check_positive_int(max_length, "max_length")
+  if not model.is_encoder_decoder:
+    check_prompt_padding(prompt_tokens)
   prompt_width = 1 + (0 if model.is_encoder_decoder or prompt_tokens is None
                       else prompt_tokens.shape[1])
+  # The prefill writes prompt_width slots; step i (0-based) then writes one at prompt_width + i.
   check_capacity(prompt_width, max_new_tokens, max_length, "prompt + max_new_tokens")
-  if rng is None:
-    rng = default_rng()
+  rng = check_rng(rng, sampling)
   return _decode_jit(model, params, encoder_input_tokens, prompt_tokens, rng,
                      max_new_tokens=max_new_tokens, sampling=sampling, max_length=max_length)
 

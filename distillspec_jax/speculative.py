@@ -15,11 +15,27 @@ never needs an extra draft call to catch up on its last token.
 Statistics (per row, counted only while the row is unfinished; the first generated token comes
 from the prompt's prefill in both plain and speculative decoding and is not counted):
   target_calls: verification calls.   draft_calls: draft forward calls (gamma per round).
-  drafted: draft tokens proposed (gamma per round).   accepted: draft tokens accepted.
-  produced: tokens appended to the output by verification rounds (accepted + 1 per round,
-            less what EOS or the length limit cut off).
+  drafted: draft tokens proposed (gamma per round, the last round's included in full).
+  accepted: accepted draft tokens that reach the output. A round accepts n <= gamma draft
+            tokens, but an accepted EOS ends the row after itself and the length limit keeps
+            only max_new_tokens tokens, so the round keeps min(n, produced) of them.
+  accepted_proposed: accepted draft tokens before that cut (n summed over rounds); differs
+            from `accepted` only in a row's last round.
+  produced: tokens appended to the output by verification rounds (min(n, first EOS) + 1 per
+            round, less what the length limit cut off); accepted <= produced.
   block efficiency tau = sum(produced) / sum(target_calls)   (the bonus/correction token counts)
-  acceptance rate alpha = sum(accepted) / sum(drafted).
+  acceptance rate alpha = sum(accepted) / sum(drafted): the fraction of drafted tokens that
+            were accepted and reached the output (`acceptance_rate`). The rate of the
+            acceptance test itself, sum(accepted_proposed) / sum(drafted), is
+            `proposed_acceptance_rate`; it counts accepted tokens past EOS or the length limit.
+
+Cache capacity: both caches need `max_length >= prompt width + max_new_tokens + gamma - 1`,
+where prompt width = 1 + prompt_tokens' width (1 for encoder-decoders). That is exactly the
+most this engine writes: a row's last round starts with max_new_tokens - 1 tokens generated
+and writes its (gamma + 1)-token verification block after the prompt and the
+max_new_tokens - 2 generated tokens before `pending`; a row that finishes returns its caches
+to where its last round began, so the rounds other rows still run stay inside that bound.
+With max_new_tokens = 1 no round runs and the prompt width suffices.
 """
 
 from __future__ import annotations
@@ -33,16 +49,17 @@ import jax
 import jax.numpy as jnp
 
 from distillspec_jax.config import check_same_vocabulary
-from distillspec_jax.decoding import (SamplingConfig, check_capacity, default_rng, probabilities,
-                                      sample_from_probabilities, sample_tokens)
+from distillspec_jax.decoding import (UNIFORMS_PER_DRAW, SamplingConfig, check_capacity,
+                                      check_positive_int, check_prompt_padding, check_rng,
+                                      probabilities, sample_from_probabilities, sample_tokens)
 from distillspec_jax.models import PAD_ID, Model, decoder_prompt
 
 Array = jax.Array
 
 LENIENCE_FUNCTIONS = ("lin", "sq", "exp")
 
-# Columns of the engine's per-row state `rows: [batch, 6]` (see _speculative_jit).
-_GENERATED, _TARGET_CALLS, _ACCEPTED, _PREVIOUS, _PENDING, _DONE = range(6)
+# Columns of the engine's per-row state `rows: [batch, 7]` (see _speculative_jit).
+_GENERATED, _TARGET_CALLS, _ACCEPTED, _PROPOSED, _PREVIOUS, _PENDING, _DONE = range(7)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +121,8 @@ def verify_block(target_logits: Array, draft_logits: Array, draft_tokens: Array,
     num_accepted = accepted_prefix_length(draft_tokens == target_argmax[:, :gamma])
     next_token = jnp.take_along_axis(target_argmax, num_accepted[:, None], axis=1)[:, 0]
     return num_accepted, next_token
-  # One draw per round: gamma acceptance tests and the residual/bonus sample.
-  uniform = jax.random.uniform(rng, (batch, gamma + 1))
+  # One draw per round: gamma acceptance tests and the residual/bonus sample's uniforms.
+  uniform = jax.random.uniform(rng, (batch, gamma + UNIFORMS_PER_DRAW))
   p = probabilities(target_logits, temperature)                    # [b, g+1, V]
   q = probabilities(draft_logits, temperature)                     # [b, g, V]
   p_token = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
@@ -119,7 +136,7 @@ def verify_block(target_logits: Array, draft_logits: Array, draft_tokens: Array,
   residual = jnp.maximum(p_next - jnp.take_along_axis(q_padded, index, axis=1)[:, 0], 0.0)
   # p == q up to rounding leaves no residual mass; p is then the exact answer.
   residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, p_next)
-  next_token = sample_from_probabilities(residual, uniform[:, gamma])
+  next_token = sample_from_probabilities(residual, uniform[:, gamma:])
   return num_accepted, next_token
 
 
@@ -128,8 +145,11 @@ class SpeculativeResult:
   """Output tokens and per-row statistics (see the module docstring for definitions).
 
   tokens: [batch, max_new_tokens] (EOS included, PAD after).
-  accepted_per_round: [batch, max_new_tokens], draft tokens accepted in each of the row's
-    rounds, -1 where the row had no such round (lets tests rebuild every round's context).
+  accepted: [batch], accepted draft tokens that reach the output; accepted_proposed: [batch],
+    accepted by the acceptance test, including those an EOS or the length limit cut off.
+  accepted_per_round: [batch, max_new_tokens], accepted draft tokens that reach the output in
+    each of the row's rounds (only a row's last round can be cut), -1 where the row had no
+    such round (lets tests rebuild every round's context).
   Every other field: [batch] int32.
   """
 
@@ -139,6 +159,7 @@ class SpeculativeResult:
   draft_calls: Array
   drafted: Array
   accepted: Array
+  accepted_proposed: Array
   produced: Array
   accepted_per_round: Array
 
@@ -149,8 +170,13 @@ class SpeculativeResult:
 
   @property
   def acceptance_rate(self) -> Array:
-    """alpha = accepted draft tokens / drafted tokens."""
+    """alpha = accepted draft tokens that reach the output / drafted tokens."""
     return jnp.sum(self.accepted) / jnp.maximum(jnp.sum(self.drafted), 1)
+
+  @property
+  def proposed_acceptance_rate(self) -> Array:
+    """Accepted draft tokens, including those EOS or the length limit cut off / drafted."""
+    return jnp.sum(self.accepted_proposed) / jnp.maximum(jnp.sum(self.drafted), 1)
 
 
 def expected_block_efficiency(alpha, gamma: int):
@@ -166,15 +192,16 @@ def cost_model_speedup(plain_time: float, draft_steps: float, draft_step_time: f
   return plain_time / (draft_steps * draft_step_time + verifications * verification_time)
 
 
-def _validate(target: Model, draft: Model, gamma: int, lenience: Lenience) -> None:
-  if not isinstance(gamma, int) or gamma < 1:
-    raise ValueError(f"gamma={gamma!r} must be an integer >= 1 (draft tokens per block).")
+def _validate(target: Model, draft: Model, gamma: int, lenience: Lenience) -> int:
+  """Checks the pair and the lenience; returns gamma as an int >= 1."""
+  gamma = check_positive_int(gamma, "gamma")
   check_same_vocabulary(target.config, draft.config)
   if target.config.kind != draft.config.kind:
     raise ValueError(f"The target is {target.config.kind} but the draft is {draft.config.kind}; "
                      "pair models of the same kind.")
   if not isinstance(lenience, Lenience):
     raise TypeError(f"lenience must be a Lenience, got {lenience!r}.")
+  return gamma
 
 
 def speculative_decode(target: Model, target_params, draft: Model, draft_params, *,
@@ -187,24 +214,38 @@ def speculative_decode(target: Model, target_params, draft: Model, draft_params,
 
   Args:
     encoder_input_tokens: [batch, input_len] prompts of encoder-decoder pairs (0 = padding).
-    prompt_tokens: [batch, P] right-padded prompts of decoder-only pairs.
-    gamma: draft tokens per block (>= 1).
+    prompt_tokens: [batch, P] right-padded prompts of decoder-only pairs (padding trailing
+      only: interior padding is refused).
+    max_new_tokens: int >= 1, tokens per row (EOS included).
+    gamma: draft tokens per block, int >= 1 (NumPy integers accepted, bools refused).
     sampling: temperature 0 = greedy; the draft samples at the same temperature.
     lenience: lossy acceptance (eps = 1, the default, is exact).
-    max_length: cache capacity of both models (default: the target's max_decode_length).
+    rng: PRNG key, required when temperature > 0 (optional when greedy).
+    max_length: cache capacity of both models (default: the target's max_decode_length); needs
+      P + max_new_tokens + gamma where P is prompt_tokens' width (0 for encoder-decoders), or
+      1 + P when max_new_tokens = 1 (see the module docstring).
+  Returns:
+    SpeculativeResult, tokens [batch, max_new_tokens].
   """
-  _validate(target, draft, gamma, lenience)
+  gamma = _validate(target, draft, gamma, lenience)
+  max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
   if target.is_encoder_decoder and encoder_input_tokens is None:
     raise ValueError("These models are encoder-decoders: pass encoder_input_tokens.")
   source = encoder_input_tokens if target.is_encoder_decoder else prompt_tokens
   if source is None:
     raise ValueError("Decoder-only models need prompt_tokens [batch, P].")
-  max_length = max_length or target.config.max_decode_length
+  if max_length is None:
+    max_length = target.config.max_decode_length
+  max_length = check_positive_int(max_length, "max_length")
+  if not target.is_encoder_decoder:
+    check_prompt_padding(prompt_tokens)
   prompt_width = 1 if target.is_encoder_decoder else 1 + prompt_tokens.shape[1]
-  check_capacity(prompt_width, max_new_tokens + gamma + 1, max_length,
-                 "prompt + max_new_tokens + gamma + 1 for the verification block")
-  if rng is None:
-    rng = default_rng()
+  if max_new_tokens > 1:
+    check_capacity(prompt_width, max_new_tokens + gamma - 1, max_length,
+                   "prompt + max_new_tokens + gamma - 1: the last round's verification block")
+  else:
+    check_capacity(prompt_width, 0, max_length, "the prompt; max_new_tokens=1 runs no round")
+  rng = check_rng(rng, sampling)
   return _speculative_jit(target, target_params, draft, draft_params, encoder_input_tokens,
                           prompt_tokens, rng, max_new_tokens=max_new_tokens, gamma=gamma,
                           sampling=sampling, lenience=lenience, max_length=max_length)
@@ -235,20 +276,21 @@ def _speculative_jit(target, target_params, draft, draft_params, encoder_input_t
 
   # One spare block at the end so a round's writes never fall off the buffer.
   out = jnp.full((batch, max_new_tokens + gamma + 1), PAD_ID, jnp.int32).at[:, 0].set(pending)
-  # Every per-row scalar of the loop lives in one int32 array, `rows: [batch, 6]`, so that a
+  # Every per-row scalar of the loop lives in one int32 array, `rows: [batch, 7]`, so that a
   # round updates them all in one fused op: on CPU each separate small op (and the copy XLA
   # adds for each loop-carried value read after it is overwritten) costs about a microsecond.
   # Columns: tokens generated (the prefill's included), verification calls, accepted draft
-  # tokens, the draft's next input [previous, pending], and done (0/1). draft_calls, drafted
-  # and produced follow from them.
-  rows = jnp.stack([jnp.ones_like(pending), jnp.zeros_like(pending), jnp.zeros_like(pending),
-                    previous, pending,
+  # tokens that reach the output, accepted draft tokens before EOS / the length limit cut,
+  # the draft's next input [previous, pending], and done (0/1). draft_calls, drafted and
+  # produced follow from them.
+  zeros = jnp.zeros_like(pending)
+  rows = jnp.stack([jnp.ones_like(pending), zeros, zeros, zeros, previous, pending,
                     ((pending == eos) | (max_new_tokens <= 1)).astype(jnp.int32)], axis=1)
 
   def draft_block(draft_cache, context, round_rng):
     """gamma draft steps; the first feeds context = [previous, pending].
     Returns tokens/logits [b, g(, V)]."""
-    uniform = jax.random.uniform(round_rng, (batch, gamma))
+    uniform = jax.random.uniform(round_rng, (batch, gamma, UNIFORMS_PER_DRAW))
     logits, draft_cache = draft.extend(draft_params, draft_cache, context)
     step_logits = logits[:, 1]
     tokens, all_logits = [], []
@@ -291,19 +333,24 @@ def _speculative_jit(target, target_params, draft, draft_params, encoder_input_t
     relative = jnp.arange(state["out"].shape[1])[None, :] - generated[:, None]
     shifted = jnp.take_along_axis(new_tokens, jnp.clip(relative, 0, gamma), axis=1)
     out = jnp.where((relative >= 0) & (relative < produced[:, None]), shifted, state["out"])
+    # Accepted draft tokens that reach the output: all n, unless EOS or the length limit cut
+    # the round at produced <= n tokens, all of them draft tokens.
+    kept = jnp.minimum(num_accepted, produced)
     # Finished rows keep their row as it is.
     last_accepted = jnp.take_along_axis(block, num_accepted[:, None], axis=1)[:, 0]
     finished = (first_eos <= num_accepted) | (generated + produced >= max_new_tokens)
     rows = jnp.where(active[:, None], jnp.stack(
-        [generated + produced, target_calls + 1, rows[:, _ACCEPTED] + num_accepted,
-         last_accepted, next_token, finished.astype(jnp.int32)], axis=1), rows)
-    # Roll back what was not accepted; finished rows return to where they were.
-    rollback = jnp.where(active, gamma - num_accepted, gamma + 1)
+        [generated + produced, target_calls + 1, rows[:, _ACCEPTED] + kept,
+         rows[:, _PROPOSED] + num_accepted, last_accepted, next_token,
+         finished.astype(jnp.int32)], axis=1), rows)
+    # Roll back what was not accepted. Rows finished before or in this round return to where
+    # the round began, so later rounds' writes stay within the capacity check's bound.
+    rollback = jnp.where(active & ~finished, gamma - num_accepted, gamma + 1)
     target_cache = target_cache.rollback(rollback)
     draft_cache = draft_cache.rollback(rollback)
     accepted_per_round = jnp.where(
         active[:, None] & (jnp.arange(max_new_tokens)[None, :] == target_calls[:, None]),
-        num_accepted[:, None], state["accepted_per_round"])
+        kept[:, None], state["accepted_per_round"])
     return dict(round=state["round"] + 1, target_cache=target_cache, draft_cache=draft_cache,
                 rows=rows, out=out, accepted_per_round=accepted_per_round)
 
@@ -311,10 +358,11 @@ def _speculative_jit(target, target_params, draft, draft_params, encoder_input_t
                rows=rows, out=out,
                accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32))
   state = jax.lax.while_loop(cond, body, state)
-  generated, target_calls, accepted = (state["rows"][:, i] for i in
-                                       (_GENERATED, _TARGET_CALLS, _ACCEPTED))
+  generated, target_calls, accepted, proposed = (state["rows"][:, i] for i in
+                                                 (_GENERATED, _TARGET_CALLS, _ACCEPTED,
+                                                  _PROPOSED))
   return SpeculativeResult(tokens=state["out"][:, :max_new_tokens], lengths=generated,
                            target_calls=target_calls, draft_calls=gamma * target_calls,
                            drafted=gamma * target_calls, accepted=accepted,
-                           produced=generated - 1,
+                           accepted_proposed=proposed, produced=generated - 1,
                            accepted_per_round=state["accepted_per_round"])

@@ -45,20 +45,75 @@ def test_greedy_speculative_equals_greedy_target(kind):
     np.testing.assert_array_equal(result.lengths, reference.lengths)
 
 
+def _recount_identical_draft(lengths, gamma):
+  """Accepted draft tokens that reach the output, per row, when every draft token is accepted
+  (draft == target): the output's tokens after the prefill's come in rounds of gamma draft
+  tokens plus the target's bonus token; the last round keeps min(its tokens, gamma) drafts."""
+  produced = np.asarray(lengths) - 1
+  rounds = -(-produced // (gamma + 1))
+  last = produced - (rounds - 1) * (gamma + 1)
+  return (rounds - 1) * gamma + np.minimum(last, gamma), rounds, last
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_identical_draft_accepts_everything(temperature):
+  """Draft == target accepts every draft token; the length limit (22 = 4 x 5 + 2 tokens after
+  the prefill's) cuts the last round to 2 tokens, so 2 of its 4 accepted tokens reach the
+  output and alpha = 18 / 20, not 1."""
   target, tp, _, _ = _pair("decoder_only")
   gamma, new = 4, 23
   result = speculative_decode(target, tp, target, tp, max_new_tokens=new, gamma=gamma,
                               sampling=SamplingConfig(temperature, eos_id=-1),
                               rng=jax.random.PRNGKey(3), **_prompts("decoder_only"))
-  np.testing.assert_array_equal(result.accepted, result.drafted)
+  np.testing.assert_array_equal(result.accepted_proposed, result.drafted)
   # The first token comes from the prefill; every round then yields gamma + 1 tokens until the
   # length limit cuts the last one.
   np.testing.assert_array_equal(result.produced, new - 1)
   np.testing.assert_array_equal(result.target_calls, -(-(new - 1) // (gamma + 1)))
-  rounds = np.asarray(result.accepted_per_round)
-  assert np.all(rounds[:, :result.target_calls[0]] == gamma)
+  expected, rounds, last = _recount_identical_draft(result.lengths, gamma)
+  assert np.all(last < gamma)  # the cut this test is about
+  np.testing.assert_array_equal(result.accepted, expected)
+  np.testing.assert_allclose(float(result.acceptance_rate),
+                             expected.sum() / (gamma * rounds.sum()), rtol=1e-6)
+  np.testing.assert_allclose(float(result.proposed_acceptance_rate), 1.0)
+  per_round = np.asarray(result.accepted_per_round)
+  assert np.all(per_round[:, :rounds[0] - 1] == gamma)
+  np.testing.assert_array_equal(per_round[:, rounds[0] - 1], last)
+  np.testing.assert_array_equal(per_round[:, rounds[0]:], -1)
+  np.testing.assert_array_equal(per_round.clip(0).sum(1), result.accepted)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_alpha_counts_only_accepted_tokens_that_reach_the_output(temperature):
+  """An accepted EOS inside a block ends the row: the accepted draft tokens after it are not
+  output and must not count in alpha (draft == target, so every draft token is accepted)."""
+  target, tp, _, _ = _pair("decoder_only")
+  gamma, new = 4, 23
+  prompts = _prompts("decoder_only")
+  run = lambda eos: speculative_decode(target, tp, target, tp, max_new_tokens=new, gamma=gamma,
+                                       sampling=SamplingConfig(temperature, eos_id=eos),
+                                       rng=jax.random.PRNGKey(4), **prompts)
+  free = np.asarray(run(-1).tokens)
+  # EOS := a token some row emits at a draft position (not a round's bonus token), early.
+  draft_position = ((np.arange(new) - 1) % (gamma + 1) < gamma) & (np.arange(new) >= 1)
+  candidates = [int(t) for t in free[:, 1:new - gamma].ravel()
+                if draft_position[np.flatnonzero(np.any(free == t, axis=0))[0]]]
+  assert candidates, "no token to relabel as EOS"
+  eos = candidates[0]
+  result = run(eos)
+  lengths = np.asarray(result.lengths)
+  for row in range(len(lengths)):  # the same draws: each row is the EOS-free row, cut
+    hits = np.flatnonzero(free[row] == eos)
+    assert lengths[row] == (hits[0] + 1 if hits.size else new)
+  expected, rounds, last = _recount_identical_draft(lengths, gamma)
+  assert np.any((lengths < new) & (last <= gamma))  # some row's last round was cut by EOS
+  np.testing.assert_array_equal(result.target_calls, rounds)
+  np.testing.assert_array_equal(result.accepted, expected)
+  np.testing.assert_array_equal(result.accepted_proposed, gamma * rounds)
+  np.testing.assert_allclose(float(result.acceptance_rate),
+                             expected.sum() / (gamma * rounds.sum()), rtol=1e-6)
+  assert float(result.acceptance_rate) < 1.0
+  assert np.all(np.asarray(result.accepted) <= np.asarray(result.produced))
 
 
 def _peaked_decoder_pair(vocab=5, seed_target=0, seed_draft=1):
