@@ -24,7 +24,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from distillspec_jax import decoding, divergences, token_selection
+from distillspec_jax import decoding, divergences, token_selection, validation
 from distillspec_jax.config import check_same_vocabulary
 from distillspec_jax.models import EOS_ID, PAD_ID, Model
 
@@ -73,6 +73,7 @@ class DistillationConfig:
   selection_normalization: str = "all"
 
   def __post_init__(self):
+    validation.check_field_types(self)  # lambda1="0.5", beta=True, ... are refused here
     for name in ("lambda1", "lambda2"):
       value = getattr(self, name)
       if not 0.0 <= float(value) <= 1.0:
