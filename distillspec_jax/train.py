@@ -147,8 +147,9 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
   """Trains according to `spec` (fine-tuning or distillation)."""
   config = spec.train_config
   train_data = make_data(spec, spec.split, config.batch_size, config.seed, repeat=True)
+  data_name = f"task {spec.mixture_or_task_name!r}, split {spec.split!r}"
   if spec.mode == "finetune":
-    return trainer.finetune(config, spec.model, train_data)
+    return trainer.finetune(config, spec.model, train_data, data_name=data_name)
   if not spec.target_checkpoint_path:
     raise gin_utils.GinConfigError("Distillation needs the frozen target's parameters: pass "
                                    "--gin.TARGET_CHECKPOINT_PATH=/path/to/target/MODEL_DIR.")
@@ -163,7 +164,7 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
         spec.target, target_params, spec.model, held_out, max_new_tokens=new_tokens,
         gamma=spec.eval_gamma, temperature=spec.eval_temperature, seed=config.seed)
   return trainer.distill(config, spec.target, target_params, spec.model, train_data,
-                         spec.distillation_config, eval_fn=eval_fn)
+                         spec.distillation_config, eval_fn=eval_fn, data_name=data_name)
 
 
 def main(argv: Sequence[str]) -> trainer.TrainResult:

@@ -32,7 +32,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
-from distillspec_jax import checkpoints, optimizers, partitioning
+from distillspec_jax import checkpoints, optimizers, partitioning, validation
+from distillspec_jax.config import check_token_ids
 from distillspec_jax.distillation import (SOURCES, DistillationConfig, DistillationObjective,
                                           FinetuneObjective)
 
@@ -89,12 +90,24 @@ class TrainConfig:
   async_checkpointing: bool = False
 
   def __post_init__(self):
+    validation.check_field_types(self)
     if self.train_steps < 0:
       raise ValueError(f"train_steps={self.train_steps} must be >= 0 (gin: TRAIN_STEPS).")
     if self.batch_size < 1:
       raise ValueError(f"batch_size={self.batch_size} must be >= 1 (gin: BATCH_SIZE).")
     if self.log_every < 1:
       raise ValueError(f"log_every={self.log_every} must be >= 1.")
+    # The schedule's own validation (one rule, shared): decay_steps is its total_steps, and a
+    # warm-up longer than the decay is refused, not clamped.
+    try:
+      self.optimizer_spec.schedule()
+    except ValueError as error:
+      raise ValueError(
+          f"TrainConfig(learning_rate={self.learning_rate!r}, warmup_steps={self.warmup_steps!r}"
+          f", decay_steps={self.decay_steps!r}, final_fraction={self.final_fraction!r}): "
+          f"{error} (TrainConfig.decay_steps is the schedule's total_steps). Set "
+          "TrainConfig.warmup_steps <= TrainConfig.decay_steps (gin), e.g. a shorter warm-up "
+          "or a longer decay.") from error
 
   @property
   def optimizer_spec(self) -> "OptimizerSpec":
@@ -114,8 +127,7 @@ class OptimizerSpec:
 
   def schedule(self) -> optax.Schedule:
     return optimizers.learning_rate_schedule(
-        self.learning_rate, min(self.warmup_steps, self.decay_steps), self.decay_steps,
-        self.final_fraction)
+        self.learning_rate, self.warmup_steps, self.decay_steps, self.final_fraction)
 
   def make(self) -> optax.GradientTransformation:
     return optimizers.make_optimizer(self.name, self.schedule())
@@ -124,7 +136,24 @@ class OptimizerSpec:
 @dataclasses.dataclass
 class TrainResult:
   state: TrainState
-  history: list  # the logged metric records (also in MODEL_DIR/metrics.jsonl)
+  history: list  # the metric records this call logged (also in MODEL_DIR/metrics.jsonl)
+  # Records of earlier processes kept on resume (step <= the restored step), read back from
+  # MODEL_DIR/metrics.jsonl; empty for a fresh run.
+  resumed_history: list = dataclasses.field(default_factory=list)
+
+  @property
+  def full_history(self) -> list:
+    """Every record of the run across restarts, each step once (what metrics.jsonl holds)."""
+    return self.resumed_history + self.history
+
+
+# Words for the data sources in messages (distillation.SOURCES order).
+SOURCE_DESCRIPTIONS = {"fixed": "fixed data (the dataset's batch)",
+                       "draft": "draft samples (on-policy)", "target": "target samples"}
+
+
+class NonFiniteError(FloatingPointError):
+  """A training step produced a non-finite loss or gradient; training stopped."""
 
 
 # --- the step ---------------------------------------------------------------------------------
@@ -145,10 +174,18 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, frozen: dict, *,
   def loss_fn(params):
     return objective.loss(params, frozen, train_batch, dropout_rng if use_dropout else None)
 
-  (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  grad_norm = optax.tree.norm(grads)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = dict(metrics, source=source, grad_norm=optax.tree.norm(grads))
+  # A non-finite loss or gradient leaves the state as it was (the loop raises when it next
+  # reads the flags, before any save or evaluation), so a NaN never reaches the parameters,
+  # the optimizer state or a checkpoint. The select fuses with the update; no host sync.
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  keep_if_finite = lambda new, old: jnp.where(finite, new, old)
+  params = jax.tree.map(keep_if_finite, params, state.params)
+  opt_state = jax.tree.map(keep_if_finite, opt_state, state.opt_state)
+  metrics = dict(metrics, source=source, grad_norm=grad_norm, finite=finite)
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -263,16 +300,58 @@ class BatchAt:
 # --- metrics ------------------------------------------------------------------------------------
 
 
-class MetricsWriter:
-  """Appends records to MODEL_DIR/metrics.jsonl and scalars to TensorBoard (tensorboardX)."""
+def truncate_metrics(path: str, last_step: int) -> list:
+  """Keeps the records of `path` (metrics.jsonl) with step <= last_step; returns them.
 
-  def __init__(self, model_dir: str, tensorboard: bool = True):
+  A job killed after its last checkpoint has logged steps that the resumed job logs again:
+  those records (and a line torn by the kill) are dropped. The file is rewritten atomically
+  (a temporary file, then os.replace), so a second kill leaves the old or the new file.
+  """
+  if not os.path.exists(path):
+    return []
+  kept, lines, dropped = [], [], 0
+  with open(path) as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+        step = int(record["step"])
+      except (ValueError, KeyError, TypeError):
+        dropped += 1  # a torn last line
+        continue
+      if step <= last_step:
+        kept.append(record)
+        lines.append(line if line.endswith("\n") else line + "\n")
+      else:
+        dropped += 1
+  if dropped:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      f.writelines(lines)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+    logging.info("Resuming at step %d: dropped %d record(s) of %s past that step.", last_step,
+                 dropped, path)
+  return kept
+
+
+class MetricsWriter:
+  """Appends records to MODEL_DIR/metrics.jsonl and scalars to TensorBoard (tensorboardX).
+
+  `start_step`: the step training starts from (the restored checkpoint's, 0 when fresh).
+  Records past it, logged by an earlier process after its last checkpoint, are dropped
+  (`truncate_metrics`; kept in `self.resumed`), and TensorBoard purges its events past it.
+  """
+
+  def __init__(self, model_dir: str, tensorboard: bool = True, start_step: int = 0):
     os.makedirs(model_dir, exist_ok=True)
     self.path = os.path.join(model_dir, "metrics.jsonl")
+    self.resumed = truncate_metrics(self.path, start_step)
     self.writer = None
     if tensorboard:
       from tensorboardX import SummaryWriter  # Only the loop needs it.
-      self.writer = SummaryWriter(os.path.join(model_dir, "tensorboard"))
+      self.writer = SummaryWriter(os.path.join(model_dir, "tensorboard"),
+                                  purge_step=start_step + 1 if start_step else None)
 
   def write(self, record: dict) -> None:
     with open(self.path, "a") as f:
@@ -294,7 +373,7 @@ def summarize(pending: list, source_totals: np.ndarray, elapsed: float, step: in
   fetched = jax.device_get(pending)
   record = {"step": int(step)}
   for key in fetched[0]:
-    if key == "source":
+    if key in ("source", "finite"):
       continue
     record[key] = float(np.mean([m[key] for m in fetched]))
   sources = np.asarray([int(m["source"]) for m in fetched])
@@ -314,35 +393,106 @@ def summarize(pending: list, source_totals: np.ndarray, elapsed: float, step: in
 # --- the loop -----------------------------------------------------------------------------------
 
 
+def _check_param_shapes(params: Params, model, what: str, fix: str) -> None:
+  """The checkpoint shape check (`checkpoints.shape_mismatches`) for params given in memory."""
+  lines = checkpoints.shape_mismatches(model.param_shapes(), params)
+  if lines:
+    raise ValueError(f"{what} do not have the parameter shapes of their model "
+                     f"({model.config.kind}, emb_dim={model.config.emb_dim}, vocab_size="
+                     f"{model.config.vocab_size}); first mismatching parameters:\n  "
+                     + "\n  ".join(lines) + f"\n{fix}")
+
+
 def _initial_params(config: TrainConfig, model, init_key, abstract, restore_fn, init_params):
   if init_params is not None:
-    return jax.tree.map(lambda x, a: jax.device_put(x, a.sharding), init_params, abstract)
+    _check_param_shapes(init_params, model, "init_params",
+                        "Pass parameters of the trained model (or configure the model that "
+                        "wrote them).")
+    # A copy: the step donates the state, which would delete the caller's arrays (device_put
+    # to the sharding they already have returns the same buffers).
+    return jax.tree.map(lambda x, a: jax.device_put(x, a.sharding, may_alias=False),
+                        init_params, abstract)
   if config.initial_checkpoint_path:
     return restore_fn(config.initial_checkpoint_path, abstract)
   shardings = jax.tree.map(lambda a: a.sharding, abstract)
   return jax.jit(model.init, out_shardings=shardings)(init_key)
 
 
+def describe_data(data: Any) -> str:
+  """A short name of a data source for messages: its `name`, a dataclass's repr, or its type."""
+  name = getattr(data, "name", None)
+  if isinstance(name, str):
+    return name
+  if dataclasses.is_dataclass(data):
+    return repr(data)
+  return getattr(data, "__qualname__", type(data).__name__)
+
+
+def check_batch_token_ids(batch: Batch, vocab_size: int, where: str) -> None:
+  """Every `*_tokens` feature of a host batch must hold ids in [0, vocab_size)."""
+  for key, value in batch.items():
+    if key.endswith("_tokens"):
+      check_token_ids(value, vocab_size, f"{key} {where}")
+
+
+def _raise_non_finite(checked: list, config: TrainConfig, objective, checkpointer,
+                      data_name: str) -> None:
+  """Raises NonFiniteError for the first of `checked` [(step, metrics)] with finite False."""
+  flags = jax.device_get([m["finite"] for _, m in checked])
+  bad = [i for i, ok in enumerate(flags) if not bool(ok)]
+  if not bad:
+    return
+  step, metrics = checked[bad[0]]
+  values = jax.device_get({k: metrics[k] for k in ("loss", "grad_norm", "source")})
+  source = SOURCES[int(values["source"])]
+  latest = checkpointer.latest_step()
+  kept = (f"the last good checkpoint, step {latest}, stays in {config.model_dir}" if latest
+          is not None else f"no checkpoint had been written to {config.model_dir} yet")
+  checks = [f"the learning rate (learning_rate={config.learning_rate}, warmup_steps="
+            f"{config.warmup_steps}: lower the rate or lengthen the warm-up)",
+            f"the input ids of the batch for step {step} of {data_name}"]
+  if objective.frozen_names:
+    checks.append("the target checkpoint (TARGET_CHECKPOINT_PATH: NaN/inf target parameters "
+                  "give NaN target logits)" + (" and the AdaSPEC reference checkpoint"
+                                               if "reference" in objective.frozen_names else ""))
+  raise NonFiniteError(
+      f"Step {step} of {config.train_steps} ({objective.name}) gave a non-finite "
+      f"loss={float(values['loss'])} / grad_norm={float(values['grad_norm'])} on a batch of "
+      f"{SOURCE_DESCRIPTIONS[source]}; {len(bad)} of the {len(checked)} steps checked here "
+      f"were non-finite. Training stopped: the non-finite update was not applied, nothing was "
+      f"saved from it, and {kept}. Check " + "; ".join(checks) + ".")
+
+
 def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[dict] = None,
           init_params: Optional[Params] = None, eval_fn: Optional[EvalFn] = None,
           restore_fn: checkpoints.RestoreFn = checkpoints.restore_params,
-          mesh: Optional[jax.sharding.Mesh] = None) -> TrainResult:
+          mesh: Optional[jax.sharding.Mesh] = None,
+          data_name: Optional[str] = None) -> TrainResult:
   """Trains `objective.model` for `config.train_steps` steps, resuming from MODEL_DIR.
 
   Args:
     objective: `FinetuneObjective(model)` or `DistillationObjective(target, draft, ...)`.
     data: a data source yielding NumPy batches of `config.batch_size` rows with T5X features
       (`encoder_input_tokens`, `decoder_input_tokens`, `decoder_target_tokens`,
-      `decoder_loss_weights`; [batch, length]); see `as_batch_iterator`.
+      `decoder_loss_weights`; [batch, length]); see `as_batch_iterator`. Token ids are
+      checked against the model's vocabulary on the host as each batch arrives.
     frozen_params: {"target": params[, "reference": params]} for distillation.
     init_params: starting params (overrides INITIAL_CHECKPOINT_PATH and random init); a
-      checkpoint in MODEL_DIR always wins (that is a resume).
+      checkpoint in MODEL_DIR always wins (that is a resume). They are copied, never donated:
+      the caller's arrays stay usable.
     eval_fn: `eval_fn(params, step) -> dict`, called every `config.eval_every` steps and at the
       end; results go to metrics.jsonl (keys prefixed "eval/").
     restore_fn: reader for `config.initial_checkpoint_path` (hook for T5X/HF importers).
     mesh: default `partitioning.make_mesh(config.data_parallel, config.model_parallel)`.
+    data_name: where the data comes from, for messages (e.g. the task name); default
+      `describe_data(data)`.
   Returns:
-    TrainResult(final state, logged records).
+    TrainResult(final state, records logged by this call, records kept from before a resume).
+
+  Raises:
+    NonFiniteError: a step's loss or gradient norm was NaN/inf. The flags the step returns
+      are read where the loop syncs anyway (each log, before each due save and evaluation,
+      at the end); the step itself leaves the state unchanged on a non-finite update.
   """
   model = objective.model
   frozen_params = dict(frozen_params or {})
@@ -350,6 +500,15 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
   if missing:
     raise ValueError(f"The {objective.name} objective needs frozen params {missing}; pass "
                      "frozen_params={'target': ...} (gin: TARGET_CHECKPOINT_PATH).")
+  for name in objective.frozen_names:
+    frozen_model = objective.target if name == "target" else objective.reference
+    _check_param_shapes(
+        frozen_params[name], frozen_model, f"The frozen {name} params",
+        f"Pass the {name} model's own parameters"
+        + (" (the AdaSPEC reference is a distilled copy of the draft: same shapes as the "
+           "draft)" if name == "reference" else " (gin: TARGET_CHECKPOINT_PATH and TARGET "
+           "must describe the same model)") + ".")
+  data_name = data_name or describe_data(data)
   mesh = mesh or partitioning.make_mesh(config.data_parallel, config.model_parallel)
   partitioning.check_batch_size(config.batch_size, mesh)
   base_key = jax.random.PRNGKey(config.seed)
@@ -381,11 +540,21 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
   frozen_params = jax.device_put({k: frozen_params[k] for k in objective.frozen_names},
                                  frozen_shardings)
 
-  writer = MetricsWriter(config.model_dir)
+  writer = MetricsWriter(config.model_dir, start_step=start_step)
+  resumed_history = writer.resumed
   schedule = config.optimizer_spec.schedule()
-  history, pending = [], []
+  history, pending, unchecked = [], [], []
   source_totals = np.zeros(len(SOURCES), np.int64)
+  last_logged = next((r for r in reversed(resumed_history) if "loss" in r), None)
+  if last_logged is not None:  # running totals continue across the restart
+    source_totals += [int(last_logged.get(f"source_total/{n}", 0)) for n in SOURCES]
   meta = {"model_config": dataclasses.asdict(model.config), "objective": objective.name}
+  vocab_size = model.config.vocab_size
+
+  def check_finite():
+    _raise_non_finite(unchecked, config, objective, checkpointer, data_name)
+    unchecked.clear()
+
   progress = None
   if config.progress_bar and start_step < config.train_steps:
     from tqdm.auto import tqdm  # Only the loop needs it.
@@ -396,16 +565,20 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
   try:
     for step in range(start_step, config.train_steps):
       batch = next(batches)
+      done = step + 1
       rows = len(next(iter(batch.values())))
       if rows != config.batch_size:
         raise ValueError(f"Step {step}: the data gave {rows} rows but batch_size="
                          f"{config.batch_size}; make them agree (gin: BATCH_SIZE).")
+      check_batch_token_ids(batch, vocab_size, f"of the batch for step {done} (data: "
+                            f"{data_name}; MODEL_DIR={config.model_dir})")
       batch = partitioning.shard_batch(batch, mesh)
       state, metrics = step_fn(state, batch, jax.random.fold_in(step_base_key, step),
                                frozen_params)
       pending.append(metrics)
-      done = step + 1
+      unchecked.append((done, metrics))
       if done % config.log_every == 0 or done == config.train_steps:
+        check_finite()  # the record's fetch syncs here anyway
         record = summarize(pending, source_totals, time.perf_counter() - interval_start, done,
                            schedule(step))
         pending = []
@@ -417,22 +590,26 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
         interval_start = time.perf_counter()
       if eval_fn is not None and config.eval_every and (
           done % config.eval_every == 0 or done == config.train_steps):
+        check_finite()
         results = {f"eval/{k}": float(v) for k, v in jax.device_get(eval_fn(state.params,
                                                                             done)).items()}
         record = dict(step=done, **results)
         history.append(record)
         writer.write(record)
         interval_start = time.perf_counter()  # evaluation time is not training throughput
-      checkpointer.save(done, state.params, state.opt_state, meta,
-                        force=done == config.train_steps)
+      force = done == config.train_steps
+      if force or checkpointer.should_save(done):
+        check_finite()  # a save reads the state back anyway
+        checkpointer.save(done, state.params, state.opt_state, meta, force=force)
       if progress is not None:
         progress.update(1)
+    check_finite()
   finally:
     if progress is not None:
       progress.close()
     writer.close()
     checkpointer.close()
-  return TrainResult(state=state, history=history)
+  return TrainResult(state=state, history=history, resumed_history=resumed_history)
 
 
 def distill(config: TrainConfig, target, target_params: Params, draft, data: Any,

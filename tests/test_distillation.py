@@ -171,3 +171,27 @@ def test_recipes_table():
   assert D.DistillationConfig.from_recipe("fdistill").divergence == "tvd"
   with pytest.raises(ValueError, match="Unknown recipe"):
     D.DistillationConfig.from_recipe("nope")
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(lambda1="0.5"), "lambda1='0.5'"),
+    (dict(lambda2=True), "lambda2=True"),
+    (dict(beta="0.5"), "beta='0.5'"),
+    (dict(max_new_tokens=4.0), "max_new_tokens=4.0"),
+    (dict(top_k_fraction="0.4"), "top_k_fraction='0.4'"),
+    (dict(divergence=1), "divergence=1"),
+])
+def test_config_values_are_type_checked(kwargs, needle):
+  """A quoted number was coerced by float(...) and a bool taken as 1; both are refused."""
+  with pytest.raises(TypeError) as error:
+    D.DistillationConfig(**kwargs)
+  message = str(error.value)
+  assert needle in message and "DistillationConfig." in message
+  if isinstance(next(iter(kwargs.values())), str):
+    assert "without quotes" in message
+
+
+def test_config_takes_ints_and_numpy_numbers_as_real_numbers():
+  config = D.DistillationConfig(lambda1=1, lambda2=np.float32(0.5), max_new_tokens=np.int64(4),
+                                top_k_fraction=None)
+  assert config.lambda1 == 1 and config.max_new_tokens == 4
