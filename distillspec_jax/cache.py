@@ -4,6 +4,15 @@
 written. Rows move independently (speculative decoding accepts a different number of draft
 tokens per row), and `rollback` moves rows back without copying: the stale entries past a row's
 position are never attended to and are overwritten by the next write.
+
+Bounds: the cache does not check or drop writes past its end. Writing k tokens at a row's
+position p with p + k > max_length is wrong in both write paths of `layers.write_cache`: the
+per-row dynamic-update-slice (batch <= 8) clamps the start to max_length - k, so the tokens
+land on the row's last k valid slots (3 tokens written at slot 5 of 6 overwrite slots 3-5),
+and the scatter (larger batches) is compiled with `mode="promise_in_bounds"`, for which
+out-of-range indices are undefined. Callers check capacity before writing: `decoding.decode`
+and `speculative.speculative_decode` refuse, up front, any request whose writes would not fit
+(see `decoding.check_capacity`).
 """
 
 from __future__ import annotations

@@ -173,7 +173,9 @@ def write_cache(cache: Array, new: Array, positions: Array, *, length_last: bool
   `positions: [batch]`: keys `[batch * heads, head_dim, max_length]` (`length_last`) or values
   `[batch * heads, max_length, head_dim]`.
 
-  Callers guarantee `positions + k <= max_length` (they check capacity up front).
+  Callers guarantee `positions + k <= max_length` (they check capacity up front). Past the
+  end nothing is dropped: the per-row path clamps the start to `max_length - k` (overwriting
+  valid slots) and the scatter path's indices are promised in bounds (undefined otherwise).
   """
   if new.shape[0] <= MAX_BATCH_FOR_ROW_WRITES:
     return write_cache_by_rows(cache, new, positions, length_last=length_last)

@@ -116,7 +116,8 @@ class Model:
     """Scores `tokens: [batch, k]` placed at each row's cache position and stores them.
 
     Returns (logits [batch, k, vocab] fp32, cache with positions advanced by k). The caller
-    guarantees `positions + k <= max_length` (writes past the end are dropped).
+    guarantees `positions + k <= max_length`: writes past the end are not dropped but clamped
+    onto the row's last valid slots or undefined (see `DecodingCache`).
     """
     module = self.module
     logits, self_attention = module.apply(

@@ -234,3 +234,16 @@ def test_cache_write_paths_agree(k, length_last):
         else:
           expected[b * heads + h, slot, :] = np.asarray(new[b, j, h])
   np.testing.assert_array_equal(by_rows, expected)
+
+
+def test_writes_past_the_end_are_clamped_not_dropped():
+  """What `DecodingCache` documents: the per-row write path clamps a write that does not fit
+  onto the row's last valid slots (3 tokens at slot 5 of 6 land on slots 3-5), so capacity is
+  checked before decoding, never left to the cache."""
+  from distillspec_jax import layers
+  heads, head_dim, max_length, k = 1, 2, 6, 3
+  cache = jnp.zeros((heads, max_length, head_dim), jnp.float32)
+  new = jnp.arange(1, 1 + k * head_dim, dtype=jnp.float32).reshape(1, k, heads, head_dim)
+  out = np.asarray(layers.write_cache_by_rows(cache, new, jnp.array([5]), length_last=False))
+  np.testing.assert_array_equal(out[0, :3], 0.0)
+  np.testing.assert_array_equal(out[0, 3:], np.asarray(new[0, :, 0]))

@@ -186,3 +186,64 @@ def test_probabilities_and_sample_tokens():
   np.testing.assert_allclose(decoding.probabilities(logits, 1.0), jax.nn.softmax(logits),
                              rtol=1e-6)
   np.testing.assert_array_equal(decoding.sample_tokens(logits, jax.random.PRNGKey(0), 0.0), [1, 0])
+
+
+def test_decode_arguments_are_checked():
+  model, params = model_and_params("tiny_decoder_only")
+  inputs = inputs_for(model)
+  for bad in (0, -1):
+    with pytest.raises(ValueError, match=f"max_new_tokens={bad} must be an integer >= 1"):
+      decoding.decode(model, params, **inputs, max_new_tokens=bad)
+  with pytest.raises(ValueError, match="max_new_tokens=True is a bool"):
+    decoding.decode(model, params, **inputs, max_new_tokens=True)
+  with pytest.raises(ValueError, match="max_length=0 must be an integer >= 1"):
+    decoding.decode(model, params, **inputs, max_new_tokens=4, max_length=0)
+  # Exactly enough cache (start token + 6 prompt columns + 4 new tokens) runs, one less fails.
+  exact = decoding.decode(model, params, **inputs, max_new_tokens=np.int64(4), max_length=11)
+  np.testing.assert_array_equal(exact.tokens, run(model, params, inputs, max_new_tokens=4)[0])
+  with pytest.raises(ValueError, match="needs 11 decoder positions.*max_length=10"):
+    decoding.decode(model, params, **inputs, max_new_tokens=4, max_length=10)
+
+
+def test_check_positive_int():
+  assert decoding.check_positive_int(np.int64(3), "n") == 3
+  assert type(decoding.check_positive_int(np.int32(2), "n")) is int
+  for bad, message in [(0, "n=0 must"), (-1, "n=-1 must"), (True, "n=True is a bool"),
+                       (np.bool_(True), "is a bool"), (2.0, "n=2.0 must be an integer"),
+                       ("3", "n='3' must be an integer")]:
+    with pytest.raises(ValueError, match=message):
+      decoding.check_positive_int(bad, "n")
+
+
+def test_sampling_needs_a_key_greedy_does_not():
+  model, params = model_and_params("tiny_encoder_decoder")
+  inputs = inputs_for(model)
+  with pytest.raises(ValueError, match=r"pass rng=jax.random.PRNGKey\(seed\)"):
+    decoding.decode(model, params, **inputs, max_new_tokens=3,
+                    sampling=SamplingConfig(temperature=0.7))
+  tokens, _ = run(model, params, inputs, max_new_tokens=3)  # greedy: no key needed
+  assert tokens.shape == (4, 3)
+
+
+def test_interior_prompt_padding_is_refused():
+  model, params = model_and_params("tiny_decoder_only")
+  prompts = np.array([[5, 6, 7, 0], [5, 0, 7, 0]], np.int32)
+  for array in (prompts, jnp.asarray(prompts)):
+    with pytest.raises(ValueError, match=r"row 1 has padding \(id 0\) at position 1"):
+      decoding.decode(model, params, prompt_tokens=array, max_new_tokens=2)
+  decoding.check_prompt_padding(np.array([[5, 6, 0, 0], [7, 0, 0, 0], [0, 0, 0, 0]]))
+  with pytest.raises(ValueError, match="row 0 has padding .* at position 0"):
+    decoding.check_prompt_padding(np.array([[0, 5]]))
+
+
+def test_distillation_sampler_refuses_more_tokens_than_the_cache():
+  from distillspec_jax.distillation import sample_batch
+  model, params = model_and_params("tiny_encoder_decoder")  # max_decode_length = 128
+  batch = {"encoder_input_tokens": inputs_for(model)["encoder_input_tokens"],
+           "decoder_target_tokens": jnp.ones((4, 8), jnp.int32)}
+  with pytest.raises(ValueError, match="max_new_tokens=128.*max_length=128"):
+    sample_batch(model, params, batch, jax.random.PRNGKey(0), max_new_tokens=128,
+                 temperature=1.0)
+  out = sample_batch(model, params, batch, jax.random.PRNGKey(0), max_new_tokens=127,
+                     temperature=1.0)
+  assert out["decoder_target_tokens"].shape == (4, 8)

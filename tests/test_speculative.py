@@ -1,5 +1,6 @@
 """Speculative decoding: exactness (greedy and sampled), statistics, lenience, bad input."""
 
+import dataclasses
 import itertools
 
 import jax
@@ -267,3 +268,122 @@ def test_bad_input_is_rejected_with_a_clear_message():
                        gamma=2, **prompts)
   with pytest.raises(ValueError, match="max_length=64"):
     speculative_decode(target, tp, draft, dp, max_new_tokens=60, gamma=4, **prompts)
+
+
+# --- cache capacity ----------------------------------------------------------------------------
+
+_WRITE_ENDS = []  # (max over rows of position + k, max_length) of every extend call
+
+
+@dataclasses.dataclass(frozen=True)
+class _BoundsCheckedModel(Model):
+  """A Model that records how far each cache write reaches (prefill included)."""
+
+  def extend(self, params, cache, tokens):
+    capacity = cache.max_length
+    jax.debug.callback(lambda end: _WRITE_ENDS.append((int(np.max(end)), capacity)),
+                       cache.positions + tokens.shape[1])
+    return super().extend(params, cache, tokens)
+
+
+def _write_ends(fn):
+  _WRITE_ENDS.clear()
+  out = fn()
+  jax.block_until_ready(out)
+  jax.effects_barrier()
+  return out, [end for end, _ in _WRITE_ENDS]
+
+
+@pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
+def test_capacity_check_is_exact(kind):
+  """Exactly prompt width + max_new_tokens + gamma - 1 slots: enough (every write stays inside,
+  the bound is reached, outputs unchanged) with rows finishing at different rounds and batch 10
+  (the scatter write path); one slot fewer is refused."""
+  target, tp, draft, dp = _pair(kind)
+  checked_target, checked_draft = _BoundsCheckedModel(target.config), _BoundsCheckedModel(
+      draft.config)
+  prompts = _prompts(kind, batch=10)
+  width = 1 if kind == "encoder_decoder" else 1 + 6
+  gamma, new = 3, 12
+  need = width + new + gamma - 1
+  free = np.asarray(decode(target, tp, max_new_tokens=new, sampling=SamplingConfig(eos_id=-1),
+                           **prompts).tokens)
+  # EOS := a token some rows emit early and others never: rows finish in different rounds.
+  counts = [(np.sum(np.any(free[:, :new // 2] == t, axis=1)), int(t)) for t in np.unique(free)]
+  eos = max((c, t) for c, t in counts if c < len(free))[1]
+  sampling = SamplingConfig(eos_id=eos)
+  reference = decode(target, tp, max_new_tokens=new, sampling=sampling, **prompts)
+  assert len(set(np.asarray(reference.lengths).tolist())) > 1 and reference.lengths.min() < new
+  result, ends = _write_ends(lambda: speculative_decode(
+      checked_target, tp, checked_draft, dp, max_new_tokens=new, gamma=gamma,
+      sampling=sampling, max_length=need, **prompts))
+  assert max(ends) <= need
+  np.testing.assert_array_equal(result.tokens, reference.tokens)
+  np.testing.assert_array_equal(result.lengths, reference.lengths)
+  # The bound is reached: draft == target accepts everything, so with new = 2 + 2 (gamma + 1)
+  # the last round starts with new - 1 tokens generated.
+  new = 2 + 2 * (gamma + 1)
+  need = width + new + gamma - 1
+  _, ends = _write_ends(lambda: speculative_decode(
+      checked_target, tp, checked_target, tp, max_new_tokens=new, gamma=gamma,
+      sampling=SamplingConfig(eos_id=-1), max_length=need, **prompts))
+  assert max(ends) == need
+  with pytest.raises(ValueError, match=f"needs {need} decoder positions.*max_length={need - 1}"):
+    speculative_decode(target, tp, draft, dp, max_new_tokens=new, gamma=gamma,
+                       max_length=need - 1, **prompts)
+  # max_new_tokens = 1 runs no round: the prompt alone fits.
+  one = speculative_decode(target, tp, draft, dp, max_new_tokens=1, gamma=gamma,
+                           max_length=width, **prompts)
+  np.testing.assert_array_equal(one.tokens, reference.tokens[:, :1])
+  with pytest.raises(ValueError, match=f"max_length={width - 1}"):
+    speculative_decode(target, tp, draft, dp, max_new_tokens=1, gamma=gamma,
+                       max_length=width - 1, **prompts)
+
+
+# --- argument checks ---------------------------------------------------------------------------
+
+
+def test_decode_arguments_are_checked():
+  target, tp, draft, dp = _pair("decoder_only")
+  prompts = _prompts("decoder_only")
+  run = lambda **kw: speculative_decode(target, tp, draft, dp, **{
+      "max_new_tokens": 5, "gamma": 2, **prompts, **kw})
+  for bad in (0, -1):
+    with pytest.raises(ValueError, match=f"max_new_tokens={bad} must be an integer >= 1"):
+      run(max_new_tokens=bad)
+  with pytest.raises(ValueError, match="max_new_tokens=2.5"):
+    run(max_new_tokens=2.5)
+  with pytest.raises(ValueError, match="gamma=True is a bool"):
+    run(gamma=True)
+  with pytest.raises(ValueError, match="gamma=-2 must be an integer >= 1"):
+    run(gamma=-2)
+  with pytest.raises(ValueError, match="max_length=0 must be an integer >= 1"):
+    run(max_length=0)
+  # NumPy integers are integers.
+  np_result = run(gamma=np.int64(3), max_new_tokens=np.int32(5), max_length=np.int64(64))
+  np.testing.assert_array_equal(np_result.tokens, run(gamma=3).tokens)
+  assert int(np_result.drafted[0]) % 3 == 0
+
+
+def test_sampling_needs_a_key_greedy_does_not():
+  target, tp, draft, dp = _pair("decoder_only")
+  prompts = _prompts("decoder_only")
+  with pytest.raises(ValueError, match=r"temperature=1.0 needs a PRNG key: pass "
+                                       r"rng=jax.random.PRNGKey\(seed\)"):
+    speculative_decode(target, tp, draft, dp, max_new_tokens=5, gamma=2,
+                       sampling=SamplingConfig(1.0), **prompts)
+  greedy = speculative_decode(target, tp, draft, dp, max_new_tokens=5, gamma=2, **prompts)
+  assert greedy.tokens.shape == (4, 5)
+
+
+def test_interior_prompt_padding_is_refused():
+  target, tp, draft, dp = _pair("decoder_only")
+  prompts = np.array([[5, 6, 7], [5, 0, 7], [9, 0, 0]], np.int32)
+  for array in (prompts, jnp.asarray(prompts)):
+    with pytest.raises(ValueError, match=r"prompt_tokens row 1 has padding \(id 0\) at "
+                                         r"position 1 followed by a non-zero id"):
+      speculative_decode(target, tp, draft, dp, prompt_tokens=array, max_new_tokens=4, gamma=2)
+  ok = speculative_decode(target, tp, draft, dp, prompt_tokens=prompts[[0, 2]],
+                          max_new_tokens=4, gamma=2)
+  reference = decode(target, tp, prompt_tokens=jnp.asarray(prompts[[0, 2]]), max_new_tokens=4)
+  np.testing.assert_array_equal(ok.tokens, reference.tokens)
