@@ -1,4 +1,4 @@
-"""Distillation throughput of the tiny demo pair (demo_target -> demo_draft).
+"""Distillation throughput of the smoke pair (smoke_target -> demo_draft).
 
   python bench/distill_throughput.py --out /tmp/distill_throughput.json [--recipe gkd]
 
@@ -40,7 +40,7 @@ def main(argv=None):
   parser.add_argument("--target_length", type=int, default=48)
   args = parser.parse_args(argv)
 
-  target, draft = Model.from_name("demo_target"), Model.from_name("demo_draft")
+  target, draft = Model.from_name("smoke_target"), Model.from_name("demo_draft")
   dc = distillation.DistillationConfig.from_recipe(args.recipe)
   objective = distillation.DistillationObjective(target, draft, dc)
   config = trainer.TrainConfig(model_dir="/tmp/unused", train_steps=args.steps,
@@ -85,7 +85,7 @@ def main(argv=None):
       "mean_tokens_per_row": tokens / (args.steps * args.batch_size),
       "batch_size": args.batch_size,
       "lengths": {"inputs": args.input_length, "targets": args.target_length},
-      "models": {"target": "demo_target", "draft": "demo_draft",
+      "models": {"target": "smoke_target", "draft": "demo_draft",
                  "target_params": target.num_params(), "draft_params": draft.num_params()},
       "devices": [str(d) for d in jax.devices()],
   }

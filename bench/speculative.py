@@ -19,10 +19,8 @@ By default the process is pinned to one core before JAX starts (`--cpus`, see pi
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
-import statistics
 import time
 
 import jax
@@ -33,91 +31,7 @@ from tqdm import tqdm
 from distillspec_jax.decoding import SamplingConfig, decode
 from distillspec_jax.models import Model
 from distillspec_jax.speculative import cost_model_speedup, speculative_decode
-
-
-def interleaved_median_times(functions, repeats, block=3):
-  """Median seconds of each of `functions` (name -> callable) over `repeats` timed calls.
-
-  Timed warm, in turns: each turn runs every function once untimed (its data and code back in
-  the CPU caches) and then `block` timed calls. Turns spread bursts of interference from other
-  processes over all quantities instead of skewing one of them.
-  """
-  times = {name: [] for name in functions}
-  for _ in range(max(1, -(-repeats // block))):
-    for name, fn in functions.items():
-      jax.block_until_ready(fn())
-      for _ in range(block):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times[name].append(time.perf_counter() - start)
-  return {name: statistics.median(values) for name, values in times.items()}
-
-
-@functools.partial(jax.jit, static_argnames=("model", "width", "steps"))
-def _repeated_extend(model, params, cache, tokens, passes, *, width, steps):
-  """`passes` x `steps` calls of `model.extend` on `width` tokens per row, each pass filling
-  the cache. Returns the last call's tokens [batch, width].
-
-  Each call is fed the argmax of the previous call's logits at the next cache position, as in
-  decoding (the engine takes the argmax of every logit it computes):
-  - with inputs that do not depend on the previous call, XLA hoists the embedding lookup and
-    the first layer's projections out of the loop (loop-invariant code motion);
-  - with only part of the logits used, XLA computes only that part (the last layer's
-    computations for the other positions, and the other vocabulary entries, are dead code).
-  Either way a call would be timed cheaper than it is.
-  """
-  start_positions = cache.positions
-
-  def one_pass(pass_index, carry):
-    def body(step, carry):
-      cache, tokens = carry
-      logits, cache = model.extend(params, cache, tokens)
-      return cache, jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-    cache, tokens = carry
-    return jax.lax.fori_loop(0, steps, body, (cache.replace(positions=start_positions), tokens))
-
-  return jax.lax.fori_loop(0, passes, one_pass, (cache, tokens))[1]
-
-
-def per_call_function(model, params, inputs, batch, width, duration):
-  """(callable making `calls` extends of `width` tokens per row, calls) for per-call costs.
-
-  The callable runs about `duration` seconds, like the decoding it is compared with: on a
-  shared machine a short timed call is less often hit by interference than a long one, so
-  timing short calls against long ones would bias the comparison.
-  """
-  encoder_inputs = inputs.get("encoder_input_tokens")
-  capacity = model.config.max_decode_length
-  steps = capacity // width  # one pass fills the cache
-  cache = model.init_cache(params, batch, capacity, encoder_inputs)
-  tokens = jnp.full((batch, width), 5, jnp.int32)
-  run = lambda passes: _repeated_extend(model, params, cache, tokens, passes, width=width,
-                                        steps=steps)
-  jax.block_until_ready(run(1))  # compiles (once per model, width and batch: passes is traced)
-  start = time.perf_counter()
-  jax.block_until_ready(run(1))
-  passes = max(1, round(duration / (time.perf_counter() - start)))
-  return (lambda: run(passes)), steps * passes
-
-
-def pin_cores(count: int) -> None:
-  """Restricts this process to its last `count` allowed cores (0: leaves it as it is).
-
-  Must run before JAX's first computation: XLA sizes its CPU thread pools from the cores the
-  process may use. On the 2-vCPU VMs this project is developed on, the intra-op pool hands the
-  tiny models' 1-10 us kernels between two threads. One core is as fast or faster for every
-  quantity here (a 6-token verification: 154 against 164-167 us), and its timings vary less
-  (154-158 against 166-238 us over one series of turns). Plain and speculative decoding run
-  under the same setting.
-  """
-  if count <= 0:
-    return
-  allowed = sorted(os.sched_getaffinity(0))
-  if count > len(allowed):
-    raise ValueError(f"--cpus={count} but this process may use only {len(allowed)} cores "
-                     f"({allowed}); pass at most {len(allowed)}, or 0 for no pinning.")
-  os.sched_setaffinity(0, allowed[-count:])
+from distillspec_jax.speed import interleaved_median_times, per_call_function, pin_cores
 
 
 def load_pair(args):
@@ -217,7 +131,7 @@ def main():
   parser.add_argument("--quick", action="store_true",
                       help="gamma in {1, 5}, 3 timed calls per quantity, short per-call "
                            "timings, 100 tokens.")
-  parser.add_argument("--target_model", default="demo_target")
+  parser.add_argument("--target_model", default="smoke_target")
   parser.add_argument("--draft_model", default="demo_draft")
   parser.add_argument("--target_checkpoint", default=None)
   parser.add_argument("--draft_checkpoint", default=None)

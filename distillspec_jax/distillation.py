@@ -375,7 +375,8 @@ def make_speculative_eval_fn(target: Model, target_params, draft: Model, batch: 
                              max_new_tokens: int, gamma: int = 4,
                              temperature: float = 1.0, seed: int = 0,
                              speculative_decode=None):
-  """eval_fn(draft_params, step) -> {"tau": block efficiency, "alpha": acceptance rate}.
+  """eval_fn(draft_params, step) -> {"tau": block efficiency, "tau_stderr": its standard error
+  over prompts, "alpha": acceptance rate}.
 
   Runs `speculative.speculative_decode` on the held-out prompts of `batch` (fixed rng, so
   successive evaluations differ only through the draft). `speculative_decode` may be injected
@@ -391,6 +392,8 @@ def make_speculative_eval_fn(target: Model, target_params, draft: Model, batch: 
     result = speculative_decode(target, target_params, draft, draft_params,
                                 max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
                                 rng=rng, **prompts)
-    return {"tau": float(result.block_efficiency), "alpha": float(result.acceptance_rate)}
+    from distillspec_jax.evaluation import block_efficiency_stats  # imports the engine
+    stats = block_efficiency_stats(result)
+    return {"tau": stats["tau"], "tau_stderr": stats["tau_stderr"], "alpha": stats["alpha"]}
 
   return eval_fn

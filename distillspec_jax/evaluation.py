@@ -2,19 +2,16 @@
 
 Quality: the task metric of greedy decodes (decoded to text, scored by the task's metric
 function) and the per-token cross-entropy on the references. Speculative decoding: block
-efficiency tau and acceptance alpha from running the engine on the test prompts, and the
-wall-clock speedup over plain target decoding timed one prompt at a time (batch 1, as in the
-paper), both compiled once and timed warm. The speedup is a ratio of tokens per second, so it
-stays fair at T = 1 where the two decoders' samples differ in length.
+efficiency tau with its standard error over prompts, and acceptance alpha, from running the
+engine on the test prompts. Wall-clock speed is measured by `speed.py`.
 
-The functions take predict/score callables' ingredients (models, params, token arrays), not a
-pipeline: `stage_evaluate` is the main job's glue.
+The functions take models, params and token arrays, not a pipeline (`pipeline.stage_evaluate`
+is the main job's glue).
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from typing import Callable, Sequence
 
 import jax
@@ -24,7 +21,7 @@ import numpy as np
 from distillspec_jax.decoding import SamplingConfig, decode, prompt_inputs
 from distillspec_jax.divergences import cross_entropy
 from distillspec_jax.models import EOS_ID, Model
-from distillspec_jax.speculative import speculative_decode
+from distillspec_jax.speculative import Lenience, speculative_decode
 
 
 def _teacher_forcing(model: Model, prompts: np.ndarray, targets: np.ndarray):
@@ -78,90 +75,36 @@ def quality(model: Model, params, prompts, targets, target_texts, max_new_tokens
   return metrics
 
 
-def _tokens_per_second(run_one: Callable[[np.ndarray], np.ndarray], prompts: np.ndarray) -> float:
-  """Tokens per second of `run_one(prompt [1, P]) -> lengths`, over prompts one at a time."""
-  jax.block_until_ready(run_one(prompts[:1]))  # compile and warm up
-  tokens, elapsed = 0, 0.0
-  for i in range(len(prompts)):
-    start = time.perf_counter()
-    lengths = jax.block_until_ready(run_one(prompts[i:i + 1]))
-    elapsed += time.perf_counter() - start
-    tokens += int(np.sum(lengths))
-  return tokens / elapsed
+def ratio_stderr(numerators, denominators) -> float:
+  """Standard error over items of the ratio estimate sum(num) / sum(den) (delta method),
+  e.g. tau = sum(produced) / sum(target calls) over prompts. 0 for fewer than two items."""
+  num = np.asarray(numerators, np.float64)
+  den = np.asarray(denominators, np.float64)
+  n = len(num)
+  if n < 2 or den.sum() <= 0:
+    return 0.0
+  residual = num - num.sum() / den.sum() * den
+  return float(np.sqrt(np.sum(residual ** 2) / (n * (n - 1))) / den.mean())
 
 
-def plain_tokens_per_second(target: Model, target_params, prompts, max_new_tokens,
-                            temperature, seed=0) -> float:
-  sampling = SamplingConfig(temperature)
-  rng = jax.random.PRNGKey(seed)
-  return _tokens_per_second(
-      lambda p: decode(target, target_params, max_new_tokens=max_new_tokens, sampling=sampling,
-                       rng=rng, **prompt_inputs(target, p)).lengths,
-      prompts)
+def block_efficiency_stats(result) -> dict:
+  """tau with its standard error over prompts (rows), and alpha, of a SpeculativeResult.
+
+  alpha counts the accepted draft tokens that reach the output (see speculative.py);
+  `alpha_proposed` also counts those an EOS or the length limit cut off."""
+  produced, calls = np.asarray(result.produced), np.asarray(result.target_calls)
+  return {"tau": float(result.block_efficiency), "tau_stderr": ratio_stderr(produced, calls),
+          "alpha": float(result.acceptance_rate),
+          "alpha_proposed": float(result.proposed_acceptance_rate)}
 
 
-def speculative_metrics(target: Model, target_params, draft: Model, draft_params, prompts,
-                        speed_prompts, *, gamma: int, temperature: float, max_new_tokens: int,
-                        plain_tokens_per_s: float, seed: int = 0) -> dict:
-  """tau and alpha over `prompts` (one batch); speedup over plain decoding on `speed_prompts`."""
-  sampling = SamplingConfig(temperature)
-  rng = jax.random.PRNGKey(seed)
-
-  def run(p):
-    return speculative_decode(target, target_params, draft, draft_params,
-                              max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
-                              rng=rng, **prompt_inputs(target, p))
-
-  result = run(prompts)
-  spec_tokens_per_s = _tokens_per_second(lambda p: run(p).lengths, speed_prompts)
-  return {"tau": float(result.block_efficiency), "alpha": float(result.acceptance_rate),
-          "speedup": spec_tokens_per_s / plain_tokens_per_s,
-          "tokens_per_s": spec_tokens_per_s}
-
-
-def stage_evaluate(config, stage: str) -> dict:
-  """The main job's evaluation stage: writes `<run_dir>/evaluate/eval.json`."""
-  import os
-  from tqdm.auto import tqdm
-  from distillspec_jax import pipeline
-
-  target, draft = pipeline.models(config)
-  params = {"target": pipeline.load_params(config, "target", target),
-            "draft_raw": pipeline.load_params(config, "draft_raw", draft)}
-  for name in config.distill_stages:
-    params[name] = pipeline.load_params(config, name, draft)
-  from distillspec_jax import data as data_lib
-  eval_task = config.eval_task or config.task
-  examples = pipeline.heldout_prompts(config, config.eval_examples, split="test", task=eval_task)
-  metric_fn = lambda targets, predictions: data_lib.compute_metrics(eval_task, targets,
-                                                                    predictions)
-  prompts, targets = examples["prompts"], examples["targets"]
-  speed_prompts = prompts[:config.speed_examples]
-  vocabulary = pipeline._register_task(config).output_features["targets"].vocabulary
-  detokenize = lambda ids: vocabulary.decode([int(i) for i in ids])
-  drafts = ("draft_raw",) + config.distill_stages
-  total = len(params) + len(config.temperatures) * (1 + len(drafts) * len(config.gammas))
-  results = {"quality": {}, "speculative": [], "plain_tokens_per_s": {}}
-  with tqdm(total=total, desc="evaluate", dynamic_ncols=True,
-            disable=not config.progress_bar) as bar:
-    for name, model in [("target", target)] + [(d, draft) for d in drafts]:
-      results["quality"][name] = quality(model, params[name], prompts, targets,
-                                         examples["target_texts"], config.max_new_tokens,
-                                         detokenize, metric_fn)
-      bar.update(1)
-    for temperature in config.temperatures:
-      plain = plain_tokens_per_second(target, params["target"], speed_prompts,
-                                      config.max_new_tokens, temperature, config.seed)
-      results["plain_tokens_per_s"][str(temperature)] = plain
-      bar.update(1)
-      for name in drafts:
-        for gamma in config.gammas:
-          row = speculative_metrics(target, params["target"], draft, params[name], prompts,
-                                    speed_prompts, gamma=gamma, temperature=temperature,
-                                    max_new_tokens=config.max_new_tokens,
-                                    plain_tokens_per_s=plain, seed=config.seed)
-          results["speculative"].append(dict(draft=name, gamma=gamma, temperature=temperature,
-                                             **row))
-          bar.update(1)
-  pipeline.write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
-  return {"num_test_prompts": int(len(prompts))}
+def speculative_statistics(target: Model, target_params, draft: Model, draft_params, prompts,
+                           *, gamma: int, temperature: float, max_new_tokens: int,
+                           seed: int = 0, lenience: Lenience = Lenience()) -> dict:
+  """tau (with its standard error over prompts) and alpha of speculative decoding of
+  `prompts: [N, P]` in one batch (the statistics do not depend on the batching)."""
+  result = speculative_decode(target, target_params, draft, draft_params,
+                              max_new_tokens=max_new_tokens, gamma=gamma,
+                              sampling=SamplingConfig(temperature), lenience=lenience,
+                              rng=jax.random.PRNGKey(seed), **prompt_inputs(target, prompts))
+  return block_efficiency_stats(result)

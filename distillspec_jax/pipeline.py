@@ -18,16 +18,16 @@ depends on it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import shutil
 import time
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
 from distillspec_jax import checkpoints
+from distillspec_jax.files import read_json, write_json_atomic
 from distillspec_jax.config import model_config
 from distillspec_jax.decoding import prompt_inputs
 from distillspec_jax.distillation import DistillationConfig, make_speculative_eval_fn
@@ -70,8 +70,11 @@ class PipelineConfig:
     recipes: distillation recipes to run (distillation.RECIPES names); divergence: their
       divergence (None = each recipe's default).
     gammas / temperatures: the speculative decoding grid of the evaluation.
-    eval_examples: test prompts for quality and tau; speed_examples: prompts timed one at a
-      time (batch 1, as in the paper) for the wall-clock speedup.
+    eval_examples: test prompts for quality and tau; speed_examples: the first test prompts,
+      each decoded alone (batch 1, as in the paper) for the wall-clock speedup (speed.py);
+      speed_repeats: interleaved timing turns (medians and ranges are over them);
+      speed_cpus: cores the timing process is pinned to (a fresh process, so that XLA sizes
+      its thread pools to them; 0 = time in this process, unpinned).
     max_new_tokens: decoding budget in evaluation and on-policy sampling.
     eval_every: distillation steps between in-training tau evaluations (the tau curve).
     vocab_size: SentencePiece pieces of the embedded vocabulary.
@@ -114,7 +117,9 @@ class PipelineConfig:
   gammas: tuple = (3, 5, 7)
   temperatures: tuple = (0.0, 1.0)
   eval_examples: int = 128
-  speed_examples: int = 8
+  speed_examples: int = 16
+  speed_repeats: int = 7
+  speed_cpus: int = 1
   max_new_tokens: int = 44
   eval_every: int = 100
   vocab_size: int = 256
@@ -137,8 +142,24 @@ class PipelineConfig:
                        f"adaspec_reference={self.adaspec_reference!r} in recipes={self.recipes}.")
     for recipe in self.recipes:
       distillation_config(self, recipe)  # raises on an unknown name or bad value
-    if any(g < 1 for g in self.gammas):
-      raise ValueError(f"gammas={self.gammas} must all be >= 1.")
+    if not self.gammas:
+      raise ValueError("gammas=() is empty; pass at least one gamma, e.g. (3, 5, 7).")
+    if any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in self.gammas):
+      raise ValueError(f"gammas={self.gammas} must all be integers >= 1.")
+    if not self.temperatures:
+      raise ValueError("temperatures=() is empty; pass e.g. (0.0, 1.0).")
+    if isinstance(self.speed_repeats, bool) or not isinstance(self.speed_repeats, int) \
+        or self.speed_repeats < 1:
+      raise ValueError(f"speed_repeats={self.speed_repeats!r} must be an integer >= 1 (timing "
+                       "turns; 7 gives stable medians).")
+    if self.speed_examples > self.eval_examples:
+      raise ValueError(f"speed_examples={self.speed_examples} exceeds eval_examples="
+                       f"{self.eval_examples}: the timed prompts are the first test prompts; "
+                       "lower speed_examples or raise eval_examples.")
+    if isinstance(self.speed_cpus, bool) or not isinstance(self.speed_cpus, int) \
+        or self.speed_cpus < 0:
+      raise ValueError(f"speed_cpus={self.speed_cpus!r} must be an integer >= 0 (0: time in "
+                       "this process, unpinned).")
 
   @property
   def feature_converter(self) -> str:
@@ -171,19 +192,6 @@ class PipelineConfig:
 
 
 # --- stage bookkeeping ---------------------------------------------------------------------------
-
-
-def write_json_atomic(path: str, payload: Any) -> None:
-  """Writes JSON through a temporary file and a rename: readers never see half a file."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(payload, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)
-
-
-def read_json(path: str) -> Any:
-  with open(path) as f:
-    return json.load(f)
 
 
 def _marker(config: PipelineConfig, stage: str) -> str:
@@ -263,10 +271,8 @@ def run_pipeline(config: PipelineConfig, stage_fns: Optional[dict] = None,
 
 
 def default_stage_functions() -> dict:
-  from distillspec_jax import evaluation, report  # Heavy imports only when the job runs.
   return {"vocab": stage_vocab, "target": stage_finetune, "draft_raw": stage_finetune,
-          "distill": stage_distill, "evaluate": evaluation.stage_evaluate,
-          "report": report.stage_report}
+          "distill": stage_distill, "evaluate": stage_evaluate, "report": stage_report}
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -469,12 +475,116 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
   start = eval_fn(draft_params, 0)
   result = distill(train_config, target, target_params, draft, train_data(config),
                    distillation, init_params=draft_params, eval_fn=eval_fn, **reference)
-  curve = [{"step": 0, "tau": start["tau"], "alpha": start["alpha"]}]
-  curve += [{"step": r["step"], "tau": r["eval/tau"], "alpha": r["eval/alpha"]}
-            for r in result.history if "eval/tau" in r]
+  curve = [{"step": 0, "tau": start["tau"], "tau_stderr": start["tau_stderr"],
+            "alpha": start["alpha"]}]
+  curve += [{"step": r["step"], "tau": r["eval/tau"], "tau_stderr": r.get("eval/tau_stderr"),
+             "alpha": r["eval/alpha"]} for r in result.full_history if "eval/tau" in r]
   kept = [r["kept_fraction"] for r in result.history if "kept_fraction" in r]
   return {"recipe": recipe, "divergence": distillation.divergence,
           "lambda1": distillation.lambda1, "lambda2": distillation.lambda2,
           "top_k_fraction": distillation.top_k_fraction,
           "kept_fraction_last": kept[-1] if kept else None,
           "final_loss": _last_loss(result.history), "tau_curve": curve}
+
+
+# --- evaluation and report -----------------------------------------------------------------------
+
+
+def _eval_models_and_params(config: PipelineConfig) -> tuple:
+  """(target, draft, {stage name: params}) of every trained model of the job."""
+  target, draft = models(config)
+  params = {"target": load_params(config, "target", target),
+            "draft_raw": load_params(config, "draft_raw", draft)}
+  for name in config.distill_stages:
+    params[name] = load_params(config, name, draft)
+  return target, draft, params
+
+
+def _test_examples(config: PipelineConfig) -> dict:
+  examples = heldout_prompts(config, config.eval_examples, split="test",
+                             task=config.eval_task or config.task)
+  if len(examples["prompts"]) < config.speed_examples:
+    raise ValueError(f"speed_examples={config.speed_examples} but the test split of "
+                     f"{config.eval_task or config.task!r} holds {len(examples['prompts'])} "
+                     "prompts; lower speed_examples.")
+  return examples
+
+
+def measure_run_speed(config: PipelineConfig) -> dict:
+  """speed.measure_speed of every draft of the job with its target, on the first
+  `speed_examples` test prompts. Loads what it needs, so it can run in a pinned process."""
+  from distillspec_jax import speed
+  target, draft, params = _eval_models_and_params(config)
+  prompts = _test_examples(config)["prompts"][:config.speed_examples]
+  drafts = {name: (draft, p) for name, p in params.items() if name != "target"}
+  return speed.measure_speed(target, params["target"], drafts, prompts, gammas=config.gammas,
+                             temperatures=config.temperatures,
+                             max_new_tokens=config.max_new_tokens,
+                             repeats=config.speed_repeats, seed=config.seed,
+                             progress=config.progress_bar)
+
+
+_SPEED_KEYS = ("speedup", "speedup_range", "speedup_spread", "speedup_repeats",
+               "cost_model_speedup", "tokens_per_s", "plain_tokens_per_s", "setup_s")
+
+
+def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
+  """Quality of every model; tau, alpha and measured speedup of every draft with the target
+  at each gamma and temperature. Writes `<run_dir>/evaluate/eval.json`."""
+  from tqdm.auto import tqdm
+  from distillspec_jax import data as data_lib
+  from distillspec_jax import evaluation, speed
+  target, draft, params = _eval_models_and_params(config)
+  eval_task = config.eval_task or config.task
+  examples = _test_examples(config)
+  prompts, targets = examples["prompts"], examples["targets"]
+  metric_fn = lambda refs, predictions: data_lib.compute_metrics(eval_task, refs, predictions)
+  vocabulary = _register_task(config).output_features["targets"].vocabulary
+  detokenize = lambda ids: vocabulary.decode([int(i) for i in ids])
+  drafts = ("draft_raw",) + config.distill_stages
+  total = len(params) + len(config.temperatures) * len(drafts) * len(config.gammas)
+  results = {"quality": {}, "speculative": []}
+  with tqdm(total=total, desc="evaluate (quality, tau)", dynamic_ncols=True,
+            disable=not config.progress_bar) as bar:
+    for name in params:
+      results["quality"][name] = evaluation.quality(
+          target if name == "target" else draft, params[name], prompts, targets,
+          examples["target_texts"], config.max_new_tokens, detokenize, metric_fn)
+      bar.update(1)
+    for temperature in config.temperatures:
+      for name in drafts:
+        for gamma in config.gammas:
+          stats = evaluation.speculative_statistics(
+              target, params["target"], draft, params[name], prompts, gamma=gamma,
+              temperature=temperature, max_new_tokens=config.max_new_tokens, seed=config.seed)
+          results["speculative"].append(dict(draft=name, gamma=gamma, temperature=temperature,
+                                             **stats))
+          bar.update(1)
+  del params  # the timing process loads its own copy
+  timing = speed.run_pinned(config.speed_cpus, measure_run_speed, config)
+  by_key = {(r["draft"], r["gamma"], r["temperature"]): r for r in timing["rows"]}
+  for row in results["speculative"]:
+    timed = by_key[(row["draft"], row["gamma"], row["temperature"])]
+    row.update({k: timed[k] for k in _SPEED_KEYS})
+    row["speed_prompts_tau"] = timed["tau"]
+  results.update(plain=timing["plain"], per_call_s=timing["per_call_s"],
+                 machine=timing["machine"],
+                 speed_protocol={k: timing[k] for k in ("num_prompts", "repeats",
+                                                        "max_new_tokens")})
+  write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
+  return {"num_test_prompts": int(len(prompts))}
+
+
+def stage_report(config: PipelineConfig, stage: str) -> dict:
+  """report.json, report.md and the PNG plots in `run_dir`, from the evaluation and the
+  stages' markers."""
+  from distillspec_jax import report as report_lib
+  evaluation = read_json(os.path.join(config.stage_dir("evaluate"), "eval.json"))
+  wall_clock, curves = {}, {}
+  for name in config.stages:
+    if os.path.exists(_marker(config, name)):
+      wall_clock[name] = read_json(_marker(config, name)).get("wall_clock_s")
+  for name in config.distill_stages:
+    curves[name[len("distill_"):]] = read_json(_marker(config, name)).get("tau_curve", [])
+  report = report_lib.build_report(config, evaluation, wall_clock, curves)
+  return {"plots": report_lib.write_report(config, report, config.run_dir)}

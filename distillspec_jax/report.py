@@ -1,9 +1,17 @@
 """The main job's report: report.json, report.md (the paper's table form) and PNG plots.
 
-report.json: {"rows": [{"task", "temperature", "gamma", "recipe", "tau_raw", "tau_distilled",
-"speedup_raw", "speedup_distilled", ...}], "target_quality": {...}, "wall_clock_s": {...}}; for
-an AdaSPEC comparison "rows" is [{"task", "temperature", "gamma", "recipe", "alpha", "tau"}]
-with recipe in {"raw", "distillspec", "adaspec"}.
+report.json:
+  rows / paired_rows: one per (recipe, temperature, gamma), raw draft against distilled draft:
+    task, temperature, gamma, recipe, tau_raw, tau_distilled (+ _stderr), tau_gain,
+    alpha_raw, alpha_distilled, speedup_raw, speedup_distilled (measured medians),
+    speedup_raw_range, speedup_distilled_range ([min, max] over timing turns),
+    cost_model_speedup_raw, cost_model_speedup_distilled, delta_speedup.
+  draft_rows: one per (draft, temperature, gamma): recipe, alpha, tau, tau_stderr, speedup,
+    speedup_range, cost_model_speedup.
+  target_quality, plain_tokens_per_s, machine ({"cpus", "pinned"}), speed_protocol,
+  wall_clock_s (per stage) and wall_clock_total_s, tau_curves.
+For an AdaSPEC comparison "rows" is the per-draft form (recipe in raw / distillspec /
+adaspec). Pure functions of the evaluation results: the stage glue is pipeline.stage_report.
 """
 
 from __future__ import annotations
@@ -11,7 +19,22 @@ from __future__ import annotations
 import math
 import os
 
-from distillspec_jax import pipeline
+from distillspec_jax.files import write_json_atomic, write_text_atomic
+
+
+def _paired_row(task, recipe, raw: dict, distilled: dict) -> dict:
+  return dict(
+      task=task, temperature=raw["temperature"], gamma=raw["gamma"], recipe=recipe,
+      tau_raw=raw["tau"], tau_distilled=distilled["tau"],
+      tau_raw_stderr=raw["tau_stderr"], tau_distilled_stderr=distilled["tau_stderr"],
+      tau_gain=distilled["tau"] / raw["tau"] - 1.0,
+      alpha_raw=raw["alpha"], alpha_distilled=distilled["alpha"],
+      speedup_raw=raw["speedup"], speedup_distilled=distilled["speedup"],
+      speedup_raw_range=raw["speedup_range"],
+      speedup_distilled_range=distilled["speedup_range"],
+      cost_model_speedup_raw=raw["cost_model_speedup"],
+      cost_model_speedup_distilled=distilled["cost_model_speedup"],
+      delta_speedup=distilled["speedup"] - raw["speedup"])
 
 
 def build_rows(config, evaluation: dict) -> list:
@@ -19,18 +42,11 @@ def build_rows(config, evaluation: dict) -> list:
   by_key = {(r["draft"], r["temperature"], r["gamma"]): r for r in evaluation["speculative"]}
   rows = []
   for stage in config.distill_stages:
-    recipe = stage[len("distill_"):]
     for temperature in config.temperatures:
       for gamma in config.gammas:
-        raw = by_key[("draft_raw", temperature, gamma)]
-        distilled = by_key[(stage, temperature, gamma)]
-        rows.append(dict(
-            task=config.task, temperature=temperature, gamma=gamma, recipe=recipe,
-            tau_raw=raw["tau"], tau_distilled=distilled["tau"],
-            speedup_raw=raw["speedup"], speedup_distilled=distilled["speedup"],
-            delta_speedup=distilled["speedup"] - raw["speedup"],
-            alpha_raw=raw["alpha"], alpha_distilled=distilled["alpha"],
-            tau_gain=distilled["tau"] / raw["tau"] - 1.0))
+        rows.append(_paired_row(config.task, stage[len("distill_"):],
+                                by_key[("draft_raw", temperature, gamma)],
+                                by_key[(stage, temperature, gamma)]))
   return rows
 
 
@@ -46,55 +62,93 @@ def draft_names(config) -> dict:
 
 
 def build_draft_rows(config, evaluation: dict) -> list:
-  """One row per (draft, temperature, gamma): {task, temperature, gamma, recipe, alpha, tau,
-  speedup}."""
+  """One row per (draft, temperature, gamma)."""
   names = draft_names(config)
   return [dict(task=config.task, temperature=r["temperature"], gamma=r["gamma"],
-               recipe=names[r["draft"]], alpha=r["alpha"], tau=r["tau"], speedup=r["speedup"])
+               recipe=names[r["draft"]], alpha=r["alpha"], tau=r["tau"],
+               tau_stderr=r["tau_stderr"], speedup=r["speedup"],
+               speedup_range=r["speedup_range"], cost_model_speedup=r["cost_model_speedup"])
           for r in evaluation["speculative"]]
 
 
-def wall_clock(config) -> dict:
-  times = {}
-  for stage in config.stages:
-    marker = os.path.join(config.stage_dir(stage), pipeline.DONE)
-    if os.path.exists(marker):
-      times[stage] = pipeline.read_json(marker).get("wall_clock_s")
-  return times
+def measurement_sentence(report: dict) -> str:
+  """One sentence saying what the speedups measure and on what machine."""
+  machine, protocol = report["machine"], report["speed_protocol"]
+  pinned = machine["pinned"]
+  cores = (f"pinned to core{'s' if len(pinned) > 1 else ''} {', '.join(map(str, pinned))}"
+           if len(pinned) < machine["cpus"] else "on all cores, unpinned")
+  return (f"Speedup: tokens per second of speculative over plain target decoding at batch 1, "
+          f"{protocol['num_prompts']} test prompts each decoded alone (up to "
+          f"{protocol['max_new_tokens']} new tokens, the encoder and prefill of each prompt "
+          f"included) in one compiled loop per measurement, compiled once and timed warm, "
+          f"median and [min, max] over {protocol['repeats']} interleaved turns, on a "
+          f"{machine['cpus']}-core CPU {cores}; the cost model predicts both times from "
+          f"per-call costs timed in the same turns.")
+
+
+def build_report(config, evaluation: dict, wall_clock: dict, curves: dict) -> dict:
+  quality = {name: {k: v for k, v in q.items() if k != "example_prediction"}
+             for name, q in evaluation["quality"].items()}
+  paired, per_draft = build_rows(config, evaluation), build_draft_rows(config, evaluation)
+  report = {"rows": per_draft if "adaspec" in config.recipes else paired,
+            "paired_rows": paired, "draft_rows": per_draft, "target_quality": quality,
+            "plain_tokens_per_s": {t: p["tokens_per_s"] for t, p in evaluation["plain"].items()},
+            "plain": evaluation["plain"], "per_call_s": evaluation["per_call_s"],
+            "machine": evaluation["machine"], "speed_protocol": evaluation["speed_protocol"],
+            "wall_clock_s": wall_clock,
+            "wall_clock_total_s": sum(v for v in wall_clock.values() if v is not None),
+            "tau_curves": curves}
+  report["measurement"] = measurement_sentence(report)
+  _check_finite(report)
+  return report
+
+
+def _range(values) -> str:
+  return f"[{values[0]:.2f}, {values[1]:.2f}]"
 
 
 def render_markdown(config, report: dict) -> str:
   quality = report["target_quality"]
   lines = [f"# DistillSpec demo report: {config.task}", "",
            f"Target `{config.target_model}`, draft `{config.draft_model}`; "
-           f"{config.eval_examples} test prompts for quality and tau, "
-           f"{config.speed_examples} prompts timed at batch 1 for the speedup.", "",
+           f"{config.eval_examples} test prompts for quality and tau (with its standard error "
+           f"over prompts).", "", report["measurement"], "",
            "## Quality (greedy decoding, test split)", "",
            "| model | accuracy | per-token loss |", "|---|---|---|"]
   for name, q in quality.items():
     lines.append(f"| {name} | {q.get('accuracy', float('nan')):.3f} | "
                  f"{q['per_token_loss']:.4f} |")
-  target_accuracy = quality["target"].get("accuracy", float("nan"))
-  lines += ["", "## Speculative decoding (tau = tokens per target call; speedup = wall clock "
-            "over plain target decoding)", "",
-            "| task | T | gamma | tau w/o distill | speedup w/o | tau DistillSpec | speedup "
-            "DistillSpec | delta speedup | recipe | target accuracy |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+  lines += ["", "## Speculative decoding (tau = tokens per target call; speedup = measured "
+            "median [min, max] over turns, cost model in parentheses)", "",
+            "| T | gamma | recipe | tau w/o distill | tau DistillSpec | tau gain | speedup w/o | "
+            "speedup DistillSpec | delta |", "|---|---|---|---|---|---|---|---|---|"]
   for r in report["paired_rows"]:
     lines.append(
-        f"| {r['task']} | {r['temperature']:g} | {r['gamma']} | {r['tau_raw']:.2f} | "
-        f"{r['speedup_raw']:.2f}x | {r['tau_distilled']:.2f} | {r['speedup_distilled']:.2f}x | "
-        f"{r['delta_speedup']:+.2f}x | {r['recipe']} | {target_accuracy:.3f} |")
-  lines += ["", "## Every draft", "", "| T | gamma | recipe | alpha | tau | speedup |",
-            "|---|---|---|---|---|---|"]
+        f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | "
+        f"{r['tau_raw']:.2f} ± {r['tau_raw_stderr']:.2f} | "
+        f"{r['tau_distilled']:.2f} ± {r['tau_distilled_stderr']:.2f} | {r['tau_gain']:+.1%} | "
+        f"{r['speedup_raw']:.2f}x {_range(r['speedup_raw_range'])} "
+        f"({r['cost_model_speedup_raw']:.2f}x) | "
+        f"{r['speedup_distilled']:.2f}x {_range(r['speedup_distilled_range'])} "
+        f"({r['cost_model_speedup_distilled']:.2f}x) | {r['delta_speedup']:+.2f}x |")
+  lines += ["", "## Every draft", "",
+            "| T | gamma | recipe | alpha | tau | speedup | cost model |",
+            "|---|---|---|---|---|---|---|"]
   for r in report["draft_rows"]:
     lines.append(f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | {r['alpha']:.3f} | "
-                 f"{r['tau']:.2f} | {r['speedup']:.2f}x |")
+                 f"{r['tau']:.2f} ± {r['tau_stderr']:.2f} | {r['speedup']:.2f}x "
+                 f"{_range(r['speedup_range'])} | {r['cost_model_speedup']:.2f}x |")
   lines += ["", "## Wall clock per stage (s)", "", "| stage | seconds |", "|---|---|"]
   for stage, seconds in report["wall_clock_s"].items():
     lines.append(f"| {stage} | {seconds:.0f} |")
-  lines += ["", "Plots: `tau_over_steps.png`, `speedup_vs_gamma.png`.", ""]
+  lines += [f"| **total** | **{report['wall_clock_total_s']:.0f}** |", "",
+            "Plots: `tau_over_steps.png`, `speedup_vs_gamma.png` (error bars: tau's standard "
+            "error; speedup's [min, max] over timing turns).", ""]
   return "\n".join(lines)
+
+
+def _error_bar(value: float, value_range) -> list:
+  return [value - value_range[0], value_range[1] - value]
 
 
 def plot(config, report: dict, curves: dict, out_dir: str) -> list:
@@ -105,10 +159,12 @@ def plot(config, report: dict, curves: dict, out_dir: str) -> list:
   paths = []
   fig, ax = plt.subplots(figsize=(6, 4))
   for recipe, curve in curves.items():
-    ax.plot([p["step"] for p in curve], [p["tau"] for p in curve], marker="o", label=recipe)
+    ax.errorbar([p["step"] for p in curve], [p["tau"] for p in curve],
+                yerr=[p.get("tau_stderr") or 0.0 for p in curve], marker="o", capsize=3,
+                label=recipe)
   ax.set_xlabel("distillation step")
   ax.set_ylabel("tau (gamma=5, T=0, held-out prompts)")
-  ax.set_title("Block efficiency during distillation")
+  ax.set_title("Block efficiency during distillation (± standard error)")
   ax.legend()
   fig.tight_layout()
   paths.append(os.path.join(out_dir, "tau_over_steps.png"))
@@ -116,23 +172,31 @@ def plot(config, report: dict, curves: dict, out_dir: str) -> list:
   plt.close(fig)
 
   temperatures = sorted({r["temperature"] for r in report["paired_rows"]})
-  fig, axes = plt.subplots(1, len(temperatures), figsize=(5 * len(temperatures), 4),
-                           squeeze=False)
-  for ax, temperature in zip(axes[0], temperatures):
+  fig, axes = plt.subplots(2, len(temperatures), figsize=(5 * len(temperatures), 7),
+                           squeeze=False, sharex=True)
+  for column, temperature in enumerate(temperatures):
     rows = [r for r in report["paired_rows"] if r["temperature"] == temperature]
     first_recipe = rows[0]["recipe"]
-    raw = [r for r in rows if r["recipe"] == first_recipe]
-    ax.plot([r["gamma"] for r in raw], [r["speedup_raw"] for r in raw], marker="o",
-            label="raw draft")
-    for recipe in dict.fromkeys(r["recipe"] for r in rows):
-      mine = [r for r in rows if r["recipe"] == recipe]
-      ax.plot([r["gamma"] for r in mine], [r["speedup_distilled"] for r in mine], marker="o",
-              label=f"distilled ({recipe})")
-    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-    ax.set_xlabel("gamma")
-    ax.set_ylabel("speedup over plain decoding")
-    ax.set_title(f"T = {temperature:g}")
-    ax.legend()
+    series = [("raw draft", [r for r in rows if r["recipe"] == first_recipe], "raw")]
+    series += [(f"distilled ({recipe})", [r for r in rows if r["recipe"] == recipe],
+                "distilled") for recipe in dict.fromkeys(r["recipe"] for r in rows)]
+    speed_ax, tau_ax = axes[0][column], axes[1][column]
+    for label, mine, kind in series:
+      gammas = [r["gamma"] for r in mine]
+      speed_ax.errorbar(gammas, [r[f"speedup_{kind}"] for r in mine],
+                        yerr=list(zip(*[_error_bar(r[f"speedup_{kind}"],
+                                                   r[f"speedup_{kind}_range"])
+                                        for r in mine])),
+                        marker="o", capsize=3, label=label)
+      tau_ax.errorbar(gammas, [r[f"tau_{kind}"] for r in mine],
+                      yerr=[r[f"tau_{kind}_stderr"] for r in mine], marker="o", capsize=3,
+                      label=label)
+    speed_ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    speed_ax.set_ylabel("measured speedup over plain decoding")
+    speed_ax.set_title(f"T = {temperature:g} (bars: [min, max] over turns)")
+    speed_ax.legend()
+    tau_ax.set_xlabel("gamma")
+    tau_ax.set_ylabel("tau (± standard error)")
   fig.tight_layout()
   paths.append(os.path.join(out_dir, "speedup_vs_gamma.png"))
   fig.savefig(paths[-1], dpi=120)
@@ -143,33 +207,16 @@ def plot(config, report: dict, curves: dict, out_dir: str) -> list:
 def _check_finite(report: dict) -> None:
   for row in report["paired_rows"] + report["draft_rows"]:
     for key, value in row.items():
-      if isinstance(value, float) and not math.isfinite(value):
+      values = value if isinstance(value, list) else [value]
+      if any(isinstance(v, float) and not math.isfinite(v) for v in values):
         raise ValueError(f"report row {row} has a non-finite {key}.")
 
 
-def stage_report(config, stage: str) -> dict:
-  evaluation = pipeline.read_json(os.path.join(config.stage_dir("evaluate"), "eval.json"))
-  quality = {name: {k: v for k, v in q.items() if k != "example_prediction"}
-             for name, q in evaluation["quality"].items()}
-  paired, per_draft = build_rows(config, evaluation), build_draft_rows(config, evaluation)
-  # "rows" is the paper-table form for DistillSpec jobs, the per-draft form for AdaSPEC
-  # comparisons (recipe in raw / distillspec / adaspec); both forms are always present.
-  report = {"rows": per_draft if "adaspec" in config.recipes else paired,
-            "paired_rows": paired, "draft_rows": per_draft, "target_quality": quality,
-            "plain_tokens_per_s": evaluation["plain_tokens_per_s"],
-            "wall_clock_s": wall_clock(config)}
-  _check_finite(report)
-  curves = {}
-  for name in config.distill_stages:
-    marker = pipeline.read_json(os.path.join(config.stage_dir(name), pipeline.DONE))
-    curves[name[len("distill_"):]] = marker.get("tau_curve", [])
-  report["tau_curves"] = curves
-  out_dir = config.run_dir
-  pipeline.write_json_atomic(os.path.join(out_dir, "report.json"), report)
+def write_report(config, report: dict, out_dir: str) -> list:
+  """Writes report.json, report.md and the plots into `out_dir`; returns the plot paths."""
+  write_json_atomic(os.path.join(out_dir, "report.json"), report)
   markdown = render_markdown(config, report)
-  with open(os.path.join(out_dir, "report.md.tmp"), "w") as f:
-    f.write(markdown)
-  os.replace(os.path.join(out_dir, "report.md.tmp"), os.path.join(out_dir, "report.md"))
-  plots = plot(config, report, curves, out_dir)
+  write_text_atomic(os.path.join(out_dir, "report.md"), markdown)
+  paths = plot(config, report, report["tau_curves"], out_dir)
   print(markdown)
-  return {"plots": plots}
+  return paths

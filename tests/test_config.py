@@ -32,7 +32,8 @@ def test_every_preset_is_valid_and_hashable():
     assert model_config(name) is c
     hash(c)  # configs are static jit arguments
   # Small vocabularies: a tiny model with a 32k vocabulary spends its time in the logits layer.
-  for name in ("tiny_encoder_decoder", "tiny_decoder_only", "demo_target", "demo_draft"):
+  for name in ("tiny_encoder_decoder", "tiny_decoder_only", "smoke_target", "demo_target",
+               "demo_draft"):
     assert MODEL_CONFIGS[name].dropout_rate == 0.0 and MODEL_CONFIGS[name].vocab_size <= 512
   check_same_vocabulary(MODEL_CONFIGS["demo_target"], MODEL_CONFIGS["demo_draft"])
 

@@ -13,6 +13,7 @@ from distillspec_jax.pipeline import PipelineConfig, required_stages, run_pipeli
 def _smoke_config(run_dir):
   return PipelineConfig(
       run_dir=str(run_dir), task_feature_lengths={"inputs": 40, "targets": 44},
+      target_model="smoke_target",
       target_steps=3, draft_steps=3, distill_steps=2, batch_size=4, warmup_steps=1,
       gammas=(2,), temperatures=(0.0, 1.0), eval_examples=4, speed_examples=1,
       max_new_tokens=8, eval_every=1, train_examples=64, progress_bar=False)

@@ -1,0 +1,330 @@
+"""Wall-clock speed of speculative decoding against plain target decoding.
+
+One measurement protocol, used by the main job's evaluation and by `bench/`:
+
+- Batch 1, as in the paper: every prompt is decoded alone. All prompts of one measurement run
+  in one compiled device loop (`lax.map` over the prompts), so dispatch and Python costs are
+  paid once per measurement instead of once per prompt. Each prompt's setup (its encoders and
+  the prefill) runs inside the loop, because it is part of decoding a prompt; it is also timed
+  on its own and reported as `setup_s`.
+- Compiled once, timed warm: each function is called once untimed in every turn before its
+  timed call (its code and weights back in the CPU caches).
+- Plain decoding, every speculative configuration and every per-call cost are timed in
+  interleaved turns, `repeats` turns in all, so a burst of interference from other processes
+  is spread over every quantity instead of skewing one. The speedup of a turn is the ratio of
+  tokens per second against the plain decoding of the same turn (fair at T > 0, where the two
+  decoders' samples differ in length); we report its median and [min, max] over turns.
+- The cost-model speedup predicts both times from per-call costs measured in the same turns:
+  plain = setup + (tokens - 1) target steps per prompt; speculative = setup + per round one
+  2-token and gamma - 1 one-token draft calls and one (gamma + 1)-token verification. Model
+  calls are timed in jitted loops fed the previous call's outputs (see `_repeated_extend`).
+- Pinning: `pin_cores` restricts the process to some cores before JAX creates its thread
+  pools; `run_pinned` runs a function in a fresh process pinned that way (the training stages
+  of the main job keep every core).
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import statistics
+import time
+from typing import Callable, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from distillspec_jax.decoding import (SamplingConfig, check_positive_int, decode,
+                                      prompt_inputs)
+from distillspec_jax.models import Model
+from distillspec_jax.speculative import Lenience, speculative_decode
+
+
+def pin_cores(count: int) -> list:
+  """Restricts this process to its last `count` allowed cores (0: leaves it as it is) and
+  returns the cores it may use.
+
+  Must run before JAX's first computation: XLA sizes its CPU thread pools from the cores the
+  process may use. On the 2-vCPU VMs this project is developed on, the intra-op pool hands the
+  small models' microsecond kernels between two threads; one core is as fast or faster for
+  every decoding quantity and its timings vary less (docs/benchmarks.md).
+  """
+  allowed = sorted(os.sched_getaffinity(0))
+  if count <= 0:
+    return allowed
+  if count > len(allowed):
+    raise ValueError(f"cpus={count} but this process may use only {len(allowed)} cores "
+                     f"({allowed}); pass at most {len(allowed)}, or 0 for no pinning.")
+  os.sched_setaffinity(0, allowed[-count:])
+  return allowed[-count:]
+
+
+def machine_info() -> dict:
+  """{"cpus": cores of the machine, "pinned": cores this process may use}."""
+  return {"cpus": os.cpu_count(), "pinned": sorted(os.sched_getaffinity(0))}
+
+
+def _pinned_call(cpus: int, function: Callable, args: tuple, kwargs: dict):
+  pin_cores(cpus)
+  return function(*args, **kwargs)
+
+
+def run_pinned(cpus: int, function: Callable, *args, **kwargs):
+  """`function(*args, **kwargs)` in a fresh process pinned to `cpus` cores (0: in this
+  process, unpinned). `function` and its arguments must be picklable (module-level); it must
+  load what it needs itself, since the child starts empty."""
+  if cpus <= 0:
+    return function(*args, **kwargs)
+  with multiprocessing.get_context("spawn").Pool(1) as pool:
+    return pool.apply(_pinned_call, (cpus, function, args, kwargs))
+
+
+def interleaved_times(functions: Mapping[str, Callable], repeats: int,
+                      timed_per_turn: int = 1, progress: Optional[Callable] = None) -> dict:
+  """Seconds of each of `functions` (name -> callable returning arrays) per timed call:
+  name -> [repeats * timed_per_turn] list, in turn order.
+
+  Each turn runs every function once untimed, then `timed_per_turn` timed calls, function
+  after function; `progress()` is called after each turn.
+  """
+  times = {name: [] for name in functions}
+  for _ in range(repeats):
+    for name, fn in functions.items():
+      jax.block_until_ready(fn())
+      for _ in range(timed_per_turn):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times[name].append(time.perf_counter() - start)
+    if progress is not None:
+      progress()
+  return times
+
+
+def interleaved_median_times(functions: Mapping[str, Callable], repeats: int,
+                             block: int = 3) -> dict:
+  """Median seconds of each function over about `repeats` timed calls, `block` per turn."""
+  turns = max(1, -(-repeats // block))
+  times = interleaved_times(functions, turns, timed_per_turn=block)
+  return {name: statistics.median(values) for name, values in times.items()}
+
+
+@functools.partial(jax.jit, static_argnames=("model", "width", "steps"))
+def _repeated_extend(model, params, cache, tokens, passes, *, width, steps):
+  """`passes` x `steps` calls of `model.extend` on `width` tokens per row, each pass filling
+  the cache. Returns the last call's tokens [batch, width].
+
+  Each call is fed the argmax of the previous call's logits, as in decoding: with inputs that
+  do not depend on the previous call XLA hoists the embedding lookup and the first layer's
+  projections out of the loop, and with only part of the logits used it drops the rest as
+  dead code; either way a call would be timed cheaper than it is.
+  """
+  start_positions = cache.positions
+
+  def one_pass(pass_index, carry):
+    def body(step, carry):
+      cache, tokens = carry
+      logits, cache = model.extend(params, cache, tokens)
+      return cache, jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    cache, tokens = carry
+    return jax.lax.fori_loop(0, steps, body, (cache.replace(positions=start_positions), tokens))
+
+  return jax.lax.fori_loop(0, passes, one_pass, (cache, tokens))[1]
+
+
+def per_call_function(model: Model, params, inputs: dict, batch: int, width: int,
+                      duration: float, capacity: Optional[int] = None):
+  """(callable making `calls` extends of `width` tokens per row, calls), for per-call costs.
+
+  The callable runs about `duration` seconds, like the decoding it is compared with (on a
+  shared machine a short timed call is less often hit by interference than a long one).
+  `capacity`: cache slots (default the model's max_decode_length); one pass fills them.
+  """
+  encoder_inputs = inputs.get("encoder_input_tokens")
+  capacity = capacity or model.config.max_decode_length
+  steps = max(1, capacity // width)
+  cache = model.init_cache(params, batch, capacity, encoder_inputs)
+  tokens = jnp.full((batch, width), 5, jnp.int32)
+  run = lambda passes: _repeated_extend(model, params, cache, tokens, passes, width=width,
+                                        steps=steps)
+  jax.block_until_ready(run(1))  # compiles (once per model, width and batch: passes is traced)
+  start = time.perf_counter()
+  jax.block_until_ready(run(1))
+  passes = max(1, round(duration / (time.perf_counter() - start)))
+  return (lambda: run(passes)), steps * passes
+
+
+def _over_prompts(run_one: Callable) -> Callable:
+  """jit(params..., prompts [N, P], rng) -> per-prompt results, each prompt decoded alone
+  (batch 1) in one `lax.map`; prompt i samples with fold_in(rng, i)."""
+
+  def run(model_params, prompts, rng):
+    def one(args):
+      index, prompt = args
+      return run_one(model_params, prompt[None], jax.random.fold_in(rng, index))
+
+    return jax.lax.map(one, (jnp.arange(prompts.shape[0]), prompts))
+
+  return jax.jit(run)
+
+
+def _plain_runner(target: Model, max_new_tokens: int, sampling: SamplingConfig):
+  def run_one(params, prompt, rng):
+    result = decode(target, params["target"], max_new_tokens=max_new_tokens,
+                    sampling=sampling, rng=rng, **prompt_inputs(target, prompt))
+    return {"lengths": result.lengths[0]}
+
+  return _over_prompts(run_one)
+
+
+def _speculative_runner(target: Model, draft: Model, max_new_tokens: int, gamma: int,
+                        sampling: SamplingConfig, lenience: Lenience):
+  def run_one(params, prompt, rng):
+    result = speculative_decode(target, params["target"], draft, params["draft"],
+                                max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
+                                lenience=lenience, rng=rng, **prompt_inputs(target, prompt))
+    return {"lengths": result.lengths[0], "target_calls": result.target_calls[0],
+            "produced": result.produced[0]}
+
+  return _over_prompts(run_one)
+
+
+def _spread(values: Sequence[float]) -> float:
+  """(max - min) / median."""
+  return (max(values) - min(values)) / statistics.median(values)
+
+
+def check_speed_arguments(gammas, temperatures, repeats, prompts) -> None:
+  """Refuses an empty gamma or temperature grid, repeats < 1 and an empty prompt set."""
+  if not len(gammas):
+    raise ValueError(f"gammas={tuple(gammas)!r} is empty; pass at least one gamma, "
+                     "e.g. (3, 5, 7).")
+  for gamma in gammas:
+    check_positive_int(gamma, "gamma")
+  if not len(temperatures):
+    raise ValueError(f"temperatures={tuple(temperatures)!r} is empty; pass e.g. (0.0, 1.0).")
+  check_positive_int(repeats, "speed repeats (timing turns)")
+  if len(prompts) < 1:
+    raise ValueError("No prompts to time: pass at least one speed prompt.")
+
+
+def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], prompts,
+                  *, gammas: Sequence[int], temperatures: Sequence[float],
+                  max_new_tokens: int, repeats: int = 7, seed: int = 0,
+                  lenience: Lenience = Lenience(), eos_id: Optional[int] = None,
+                  progress: bool = True) -> dict:
+  """Measured and cost-model speedups of every (draft, gamma, temperature) over plain decoding.
+
+  Args:
+    drafts: name -> (draft Model, draft params); drafts of one Model share compiled code.
+    prompts: [N, P] right-padded prompts (encoder inputs of an encoder-decoder), each decoded
+      alone.
+    repeats: timing turns (>= 1); medians and ranges are over them.
+    eos_id: None = the sampling default (EOS stops a row); -1 disables EOS (fixed lengths).
+  Returns:
+    {"rows": [{draft, gamma, temperature, speedup, speedup_range, speedup_spread,
+    speedup_repeats, cost_model_speedup, tokens_per_s, plain_tokens_per_s, tau, rounds,
+    tokens, seconds}], "plain": {temperature: {...}}, "per_call_s": {...},
+    "machine": machine_info(), "num_prompts", "repeats", "max_new_tokens"}.
+  """
+  check_speed_arguments(gammas, temperatures, repeats, prompts)
+  prompts = jnp.asarray(np.asarray(prompts), jnp.int32)
+  num_prompts = int(prompts.shape[0])
+  model_of = {}
+  for name, (draft, _) in drafts.items():
+    model_of.setdefault(draft, []).append(name)
+  rng = jax.random.PRNGKey(seed)
+  eos = {} if eos_id is None else {"eos_id": eos_id}
+  one_prompt = {k: v[:1] for k, v in prompt_inputs(target, prompts).items()}
+
+  # Per-call costs (temperature-independent).
+  capacity = target.config.max_decode_length
+  per_call, calls = {}, {}
+  per_call["target_step"], calls["target_step"] = per_call_function(
+      target, target_params, one_prompt, 1, 1, 0.05, capacity)
+  for gamma in gammas:
+    per_call[f"verification_{gamma}"], calls[f"verification_{gamma}"] = per_call_function(
+        target, target_params, one_prompt, 1, gamma + 1, 0.05, capacity)
+  for draft, names in model_of.items():
+    params = drafts[names[0]][1]
+    for width in (1, 2):
+      key = f"{names[0]}:draft_step_{width}"
+      per_call[key], calls[key] = per_call_function(draft, params, one_prompt, 1, width,
+                                                    0.05, capacity)
+
+  rows, plain_info, functions, runs = [], {}, {}, {}
+  for temperature in temperatures:
+    sampling = SamplingConfig(float(temperature), **eos)
+    setup_plain = _plain_runner(target, 1, sampling)
+    plain = _plain_runner(target, max_new_tokens, sampling)
+    params = {"target": target_params}
+    key = ("plain", temperature)
+    runs[key] = jax.device_get(plain(params, prompts, rng))
+    functions[key] = functools.partial(plain, params, prompts, rng)
+    functions[("setup_plain", temperature)] = functools.partial(setup_plain, params, prompts,
+                                                                rng)
+    for draft, names in model_of.items():
+      for gamma in gammas:
+        speculative = _speculative_runner(target, draft, max_new_tokens, gamma, sampling,
+                                          lenience)
+        if gamma == gammas[0]:
+          setup = _speculative_runner(target, draft, 1, gamma, sampling, lenience)
+          functions[("setup_speculative", temperature, names[0])] = functools.partial(
+              setup, {"target": target_params, "draft": drafts[names[0]][1]}, prompts, rng)
+        for name in names:
+          params = {"target": target_params, "draft": drafts[name][1]}
+          key = (name, gamma, temperature)
+          runs[key] = jax.device_get(speculative(params, prompts, rng))
+          functions[key] = functools.partial(speculative, params, prompts, rng)
+  for name, fn in per_call.items():
+    functions[("per_call", name)] = fn
+  for fn in functions.values():  # compiles what the runs above did not
+    jax.block_until_ready(fn())
+
+  from tqdm.auto import tqdm
+  with tqdm(total=repeats, desc="speed (turns)", disable=not progress,
+            dynamic_ncols=True) as bar:
+    times = interleaved_times(functions, repeats, progress=lambda: bar.update(1))
+  median = {key: statistics.median(values) for key, values in times.items()}
+  cost = {name: median[("per_call", name)] / calls[name] for name in per_call}
+
+  for temperature in temperatures:
+    plain_lengths = np.asarray(runs[("plain", temperature)]["lengths"])
+    plain_tokens = int(plain_lengths.sum())
+    plain_times = times[("plain", temperature)]
+    setup_plain = median[("setup_plain", temperature)]
+    predicted_plain = setup_plain + float(np.sum(plain_lengths - 1)) * cost["target_step"]
+    plain_info[str(float(temperature))] = dict(
+        tokens=plain_tokens, seconds=statistics.median(plain_times),
+        seconds_range=[min(plain_times), max(plain_times)],
+        tokens_per_s=plain_tokens / statistics.median(plain_times),
+        setup_s=setup_plain, cost_model_seconds=predicted_plain)
+    for draft, names in model_of.items():
+      setup_spec = median[("setup_speculative", temperature, names[0])]
+      draft_one, draft_two = (cost[f"{names[0]}:draft_step_{w}"] for w in (1, 2))
+      for name in names:
+        for gamma in gammas:
+          key = (name, gamma, temperature)
+          result = runs[key]
+          tokens = int(np.sum(result["lengths"]))
+          rounds = int(np.sum(result["target_calls"]))
+          spec_times = times[key]
+          per_turn = [(tokens / s) / (plain_tokens / p) for s, p in zip(spec_times, plain_times)]
+          predicted = setup_spec + rounds * (draft_two + (gamma - 1) * draft_one
+                                             + cost[f"verification_{gamma}"])
+          rows.append(dict(
+              draft=name, gamma=int(gamma), temperature=float(temperature),
+              speedup=statistics.median(per_turn),
+              speedup_range=[min(per_turn), max(per_turn)],
+              speedup_spread=_spread(per_turn), speedup_repeats=per_turn,
+              cost_model_speedup=(tokens / predicted) / (plain_tokens / predicted_plain),
+              tokens_per_s=tokens / statistics.median(spec_times),
+              plain_tokens_per_s=plain_tokens / statistics.median(plain_times),
+              tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
+              tokens=tokens, seconds=statistics.median(spec_times), setup_s=setup_spec))
+  return dict(rows=rows, plain=plain_info, per_call_s=cost, machine=machine_info(),
+              num_prompts=num_prompts, repeats=int(repeats),
+              max_new_tokens=int(max_new_tokens))
+
