@@ -90,6 +90,9 @@ class TrainConfig:
   async_checkpointing: bool = False
 
   def __post_init__(self):
+    if not self.model_dir:  # gin's unset MODEL_DIR is None: say which macro, not the type
+      raise ValueError(f"model_dir={self.model_dir!r}: MODEL_DIR is not set; pass "
+                       "--gin.MODEL_DIR=/path/to/dir (TrainConfig.model_dir).")
     validation.check_field_types(self)
     if self.train_steps < 0:
       raise ValueError(f"train_steps={self.train_steps} must be >= 0 (gin: TRAIN_STEPS).")
@@ -545,9 +548,6 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
   schedule = config.optimizer_spec.schedule()
   history, pending, unchecked = [], [], []
   source_totals = np.zeros(len(SOURCES), np.int64)
-  last_logged = next((r for r in reversed(resumed_history) if "loss" in r), None)
-  if last_logged is not None:  # running totals continue across the restart
-    source_totals += [int(last_logged.get(f"source_total/{n}", 0)) for n in SOURCES]
   meta = {"model_config": dataclasses.asdict(model.config), "objective": objective.name}
   vocab_size = model.config.vocab_size
 
