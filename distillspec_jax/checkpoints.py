@@ -139,6 +139,11 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return list(self.manager.all_steps())
 
+  def should_save(self, step: int) -> bool:
+    """Whether `save(step, ...)` would save without force (orbax: step % save_every == 0,
+    and the first step saved by a manager with no checkpoint yet)."""
+    return bool(self.manager.should_save(int(step)))
+
   def save(self, step: int, params: Params, opt_state: Any, meta: Optional[dict] = None,
            force: bool = False) -> bool:
     """Saves if `step` is due (or `force`); returns whether a save started."""
