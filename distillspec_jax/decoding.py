@@ -84,14 +84,15 @@ def check_prompt_padding(prompt_tokens, name: str = "prompt_tokens") -> None:
   if tokens.ndim != 2:
     raise ValueError(f"{name} must be [batch, P]; got shape {tokens.shape}.")
   pad = tokens == PAD_ID
-  # Interior padding: a PAD at column c with a real id anywhere after it.
-  real_after = np.flip(np.cumsum(np.flip(~pad, axis=1), axis=1), axis=1) > 0  # incl. column c
-  interior = pad[:, :-1] & real_after[:, 1:]
+  # Padding followed by a real id anywhere in a row shows as a PAD right before a real id.
+  interior = pad[:, :-1] & ~pad[:, 1:]
   if interior.any():
-    row, column = (int(i) for i in np.argwhere(interior)[0])
+    row = int(np.argwhere(interior)[0, 0])
+    column = int(np.argmax(pad[row]))  # the row's first padding position
+    shown = str(tokens[row, :24].tolist())[:-1] + (", ...]" if tokens.shape[1] > 24 else "]")
     raise ValueError(
         f"{name} row {row} has padding (id {PAD_ID}) at position {column} followed by a "
-        f"non-zero id: {tokens[row].tolist()}. Prompts are right-padded: put every real token "
+        f"non-zero id: {shown}. Prompts are right-padded: put every real token "
         "first and the padding after it.")
 
 
