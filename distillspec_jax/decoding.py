@@ -134,7 +134,7 @@ def sample_from_probabilities(probs: Array, uniform: Array) -> Array:
   exact to within 2^-23 of the total, a token's within its block to 2^-23 of the block's
   mass; a token far below 2^-23 of its block's mass (next to a dominant token) is still
   quantised. Only the chosen block's cumsum is formed (one reduction over the vocabulary, no
-  vocabulary-wide scan: ~15x faster than the single cumsum at 32,128 on CPU, bench/sampler.py).
+  vocabulary-wide scan: 12-15x faster than the single cumsum at 32,128 on CPU, bench/sampler.py).
   Deterministic given `uniform`; two uniforms per row instead of one per vocabulary entry
   (what Gumbel sampling needs): on CPU the random bits, not the model, dominated a sampled
   step.
