@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from distillspec_jax import checkpoints
+from distillspec_jax import checkpoints, multihost
 from distillspec_jax.files import read_json, write_json_atomic
 from distillspec_jax.config import model_config
 from distillspec_jax.decoding import prompt_inputs
@@ -35,6 +35,10 @@ from distillspec_jax.models import Model
 from distillspec_jax.trainer import TrainConfig, distill, finetune
 
 DONE = "DONE.json"
+# Stages that only process 0 runs (host-side files, evaluation, report); the training stages
+# run on every process (SPMD). The others wait for them at a barrier this long.
+PRIMARY_ONLY_STAGES = ("vocab", "evaluate", "report")
+STAGE_BARRIER_TIMEOUT_S = 7 * 24 * 3600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,16 +260,22 @@ def run_pipeline(config: PipelineConfig, stage_fns: Optional[dict] = None,
       outcome[stage] = "skipped"
       continue
     stage_dir = config.stage_dir(stage)
-    if status == "stale" and os.path.exists(stage_dir):
+    primary = multihost.is_primary()  # the one writer of markers (multihost.py)
+    if status == "stale" and os.path.exists(stage_dir) and primary:
       logging.info("Stage %s: inputs changed, starting over.", stage)
       shutil.rmtree(stage_dir)
+    multihost.barrier(f"stage_start:{stage}")
     os.makedirs(stage_dir, exist_ok=True)
     print(f"=== stage {stage} ===", flush=True)
     start = time.time()
     fn = stage_fns["distill"] if stage.startswith("distill_") else stage_fns[stage]
-    summary = fn(config, stage) or {}
-    summary["wall_clock_s"] = time.time() - start
-    write_json_atomic(_marker(config, stage), summary)
+    if primary or stage not in PRIMARY_ONLY_STAGES:
+      summary = fn(config, stage) or {}
+      summary["wall_clock_s"] = time.time() - start
+      if primary:
+        write_json_atomic(_marker(config, stage), summary)
+    # The next stage reads this one's outputs: every process waits for the marker.
+    multihost.barrier(f"stage_done:{stage}", timeout_s=STAGE_BARRIER_TIMEOUT_S)
     outcome[stage] = "ran"
   return outcome
 
@@ -293,11 +303,19 @@ class InMemoryData:
   def num_examples(self) -> int:
     return len(next(iter(self.arrays.values())))
 
-  def batch_at(self, step: int) -> dict:
+  def _rows(self, step: int) -> np.ndarray:
     per_epoch = self.num_examples // self.batch_size
     epoch, index = divmod(step, per_epoch)
     order = np.random.default_rng((self.seed, epoch)).permutation(self.num_examples)
-    rows = order[index * self.batch_size:(index + 1) * self.batch_size]
+    return order[index * self.batch_size:(index + 1) * self.batch_size]
+
+  def batch_at(self, step: int) -> dict:
+    rows = self._rows(step)
+    return {k: v[rows] for k, v in self.arrays.items()}
+
+  def local_batch_at(self, step: int, shard) -> dict:
+    """This process's rows (`multihost.DataShard`) of the global batch of `step`."""
+    rows = self._rows(step)[shard.rows]
     return {k: v[rows] for k, v in self.arrays.items()}
 
 
@@ -375,10 +393,13 @@ def train_data(config: PipelineConfig):
   if not config.in_memory_data:
     from distillspec_jax import data as data_lib
     _register_task(config)
-    return lambda: data_lib.get_dataset(
-        config.task, "train", config.task_feature_lengths, config.batch_size, shuffle=True,
+    # Each process streams its own seqio shard (multihost.DataShard.shard_info()).
+    return lambda shard=None: data_lib.get_dataset(
+        config.task, "train", config.task_feature_lengths,
+        shard.local_batch_size if shard else config.batch_size, shuffle=True,
         seed=config.seed, num_epochs=None, drop_remainder=True,
-        feature_converter=config.feature_converter)
+        feature_converter=config.feature_converter,
+        shard_info=shard.shard_info() if shard and shard.num_shards > 1 else None)
   with np.load(os.path.join(config.stage_dir("vocab"), "train.npz")) as arrays:
     return InMemoryData({k: arrays[k] for k in arrays.files}, config.batch_size, config.seed)
 
@@ -500,13 +521,18 @@ def _eval_models_and_params(config: PipelineConfig) -> tuple:
   return target, draft, params
 
 
-def _test_examples(config: PipelineConfig) -> dict:
-  examples = heldout_prompts(config, config.eval_examples, split="test",
-                             task=config.eval_task or config.task)
+def check_speed_prompts(config: PipelineConfig, examples: dict) -> None:
+  """Refuses more timed prompts (`speed_examples`) than the test examples hold."""
   if len(examples["prompts"]) < config.speed_examples:
     raise ValueError(f"speed_examples={config.speed_examples} but the test split of "
                      f"{config.eval_task or config.task!r} holds {len(examples['prompts'])} "
                      "prompts; lower speed_examples.")
+
+
+def _test_examples(config: PipelineConfig) -> dict:
+  examples = heldout_prompts(config, config.eval_examples, split="test",
+                             task=config.eval_task or config.task)
+  check_speed_prompts(config, examples)
   return examples
 
 

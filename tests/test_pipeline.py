@@ -1,9 +1,11 @@
 """The main job end to end with a handful of steps per stage (the CI smoke test)."""
 
+import dataclasses
 import json
 import math
 import os
 
+import numpy as np
 import pytest
 
 from distillspec_jax import pipeline
@@ -16,7 +18,8 @@ def _smoke_config(run_dir):
       target_model="smoke_target",
       target_steps=3, draft_steps=3, distill_steps=2, batch_size=4, warmup_steps=1,
       gammas=(2,), temperatures=(0.0, 1.0), eval_examples=4, speed_examples=1,
-      max_new_tokens=8, eval_every=1, train_examples=64, progress_bar=False)
+      max_new_tokens=8, eval_every=1, train_examples=64, progress_bar=False, speed_repeats=2,
+      speed_cpus=0)
 
 
 def _mtimes(config):
@@ -25,7 +28,8 @@ def _mtimes(config):
 
 
 def test_demo_pipeline_smoke_reuse_and_partial_rerun(tmp_path):
-  config = _smoke_config(tmp_path / "demo")
+  # Timed in a process pinned to one core, as the demo does.
+  config = dataclasses.replace(_smoke_config(tmp_path / "demo"), speed_cpus=1)
   outcome = run_pipeline(config)
   assert set(outcome.values()) == {"ran"}
 
@@ -103,10 +107,9 @@ def test_adaspec_bad_input(tmp_path):
 
 def test_decoder_only_job(tmp_path):
   """The same job with decoder-only models (prefix LM on the embedded task)."""
-  import dataclasses
   config = dataclasses.replace(_smoke_config(tmp_path / "dec"), target_model="tiny_decoder_only",
                                draft_model="tiny_decoder_only", recipes=("gkd",),
-                               temperatures=(0.0,))
+                               temperatures=(0.0,), max_decode_length=160)
   assert config.feature_converter == "decoder"
   run_pipeline(config)
   report = json.load(open(tmp_path / "dec" / "report.json"))
@@ -114,3 +117,23 @@ def test_decoder_only_job(tmp_path):
   row = report["rows"][0]
   assert 1.0 <= row["tau_raw"] <= row["gamma"] + 1 and math.isfinite(row["speedup_distilled"])
   assert math.isfinite(report["target_quality"]["target"]["per_token_loss"])
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(gammas=()), "gammas=\\(\\) is empty"),
+    (dict(temperatures=()), "temperatures=\\(\\) is empty"),
+    (dict(speed_repeats=0), "speed_repeats=0"),
+    (dict(speed_examples=9, eval_examples=8), "speed_examples=9 exceeds eval_examples=8"),
+    (dict(speed_cpus=-1), "speed_cpus=-1"),
+])
+def test_speed_settings_are_checked(tmp_path, changes, message):
+  with pytest.raises(ValueError, match=message):
+    dataclasses.replace(_smoke_config(tmp_path), **changes)
+
+
+def test_more_speed_prompts_than_the_split_holds_is_refused(tmp_path):
+  config = _smoke_config(tmp_path)
+  examples = {"prompts": np.zeros((2, 4), np.int32)}
+  with pytest.raises(ValueError, match="speed_examples=3 but the test split"):
+    pipeline.check_speed_prompts(dataclasses.replace(config, speed_examples=3,
+                                                     eval_examples=8), examples)
