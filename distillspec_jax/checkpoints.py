@@ -27,6 +27,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from distillspec_jax import multihost
+
 Params = Any
 # restore_fn(path, abstract_params) -> params: a hook for importers of other formats (T5X, HF).
 RestoreFn = Callable[[str, Params], Params]
@@ -81,7 +83,7 @@ def remove_temporary_checkpoints(directory: str) -> list[str]:
   save of this directory is in flight (one training job per MODEL_DIR). Only process 0
   deletes. Returns the names removed.
   """
-  if jax.process_index() != 0 or not os.path.isdir(directory):
+  if not multihost.is_primary() or not os.path.isdir(directory):
     return []
   removed = []
   for name in sorted(os.listdir(directory)):
@@ -122,6 +124,7 @@ class Checkpointer:
       raise ValueError(f"save_every={self.save_every} must be >= 1.")
     self.directory = os.path.abspath(os.fspath(self.directory))
     self.removed_temporary = remove_temporary_checkpoints(self.directory)
+    multihost.barrier("checkpoint_temporaries_removed")  # process 0 removed them, then all open
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=self.save_every, max_to_keep=self.keep, create=True,
         enable_async_checkpointing=self.async_save)

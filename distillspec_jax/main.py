@@ -7,6 +7,10 @@ The run file binds a `PipelineConfig` (see pipeline.py) through the T5X macros M
 MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, TRAIN_STEPS, BATCH_SIZE; `main_job.stages` picks
 what to make (their inputs are made first when missing). Every bad run file, binding or
 MODEL_DIR fails here, before any training starts.
+
+Multi-host: the flags --coordinator_address, --process_count, --process_index (multihost.py;
+none on a TPU VM slice). Training stages run on every process; vocab, evaluate and report on
+process 0, the only writer of markers and reports; the others wait at a barrier.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Optional, Sequence
 
 import gin
 
-from distillspec_jax import gin_utils
+from distillspec_jax import gin_utils, multihost
 from distillspec_jax.pipeline import PipelineConfig, check_run_dir, run_pipeline
 
 
@@ -53,9 +57,11 @@ def load_pipeline(argv: Sequence[str]) -> PipelineConfig:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
+  argv = multihost.initialize_from_flags(argv)  # first: before any JAX backend starts
   pipeline = load_pipeline(argv)
   logging.basicConfig(level=logging.INFO, format="%(message)s")
-  check_run_dir(pipeline.run_dir)
+  if multihost.is_primary():
+    check_run_dir(pipeline.run_dir)
   outcome = main_job(pipeline=pipeline)
   print("stages:", ", ".join(f"{k}={v}" for k, v in outcome.items()))
   return 0

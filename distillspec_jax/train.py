@@ -9,6 +9,10 @@ BATCH_SIZE, INITIAL_CHECKPOINT_PATH (start of the trained model), TARGET_CHECKPO
 (the frozen target of a distillation run), plus the recipe macros LAMBDA1, LAMBDA2,
 DIVERGENCE, BETA, SAMPLING_TEMPERATURE (gin/recipes/).
 
+Multi-host (multihost.py): --coordinator_address=HOST:PORT --process_count=N
+--process_index=I on every process (GPU clusters, localhost tests); none on a TPU VM slice,
+where jax.distributed.initialize() finds the hosts itself.
+
 The whole configuration is resolved into a `RunSpec` (models built, files checked) before
 any training, so a bad binding, gin file or model name fails in seconds.
 MIXTURE_OR_TASK_NAME = 'synthetic_reverse' is a built-in procedurally generated task
@@ -27,7 +31,8 @@ from typing import Mapping, Optional, Sequence
 import gin
 import jax
 
-from distillspec_jax import checkpoints, distillation, gin_utils, trainer
+from distillspec_jax import (checkpoints, distillation, gin_utils, multihost, partitioning,
+                             trainer)
 from distillspec_jax.distillation import DistillationConfig
 from distillspec_jax.models import Model
 
@@ -128,11 +133,15 @@ def make_data(spec: RunSpec, split: str, batch_size: int, seed: int, repeat: boo
   from distillspec_jax import data  # seqio/TF only when a real task is used
   converter = "decoder" if decoder_only else "enc_dec"
 
-  def factory():
+  def factory(shard=None):
     # Seeded shuffle: the same order after a restart; the trainer skips consumed batches.
+    # Multi-host: each process streams its own seqio shard of local_batch_size rows.
+    sharded = shard is not None and shard.num_shards > 1
     return data.get_dataset(spec.mixture_or_task_name, split, spec.task_feature_lengths,
-                            batch_size, feature_converter=converter, shuffle=repeat, seed=seed,
-                            num_epochs=None if repeat else 1, drop_remainder=True)
+                            shard.local_batch_size if sharded else batch_size,
+                            feature_converter=converter, shuffle=repeat, seed=seed,
+                            num_epochs=None if repeat else 1, drop_remainder=True,
+                            shard_info=shard.shard_info() if sharded else None)
 
   return factory
 
@@ -153,8 +162,12 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
   if not spec.target_checkpoint_path:
     raise gin_utils.GinConfigError("Distillation needs the frozen target's parameters: pass "
                                    "--gin.TARGET_CHECKPOINT_PATH=/path/to/target/MODEL_DIR.")
-  target_params = checkpoints.restore_params(spec.target_checkpoint_path,
-                                             spec.target.param_shapes())
+  # Restored straight into the mesh's shards (each host reads its own; no device holds the
+  # whole target).
+  mesh = partitioning.make_mesh(config.data_parallel, config.model_parallel)
+  target_params = checkpoints.restore_params(
+      spec.target_checkpoint_path, checkpoints.abstract_like(
+          spec.target.param_shapes(), partitioning.param_shardings(spec.target, mesh)))
   eval_fn = None
   if config.eval_every:
     held_out = _first_batch(make_data(spec, spec.eval_split, spec.eval_batch_size,
@@ -164,20 +177,25 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
         spec.target, target_params, spec.model, held_out, max_new_tokens=new_tokens,
         gamma=spec.eval_gamma, temperature=spec.eval_temperature, seed=config.seed)
   return trainer.distill(config, spec.target, target_params, spec.model, train_data,
-                         spec.distillation_config, eval_fn=eval_fn, data_name=data_name)
+                         spec.distillation_config, eval_fn=eval_fn, data_name=data_name,
+                         mesh=mesh)
 
 
 def main(argv: Sequence[str]) -> trainer.TrainResult:
+  argv = multihost.initialize_from_flags(argv)  # first: before any JAX backend starts
   rest = gin_utils.parse_gin_flags(argv)
   if rest:
     raise gin_utils.GinConfigError(f"Unknown arguments {rest}; use --gin_file=..., "
-                                   "--gin.NAME=VALUE, --gin_bindings=..., --gin_search_paths=...")
+                                   "--gin.NAME=VALUE, --gin_bindings=..., --gin_search_paths=..."
+                                   ", and the multi-host flags --coordinator_address, "
+                                   "--process_count, --process_index")
   spec = resolve()
   print(f"distillspec_jax.train: {spec.mode} of {spec.model.config.kind} model "
         f"({spec.model.num_params():,} params) for {spec.train_config.train_steps} steps "
         f"in {spec.train_config.model_dir}; devices: {jax.devices()}", flush=True)
-  with open(_config_path(spec.train_config.model_dir), "w") as f:
-    f.write(gin.config_str())
+  if multihost.is_primary():
+    with open(_config_path(spec.train_config.model_dir), "w") as f:
+      f.write(gin.config_str())
   result = execute(spec)
   last = next((r for r in reversed(result.history) if "loss" in r), None)
   if last is not None:
@@ -194,6 +212,6 @@ def _config_path(model_dir: str) -> str:
 if __name__ == "__main__":
   try:
     main(sys.argv[1:])
-  except gin_utils.GinConfigError as error:
+  except (gin_utils.GinConfigError, multihost.MultihostError) as error:
     print(f"Configuration error: {error}", file=sys.stderr)
     sys.exit(2)

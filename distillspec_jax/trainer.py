@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import itertools
 import json
 import logging
@@ -32,7 +33,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
-from distillspec_jax import checkpoints, optimizers, partitioning, validation
+from distillspec_jax import checkpoints, multihost, optimizers, partitioning, validation
 from distillspec_jax.config import check_token_ids
 from distillspec_jax.distillation import (SOURCES, DistillationConfig, DistillationObjective,
                                           FinetuneObjective)
@@ -227,17 +228,45 @@ def make_train_step(objective, optimizer_spec: "OptimizerSpec", mesh):
 # --- data ---------------------------------------------------------------------------------------
 
 
-def as_batch_iterator(data: Any, start_step: int) -> Iterator[Batch]:
-  """Batches for steps start_step, start_step + 1, ... from a data source.
+def _takes_shard(fn) -> bool:
+  try:
+    return "shard" in inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    return False
 
-  data may be: an object with `batch_at(step) -> batch` (indexed, O(1) resume); a callable
-  `batch_at(step)` when wrapped with `BatchAt`; a zero-argument callable returning a fresh
-  deterministic iterator (re-created and fast-forwarded past `start_step` batches); or a
-  re-iterable (list, dataset) iterated from its start and fast-forwarded likewise.
+
+def as_batch_iterator(data: Any, start_step: int,
+                      shard: Optional[multihost.DataShard] = None) -> Iterator[Batch]:
+  """This process's batches for steps start_step, start_step + 1, ... from a data source.
+
+  data may be: an object with `local_batch_at(step, shard)` (this process's rows only) or
+  `batch_at(step) -> batch` (the global batch; its `shard.rows` are kept), both indexed, O(1)
+  resume; a callable `batch_at(step)` when wrapped with `BatchAt`; a callable returning a
+  fresh deterministic iterator, re-created and fast-forwarded past `start_step` batches:
+  `factory(shard=DataShard)` yields this process's `shard.local_batch_size` rows (seqio:
+  `shard.shard_info()`), a zero-argument factory the global batch (one data shard only); or
+  a re-iterable (list, dataset) of global batches iterated from its start likewise.
+  `shard` = None: one shard (the whole batch).
   """
+  sharded = shard is not None and shard.num_shards > 1
+  if hasattr(data, "local_batch_at") and shard is not None:
+    return (data.local_batch_at(step, shard) for step in itertools.count(start_step))
   if hasattr(data, "batch_at"):
-    return (data.batch_at(step) for step in itertools.count(start_step))
-  iterator = iter(data() if callable(data) else data)
+    if not sharded:
+      return (data.batch_at(step) for step in itertools.count(start_step))
+    return ({k: v[shard.rows] for k, v in data.batch_at(step).items()}
+            for step in itertools.count(start_step))
+  if callable(data) and _takes_shard(data):
+    iterator = iter(data(shard=shard))
+  elif sharded:
+    raise ValueError(
+        f"The data source {describe_data(data)} yields whole batches, but this process reads "
+        f"data shard {shard.index} of {shard.num_shards} (rows {shard.rows.start}:"
+        f"{shard.rows.stop} of {shard.global_batch_size}). Give the factory a `shard` argument "
+        "and read `shard.local_batch_size` rows of `shard.shard_info()` (seqio), or pass a "
+        "source with local_batch_at(step, shard) / batch_at(step).")
+  else:
+    iterator = iter(data() if callable(data) else data)
   if start_step:
     if iterator is data:
       logging.warning("Resuming at step %d from a one-shot iterator: batches cannot be replayed "
@@ -303,6 +332,22 @@ class BatchAt:
 # --- metrics ------------------------------------------------------------------------------------
 
 
+def _read_records(path: str) -> list:
+  """The well-formed records of a metrics.jsonl (none if absent)."""
+  if not os.path.exists(path):
+    return []
+  records = []
+  with open(path) as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+        record["step"] = int(record["step"])
+      except (ValueError, KeyError, TypeError):
+        continue
+      records.append(record)
+  return records
+
+
 def truncate_metrics(path: str, last_step: int) -> list:
   """Keeps the records of `path` (metrics.jsonl) with step <= last_step; returns them.
 
@@ -347,16 +392,26 @@ class MetricsWriter:
   """
 
   def __init__(self, model_dir: str, tensorboard: bool = True, start_step: int = 0):
-    os.makedirs(model_dir, exist_ok=True)
     self.path = os.path.join(model_dir, "metrics.jsonl")
-    self.resumed = truncate_metrics(self.path, start_step)
+    # One writer: process 0 truncates, appends and writes TensorBoard; the other processes
+    # only read the kept records (after the truncation, behind a barrier).
+    self.primary = multihost.is_primary()
     self.writer = None
+    if not self.primary:
+      multihost.barrier("metrics_truncated")
+      self.resumed = [r for r in _read_records(self.path) if r["step"] <= start_step]
+      return
+    os.makedirs(model_dir, exist_ok=True)
+    self.resumed = truncate_metrics(self.path, start_step)
+    multihost.barrier("metrics_truncated")
     if tensorboard:
       from tensorboardX import SummaryWriter  # Only the loop needs it.
       self.writer = SummaryWriter(os.path.join(model_dir, "tensorboard"),
                                   purge_step=start_step + 1 if start_step else None)
 
   def write(self, record: dict) -> None:
+    if not self.primary:
+      return
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
     if self.writer is not None:
@@ -412,9 +467,9 @@ def _initial_params(config: TrainConfig, model, init_key, abstract, restore_fn, 
                         "Pass parameters of the trained model (or configure the model that "
                         "wrote them).")
     # A copy: the step donates the state, which would delete the caller's arrays (device_put
-    # to the sharding they already have returns the same buffers).
-    return jax.tree.map(lambda x, a: jax.device_put(x, a.sharding, may_alias=False),
-                        init_params, abstract)
+    # to the sharding they already have returns the same buffers). Host or single-device
+    # params go to each process's shards only (multihost.put_global).
+    return multihost.put_global(init_params, jax.tree.map(lambda a: a.sharding, abstract))
   if config.initial_checkpoint_path:
     return restore_fn(config.initial_checkpoint_path, abstract)
   shardings = jax.tree.map(lambda a: a.sharding, abstract)
@@ -540,8 +595,10 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
     start_step = 0
   state = TrainState(step=jnp.asarray(start_step, jnp.int32), params=params, opt_state=opt_state)
   state = jax.device_put(state, state_shardings)
-  frozen_params = jax.device_put({k: frozen_params[k] for k in objective.frozen_names},
-                                 frozen_shardings)
+  frozen_params = {k: frozen_params[k] for k in objective.frozen_names}
+  if any(not (isinstance(x, jax.Array) and x.sharding == s) for x, s in zip(
+      jax.tree.leaves(frozen_params), jax.tree.leaves(frozen_shardings))):
+    frozen_params = multihost.put_global(frozen_params, frozen_shardings)
 
   writer = MetricsWriter(config.model_dir, start_step=start_step)
   resumed_history = writer.resumed
@@ -560,19 +617,22 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
     from tqdm.auto import tqdm  # Only the loop needs it.
     progress = tqdm(total=config.train_steps, initial=start_step, desc=objective.name,
                     dynamic_ncols=True)
-  batches = as_batch_iterator(data, start_step)
+  shard = multihost.data_shard(mesh, config.batch_size)
+  batches = as_batch_iterator(data, start_step, shard)
   interval_start = time.perf_counter()
   try:
     for step in range(start_step, config.train_steps):
       batch = next(batches)
       done = step + 1
       rows = len(next(iter(batch.values())))
-      if rows != config.batch_size:
+      if rows != shard.local_batch_size:
+        where = ("" if shard.num_shards == 1 else f" (this process's shard {shard.index} of "
+                 f"{shard.num_shards}: {shard.local_batch_size} rows)")
         raise ValueError(f"Step {step}: the data gave {rows} rows but batch_size="
-                         f"{config.batch_size}; make them agree (gin: BATCH_SIZE).")
+                         f"{config.batch_size}{where}; make them agree (gin: BATCH_SIZE).")
       check_batch_token_ids(batch, vocab_size, f"of the batch for step {done} (data: "
                             f"{data_name}; MODEL_DIR={config.model_dir})")
-      batch = partitioning.shard_batch(batch, mesh)
+      batch = multihost.global_batch(batch, mesh, shard)
       state, metrics = step_fn(state, batch, jax.random.fold_in(step_base_key, step),
                                frozen_params)
       pending.append(metrics)
