@@ -1,0 +1,284 @@
+"""The evaluation binary (distillspec_jax/eval.py) and its library (evaluation.py, lossy.py)
+on tiny random models: outputs, the lossless limit of lenience, mixtures, BBH files, errors."""
+
+import dataclasses
+import json
+import math
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from distillspec_jax import checkpoints, evaluation, gin_utils, lossy
+from distillspec_jax import eval as eval_lib
+from distillspec_jax.config import model_config
+from distillspec_jax.decoding import SamplingConfig, prompt_inputs
+from distillspec_jax.models import Model
+from distillspec_jax.speculative import Lenience, speculative_decode
+
+LENGTHS = {"inputs": 48, "targets": 6}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  """The embedded vocabulary and tiny target/draft checkpoints in our format."""
+  from distillspec_jax.tasks import embedded
+  root = tmp_path_factory.mktemp("eval")
+  vocabulary = embedded.build_embedded_vocabulary(str(root / "vocab"))
+  paths = {}
+  for name, layers, seed in (("target", 2, 0), ("draft", 1, 1)):
+    model = Model(model_config("tiny_encoder_decoder", num_decoder_layers=layers,
+                               vocab_size=256, max_decode_length=32))
+    paths[name] = str(root / name)
+    checkpoints.save_params(paths[name], model.init(jax.random.PRNGKey(seed)))
+  wide = Model(model_config("tiny_encoder_decoder", num_decoder_layers=1, vocab_size=320))
+  paths["wide_draft"] = str(root / "wide_draft")
+  checkpoints.save_params(paths["wide_draft"], wide.init(jax.random.PRNGKey(2)))
+  return dict(root=root, vocabulary=vocabulary, **paths)
+
+
+def _config(setup, model_dir, **changes):
+  fields = dict(model_dir=str(model_dir), mixture_or_task_name="embedded_arithmetic",
+                task_feature_lengths=LENGTHS, batch_size=3, eval_examples=4,
+                target_checkpoint_path=setup["target"], draft_checkpoint_path=setup["draft"],
+                vocabulary=setup["vocabulary"], gammas=(2,), temperatures=(0.0, 1.0),
+                speed_examples=1, speed_repeats=1, speed_cpus=0, progress_bar=False)
+  fields.update(changes)
+  return eval_lib.EvalConfig(**fields)
+
+
+def _numbers(value):
+  if isinstance(value, dict):
+    for v in value.values():
+      yield from _numbers(v)
+  elif isinstance(value, list):
+    for v in value:
+      yield from _numbers(v)
+  elif isinstance(value, (int, float)) and not isinstance(value, bool):
+    yield value
+
+
+def test_every_output_file_is_written_with_finite_numbers(setup, tmp_path):
+  config = _config(setup, tmp_path / "run", lenience_kinds=("lin",), epsilons=(1.0, 0.5),
+                   temperatures=(1.0,))
+  metrics = eval_lib.evaluate(config)
+  on_disk = json.load(open(tmp_path / "run" / "metrics.json"))
+  assert on_disk == json.loads(json.dumps(metrics))
+  assert set(on_disk) == {"rows", "target_alone"}
+  assert len(on_disk["rows"]) == 1 * 1 * 2  # temperatures x gammas x leniences
+  for row in on_disk["rows"]:
+    assert tuple(row) == evaluation.ROW_FIELDS  # the interface, in its order
+    assert row["task"] == "embedded_arithmetic" and row["lenience"] == "lin"
+    for key in ("tau", "tau_stderr", "alpha", "predicted_alpha", "speedup",
+                "cost_model_speedup"):
+      assert math.isfinite(row[key]), (key, row)
+    assert 1.0 <= row["tau"] <= row["gamma"] + 1
+    assert 0.0 <= row["predicted_alpha"] <= 1.0
+    assert len(row["acceptance_by_position"]) == row["gamma"]
+    assert row["speedup_range"][0] <= row["speedup"] <= row["speedup_range"][1]
+    assert "accuracy" in row["quality"]
+  assert all(math.isfinite(x) for x in _numbers(on_disk))
+  assert set(on_disk["target_alone"]["embedded_arithmetic"]) == {"accuracy"}
+
+  lines = [json.loads(l) for l in open(tmp_path / "run" / "inferences" /
+                                       "embedded_arithmetic.jsonl")]
+  speculative = [l for l in lines if l["decoder"] == "speculative"]
+  assert len(speculative) == 2 * 4 and len(lines) == 2 * 4 + 1 * 4
+  for line in speculative:
+    assert {"input", "reference", "prediction", "accepted_per_round"} <= set(line)
+    assert line["input"].startswith(("Tom", "Sam", "Ben", "Max", "Leo", "Ann", "Mia", "Zoe",
+                                     "Lily", "Emma"))
+    assert all(0 <= n <= line["gamma"] for n in line["accepted_per_round"])
+  events = os.listdir(tmp_path / "run" / "tensorboard")
+  assert events and os.path.getsize(tmp_path / "run" / "tensorboard" / events[0]) > 0
+  for name in ("lossy_tradeoff.md", "lossy_tradeoff.json", "lossy_tradeoff.png"):
+    assert os.path.getsize(tmp_path / "run" / name) > 0
+  table = json.load(open(tmp_path / "run" / "lossy_tradeoff.json"))["rows"]
+  assert all(math.isfinite(r["relative_latency"]) for r in table)
+
+
+def test_relative_latency_of_the_target_alone_is_one():
+  metrics = {"target_alone": {"t": {"accuracy": 50.0}},
+             "rows": [dict(task="t", temperature=1.0, gamma=3, lenience=k, epsilon=e,
+                           quality={"accuracy": q}, tau=2.0, tau_stderr=0.1, alpha=0.5,
+                           predicted_alpha=0.5, acceptance_by_position=[0.5] * 3,
+                           speedup=s, speedup_range=[s, s], cost_model_speedup=s)
+                      for k, e, q, s in (("lin", 1.0, 50.0, 1.6), ("lin", 0.3, 40.0, 2.0))]}
+  table = lossy.tradeoff_table(metrics)
+  assert table[0]["decoder"] == "target alone" and table[0]["relative_latency"] == 1.0
+  assert table[0]["quality"] == 50.0
+  assert [r["relative_latency"] for r in table[1:]] == [1 / 1.6, 1 / 2.0]
+
+
+@pytest.mark.parametrize("kind", ["lin", "sq", "exp"])
+def test_epsilon_one_equals_lossless_decoding_exactly(setup, kind):
+  target = Model(model_config("tiny_encoder_decoder", vocab_size=256, max_decode_length=32))
+  draft = Model(model_config("tiny_encoder_decoder", num_decoder_layers=1, vocab_size=256,
+                             max_decode_length=32))
+  target_params = checkpoints.restore_params(setup["target"], target.param_shapes())
+  draft_params = checkpoints.restore_params(setup["draft"], draft.param_shapes())
+  prompts = np.random.default_rng(0).integers(2, 256, (6, 10)).astype(np.int32)
+  key = jax.random.PRNGKey(7)
+  run = lambda lenience: jax.device_get(speculative_decode(
+      target, target_params, draft, draft_params, max_new_tokens=12, gamma=3,
+      sampling=SamplingConfig(1.0), lenience=lenience, rng=key,
+      **prompt_inputs(target, prompts)))
+  lossless, lenient = run(Lenience()), run(Lenience(kind, 1.0))
+  for field in ("tokens", "lengths", "accepted", "target_calls", "accepted_per_round"):
+    np.testing.assert_array_equal(getattr(lenient, field), getattr(lossless, field))
+  # A smaller epsilon does change the decode (the test can fail).
+  loose = run(Lenience(kind, 0.05))
+  assert int(np.sum(loose.accepted)) > int(np.sum(lossless.accepted))
+
+
+def test_epsilon_one_rows_of_the_binary_equal_the_lossless_row(setup, tmp_path):
+  config = _config(setup, tmp_path / "run", temperatures=(1.0,), lenience_kinds=("lin", "sq",
+                                                                              "exp"),
+                   epsilons=(1.0,), speed_examples=0)
+  rows = eval_lib.evaluate(config)["rows"]
+  assert [r["lenience"] for r in rows] == ["lin", "sq", "exp"]
+  drop = lambda r: {k: v for k, v in r.items() if k != "lenience"}
+  assert drop(rows[0]) == drop(rows[1]) == drop(rows[2])
+  assert rows[0]["speedup"] is None  # speed_examples=0: not timed
+  lines = [json.loads(l) for l in open(tmp_path / "run" / "inferences" /
+                                       "embedded_arithmetic.jsonl")]
+  by_kind = {k: [l["prediction"] for l in lines if l.get("lenience") == k]
+             for k in ("lin", "sq", "exp")}
+  assert by_kind["lin"] == by_kind["sq"] == by_kind["exp"]
+
+
+def _bbh_dir(root, subtasks=("date_understanding", "boolean_expressions")):
+  os.makedirs(root, exist_ok=True)
+  for i, name in enumerate(subtasks):
+    examples = [{"input": f"Tom has {j + i} apples. He buys {j} more. How many apples?",
+                 "target": str(2 * j + i)} for j in range(2 + i)]
+    with open(os.path.join(root, f"{name}.json"), "w") as f:
+      json.dump({"examples": examples}, f, indent=1)
+  return str(root)
+
+
+def test_bbh_mixture_reads_public_layout_and_reports_the_mean_of_its_tasks(setup, tmp_path):
+  bbh = _bbh_dir(tmp_path / "bbh")
+  config = _config(setup, tmp_path / "run", mixture_or_task_name="bbh", bbh_dir=bbh,
+                   task_feature_lengths={"inputs": 48, "targets": 6}, gammas=(2, 3),
+                   temperatures=(1.0,), speed_examples=0)
+  metrics = eval_lib.evaluate(config)
+  tasks = ["bbh_boolean_expressions", "bbh_date_understanding"]
+  assert {r["task"] for r in metrics["rows"]} == set(tasks) | {"bbh"}
+  for name, count in zip(tasks, (3, 2)):
+    lines = [json.loads(l) for l in open(tmp_path / "run" / "inferences" / f"{name}.jsonl")]
+    target_lines = [l for l in lines if l["decoder"] == "target"]
+    assert len(target_lines) == count  # every fixture example, from the public layout
+    assert all(l["input"].startswith("Q: Tom has") and l["input"].endswith(
+        "A: Let's think step by step.") for l in target_lines)
+  for gamma in (2, 3):
+    per_task = [r for r in metrics["rows"] if r["gamma"] == gamma and r["task"] in tasks]
+    mixture = [r for r in metrics["rows"] if r["gamma"] == gamma and r["task"] == "bbh"]
+    assert len(per_task) == 2 and len(mixture) == 1
+    mixture = mixture[0]
+    for key in ("tau", "alpha", "predicted_alpha"):
+      assert mixture[key] == pytest.approx(np.mean([r[key] for r in per_task]))
+    for metric in mixture["quality"]:
+      assert mixture["quality"][metric] == pytest.approx(
+          np.mean([r["quality"][metric] for r in per_task]))
+    se = [r["tau_stderr"] for r in per_task]
+    assert mixture["tau_stderr"] == pytest.approx(np.sqrt(np.sum(np.square(se))) / 2)
+  alone = metrics["target_alone"]
+  for metric in alone["bbh"]:
+    assert alone["bbh"][metric] == pytest.approx(np.mean([alone[t][metric] for t in tasks]))
+
+
+def test_mixture_mean_is_the_mean_of_speed_numbers_too():
+  def row(task, tau, speedup):
+    return dict(task=task, temperature=0.0, gamma=2, lenience="lin", epsilon=1.0,
+                quality={"m": tau * 10}, tau=tau, tau_stderr=0.1, alpha=tau / 3,
+                predicted_alpha=0.5, acceptance_by_position=[0.5, None], speedup=speedup,
+                speedup_range=[speedup - 0.1, speedup + 0.1], cost_model_speedup=speedup)
+  rows, alone = evaluation.mixture_mean("mix", {"a": [row("a", 1.5, 1.2)],
+                                                "b": [row("b", 2.5, 1.6)]},
+                                        {"a": {"m": 10.0}, "b": {"m": 30.0}})
+  assert rows[0]["speedup"] == pytest.approx(1.4)
+  assert rows[0]["speedup_range"] == pytest.approx([1.3, 1.5])
+  assert rows[0]["acceptance_by_position"] == [0.5, None]
+  assert rows[0]["quality"] == {"m": pytest.approx(20.0)} and alone == {"m": 20.0}
+
+
+def test_acceptance_by_position_and_predicted_alpha(setup):
+  rates = evaluation.acceptance_by_position(np.array([[2, 0, -1], [1, 2, -1]]), 2)
+  # Rounds accepting 2, 0, 1, 2: position 1 accepted in 3 of 4, position 2 in 2 of those 3.
+  assert rates == [0.75, pytest.approx(2 / 3)]
+  assert evaluation.acceptance_by_position(np.array([[0, -1]]), 2) == [0.0, None]
+  target = Model(model_config("tiny_encoder_decoder", vocab_size=256, max_decode_length=32))
+  params = checkpoints.restore_params(setup["target"], target.param_shapes())
+  prompts = np.random.default_rng(1).integers(2, 256, (3, 8)).astype(np.int32)
+  samples = np.random.default_rng(2).integers(2, 256, (3, 5)).astype(np.int32)
+  # A draft identical to the target is predicted to be always accepted, at T = 0 and T = 1.
+  for temperature in (0.0, 1.0):
+    assert evaluation.predicted_alpha(target, params, target, params, prompts, samples,
+                                      temperature) == pytest.approx(1.0)
+  draft = Model(model_config("tiny_encoder_decoder", num_decoder_layers=1, vocab_size=256,
+                             max_decode_length=32))
+  draft_params = checkpoints.restore_params(setup["draft"], draft.param_shapes())
+  assert evaluation.predicted_alpha(target, params, draft, draft_params, prompts, samples,
+                                    1.0) < 1.0
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(epsilons=()), r"EPSILONS=\(\) is empty; pass at least one epsilon"),
+    (dict(gammas=()), r"GAMMAS=\(\) is empty; pass at least one gamma"),
+    (dict(epsilons=(1.5,)), r"EPSILONS has 1.5; every epsilon must lie in \(0, 1\]"),
+    (dict(lenience_kinds=("cube",)), "LENIENCE_KINDS has 'cube'"),
+])
+def test_empty_or_bad_grids_are_refused(setup, tmp_path, changes, message):
+  with pytest.raises(ValueError, match=message):
+    _config(setup, tmp_path, **changes)
+
+
+def test_bad_inputs_name_the_value_and_the_fix(setup, tmp_path):
+  missing = str(tmp_path / "nowhere")
+  with pytest.raises(ValueError, match=r"TARGET_CHECKPOINT_PATH=.*nowhere.*does not exist"):
+    eval_lib.evaluate(_config(setup, tmp_path / "a", target_checkpoint_path=missing))
+  os.makedirs(tmp_path / "empty")
+  with pytest.raises(ValueError, match=r"DRAFT_CHECKPOINT_PATH=.*empty.*Cannot tell the "
+                                       r"checkpoint format.*Point DRAFT_CHECKPOINT_PATH"):
+    eval_lib.evaluate(_config(setup, tmp_path / "b",
+                              draft_checkpoint_path=str(tmp_path / "empty")))
+  with pytest.raises(ValueError, match=r"vocab_size=320 .*vocab_size=256.*one vocabulary"):
+    eval_lib.evaluate(_config(setup, tmp_path / "c",
+                              draft_checkpoint_path=setup["wide_draft"]))
+  with pytest.raises(ValueError, match=r"has no split 'dev' .*EVAL_SPLIT"):
+    eval_lib.evaluate(_config(setup, tmp_path / "d", split="dev"))
+  empty_bbh = tmp_path / "bbh_checkout"
+  os.makedirs(empty_bbh / "bbh")
+  with pytest.raises(ValueError, match=r"BBH_DIR=.*bbh_checkout.* holds no BBH files.*"
+                                       r"pass BBH_DIR=.*bbh_checkout/bbh"):
+    eval_lib.evaluate(_config(setup, tmp_path / "e", mixture_or_task_name="bbh",
+                              bbh_dir=str(empty_bbh)))
+
+
+def test_task_without_an_evaluation_split_is_refused(tmp_path):
+  from distillspec_jax.tasks import file_tasks
+  os.makedirs(tmp_path / "gsm8k")
+  with open(tmp_path / "gsm8k" / "train.jsonl", "w") as f:
+    f.write(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
+  file_tasks.register_gsm8k_files(str(tmp_path / "gsm8k"), name="gsm8k_train_only")
+  with pytest.raises(ValueError, match=r"'gsm8k_train_only' has no evaluation split: its "
+                                       r"splits are \['train'\].*EVAL_SPLIT"):
+    eval_lib.eval_split("gsm8k_train_only", None)
+
+
+def test_gin_run_files_build(setup):
+  for name in ("eval_demo", "eval_lenience_lin", "eval_lenience_sq", "eval_lenience_exp",
+               "eval_transfer_gsm8k_bbh", "eval_transfer_gsm8k_mbpp",
+               "eval_transfer_cross_scale"):
+    gin_utils.clear()
+    config = eval_lib.load_config([f"--gin_file=gin/runs/{name}.gin"])
+    assert config.model_dir.startswith("runs/")
+    if "lenience" in name:
+      assert config.temperatures == (1.0,) and 1.0 in config.epsilons
+      assert len(config.epsilons) >= 4
+  gin_utils.clear()
+  with pytest.raises(gin_utils.GinConfigError, match="EPSILONS=\\(\\) is empty"):
+    eval_lib.load_config(["--gin_file=gin/runs/eval_demo.gin", "--gin.EPSILONS=()"])
+  gin_utils.clear()
