@@ -54,7 +54,9 @@ class PipelineConfig:
     target_steps / draft_steps / distill_steps: TRAIN_STEPS of each stage.
     batch_size: BATCH_SIZE of every stage.
     optimizer / learning_rate / warmup_steps: the demo's optimiser (the paper's Adafactor
-      defaults live in the trainer; the CPU demo uses AdamW with a short warm-up).
+      defaults live in the trainer; the CPU demo uses AdamW with a short warm-up);
+      target_learning_rate: the target's fine-tuning rate (None = learning_rate; wider models
+      need a lower one).
     decay_steps: cosine decay length (None = each stage's own number of steps; the paper's
       runs use 300k).
     in_memory_data: tokenize the train split once into train.npz (small tasks, the demo);
@@ -105,6 +107,7 @@ class PipelineConfig:
   batch_size: int = 32
   optimizer: str = "adamw"
   learning_rate: float = 2e-3
+  target_learning_rate: Optional[float] = None
   distill_learning_rate: float = 1e-3
   warmup_steps: int = 100
   decay_steps: Optional[int] = None
@@ -442,7 +445,10 @@ def stage_finetune(config: PipelineConfig, stage: str) -> dict:
   target, draft = models(config)
   model = target if stage == "target" else draft
   steps = config.target_steps if stage == "target" else config.draft_steps
-  result = finetune(_train_config(config, stage, steps, config.learning_rate), model,
+  learning_rate = config.learning_rate
+  if stage == "target" and config.target_learning_rate is not None:
+    learning_rate = config.target_learning_rate
+  result = finetune(_train_config(config, stage, steps, learning_rate), model,
                     train_data(config))
   return {"final_loss": _last_loss(result.history), "num_params": model.num_params()}
 
