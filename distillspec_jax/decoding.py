@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distillspec_jax.config import check_token_ids
 from distillspec_jax.models import EOS_ID, PAD_ID, Model, decoder_prompt
 
 Array = jax.Array
@@ -94,6 +95,16 @@ def check_prompt_padding(prompt_tokens, name: str = "prompt_tokens") -> None:
         f"{name} row {row} has padding (id {PAD_ID}) at position {column} followed by a "
         f"non-zero id: {shown}. Prompts are right-padded: put every real token "
         "first and the padding after it.")
+
+
+def check_prompt_ids(model: Model, encoder_input_tokens, prompt_tokens) -> None:
+  """Refuses prompt ids outside [0, vocab_size) (checked when the prompts are concrete)."""
+  for name, tokens in (("encoder_input_tokens", encoder_input_tokens),
+                       ("prompt_tokens", prompt_tokens)):
+    if tokens is not None:
+      check_token_ids(tokens, model.config.vocab_size,
+                      f"{name} of the prompts to decode (model vocab_size="
+                      f"{model.config.vocab_size}; tokenize with the model's vocabulary)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +251,7 @@ def decode(model: Model, params, *, encoder_input_tokens: Optional[Array] = None
   max_length = check_positive_int(max_length, "max_length")
   if not model.is_encoder_decoder:
     check_prompt_padding(prompt_tokens)
+  check_prompt_ids(model, encoder_input_tokens, prompt_tokens)
   prompt_width = 1 + (0 if model.is_encoder_decoder or prompt_tokens is None
                       else prompt_tokens.shape[1])
   # The prefill writes prompt_width slots; step i (0-based) then writes one at prompt_width + i.

@@ -50,8 +50,9 @@ import jax.numpy as jnp
 
 from distillspec_jax.config import check_same_vocabulary
 from distillspec_jax.decoding import (UNIFORMS_PER_DRAW, SamplingConfig, check_capacity,
-                                      check_positive_int, check_prompt_padding, check_rng,
-                                      probabilities, sample_from_probabilities, sample_tokens)
+                                      check_positive_int, check_prompt_ids, check_prompt_padding,
+                                      check_rng, probabilities, sample_from_probabilities,
+                                      sample_tokens)
 from distillspec_jax.models import PAD_ID, Model, decoder_prompt
 
 Array = jax.Array
@@ -239,6 +240,7 @@ def speculative_decode(target: Model, target_params, draft: Model, draft_params,
   max_length = check_positive_int(max_length, "max_length")
   if not target.is_encoder_decoder:
     check_prompt_padding(prompt_tokens)
+  check_prompt_ids(target, encoder_input_tokens, prompt_tokens)
   prompt_width = 1 if target.is_encoder_decoder else 1 + prompt_tokens.shape[1]
   if max_new_tokens > 1:
     check_capacity(prompt_width, max_new_tokens + gamma - 1, max_length,

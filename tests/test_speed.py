@@ -104,3 +104,4 @@ def test_run_pinned_runs_in_a_pinned_child():
   assert speed.run_pinned(0, _affinity) == allowed  # 0: in this process
   with pytest.raises(ValueError, match="cpus="):
     speed.pin_cores(len(allowed) + 1)
+
