@@ -397,9 +397,10 @@ def evaluate(config: EvalConfig) -> dict:
 # --- gin edge ------------------------------------------------------------------------------
 
 
-@gin.configurable
-def evaluate_job(config: EvalConfig = gin.REQUIRED) -> dict:
-  """The gin entry point: `evaluate_job.config = @EvalConfig()` in a gin/runs/eval_*.gin."""
+def evaluate_job(config: EvalConfig) -> dict:
+  """The gin entry point: `evaluate_job.config = @EvalConfig()` in a gin/runs/eval_*.gin.
+  Registered by `load_config` (not at import: run as __main__, this module is also imported
+  as distillspec_jax.eval, and gin would see two configurables of one name)."""
   return evaluate(config)
 
 
@@ -410,6 +411,7 @@ def load_config(argv: Sequence[str]) -> EvalConfig:
   """Parses the gin flags and builds the run file's EvalConfig (nothing runs)."""
   if not _REGISTERED:
     gin.external_configurable(EvalConfig, name="EvalConfig")
+    gin.external_configurable(evaluate_job, name="evaluate_job")
     _REGISTERED.append(True)
   rest = gin_utils.parse_gin_flags(argv)
   if rest:

@@ -282,3 +282,29 @@ def test_gin_run_files_build(setup):
   with pytest.raises(gin_utils.GinConfigError, match="EPSILONS=\\(\\) is empty"):
     eval_lib.load_config(["--gin_file=gin/runs/eval_demo.gin", "--gin.EPSILONS=()"])
   gin_utils.clear()
+
+
+def test_the_binary_runs_as_a_module(setup, tmp_path):
+  import subprocess
+  import sys
+  model_dir = tmp_path / "run"
+  command = [sys.executable, "-m", "distillspec_jax.eval", "--gin_file=gin/runs/eval_demo.gin",
+             f"--gin.MODEL_DIR={model_dir}", f"--gin.TARGET_CHECKPOINT_PATH={setup['target']}",
+             f"--gin.DRAFT_CHECKPOINT_PATH={setup['draft']}",
+             f"--gin.VOCABULARY={setup['vocabulary']}", "--gin.EVAL_EXAMPLES=2",
+             "--gin.BATCH_SIZE=2", "--gin.GAMMAS=(2,)", "--gin.TEMPERATURES=(0.0,)",
+             "--gin.SPEED_EXAMPLES=0", "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 4}",
+             "--gin.EvalConfig.progress_bar=False"]
+  done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert done.returncode == 0, done.stderr[-3000:]
+  rows = json.load(open(model_dir / "metrics.json"))["rows"]
+  assert len(rows) == 1 and rows[0]["gamma"] == 2
+  assert "| embedded_arithmetic | 0.0 | 2 |" in done.stdout
+  # Bad input: exit status 2 and the message, no traceback.
+  done = subprocess.run(command + ["--gin.DRAFT_CHECKPOINT_PATH=/nonexistent/draft"],
+                        capture_output=True, text=True, timeout=600,
+                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert done.returncode == 2
+  assert "DRAFT_CHECKPOINT_PATH='/nonexistent/draft' does not exist" in done.stderr
+  assert "Traceback" not in done.stderr
