@@ -29,13 +29,6 @@ VOCABS = (256, 32128)
 BATCHES = (1, 8)
 
 
-def pin_cores(count: int) -> None:
-  """Restricts this process to its last `count` allowed cores (0: leaves it as it is)."""
-  if count > 0:
-    allowed = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, allowed[-min(count, len(allowed)):])
-
-
 def per_draw_seconds(fn, args, draws, repeats):
   import jax
   jax.block_until_ready(fn(*args))  # compile and warm up
@@ -94,6 +87,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=15)
   parser.add_argument("--cpus", type=int, default=1)
   args = parser.parse_args()
+  from distillspec_jax.speed import pin_cores  # imports JAX but starts no backend
   pin_cores(args.cpus)
   report = run(args.draws, args.repeats)
   report["cpus"] = args.cpus
