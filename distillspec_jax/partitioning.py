@@ -80,14 +80,75 @@ def logical_to_mesh_spec(logical: PartitionSpec, shape: Sequence[int], mesh: Mes
   return PartitionSpec(*out)
 
 
+def check_rules(rules, mesh: Mesh, logical_names=()) -> None:
+  """Refuses rules that name a mesh axis the mesh lacks, and logical names (of a model's
+  parameters) that no rule maps, naming them and the known ones."""
+  for name, axis in rules:
+    axes = () if axis is None else ((axis,) if isinstance(axis, str) else tuple(axis))
+    unknown = [a for a in axes if a not in mesh.axis_names]
+    if unknown:
+      raise ValueError(f"The logical-axis rule ({name!r}, {axis!r}) names mesh axis "
+                       f"{unknown[0]!r}, which the mesh does not have (its axes: "
+                       f"{tuple(mesh.axis_names)}); map {name!r} to one of them or None.")
+  ruled = {name for name, _ in rules}
+  missing = sorted({n for n in logical_names if n is not None and n not in ruled})
+  if missing:
+    raise ValueError(f"No logical-axis rule for {missing}; add ({missing[0]!r}, mesh axis or "
+                     f"None) to the rules (known logical names: {sorted(ruled)}).")
+
+
 def param_shardings(model, mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> Any:
   """Tree (same structure as the params) of `NamedSharding` from `model.logical_axes()`."""
   is_spec = lambda x: isinstance(x, PartitionSpec)
   logical = model.logical_axes()
+  check_rules(rules, mesh, {n for spec in jax.tree.leaves(logical, is_leaf=is_spec)
+                            for n in tuple(spec)})
   shapes = model.param_shapes()
   specs = jax.tree.map(lambda spec, s: logical_to_mesh_spec(spec, s.shape, mesh, rules),
                        logical, shapes, is_leaf=is_spec)
   return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=is_spec)
+
+
+def _dict_keys(path) -> tuple:
+  """The trailing dict keys of a tree path (an optax state's copy of the params' paths)."""
+  keys = []
+  for key in reversed(path):
+    if not isinstance(key, jax.tree_util.DictKey):
+      break
+    keys.append(key.key)
+  return tuple(reversed(keys))
+
+
+def optimizer_state_shardings(opt_state_shapes: Any, param_shapes: Any, params_shardings: Any,
+                              mesh: Mesh) -> Any:
+  """Shardings of an optimizer state that follow its parameters' (T5X style).
+
+  A state leaf under the same dict path as a parameter (optax's mu / nu / v trees) gets the
+  parameter's spec when it has the parameter's shape, and the spec without the reduced
+  dimension when its shape is the parameter's minus one dimension (Adafactor's factored
+  v_row / v_col). Anything else (step counts, Adafactor's (1,) placeholders) is replicated.
+  XLA cannot infer these: an initial state of zeros does not depend on the parameters.
+  """
+  params = {_dict_keys(path): (tuple(shape.shape), sharding.spec) for (path, shape), sharding
+            in zip(jax.tree_util.tree_flatten_with_path(param_shapes)[0],
+                   jax.tree.leaves(params_shardings))}
+
+  def pick(path, leaf):
+    keys, shape = _dict_keys(path), tuple(leaf.shape)
+    for start in range(len(keys)):
+      if keys[start:] not in params:
+        continue
+      param_shape, spec = params[keys[start:]]
+      spec = tuple(spec) + (None,) * (len(param_shape) - len(spec))
+      if shape == param_shape:
+        return NamedSharding(mesh, PartitionSpec(*spec))
+      for i in range(len(param_shape)):
+        if shape == param_shape[:i] + param_shape[i + 1:]:
+          return NamedSharding(mesh, PartitionSpec(*(spec[:i] + spec[i + 1:])))
+      break
+    return replicated(mesh)
+
+  return jax.tree_util.tree_map_with_path(pick, opt_state_shapes)
 
 
 def flax_param_shardings(model, mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> Any:

@@ -31,7 +31,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding
 
 from distillspec_jax import checkpoints, multihost, optimizers, partitioning, validation
 from distillspec_jax.config import check_token_ids
@@ -201,15 +200,11 @@ def make_train_step(objective, optimizer_spec: "OptimizerSpec", mesh):
   optimizer = optimizer_spec.make()
   model = objective.model
   param_sharding = partitioning.param_shardings(model, mesh)
-  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                          model.param_shapes(), param_sharding)
-  # Optimizer-state shardings follow the params through XLA's sharding propagation.
-  # Scalars (step counts) come back on one device: put every non-mesh sharding on the mesh,
-  # replicated, so all step arguments live on the same devices.
-  opt_sharding = jax.tree.map(
-      lambda s: s if isinstance(s, NamedSharding) and s.mesh == mesh
-      else partitioning.replicated(mesh),
-      jax.jit(optimizer.init).lower(abstract).compile().output_shardings)
+  # Optimizer-state shardings follow the params by tree path (partitioning.py): XLA's
+  # propagation leaves an initial state of zeros unsharded (every device held all of it).
+  opt_sharding = partitioning.optimizer_state_shardings(
+      jax.eval_shape(optimizer.init, model.param_shapes()), model.param_shapes(),
+      param_sharding, mesh)
   state_shardings = TrainState(step=partitioning.replicated(mesh), params=param_sharding,
                                opt_state=opt_sharding)
   frozen_shardings = {}
