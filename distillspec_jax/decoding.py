@@ -97,8 +97,18 @@ def check_prompt_padding(prompt_tokens, name: str = "prompt_tokens") -> None:
         "first and the padding after it.")
 
 
-def check_prompt_ids(model: Model, encoder_input_tokens, prompt_tokens) -> None:
-  """Refuses prompt ids outside [0, vocab_size) (checked when the prompts are concrete)."""
+def cache_capacity(model: Model, max_length) -> int:
+  """The decoding cache's slots: `max_length`, or the model's max_decode_length when None."""
+  if max_length is None:
+    max_length = model.config.max_decode_length
+  return check_positive_int(max_length, "max_length")
+
+
+def check_prompts(model: Model, encoder_input_tokens, prompt_tokens) -> None:
+  """Refuses interior padding in decoder-only prompts and ids outside [0, vocab_size)
+  (both checked when the prompts are concrete)."""
+  if not model.is_encoder_decoder:
+    check_prompt_padding(prompt_tokens)
   for name, tokens in (("encoder_input_tokens", encoder_input_tokens),
                        ("prompt_tokens", prompt_tokens)):
     if tokens is not None:
@@ -246,12 +256,8 @@ def decode(model: Model, params, *, encoder_input_tokens: Optional[Array] = None
     raise ValueError("This model is an encoder-decoder: pass encoder_input_tokens.")
   _batch_size(encoder_input_tokens, prompt_tokens)  # fails early, naming what is missing
   max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
-  if max_length is None:
-    max_length = model.config.max_decode_length
-  max_length = check_positive_int(max_length, "max_length")
-  if not model.is_encoder_decoder:
-    check_prompt_padding(prompt_tokens)
-  check_prompt_ids(model, encoder_input_tokens, prompt_tokens)
+  max_length = cache_capacity(model, max_length)
+  check_prompts(model, encoder_input_tokens, prompt_tokens)
   prompt_width = 1 + (0 if model.is_encoder_decoder or prompt_tokens is None
                       else prompt_tokens.shape[1])
   # The prefill writes prompt_width slots; step i (0-based) then writes one at prompt_width + i.

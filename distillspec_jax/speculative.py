@@ -49,8 +49,8 @@ import jax
 import jax.numpy as jnp
 
 from distillspec_jax.config import check_same_vocabulary
-from distillspec_jax.decoding import (UNIFORMS_PER_DRAW, SamplingConfig, check_capacity,
-                                      check_positive_int, check_prompt_ids, check_prompt_padding,
+from distillspec_jax.decoding import (UNIFORMS_PER_DRAW, SamplingConfig, cache_capacity,
+                                      check_capacity, check_positive_int, check_prompts,
                                       check_rng, probabilities, sample_from_probabilities,
                                       sample_tokens)
 from distillspec_jax.models import PAD_ID, Model, decoder_prompt
@@ -235,12 +235,8 @@ def speculative_decode(target: Model, target_params, draft: Model, draft_params,
   source = encoder_input_tokens if target.is_encoder_decoder else prompt_tokens
   if source is None:
     raise ValueError("Decoder-only models need prompt_tokens [batch, P].")
-  if max_length is None:
-    max_length = target.config.max_decode_length
-  max_length = check_positive_int(max_length, "max_length")
-  if not target.is_encoder_decoder:
-    check_prompt_padding(prompt_tokens)
-  check_prompt_ids(target, encoder_input_tokens, prompt_tokens)
+  max_length = cache_capacity(target, max_length)
+  check_prompts(target, encoder_input_tokens, prompt_tokens)
   prompt_width = 1 if target.is_encoder_decoder else 1 + prompt_tokens.shape[1]
   if max_new_tokens > 1:
     check_capacity(prompt_width, max_new_tokens + gamma - 1, max_length,
