@@ -557,7 +557,8 @@ def measure_run_speed(config: PipelineConfig) -> dict:
 
 
 _SPEED_KEYS = ("speedup", "speedup_range", "speedup_spread", "speedup_repeats",
-               "cost_model_speedup", "tokens_per_s", "plain_tokens_per_s", "setup_s")
+               "cost_model_speedup", "end_to_end_speedup", "end_to_end_speedup_range",
+               "cost_model_end_to_end_speedup", "tokens_per_s", "plain_tokens_per_s", "setup_s")
 
 
 def stage_evaluate(config: PipelineConfig, stage: str) -> dict:

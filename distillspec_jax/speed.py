@@ -83,20 +83,22 @@ def run_pinned(cpus: int, function: Callable, *args, **kwargs):
 
 def interleaved_times(functions: Mapping[str, Callable], repeats: int,
                       timed_per_turn: int = 1, progress: Optional[Callable] = None) -> dict:
-  """Seconds of each of `functions` (name -> callable returning arrays) per timed call:
-  name -> [repeats * timed_per_turn] list, in turn order.
+  """Seconds of each of `functions` (name -> callable returning arrays): name -> a list of
+  `repeats` per-turn times, each the median of that turn's `timed_per_turn` timed calls.
 
-  Each turn runs every function once untimed, then `timed_per_turn` timed calls, function
-  after function; `progress()` is called after each turn.
+  Each turn runs every function once untimed, then its `timed_per_turn` timed calls,
+  function after function; `progress()` is called after each turn.
   """
   times = {name: [] for name in functions}
   for _ in range(repeats):
     for name, fn in functions.items():
       jax.block_until_ready(fn())
+      turn = []
       for _ in range(timed_per_turn):
         start = time.perf_counter()
         jax.block_until_ready(fn())
-        times[name].append(time.perf_counter() - start)
+        turn.append(time.perf_counter() - start)
+      times[name].append(statistics.median(turn))
     if progress is not None:
       progress()
   return times
@@ -104,7 +106,7 @@ def interleaved_times(functions: Mapping[str, Callable], repeats: int,
 
 def interleaved_median_times(functions: Mapping[str, Callable], repeats: int,
                              block: int = 3) -> dict:
-  """Median seconds of each function over about `repeats` timed calls, `block` per turn."""
+  """Median seconds of each function over turns of `block` timed calls (~`repeats` calls)."""
   turns = max(1, -(-repeats // block))
   times = interleaved_times(functions, turns, timed_per_turn=block)
   return {name: statistics.median(values) for name, values in times.items()}
@@ -214,7 +216,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
                   *, gammas: Sequence[int], temperatures: Sequence[float],
                   max_new_tokens: int, repeats: int = 7, seed: int = 0,
                   lenience: Lenience = Lenience(), eos_id: Optional[int] = None,
-                  progress: bool = True) -> dict:
+                  timed_per_turn: int = 3, progress: bool = True) -> dict:
   """Measured and cost-model speedups of every (draft, gamma, temperature) over plain decoding.
 
   Args:
@@ -223,13 +225,21 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
       alone.
     repeats: timing turns (>= 1); medians and ranges are over them.
     eos_id: None = the sampling default (EOS stops a row); -1 disables EOS (fixed lengths).
+    timed_per_turn: timed calls of each function per turn; a turn's time is their median.
   Returns:
     {"rows": [{draft, gamma, temperature, speedup, speedup_range, speedup_spread,
-    speedup_repeats, cost_model_speedup, tokens_per_s, plain_tokens_per_s, tau, rounds,
-    tokens, seconds}], "plain": {temperature: {...}}, "per_call_s": {...},
+    speedup_repeats, cost_model_speedup, end_to_end_speedup, end_to_end_speedup_range,
+    cost_model_end_to_end_speedup, tokens_per_s, plain_tokens_per_s, tau, rounds, tokens,
+    seconds, setup_s}], "plain": {temperature: {...}}, "per_call_s": {...},
     "machine": machine_info(), "num_prompts", "repeats", "max_new_tokens"}.
+
+    `speedup` is the decoding phase's: each prompt's setup (encoders, prefill; the same
+    loop with one new token, `setup_s`) is subtracted from both decoders' times in every
+    turn, as the setup is a fixed cost per prompt that speculative decoding cannot shorten.
+    `end_to_end_speedup` keeps it in.
   """
   check_speed_arguments(gammas, temperatures, repeats, prompts)
+  check_positive_int(timed_per_turn, "timed_per_turn")
   prompts = jnp.asarray(np.asarray(prompts), jnp.int32)
   num_prompts = int(prompts.shape[0])
   model_of = {}
@@ -286,23 +296,30 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   from tqdm.auto import tqdm
   with tqdm(total=repeats, desc="speed (turns)", disable=not progress,
             dynamic_ncols=True) as bar:
-    times = interleaved_times(functions, repeats, progress=lambda: bar.update(1))
+    times = interleaved_times(functions, repeats, timed_per_turn=timed_per_turn,
+                              progress=lambda: bar.update(1))
   median = {key: statistics.median(values) for key, values in times.items()}
   cost = {name: median[("per_call", name)] / calls[name] for name in per_call}
+
+  def decode_phase(totals, setups):
+    """Per-turn decoding time: the whole loop less the same turn's setup loop."""
+    return [t - s for t, s in zip(totals, setups)]
 
   for temperature in temperatures:
     plain_lengths = np.asarray(runs[("plain", temperature)]["lengths"])
     plain_tokens = int(plain_lengths.sum())
-    plain_times = times[("plain", temperature)]
-    setup_plain = median[("setup_plain", temperature)]
-    predicted_plain = setup_plain + float(np.sum(plain_lengths - 1)) * cost["target_step"]
+    plain_total = times[("plain", temperature)]
+    plain_setup = times[("setup_plain", temperature)]
+    plain_decode = decode_phase(plain_total, plain_setup)
+    predicted_plain = float(np.sum(plain_lengths - 1)) * cost["target_step"]
     plain_info[str(float(temperature))] = dict(
-        tokens=plain_tokens, seconds=statistics.median(plain_times),
-        seconds_range=[min(plain_times), max(plain_times)],
-        tokens_per_s=plain_tokens / statistics.median(plain_times),
-        setup_s=setup_plain, cost_model_seconds=predicted_plain)
+        tokens=plain_tokens, seconds=statistics.median(plain_total),
+        seconds_range=[min(plain_total), max(plain_total)],
+        decode_seconds=statistics.median(plain_decode),
+        tokens_per_s=plain_tokens / statistics.median(plain_decode),
+        setup_s=statistics.median(plain_setup), cost_model_decode_seconds=predicted_plain)
     for draft, names in model_of.items():
-      setup_spec = median[("setup_speculative", temperature, names[0])]
+      spec_setup = times[("setup_speculative", temperature, names[0])]
       draft_one, draft_two = (cost[f"{names[0]}:draft_step_{w}"] for w in (1, 2))
       for name in names:
         for gamma in gammas:
@@ -310,20 +327,29 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
           result = runs[key]
           tokens = int(np.sum(result["lengths"]))
           rounds = int(np.sum(result["target_calls"]))
-          spec_times = times[key]
-          per_turn = [(tokens / s) / (plain_tokens / p) for s, p in zip(spec_times, plain_times)]
-          predicted = setup_spec + rounds * (draft_two + (gamma - 1) * draft_one
-                                             + cost[f"verification_{gamma}"])
+          spec_total = times[key]
+          spec_decode = decode_phase(spec_total, spec_setup)
+          per_turn = [(tokens / s) / (plain_tokens / p) for s, p in zip(spec_decode, plain_decode)]
+          end_to_end = [(tokens / s) / (plain_tokens / p) for s, p in zip(spec_total, plain_total)]
+          predicted = rounds * (draft_two + (gamma - 1) * draft_one
+                                + cost[f"verification_{gamma}"])
+          cost_model = (tokens / predicted) / (plain_tokens / predicted_plain)
+          setup_plain, setup_spec = median[("setup_plain", temperature)], statistics.median(
+              spec_setup)
           rows.append(dict(
               draft=name, gamma=int(gamma), temperature=float(temperature),
               speedup=statistics.median(per_turn),
               speedup_range=[min(per_turn), max(per_turn)],
               speedup_spread=_spread(per_turn), speedup_repeats=per_turn,
-              cost_model_speedup=(tokens / predicted) / (plain_tokens / predicted_plain),
-              tokens_per_s=tokens / statistics.median(spec_times),
-              plain_tokens_per_s=plain_tokens / statistics.median(plain_times),
+              cost_model_speedup=cost_model,
+              end_to_end_speedup=statistics.median(end_to_end),
+              end_to_end_speedup_range=[min(end_to_end), max(end_to_end)],
+              cost_model_end_to_end_speedup=(tokens / (setup_spec + predicted)) / (
+                  plain_tokens / (setup_plain + predicted_plain)),
+              tokens_per_s=tokens / statistics.median(spec_decode),
+              plain_tokens_per_s=plain_tokens / statistics.median(plain_decode),
               tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
-              tokens=tokens, seconds=statistics.median(spec_times), setup_s=setup_spec))
+              tokens=tokens, seconds=statistics.median(spec_total), setup_s=setup_spec))
   return dict(rows=rows, plain=plain_info, per_call_s=cost, machine=machine_info(),
               num_prompts=num_prompts, repeats=int(repeats),
               max_new_tokens=int(max_new_tokens))
