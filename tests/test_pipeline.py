@@ -42,6 +42,22 @@ def test_demo_pipeline_smoke_reuse_and_partial_rerun(tmp_path):
     for key in ("tau_raw", "tau_distilled", "speedup_raw", "speedup_distilled"):
       assert math.isfinite(row[key]) and row[key] > 0
     assert 1.0 <= row["tau_raw"] <= row["gamma"] + 1
+  for row in report["paired_rows"]:
+    for kind in ("raw", "distilled"):
+      low, high = row[f"speedup_{kind}_range"]
+      assert low <= row[f"speedup_{kind}"] <= high
+      assert math.isfinite(row[f"cost_model_speedup_{kind}"])
+      assert row[f"tau_{kind}_stderr"] >= 0
+  for row in report["draft_rows"]:
+    assert set(row) >= {"speedup_range", "cost_model_speedup", "tau_stderr",
+                        "end_to_end_speedup"}
+  # Timed in a child pinned to one core; the report says so.
+  assert report["machine"]["cpus"] == os.cpu_count()
+  assert len(report["machine"]["pinned"]) == 1
+  if os.cpu_count() > 1:
+    assert "pinned to core" in report["measurement"]
+  assert report["wall_clock_total_s"] >= sum(
+      v for k, v in report["wall_clock_s"].items() if k != "report")
   assert {"target", "draft_raw"} <= set(report["target_quality"])
   assert math.isfinite(report["target_quality"]["target"]["per_token_loss"])
   assert set(report["wall_clock_s"]) >= {"vocab", "target", "draft_raw", "evaluate"}

@@ -1,0 +1,58 @@
+"""The report's rows, measurement sentence and plots from a hand-made evaluation."""
+
+import math
+
+import pytest
+
+from distillspec_jax import report as report_lib
+from distillspec_jax.pipeline import PipelineConfig
+
+
+def _row(draft, temperature, gamma, tau, speedup):
+  return dict(draft=draft, temperature=temperature, gamma=gamma, tau=tau, tau_stderr=0.05,
+              alpha=0.5, alpha_proposed=0.55, speedup=speedup,
+              speedup_range=[speedup - 0.02, speedup + 0.03], cost_model_speedup=speedup + 0.05,
+              end_to_end_speedup=speedup - 0.1,
+              end_to_end_speedup_range=[speedup - 0.12, speedup - 0.08],
+              cost_model_end_to_end_speedup=speedup - 0.05, setup_s=0.01)
+
+
+def _evaluation(config):
+  rows = []
+  for temperature in config.temperatures:
+    for gamma in config.gammas:
+      rows.append(_row("draft_raw", temperature, gamma, 3.0, 1.2))
+      rows.append(_row("distill_gkd", temperature, gamma, 3.6, 1.4))
+      rows.append(_row("distill_supervised_kd", temperature, gamma, 3.8, 1.5))
+  return {"quality": {"target": {"accuracy": 0.6, "per_token_loss": 0.2,
+                                 "example_prediction": "x"}},
+          "speculative": rows, "plain": {"0.0": {"tokens_per_s": 100.0}},
+          "per_call_s": {"target_step": 1e-4}, "machine": {"cpus": 2, "pinned": [1]},
+          "speed_protocol": {"num_prompts": 16, "repeats": 5, "max_new_tokens": 44}}
+
+
+def test_report_rows_sentence_and_plots(tmp_path):
+  config = PipelineConfig(run_dir=str(tmp_path), gammas=(3, 5), temperatures=(0.0, 1.0))
+  report = report_lib.build_report(config, _evaluation(config), {"target": 10.0, "vocab": 2.0},
+                                   {"gkd": [{"step": 0, "tau": 3.0, "tau_stderr": 0.1}]})
+  assert len(report["paired_rows"]) == 2 * 2 * 2
+  row = report["paired_rows"][0]
+  assert row["recipe"] == "gkd" and row["tau_gain"] == pytest.approx(3.6 / 3.0 - 1)
+  assert row["speedup_distilled_range"] == [1.38, 1.43]
+  assert row["cost_model_speedup_raw"] == pytest.approx(1.25)
+  assert row["tau_raw_stderr"] == 0.05
+  assert report["wall_clock_total_s"] == 12.0
+  assert "pinned to core 1" in report["measurement"] and "2-core" in report["measurement"]
+  assert "example_prediction" not in report["target_quality"]["target"]
+  paths = report_lib.write_report(config, report, str(tmp_path))
+  for path in paths + [str(tmp_path / "report.md"), str(tmp_path / "report.json")]:
+    assert (tmp_path / path).stat().st_size > 0
+  assert "| **total** | **12** |" in (tmp_path / "report.md").read_text()
+
+
+def test_report_refuses_non_finite_numbers(tmp_path):
+  config = PipelineConfig(run_dir=str(tmp_path), gammas=(3,), temperatures=(0.0,))
+  evaluation = _evaluation(config)
+  evaluation["speculative"][1]["speedup_range"] = [math.nan, 1.4]
+  with pytest.raises(ValueError, match="non-finite speedup_(distilled_)?range"):
+    report_lib.build_report(config, evaluation, {}, {})
