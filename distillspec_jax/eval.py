@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 import gin
 import numpy as np
 
-from distillspec_jax import convert, evaluation, gin_utils, lossy
+from distillspec_jax import convert, evaluation, gin_utils, lossy, multihost
 from distillspec_jax.config import TransformerConfig, model_config
 from distillspec_jax.files import write_text_atomic
 from distillspec_jax.models import Model
@@ -431,10 +431,13 @@ def load_config(argv: Sequence[str]) -> EvalConfig:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
+  # --coordinator_address / --process_count / --process_index (multihost.py), before JAX starts.
+  argv = multihost.initialize_from_flags(argv)
   config = load_config(argv)
   os.makedirs(config.model_dir, exist_ok=True)
-  with open(os.path.join(config.model_dir, "config.gin"), "w") as f:
-    f.write(gin.config_str())
+  if multihost.is_primary():  # process 0 is the one writer
+    with open(os.path.join(config.model_dir, "config.gin"), "w") as f:
+      f.write(gin.config_str())
   metrics = evaluate(config)
   print(lossy.rows_markdown(metrics), flush=True)
   print(f"Wrote {os.path.join(config.model_dir, 'metrics.json')}")
