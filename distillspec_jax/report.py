@@ -88,8 +88,9 @@ def measurement_sentence(report: dict) -> str:
           f"{protocol['max_new_tokens']} new tokens) in one compiled loop per measurement, "
           f"compiled once and timed warm, median and [min, max] over {protocol['repeats']} "
           f"interleaved turns, on a {machine['cpus']}-core CPU {cores}; each prompt's setup "
-          f"(encoders and prefill, timed in the same turns) is subtracted from both decoders "
-          f"and reported apart, with the end-to-end speedup that keeps it; the cost model "
+          f"(encoders and prefill; its median over the same turns) is subtracted from both "
+          f"decoders and reported apart, with the end-to-end speedup that keeps it; the cost "
+          f"model "
           f"predicts both times from per-call costs timed in the same turns.")
 
 

@@ -234,9 +234,9 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     "machine": machine_info(), "num_prompts", "repeats", "max_new_tokens"}.
 
     `speedup` is the decoding phase's: each prompt's setup (encoders, prefill; the same
-    loop with one new token, `setup_s`) is subtracted from both decoders' times in every
-    turn, as the setup is a fixed cost per prompt that speculative decoding cannot shorten.
-    `end_to_end_speedup` keeps it in.
+    loop with one new token, timed in every turn, its median `setup_s`) is subtracted from
+    both decoders' times, as the setup is a fixed cost per prompt that speculative decoding
+    cannot shorten. `end_to_end_speedup` keeps it in.
   """
   check_speed_arguments(gammas, temperatures, repeats, prompts)
   check_positive_int(timed_per_turn, "timed_per_turn")
@@ -302,8 +302,10 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   cost = {name: median[("per_call", name)] / calls[name] for name in per_call}
 
   def decode_phase(totals, setups):
-    """Per-turn decoding time: the whole loop less the same turn's setup loop."""
-    return [t - s for t, s in zip(totals, setups)]
+    """Per-turn decoding time: the whole loop less the setup loop's median over turns (a
+    fixed cost; subtracting each turn's own setup time would add its noise to the ratio)."""
+    setup = statistics.median(setups)
+    return [t - setup for t in totals]
 
   for temperature in temperatures:
     plain_lengths = np.asarray(runs[("plain", temperature)]["lengths"])
