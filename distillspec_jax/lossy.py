@@ -2,8 +2,9 @@
 
 Reads the evaluation binary's metrics.json object ({"rows", "target_alone"}) and nothing
 else. Latency is relative to plain decoding with the target (the largest model): a row's
-relative latency is 1 / its measured speedup (speedup = tokens/s over plain target tokens/s
-in the same timing turns), and the target alone is at 1.0 by construction.
+relative latency is 1 / its measured speedup (`speedup` of speed.measure_speed: speculative
+over plain target tokens/s in the same timing turns), and the target alone is at 1.0 by
+construction.
 """
 
 from __future__ import annotations
