@@ -30,7 +30,6 @@ import sys
 from typing import Optional, Sequence
 
 import gin
-import numpy as np
 
 from distillspec_jax import convert, evaluation, gin_utils, lossy, multihost
 from distillspec_jax.config import TransformerConfig, model_config
@@ -413,10 +412,7 @@ def load_config(argv: Sequence[str]) -> EvalConfig:
     gin.external_configurable(EvalConfig, name="EvalConfig")
     gin.external_configurable(evaluate_job, name="evaluate_job")
     _REGISTERED.append(True)
-  rest = gin_utils.parse_gin_flags(argv)
-  if rest:
-    raise gin_utils.GinConfigError(f"Unknown arguments {rest}; pass --gin_file=... and "
-                                   "--gin.NAME=VALUE flags only.")
+  gin_utils.parse_binary_flags(argv)
   try:
     reference = gin.query_parameter("evaluate_job.config")
   except ValueError as error:

@@ -154,6 +154,16 @@ def parse_gin_flags(argv: Sequence[str]) -> list[str]:
   return rest
 
 
+def parse_binary_flags(argv: Sequence[str]) -> None:
+  """Parses a binary's gin flags (the multi-host flags already taken out of `argv` by
+  multihost.initialize_from_flags); any other argument is an error naming it."""
+  rest = parse_gin_flags(argv)
+  if rest:
+    raise GinConfigError(f"Unknown arguments {rest}; use --gin_file=..., --gin.NAME=VALUE, "
+                         "--gin_bindings=..., --gin_search_paths=..., and the multi-host flags "
+                         "--coordinator_address, --process_count, --process_index")
+
+
 _MODEL_FIELDS = ("kind", "vocab_size", "emb_dim", "num_heads", "num_encoder_layers",
                  "num_decoder_layers", "head_dim", "mlp_dim", "dropout_rate", "dtype",
                  "relative_attention_num_buckets", "relative_attention_max_distance",

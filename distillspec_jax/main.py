@@ -39,10 +39,7 @@ def load_pipeline(argv: Sequence[str]) -> PipelineConfig:
   if not _REGISTERED:
     gin.external_configurable(PipelineConfig, name="PipelineConfig")
     _REGISTERED.append(True)
-  rest = gin_utils.parse_gin_flags(argv)
-  if rest:
-    raise gin_utils.GinConfigError(f"Unknown arguments {rest}; pass --gin_file=... and "
-                                   "--gin.NAME=VALUE flags only.")
+  gin_utils.parse_binary_flags(argv)
   try:
     pipeline = gin.query_parameter("main_job.pipeline").scoped_configurable_fn()
   except ValueError as error:

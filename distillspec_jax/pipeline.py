@@ -29,9 +29,10 @@ import numpy as np
 from distillspec_jax import checkpoints, multihost
 from distillspec_jax.files import read_json, write_json_atomic
 from distillspec_jax.config import model_config
-from distillspec_jax.decoding import prompt_inputs
+from distillspec_jax.decoding import check_positive_int, prompt_inputs
 from distillspec_jax.distillation import DistillationConfig, make_speculative_eval_fn
 from distillspec_jax.models import Model
+from distillspec_jax.speed import check_grid
 from distillspec_jax.trainer import TrainConfig, distill, finetune
 
 DONE = "DONE.json"
@@ -149,16 +150,8 @@ class PipelineConfig:
                        f"adaspec_reference={self.adaspec_reference!r} in recipes={self.recipes}.")
     for recipe in self.recipes:
       distillation_config(self, recipe)  # raises on an unknown name or bad value
-    if not self.gammas:
-      raise ValueError("gammas=() is empty; pass at least one gamma, e.g. (3, 5, 7).")
-    if any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in self.gammas):
-      raise ValueError(f"gammas={self.gammas} must all be integers >= 1.")
-    if not self.temperatures:
-      raise ValueError("temperatures=() is empty; pass e.g. (0.0, 1.0).")
-    if isinstance(self.speed_repeats, bool) or not isinstance(self.speed_repeats, int) \
-        or self.speed_repeats < 1:
-      raise ValueError(f"speed_repeats={self.speed_repeats!r} must be an integer >= 1 (timing "
-                       "turns; 7 gives stable medians).")
+    check_grid(self.gammas, self.temperatures)
+    check_positive_int(self.speed_repeats, "speed_repeats")
     if self.speed_examples > self.eval_examples:
       raise ValueError(f"speed_examples={self.speed_examples} exceeds eval_examples="
                        f"{self.eval_examples}: the timed prompts are the first test prompts; "

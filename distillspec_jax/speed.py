@@ -198,8 +198,8 @@ def _spread(values: Sequence[float]) -> float:
   return (max(values) - min(values)) / statistics.median(values)
 
 
-def check_speed_arguments(gammas, temperatures, repeats, prompts) -> None:
-  """Refuses an empty gamma or temperature grid, repeats < 1 and an empty prompt set."""
+def check_grid(gammas, temperatures) -> None:
+  """Refuses an empty gamma or temperature grid and gammas that are not integers >= 1."""
   if not len(gammas):
     raise ValueError(f"gammas={tuple(gammas)!r} is empty; pass at least one gamma, "
                      "e.g. (3, 5, 7).")
@@ -207,6 +207,11 @@ def check_speed_arguments(gammas, temperatures, repeats, prompts) -> None:
     check_positive_int(gamma, "gamma")
   if not len(temperatures):
     raise ValueError(f"temperatures={tuple(temperatures)!r} is empty; pass e.g. (0.0, 1.0).")
+
+
+def check_speed_arguments(gammas, temperatures, repeats, prompts) -> None:
+  """check_grid, and refuses repeats < 1 and an empty prompt set."""
+  check_grid(gammas, temperatures)
   check_positive_int(repeats, "speed repeats (timing turns)")
   if len(prompts) < 1:
     raise ValueError("No prompts to time: pass at least one speed prompt.")
@@ -322,6 +327,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
         setup_s=statistics.median(plain_setup), cost_model_decode_seconds=predicted_plain)
     for draft, names in model_of.items():
       spec_setup = times[("setup_speculative", temperature, names[0])]
+      setup_plain = median[("setup_plain", temperature)]
+      setup_spec = median[("setup_speculative", temperature, names[0])]
       draft_one, draft_two = (cost[f"{names[0]}:draft_step_{w}"] for w in (1, 2))
       for name in names:
         for gamma in gammas:
@@ -336,8 +343,6 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
           predicted = rounds * (draft_two + (gamma - 1) * draft_one
                                 + cost[f"verification_{gamma}"])
           cost_model = (tokens / predicted) / (plain_tokens / predicted_plain)
-          setup_plain, setup_spec = median[("setup_plain", temperature)], statistics.median(
-              spec_setup)
           rows.append(dict(
               draft=name, gamma=int(gamma), temperature=float(temperature),
               speedup=statistics.median(per_turn),

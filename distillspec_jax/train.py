@@ -183,12 +183,7 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
 
 def main(argv: Sequence[str]) -> trainer.TrainResult:
   argv = multihost.initialize_from_flags(argv)  # first: before any JAX backend starts
-  rest = gin_utils.parse_gin_flags(argv)
-  if rest:
-    raise gin_utils.GinConfigError(f"Unknown arguments {rest}; use --gin_file=..., "
-                                   "--gin.NAME=VALUE, --gin_bindings=..., --gin_search_paths=..."
-                                   ", and the multi-host flags --coordinator_address, "
-                                   "--process_count, --process_index")
+  gin_utils.parse_binary_flags(argv)
   spec = resolve()
   print(f"distillspec_jax.train: {spec.mode} of {spec.model.config.kind} model "
         f"({spec.model.num_params():,} params) for {spec.train_config.train_steps} steps "
