@@ -26,6 +26,7 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
 from __future__ import annotations
 
 import functools
+import logging
 import multiprocessing
 import os
 import statistics
@@ -193,6 +194,26 @@ def _speculative_runner(target: Model, draft: Model, max_new_tokens: int, gamma:
   return _over_prompts(run_one)
 
 
+def turn_speedups(tokens: int, spec_total: Sequence[float], spec_decode: Sequence[float],
+                  plain_tokens: int, plain_total: Sequence[float],
+                  plain_decode: Sequence[float]) -> tuple:
+  """Per-turn speedups (speculative over plain tokens per second) and their basis.
+
+  "decode_phase" uses the times less the setup; where any such time is not positive (the
+  decoding phase is shorter than the setup's noise: few, short prompts) a difference of two
+  noisy times would give a meaningless ratio, so the whole times are used ("end_to_end").
+  """
+  if min(list(spec_decode) + list(plain_decode)) > 0:
+    return ([(tokens / s) / (plain_tokens / p) for s, p in zip(spec_decode, plain_decode)],
+            "decode_phase")
+  return ([(tokens / s) / (plain_tokens / p) for s, p in zip(spec_total, plain_total)],
+          "end_to_end")
+
+
+def _positive_or(value: float, fallback: float) -> float:
+  return value if value > 0 else fallback
+
+
 def _spread(values: Sequence[float]) -> float:
   """(max - min) / median."""
   return (max(values) - min(values)) / statistics.median(values)
@@ -234,14 +255,17 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   Returns:
     {"rows": [{draft, gamma, temperature, speedup, speedup_range, speedup_spread,
     speedup_repeats, cost_model_speedup, end_to_end_speedup, end_to_end_speedup_range,
-    cost_model_end_to_end_speedup, tokens_per_s, plain_tokens_per_s, tau, rounds, tokens,
+    cost_model_end_to_end_speedup, speedup_basis, tokens_per_s, plain_tokens_per_s, tau, rounds, tokens,
     seconds, setup_s}], "plain": {temperature: {...}}, "per_call_s": {...},
     "machine": machine_info(), "num_prompts", "repeats", "max_new_tokens"}.
 
     `speedup` is the decoding phase's: each prompt's setup (encoders, prefill; the same
     loop with one new token, timed in every turn, its median `setup_s`) is subtracted from
     both decoders' times, as the setup is a fixed cost per prompt that speculative decoding
-    cannot shorten. `end_to_end_speedup` keeps it in.
+    cannot shorten. `end_to_end_speedup` keeps it in. Where a decoding phase is too short
+    to time apart from the setup (a turn's difference is not positive), `speedup` is the
+    end-to-end one, `speedup_basis` says so ("decode_phase" or "end_to_end") and a warning
+    is logged.
   """
   check_speed_arguments(gammas, temperatures, repeats, prompts)
   check_positive_int(timed_per_turn, "timed_per_turn")
@@ -323,7 +347,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
         tokens=plain_tokens, seconds=statistics.median(plain_total),
         seconds_range=[min(plain_total), max(plain_total)],
         decode_seconds=statistics.median(plain_decode),
-        tokens_per_s=plain_tokens / statistics.median(plain_decode),
+        tokens_per_s=plain_tokens / _positive_or(statistics.median(plain_decode),
+                                                 statistics.median(plain_total)),
         setup_s=statistics.median(plain_setup), cost_model_decode_seconds=predicted_plain)
     for draft, names in model_of.items():
       spec_setup = times[("setup_speculative", temperature, names[0])]
@@ -338,14 +363,22 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
           rounds = int(np.sum(result["target_calls"]))
           spec_total = times[key]
           spec_decode = decode_phase(spec_total, spec_setup)
-          per_turn = [(tokens / s) / (plain_tokens / p) for s, p in zip(spec_decode, plain_decode)]
           end_to_end = [(tokens / s) / (plain_tokens / p) for s, p in zip(spec_total, plain_total)]
+          per_turn, basis = turn_speedups(tokens, spec_total, spec_decode, plain_tokens,
+                                          plain_total, plain_decode)
+          if basis == "end_to_end":
+            logging.warning(
+                "speed: %s gamma=%d T=%s: the decoding phase is too short to time apart from "
+                "the setup (max_new_tokens=%d, %d prompts); its speedup is the end-to-end one "
+                "(speedup_basis='end_to_end'). Raise max_new_tokens or the number of prompts "
+                "for a decode-phase measurement.", name, gamma, temperature, max_new_tokens,
+                num_prompts)
           predicted = rounds * (draft_two + (gamma - 1) * draft_one
                                 + cost[f"verification_{gamma}"])
           cost_model = (tokens / predicted) / (plain_tokens / predicted_plain)
           rows.append(dict(
               draft=name, gamma=int(gamma), temperature=float(temperature),
-              speedup=statistics.median(per_turn),
+              speedup=statistics.median(per_turn), speedup_basis=basis,
               speedup_range=[min(per_turn), max(per_turn)],
               speedup_spread=_spread(per_turn), speedup_repeats=per_turn,
               cost_model_speedup=cost_model,
@@ -353,8 +386,11 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
               end_to_end_speedup_range=[min(end_to_end), max(end_to_end)],
               cost_model_end_to_end_speedup=(tokens / (setup_spec + predicted)) / (
                   plain_tokens / (setup_plain + predicted_plain)),
-              tokens_per_s=tokens / statistics.median(spec_decode),
-              plain_tokens_per_s=plain_tokens / statistics.median(plain_decode),
+              tokens_per_s=tokens / (statistics.median(spec_decode) if basis == "decode_phase"
+                                     else statistics.median(spec_total)),
+              plain_tokens_per_s=plain_tokens / (
+                  statistics.median(plain_decode) if basis == "decode_phase"
+                  else statistics.median(plain_total)),
               tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
               tokens=tokens, seconds=statistics.median(spec_total), setup_s=setup_spec))
   return dict(rows=rows, plain=plain_info, per_call_s=cost, machine=machine_info(),

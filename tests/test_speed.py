@@ -43,6 +43,9 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
     assert low <= row["speedup"] <= high
     for key in ("speedup", "cost_model_speedup", "tokens_per_s", "plain_tokens_per_s"):
       assert math.isfinite(row[key]) and row[key] > 0, key
+    assert row["speedup_basis"] in ("decode_phase", "end_to_end")
+    if row["speedup_basis"] == "end_to_end":
+      assert row["speedup"] == pytest.approx(row["end_to_end_speedup"])
   assert out["machine"]["pinned"] == sorted(os.sched_getaffinity(0))
   assert set(out["per_call_s"]) >= {"target_step", "verification_2", "a:draft_step_1",
                                     "a:draft_step_2"}
@@ -81,6 +84,20 @@ def test_measure_speed_refuses_no_prompts(pair):
     speed.measure_speed(target, target_params, {"a": (draft, draft_params)},
                         np.zeros((0, 6), np.int32), gammas=(2,), temperatures=(0.0,),
                         max_new_tokens=4)
+
+
+def test_turn_speedups_use_the_decode_phase_unless_it_is_too_short_to_time():
+  # 20 speculative tokens against 10 plain ones per turn.
+  per_turn, basis = speed.turn_speedups(20, [3.0, 4.0], [2.0, 2.0], 10, [5.0, 5.0], [4.0, 2.0])
+  assert basis == "decode_phase"
+  assert per_turn == pytest.approx([(20 / 2.0) / (10 / 4.0), (20 / 2.0) / (10 / 2.0)])
+  # One turn whose decoding phase is not positive (setup noise larger than the phase): the
+  # whole times are used for every turn, and the basis says so.
+  per_turn, basis = speed.turn_speedups(20, [3.0, 4.0], [2.0, -0.1], 10, [5.0, 5.0], [4.0, 2.0])
+  assert basis == "end_to_end"
+  assert per_turn == pytest.approx([(20 / 3.0) / (10 / 5.0), (20 / 4.0) / (10 / 5.0)])
+  per_turn, basis = speed.turn_speedups(20, [3.0], [1.0], 10, [5.0], [0.0])
+  assert basis == "end_to_end" and per_turn == pytest.approx([(20 / 3.0) / (10 / 5.0)])
 
 
 def test_ratio_stderr_against_direct_formulas():
