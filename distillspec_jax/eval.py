@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 import gin
 
-from distillspec_jax import convert, evaluation, gin_utils, lossy, multihost
+from distillspec_jax import convert, evaluation, gin_utils, lossy, multihost, speed
 from distillspec_jax.config import TransformerConfig, model_config
 from distillspec_jax.files import write_text_atomic
 from distillspec_jax.models import Model
@@ -104,12 +104,12 @@ class EvalConfig:
       if not getattr(self, name):
         raise ValueError(f"{name.upper()} is not set; pass --gin.{name.upper()}=<path> (our "
                          "MODEL_DIR, a T5X checkpoint or a Hugging Face directory).")
-    if not self.gammas:
-      raise ValueError("GAMMAS=() is empty; pass at least one gamma, e.g. --gin.GAMMAS=(3,5).")
-    if any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in self.gammas):
-      raise ValueError(f"GAMMAS={tuple(self.gammas)} must all be integers >= 1.")
-    if not self.temperatures:
-      raise ValueError("TEMPERATURES=() is empty; pass e.g. --gin.TEMPERATURES=(0.0,1.0).")
+    try:  # the engine's grid check (one rule for the binaries and speed.measure_speed)
+      speed.check_grid(self.gammas, self.temperatures)
+    except ValueError as error:
+      macro = "TEMPERATURES" if str(error).startswith("temperatures") else "GAMMAS"
+      value = tuple(self.temperatures if macro == "TEMPERATURES" else self.gammas)
+      raise ValueError(f"{macro}={value} (--gin.{macro}): {error}") from None
     if not self.epsilons:
       raise ValueError("EPSILONS=() is empty; pass at least one epsilon in (0, 1], e.g. "
                        "--gin.EPSILONS=(1.0,) for lossless decoding.")
@@ -239,7 +239,6 @@ def eval_split(task_name: str, split: Optional[str]) -> str:
 def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalConfig) -> list:
   """measure_speed of the pair once per lenience of the grid (a lossless epsilon = 1 is
   measured once and shared by every kind). Loads the checkpoints itself (run_pinned)."""
-  from distillspec_jax import speed
   target, target_params = load_model(paths[0], "TARGET_CHECKPOINT_PATH", presets[0], capacity)
   draft, draft_params = load_model(paths[1], "DRAFT_CHECKPOINT_PATH", presets[1], capacity)
   out, lossless = [], None
@@ -280,8 +279,12 @@ def _scalars(writer, row: dict) -> None:
 def evaluate(config: EvalConfig) -> dict:
   """Runs the evaluation and writes every output; returns the metrics.json object."""
   from tqdm.auto import tqdm
-  from distillspec_jax import data, speed
-  os.makedirs(os.path.join(config.model_dir, "inferences"), exist_ok=True)
+  from distillspec_jax import data
+  # Every process evaluates (the same decodes; no cross-process arrays); process 0 alone
+  # writes, and the others wait at a barrier until its files are complete.
+  primary = multihost.is_primary()
+  if primary:
+    os.makedirs(os.path.join(config.model_dir, "inferences"), exist_ok=True)
   register_tasks(config)
   names = task_names(config.mixture_or_task_name)
   splits = {name: eval_split(name, config.split) for name in names}
@@ -355,9 +358,10 @@ def evaluate(config: EvalConfig) -> dict:
                       for i, r, p, a in zip(ex["prompt_texts"], ex["target_texts"],
                                             run["predictions"], run["accepted_per_round"])]
             bar.update(1)
-      with open(os.path.join(config.model_dir, "inferences", f"{name}.jsonl"), "w") as f:
-        for line in lines:
-          f.write(json.dumps(line) + "\n")
+      if primary:
+        with open(os.path.join(config.model_dir, "inferences", f"{name}.jsonl"), "w") as f:
+          for line in lines:
+            f.write(json.dumps(line) + "\n")
       rows_by_task[name] = rows
   del target_params, draft_params
   for name in names:
@@ -381,15 +385,17 @@ def evaluate(config: EvalConfig) -> dict:
     alone_by_task[config.mixture_or_task_name] = mixture_alone
   rows = [{k: row[k] for k in evaluation.ROW_FIELDS} for row in rows]
   metrics = {"rows": rows, "target_alone": alone_by_task}
-  write_text_atomic(os.path.join(config.model_dir, "metrics.json"),
-                    json.dumps(metrics, indent=1) + "\n")  # rows keep the interface's order
-  from tensorboardX import SummaryWriter
-  writer = SummaryWriter(os.path.join(config.model_dir, "tensorboard"))
-  for row in rows:
-    _scalars(writer, row)
-  writer.close()
-  if len(leniences) > 1:
-    lossy.write_tradeoff(metrics, config.model_dir)
+  if primary:
+    write_text_atomic(os.path.join(config.model_dir, "metrics.json"),
+                      json.dumps(metrics, indent=1) + "\n")  # rows keep the interface's order
+    from tensorboardX import SummaryWriter
+    writer = SummaryWriter(os.path.join(config.model_dir, "tensorboard"))
+    for row in rows:
+      _scalars(writer, row)
+    writer.close()
+    if len(leniences) > 1:
+      lossy.write_tradeoff(metrics, config.model_dir)
+  multihost.barrier("eval_outputs_written")
   return metrics
 
 
@@ -435,8 +441,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with open(os.path.join(config.model_dir, "config.gin"), "w") as f:
       f.write(gin.config_str())
   metrics = evaluate(config)
-  print(lossy.rows_markdown(metrics), flush=True)
-  print(f"Wrote {os.path.join(config.model_dir, 'metrics.json')}")
+  if multihost.is_primary():
+    print(lossy.rows_markdown(metrics), flush=True)
+    print(f"Wrote {os.path.join(config.model_dir, 'metrics.json')}")
   return 0
 
 

@@ -224,9 +224,29 @@ def test_acceptance_by_position_and_predicted_alpha(setup):
                                     1.0) < 1.0
 
 
+def test_only_process_zero_writes_and_every_process_waits_for_it(setup, tmp_path,
+                                                                 monkeypatch):
+  """A process other than 0 evaluates the same grid but writes no file; all processes meet at
+  the barrier after process 0's writes (multihost.barrier is a no-op in one process, so it
+  is recorded here)."""
+  from distillspec_jax import multihost
+  met = []
+  monkeypatch.setattr(multihost, "is_primary", lambda: False)
+  monkeypatch.setattr(multihost, "barrier", lambda name, *a, **k: met.append(name))
+  run_dir = tmp_path / "not_primary"
+  config = _config(setup, run_dir, epsilons=(1.0, 0.5), temperatures=(1.0,),
+                   speed_examples=0)
+  metrics = eval_lib.evaluate(config)
+  assert len(metrics["rows"]) == 2  # it evaluated: gammas x leniences
+  assert not run_dir.exists() or not any(run_dir.iterdir()), list(run_dir.rglob("*"))
+  assert met == ["eval_outputs_written"]
+
+
 @pytest.mark.parametrize("changes, message", [
     (dict(epsilons=()), r"EPSILONS=\(\) is empty; pass at least one epsilon"),
-    (dict(gammas=()), r"GAMMAS=\(\) is empty; pass at least one gamma"),
+    (dict(gammas=()), r"GAMMAS=\(\) \(--gin.GAMMAS\): .*is empty; pass at least one gamma"),
+    (dict(gammas=(2, 0)), r"GAMMAS=\(2, 0\) \(--gin.GAMMAS\): gamma=0 must be an integer >= 1"),
+    (dict(temperatures=()), r"TEMPERATURES=\(\) \(--gin.TEMPERATURES\): .*is empty; pass e.g."),
     (dict(epsilons=(1.5,)), r"EPSILONS has 1.5; every epsilon must lie in \(0, 1\]"),
     (dict(lenience_kinds=("cube",)), "LENIENCE_KINDS has 'cube'"),
 ])
