@@ -315,3 +315,104 @@ def cross_entropy(
     return nll
   token_mask = jnp.asarray(token_mask, nll.dtype)
   return jnp.where(token_mask > 0, nll * token_mask, 0.0)
+
+
+# --------------------------------------------------------------------------
+# Binned divergences over the target's top-k ids plus one tail bin.
+# --------------------------------------------------------------------------
+#
+# A teacher cache (teacher_cache.py) keeps, per token, the target's k most probable ids, their
+# log-probabilities and the log of the remaining mass. Both distributions are then coarsened
+# to k + 1 bins: bin i < k is the target's i-th id, bin k everything else. The coarsening is
+# one deterministic map applied to p and q, so by the data-processing inequality every
+# f-divergence (FKL, RKL, JSD, TVD) of the binned pair is <= the full one, with equality at
+# k = vocabulary size (the tail bin is then empty for both).
+
+
+def tail_log_mass(log_probs_full: jax.Array, top_ids: jax.Array) -> jax.Array:
+  """log sum_{c not in top_ids} exp(log_probs_full[c]), per token.
+
+  Summed over the complement directly (not as log(1 - sum of the top-k)), so a tail of mass
+  1e-30 is still accurate. An empty complement (k = vocabulary size) gives exactly -inf with
+  a zero, not NaN, gradient: the logsumexp then runs on dummy zeros and is discarded.
+
+  Args:
+    log_probs_full: [..., vocab] log-probabilities.
+    top_ids: [..., k] int ids (distinct per token).
+
+  Returns:
+    [...] log tail mass (-inf when the complement is empty or has zero probability).
+  """
+  vocab = log_probs_full.shape[-1]
+  # Membership mask by one scatter over the flattened tokens ([tokens, vocab], like the logits;
+  # a one-hot of the ids would be k times larger).
+  flat_ids = top_ids.reshape(-1, top_ids.shape[-1]).astype(jnp.int32)
+  rows = jnp.arange(flat_ids.shape[0])[:, None]
+  in_top = jnp.zeros((flat_ids.shape[0], vocab), bool).at[rows, flat_ids].set(True)
+  in_top = in_top.reshape(log_probs_full.shape)
+  has_tail = ~jnp.all(in_top, axis=-1)
+  masked = jnp.where(in_top, -jnp.inf, log_probs_full)
+  safe = jnp.where(has_tail[..., None], masked, 0.0)  # double where: no NaN gradient
+  return jnp.where(has_tail, jax.nn.logsumexp(safe, axis=-1), -jnp.inf)
+
+
+def top_k_bins(log_probs_full: jax.Array, k: int) -> tuple:
+  """The target side of the binned distribution.
+
+  Args:
+    log_probs_full: [..., vocab] log-probabilities.
+    k: number of kept ids, 1 <= k <= vocab (checked by the caller: teacher_cache.check_k).
+
+  Returns:
+    (top_log_probs [..., k] in descending order, top_ids [..., k] int32, tail [...]).
+  """
+  top_log_probs, top_ids = jax.lax.top_k(log_probs_full, k)
+  top_ids = top_ids.astype(jnp.int32)
+  return top_log_probs, top_ids, tail_log_mass(log_probs_full, top_ids)
+
+
+def binned_token_divergence(
+    name: str,
+    target_top_log_probs: jax.Array,
+    target_top_ids: jax.Array,
+    target_tail_log_prob: jax.Array,
+    draft_logits: jax.Array,
+    *,
+    draft_temperature=1.0,
+    beta=0.5,
+) -> jax.Array:
+  """Per-token D(p_bins || q_bins) over the (k + 1)-bin distributions.
+
+  The target's bins come from a cache (already at the target temperature it was written
+  with); the draft's bins are its log-probabilities at the target's top-k ids and its mass
+  outside them. A lower bound of `token_divergence` (data processing), equal to it at
+  k = vocabulary size.
+
+  Args:
+    name: one of "fkl", "rkl", "jsd", "tvd".
+    target_top_log_probs: [batch, length, k] target log-probabilities (no gradient).
+    target_top_ids: [batch, length, k] int ids of those entries.
+    target_tail_log_prob: [batch, length] log of the target's remaining mass.
+    draft_logits: [batch, length, vocab] draft logits.
+    draft_temperature: T_q > 0.
+    beta: JSD mixing weight in (0, 1).
+
+  Returns:
+    [batch, length] divergence per token.
+  """
+  validate_divergence_name(name)
+  _validate_beta(beta)
+  _validate_temperature(draft_temperature, "draft_temperature")
+  log_p = jax.lax.stop_gradient(jnp.concatenate(
+      [target_top_log_probs, target_tail_log_prob[..., None]], axis=-1).astype(jnp.float32))
+  log_q_full = log_probs(draft_logits, temperature=draft_temperature)
+  ids = target_top_ids.astype(jnp.int32)
+  log_q = jnp.concatenate([jnp.take_along_axis(log_q_full, ids, axis=-1),
+                           tail_log_mass(log_q_full, ids)[..., None]], axis=-1)
+  if name == "fkl":
+    return _kl_from_log_probs(log_p, log_q)
+  if name == "rkl":
+    return _kl_from_log_probs(log_q, log_p)
+  if name == "jsd":
+    return _jsd_from_log_probs(log_p, log_q, beta)
+  return _tvd_from_log_probs(log_p, log_q)
