@@ -22,13 +22,17 @@ from typing import Optional, Sequence
 import gin
 
 from distillspec_jax import gin_utils, multihost
+from distillspec_jax.garden import GardenConfig
 from distillspec_jax.pipeline import PipelineConfig, check_run_dir, run_pipeline
+from distillspec_jax.recipe_grid import RecipeGridConfig
 
 
 @gin.configurable
 def main_job(pipeline: PipelineConfig = gin.REQUIRED, stages: Optional[tuple] = None) -> dict:
-  """Runs the configured pipeline's `stages` (None = all)."""
-  return run_pipeline(pipeline, stages=tuple(stages) if stages else None)
+  """Runs the configured pipeline's `stages` (None = all); a study's config (recipe_grid.py,
+  garden.py) brings its own stage functions."""
+  stage_fns = pipeline.stage_functions() if hasattr(pipeline, "stage_functions") else None
+  return run_pipeline(pipeline, stage_fns=stage_fns, stages=tuple(stages) if stages else None)
 
 
 _REGISTERED = []
@@ -38,6 +42,8 @@ def load_pipeline(argv: Sequence[str]) -> PipelineConfig:
   """Parses the gin flags and builds the run file's PipelineConfig (nothing runs)."""
   if not _REGISTERED:
     gin.external_configurable(PipelineConfig, name="PipelineConfig")
+    gin.external_configurable(RecipeGridConfig, name="RecipeGridConfig")
+    gin.external_configurable(GardenConfig, name="GardenConfig")
     _REGISTERED.append(True)
   gin_utils.parse_binary_flags(argv)
   try:
