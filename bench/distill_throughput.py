@@ -1,6 +1,14 @@
 """Distillation throughput of the smoke pair (smoke_target -> demo_draft).
 
   python bench/distill_throughput.py --out /tmp/distill_throughput.json [--recipe gkd]
+  python bench/distill_throughput.py --out cache.json --teacher_cache 32 \
+      [--target demo_target] [--target_overrides '{"emb_dim": 512}']
+
+With --teacher_cache K the recipe is SupervisedKD (fixed data) and the same batches are
+trained twice, alternately in --rounds rounds: with the live target in the step and from a
+top-k teacher cache of K ids (teacher_cache.py, written first for those batches); the JSON
+then has "tokens_per_s": {"live_target": ..., "teacher_cache": ...} (medians over rounds,
+ranges beside them) and "cache_speedup".
 
 Times the real jitted train step (`trainer.make_train_step`, sharded, state donated) after
 compilation, and separately the batch-making part of the step (source draw + sampling from
@@ -22,7 +30,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from distillspec_jax import distillation, partitioning, trainer  # noqa: E402
+from distillspec_jax import distillation, partitioning, teacher_cache, trainer  # noqa: E402
 from distillspec_jax.models import Model  # noqa: E402
 
 
@@ -38,9 +46,19 @@ def main(argv=None):
   parser.add_argument("--batch_size", type=int, default=16)
   parser.add_argument("--input_length", type=int, default=48)
   parser.add_argument("--target_length", type=int, default=48)
+  parser.add_argument("--target", default="smoke_target", help="target preset name")
+  parser.add_argument("--draft", default="demo_draft", help="draft preset name")
+  parser.add_argument("--target_overrides", default="{}",
+                      help="JSON TransformerConfig fields for the target, e.g. a wider one")
+  parser.add_argument("--teacher_cache", type=int, default=None, metavar="K",
+                      help="also time SupervisedKD from a top-K teacher cache")
+  parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (cache mode)")
   args = parser.parse_args(argv)
 
-  target, draft = Model.from_name("smoke_target"), Model.from_name("demo_draft")
+  target = Model.from_name(args.target, **json.loads(args.target_overrides))
+  draft = Model.from_name(args.draft)
+  if args.teacher_cache is not None:
+    return _cache_comparison(args, target, draft)
   dc = distillation.DistillationConfig.from_recipe(args.recipe)
   objective = distillation.DistillationObjective(target, draft, dc)
   config = trainer.TrainConfig(model_dir="/tmp/unused", train_steps=args.steps,
@@ -89,6 +107,87 @@ def main(argv=None):
                  "target_params": target.num_params(), "draft_params": draft.num_params()},
       "devices": [str(d) for d in jax.devices()],
   }
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=2)
+  print(json.dumps(result, indent=2))
+  return result
+
+
+def _time_steps(step_fn, state, batches, frozen, base):
+  """Seconds per step and trained tokens over batches[1:] (batches[0] compiled first)."""
+  state, _ = _block(step_fn(state, batches[0], base, frozen))
+  tokens, t0 = 0.0, time.perf_counter()
+  for s in range(1, len(batches)):
+    state, metrics = step_fn(state, batches[s], jax.random.fold_in(base, s), frozen)
+    tokens += float(metrics["num_tokens"])  # syncs each step
+  return (time.perf_counter() - t0) / (len(batches) - 1), tokens, state
+
+
+def _cache_comparison(args, target, draft):
+  """SupervisedKD with the live target vs from a top-k cache, on the same batches."""
+  import tempfile
+  k = teacher_cache.check_k(args.teacher_cache, target.config.vocab_size)
+  dc = distillation.DistillationConfig.from_recipe("supervised_kd")
+  objectives = {"live_target": distillation.DistillationObjective(target, draft, dc),
+                "teacher_cache": teacher_cache.CachedTeacherObjective(draft, dc)}
+  config = trainer.TrainConfig(model_dir="/tmp/unused", train_steps=args.steps,
+                               batch_size=args.batch_size, optimizer="adafactor")
+  mesh = partitioning.make_mesh()
+  target_params = jax.jit(target.init)(jax.random.PRNGKey(0))
+  draft_params = jax.jit(draft.init)(jax.random.PRNGKey(1))
+  data = trainer.SyntheticData(args.batch_size, input_length=args.input_length,
+                               target_length=args.target_length,
+                               vocab_size=target.config.vocab_size)
+  rows = [data.batch_at(s) for s in range(args.steps + 1)]
+  arrays = {key: np.concatenate([r[key] for r in rows]) for key in rows[0]}
+  with tempfile.TemporaryDirectory() as cache_dir:
+    t0 = time.perf_counter()
+    manifest = teacher_cache.write_cache(target, target_params, arrays, cache_dir, k=k,
+                                         task="synthetic_reverse", lengths={}, progress=False)
+    write_s = time.perf_counter() - t0
+    cache = teacher_cache.open_cache(cache_dir, target=target, target_params=target_params,
+                                     arrays=arrays, k=k, task="synthetic_reverse", lengths={})
+    b = args.batch_size
+    host = {"live_target": rows,
+            "teacher_cache": [{**r, **{n: v[np.arange(s * b, (s + 1) * b)]
+                                       for n, v in cache.arrays.items()}}
+                              for s, r in enumerate(rows)]}
+  base = jax.random.PRNGKey(0)
+  optimizer = config.optimizer_spec.make()
+  times = {name: [] for name in objectives}
+  tokens = {}
+  compiled = {}
+  for name, objective in objectives.items():
+    compiled[name] = trainer.make_train_step(objective, config.optimizer_spec, mesh)
+  for _ in range(args.rounds):
+    for name in objectives:
+      step_fn, state_shardings, frozen_shardings = compiled[name]
+      params = jax.tree.map(jnp.copy, draft_params)  # the step donates its state
+      state = jax.device_put(trainer.TrainState(step=jnp.int32(0), params=params,
+                                                opt_state=optimizer.init(params)),
+                             state_shardings)
+      frozen = jax.device_put({"target": target_params} if name == "live_target" else {},
+                              frozen_shardings)
+      batches = [partitioning.shard_batch(h, mesh) for h in host[name]]
+      step_s, tokens[name], _ = _time_steps(step_fn, state, batches, frozen, base)
+      times[name].append(step_s)
+  median = lambda v: float(np.median(v))
+  result = {
+      "tokens_per_s": {n: tokens[n] / (median(times[n]) * args.steps) for n in objectives},
+      "tokens_per_s_range": {n: [tokens[n] / (max(times[n]) * args.steps),
+                                 tokens[n] / (min(times[n]) * args.steps)] for n in objectives},
+      "step_ms": {n: 1000 * median(times[n]) for n in objectives},
+      "recipe": "supervised_kd", "teacher_cache_k": k, "rounds": args.rounds,
+      "cache_write_s": write_s, "cache_bytes_per_token": manifest["bytes_per_token"],
+      "batch_size": args.batch_size,
+      "lengths": {"inputs": args.input_length, "targets": args.target_length},
+      "models": {"target": args.target, "target_overrides": json.loads(args.target_overrides),
+                 "draft": args.draft, "target_params": target.num_params(),
+                 "draft_params": draft.num_params()},
+      "devices": [str(d) for d in jax.devices()], "load_average": os.getloadavg(),
+  }
+  result["cache_speedup"] = (result["tokens_per_s"]["teacher_cache"]
+                             / result["tokens_per_s"]["live_target"])
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2)
   print(json.dumps(result, indent=2))

@@ -4,6 +4,7 @@ Stages (each writes `<run_dir>/<stage>/` and a `DONE.json` marker last, atomical
   vocab            SentencePiece vocabulary + tokenized train split (NumPy, no TF afterwards)
   target           fine-tune the target with cross-entropy
   draft_raw        fine-tune the draft with cross-entropy (the "w/o distillation" draft)
+  teacher_cache    (only with teacher_cache_k) the target's top-k log-probs over the train split
   distill_<recipe> distil the raw draft toward the target with each recipe (GKD, SupervisedKD..)
   evaluate         task quality of every model; tau, alpha and speedup of every draft with the
                    target at each gamma and temperature, by running the speculative engine
@@ -33,12 +34,14 @@ from distillspec_jax.decoding import check_positive_int, prompt_inputs
 from distillspec_jax.distillation import DistillationConfig, make_speculative_eval_fn
 from distillspec_jax.models import Model
 from distillspec_jax.speed import check_grid
-from distillspec_jax.trainer import TrainConfig, distill, finetune
+from distillspec_jax.teacher_cache import (CachedTeacherObjective, check_k, open_cache,
+                                           with_cache, write_cache)
+from distillspec_jax.trainer import TrainConfig, distill, finetune, train
 
 DONE = "DONE.json"
 # Stages that only process 0 runs (host-side files, evaluation, report); the training stages
 # run on every process (SPMD). The others wait for them at a barrier this long.
-PRIMARY_ONLY_STAGES = ("vocab", "evaluate", "report")
+PRIMARY_ONLY_STAGES = ("vocab", "teacher_cache", "evaluate", "report")
 STAGE_BARRIER_TIMEOUT_S = 7 * 24 * 3600
 
 
@@ -93,6 +96,10 @@ class PipelineConfig:
       and whose data source and divergence AdaSPEC reuses); keeps the top `adaspec_top_k`
       fraction of tokens by loss margin; normalises the loss by "all" valid tokens (as the
       public AdaSPEC code) or by the "kept" ones.
+    teacher_cache_k: the teacher cache switch (teacher_cache.py; None = off): the stage
+      teacher_cache stores the target's top-k log-probabilities over the train split once,
+      and the `teacher_cache_recipes` (fixed-data recipes only) train on them with the
+      (k + 1)-bin divergence instead of running the target; the other recipes run it live.
     seed: the one seed of the job.
   """
 
@@ -135,6 +142,8 @@ class PipelineConfig:
   adaspec_reference: str = "supervised_kd"
   adaspec_top_k: float = 0.4
   adaspec_normalization: str = "all"
+  teacher_cache_k: Optional[int] = None
+  teacher_cache_recipes: tuple = ("supervised_kd",)
   seed: int = 0
   progress_bar: bool = True
 
@@ -151,6 +160,17 @@ class PipelineConfig:
     for recipe in self.recipes:
       distillation_config(self, recipe)  # raises on an unknown name or bad value
     check_grid(self.gammas, self.temperatures)
+    if self.teacher_cache_k is not None:
+      from distillspec_jax import teacher_cache  # k <= vocabulary is checked by the stage
+      check_positive_int(self.teacher_cache_k, "teacher_cache_k")
+      for recipe in self.cached_recipes:
+        if recipe not in self.recipes:
+          raise ValueError(f"teacher_cache_recipes names {recipe!r}, which is not in "
+                           f"recipes={self.recipes}; list only recipes the job runs.")
+        try:
+          teacher_cache.check_fixed_data(distillation_config(self, recipe))
+        except ValueError as error:
+          raise ValueError(f"teacher_cache_recipes: recipe {recipe!r}: {error}") from error
     check_positive_int(self.speed_repeats, "speed_repeats")
     if self.speed_examples > self.eval_examples:
       raise ValueError(f"speed_examples={self.speed_examples} exceeds eval_examples="
@@ -170,20 +190,30 @@ class PipelineConfig:
     return os.path.join(self.run_dir, stage)
 
   @property
+  def cached_recipes(self) -> tuple:
+    """The recipes that read the teacher cache (none when it is off)."""
+    return tuple(self.teacher_cache_recipes) if self.teacher_cache_k is not None else ()
+
+  @property
   def distill_stages(self) -> tuple:
     return tuple(f"distill_{r}" for r in self.recipes)
 
   @property
   def stages(self) -> tuple:
-    return ("vocab", "target", "draft_raw") + self.distill_stages + ("evaluate", "report")
+    cache = ("teacher_cache",) if self.cached_recipes else ()
+    return ("vocab", "target", "draft_raw") + cache + self.distill_stages + ("evaluate",
+                                                                              "report")
 
   def dependencies(self, stage: str) -> tuple:
     if stage in ("target", "draft_raw"):
       return ("vocab",)
     if stage == "distill_adaspec":
       return ("target", "draft_raw", f"distill_{self.adaspec_reference}")
+    if stage == "teacher_cache":
+      return ("vocab", "target")
     if stage.startswith("distill_"):
-      return ("target", "draft_raw")
+      cache = ("teacher_cache",) if stage[len("distill_"):] in self.cached_recipes else ()
+      return ("target", "draft_raw") + cache
     if stage == "evaluate":
       return ("target", "draft_raw") + self.distill_stages
     if stage == "report":
@@ -278,7 +308,8 @@ def run_pipeline(config: PipelineConfig, stage_fns: Optional[dict] = None,
 
 def default_stage_functions() -> dict:
   return {"vocab": stage_vocab, "target": stage_finetune, "draft_raw": stage_finetune,
-          "distill": stage_distill, "evaluate": stage_evaluate, "report": stage_report}
+          "distill": stage_distill, "evaluate": stage_evaluate, "report": stage_report,
+          "teacher_cache": stage_teacher_cache}
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -493,8 +524,13 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
   train_config = _train_config(config, stage, config.distill_steps, config.distill_learning_rate,
                                eval_every=config.eval_every)
   start = eval_fn(draft_params, 0)
-  result = distill(train_config, target, target_params, draft, train_data(config),
-                   distillation, init_params=draft_params, eval_fn=eval_fn, **reference)
+  if recipe in config.cached_recipes:
+    cache = _open_teacher_cache(config, target, target_params, distillation)
+    result = train(train_config, CachedTeacherObjective(draft, distillation),
+                   _cached_train_data(config, cache), init_params=draft_params, eval_fn=eval_fn)
+  else:
+    result = distill(train_config, target, target_params, draft, train_data(config),
+                     distillation, init_params=draft_params, eval_fn=eval_fn, **reference)
   curve = [{"step": 0, "tau": start["tau"], "tau_stderr": start["tau_stderr"],
             "alpha": start["alpha"]}]
   curve += [{"step": r["step"], "tau": r["eval/tau"], "tau_stderr": r.get("eval/tau_stderr"),
@@ -503,8 +539,46 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
   return {"recipe": recipe, "divergence": distillation.divergence,
           "lambda1": distillation.lambda1, "lambda2": distillation.lambda2,
           "top_k_fraction": distillation.top_k_fraction,
+          "teacher_cache_k": config.teacher_cache_k if recipe in config.cached_recipes else None,
           "kept_fraction_last": kept[-1] if kept else None,
           "final_loss": _last_loss(result.history), "tau_curve": curve}
+
+
+def _train_arrays(config: PipelineConfig) -> dict:
+  if not config.in_memory_data:
+    raise ValueError("teacher_cache_k needs in_memory_data=True: the cache is row-aligned with "
+                     "the tokenized train split (train.npz); set in_memory_data=True or turn "
+                     "the cache off (teacher_cache_k=None).")
+  with np.load(os.path.join(config.stage_dir("vocab"), "train.npz")) as arrays:
+    return {k: arrays[k] for k in arrays.files}
+
+
+def stage_teacher_cache(config: PipelineConfig, stage: str) -> dict:
+  """Runs the target once over the train split; writes `<run_dir>/teacher_cache/` (resumed
+  shard by shard after a kill: teacher_cache.write_cache)."""
+  target, _ = models(config)
+  manifest = write_cache(
+      target, load_params(config, "target", target), _train_arrays(config),
+      config.stage_dir(stage), k=check_k(config.teacher_cache_k, target.config.vocab_size),
+      task=config.task, lengths=config.task_feature_lengths,
+      temperature=distillation_config(config, config.cached_recipes[0]).target_temperature,
+      progress=config.progress_bar)
+  return {k: manifest[k] for k in ("bytes_per_token", "total_bytes", "reused_shards")} | {
+      "k": config.teacher_cache_k}
+
+
+def _open_teacher_cache(config: PipelineConfig, target: Model, target_params, distillation):
+  return open_cache(config.stage_dir("teacher_cache"), target=target,
+                    target_params=target_params, arrays=_train_arrays(config),
+                    k=config.teacher_cache_k, task=config.task,
+                    lengths=config.task_feature_lengths,
+                    temperature=distillation.target_temperature,
+                    write_command="run the main job's teacher_cache stage")
+
+
+def _cached_train_data(config: PipelineConfig, cache) -> "InMemoryData":
+  """The train split with the cache's rows beside it (same order: row i is example i)."""
+  return InMemoryData(with_cache(_train_arrays(config), cache), config.batch_size, config.seed)
 
 
 # --- evaluation and report -----------------------------------------------------------------------
