@@ -63,9 +63,19 @@ def collective_until_killed():
   multihost.barrier("before_kill")
   if jax.process_index() == 1:
     os.kill(os.getpid(), signal.SIGKILL)
-  for _ in range(3000):  # ~10 minutes if nothing stopped it
-    float(total(x))
-    time.sleep(0.2)
+  # The survivor ends one of two ways, whichever comes first (it depends on the machine's
+  # load): jax.distributed's heartbeat check aborts the process with its fatal error ("...
+  # another task died ..."), or the collective in flight fails in Python (gloo: "Connection
+  # closed by peer"). The second is printed as one SURVIVOR_ERROR line and the process exits
+  # at once (os._exit: the atexit jax.distributed shutdown would wait for the dead peer).
+  try:
+    for _ in range(3000):  # ~10 minutes if nothing stopped it
+      float(total(x))
+      time.sleep(0.2)
+  except Exception as error:  # noqa: BLE001 -- any failure of the collective is the result
+    first = (str(error).strip().splitlines() or [""])[0][:500]
+    print(f"SURVIVOR_ERROR {type(error).__name__}: {first}", flush=True)
+    os._exit(3)
   print("SURVIVOR_NEVER_STOPPED", flush=True)
 
 
