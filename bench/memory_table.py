@@ -1,7 +1,8 @@
 """Per-device memory of the paper's distillation step on TPU v4 meshes (issue 16, item 5).
 
-  nice -n 10 python bench/memory_table.py --out /tmp/memory_table.json            # all rows
+  nice -n 10 python bench/memory_table.py --out /tmp/memory_table.json --proxy_data 2
   python bench/memory_table.py --pairs xl --slices v4-8 --method eval_shape ...   # quick
+  python bench/memory_table.py --merge a.json b.json --out all.json   # one table of runs
 
 For each (target, draft) pair, TPU slice and (data, model) mesh candidate, it builds the
 trainer's real jitted distillation step (`trainer.make_train_step`: the DistillSpec objective
@@ -27,6 +28,13 @@ JAX device (megacore), so v4-8 = 4 devices and v4-32 = 16. The CPU compiler's bu
 assignment is not the TPU's (no TPU fusion or memory-aware scheduling), so `temp` is XLA's
 CPU figure for the same partitioned program, an estimate of the TPU's; the argument bytes are
 exact for any backend. It also checks that XLA's argument bytes equal the sum of the parts.
+`--dtype bfloat16` compiles, but the CPU backend computes bf16 in f32 with added converts, so
+its temp comes out larger than fp32's: CPU figures cannot show bf16's saving on TPU.
+
+`--proxy_data 2` compiles a mesh (d, m) as (2, m) at batch 2 * batch / d (`proxy_mesh`): the
+same per-device shapes on far fewer simulated devices. Checked once: T5 1.1 XL / Small on
+(16, 1) compiled for 16 devices (596 s) and as the (2, 1) proxy at batch 4 (111 s) gave the
+same argument, output and alias bytes and temp bytes 576 bytes apart (of 11.2 GB).
 
 Writes JSON ({"rows": [...], "settings": {...}}) and prints a markdown table.
 """
@@ -37,6 +45,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Optional
 
 DEVICES = 16
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -120,14 +129,40 @@ def step_inputs(target: Model, draft: Model, recipe: str, mesh, batch_size: int,
   return step_fn, (state, batch, rng, frozen), parts
 
 
+def proxy_mesh(mesh_shape, batch_size: int, proxy_data: int):
+  """(proxy mesh shape, proxy batch) with the same per-device shapes as `mesh_shape` at
+  `batch_size`: the model axis is kept (same parameter shards), the data axis shrinks to
+  `proxy_data` and the batch with it (same rows per device). Every per-device array of the
+  step then has the same shape; only the data-axis collectives span fewer devices. Compiling
+  for 16 simulated devices takes ~10 min on 2 loaded cores, for 2-4 devices 1-3 min."""
+  data, model = mesh_shape
+  if proxy_data >= data or data % proxy_data:
+    return tuple(mesh_shape), batch_size
+  return (proxy_data, model), batch_size * proxy_data // data
+
+
 def measure(target_name: str, draft_name: str, mesh_shape, devices: int, *, recipe: str,
-            batch_size: int, lengths: dict, method: str, overrides=None) -> dict:
-  """One row: per-device bytes of each part (and XLA's figures when method == "compile")."""
+            batch_size: int, lengths: dict, method: str, overrides=None,
+            proxy_data: Optional[int] = None) -> dict:
+  """One row: per-device bytes of each part (and XLA's figures when method == "compile").
+
+  proxy_data: compile on `proxy_mesh(mesh_shape, batch_size, proxy_data)` instead (the
+  arguments are still counted on the real mesh and must agree)."""
   overrides = overrides or {}
   target = Model.from_name(target_name, **overrides)
   draft = Model.from_name(draft_name, **overrides)
   mesh = partitioning.make_mesh(*mesh_shape, devices=jax.devices()[:devices])
   step_fn, inputs, parts = step_inputs(target, draft, recipe, mesh, batch_size, lengths)
+  compiled_on = None
+  if proxy_data and method == "compile":
+    shape, batch = proxy_mesh(mesh_shape, batch_size, proxy_data)
+    if shape != tuple(mesh_shape):
+      compiled_on = {"mesh": list(shape), "batch_size": batch}
+      proxy = partitioning.make_mesh(*shape, devices=jax.devices()[:int(np.prod(shape))])
+      step_fn, inputs, proxy_parts = step_inputs(target, draft, recipe, proxy, batch, lengths)
+      same = {k: local_bytes(v) for k, v in proxy_parts.items()} == {
+          k: local_bytes(v) for k, v in parts.items()}
+      assert same, ("the proxy mesh's per-device arguments differ", shape, mesh_shape)
   row = {"target": target_name, "draft": draft_name, "devices": devices,
          "mesh": list(mesh_shape), "recipe": recipe, "batch_size": batch_size,
          "lengths": dict(lengths), "method": method, "dtype": target.config.dtype,
@@ -141,6 +176,10 @@ def measure(target_name: str, draft_name: str, mesh_shape, devices: int, *, reci
     start = time.perf_counter()
     compiled = step_fn.lower(*inputs).compile()
     row["compile_s"] = round(time.perf_counter() - start, 1)
+    if compiled_on:
+      row["method"] = (f"compile on proxy mesh {tuple(compiled_on['mesh'])}, batch "
+                       f"{compiled_on['batch_size']} (same per-device shapes)")
+      row["compiled_on"] = compiled_on
     stats = compiled.memory_analysis()
     # jit drops inputs the step never reads (keep_unused=False; e.g. GKD's on-policy step
     # reads only the shape of decoder_target_tokens): XLA's argument bytes omit them.
@@ -176,7 +215,7 @@ def markdown(rows) -> str:
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   slice_of = {n: s for s, n in SLICES.items()}
   for r in rows:
-    pair = f"{r['target'].replace('t5_1_1_', 'T5 1.1 ').upper()} / {r['draft'].replace('t5_1_1_', '')}"
+    pair = f"{r['target'].replace('t5_1_1_', 'T5 1.1 ').upper()} / {r['draft'].replace('t5_1_1_', '').capitalize()}"
     lines.append(
         f"| {pair} | {r['dtype']} | {slice_of.get(r['devices'], r['devices'])} | ({r['mesh'][0]}, "
         f"{r['mesh'][1]}) | {_gib(r['params_bytes'])} | {_gib(r['optimizer_bytes'])} | "
@@ -199,6 +238,10 @@ def main(argv=None):
   parser.add_argument("--inputs_length", type=int, default=LENGTHS["inputs"])
   parser.add_argument("--targets_length", type=int, default=LENGTHS["targets"])
   parser.add_argument("--dtype", default=None, help="activation dtype override (bfloat16)")
+  parser.add_argument("--proxy_data", type=int, default=None,
+                      help="compile each mesh (d, m) as (proxy_data, m) at batch "
+                           "batch * proxy_data / d: the same per-device shapes, far fewer "
+                           "simulated devices (see proxy_mesh)")
   parser.add_argument("--merge", nargs="+", default=None,
                       help="JSON files of earlier runs: write their rows to --out as one table "
                            "and print it (nothing is compiled)")
@@ -238,7 +281,7 @@ def main(argv=None):
           continue
         row = measure(*PAIRS[pair], shape, SLICES[slice_name], recipe=args.recipe,
                       batch_size=args.batch_size, lengths=lengths, method=args.method,
-                      overrides=overrides)
+                      overrides=overrides, proxy_data=args.proxy_data)
         row["slice"] = slice_name
         rows.append(row)
         print(f"{pair} {slice_name} {shape}: peak {_gib(row['peak_bytes'])} GiB, arguments "
