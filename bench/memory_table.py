@@ -200,9 +200,15 @@ def measure(target_name: str, draft_name: str, mesh_shape, devices: int, *, reci
   else:
     row["temp_bytes"] = None
     row["peak_bytes"] = None
-  total = row["peak_bytes"] if row["peak_bytes"] is not None else arguments
-  row["fits_v4_hbm"] = bool(total < HBM_PER_CHIP_GIB * GIB)
+  # Without a compile only the arguments are known: too much already, or unknown (None).
+  if row["peak_bytes"] is not None:
+    row["fits_v4_hbm"] = bool(row["peak_bytes"] < HBM_PER_CHIP_GIB * GIB)
+  else:
+    row["fits_v4_hbm"] = False if arguments >= HBM_PER_CHIP_GIB * GIB else None
   return row
+
+
+FITS = {True: "yes", False: "**no**", None: "? (activations not counted)"}
 
 
 def _gib(value) -> str:
@@ -220,7 +226,7 @@ def markdown(rows) -> str:
         f"| {pair} | {r['dtype']} | {slice_of.get(r['devices'], r['devices'])} | ({r['mesh'][0]}, "
         f"{r['mesh'][1]}) | {_gib(r['params_bytes'])} | {_gib(r['optimizer_bytes'])} | "
         f"{_gib(r['target_bytes'])} | {_gib(r['batch_bytes'])} | {_gib(r['temp_bytes'])} | "
-        f"{_gib(r['peak_bytes'])} | {'yes' if r['fits_v4_hbm'] else '**no**'} | "
+        f"{_gib(r['peak_bytes'])} | {FITS[r['fits_v4_hbm']]} | "
         f"{r['method']} |")
   return "\n".join(lines)
 

@@ -73,4 +73,5 @@ def test_per_device_bytes_equal_the_shards_device_zero_holds():
     assert row["batch_bytes"] == 8 // data * 8 * 4 * 4, shape
     assert row["arguments_bytes"] == sum(row[f"{k}_bytes"] for k in
                                          ("params", "optimizer", "target", "batch", "other"))
-    assert row["peak_bytes"] is None and row["fits_v4_hbm"]
+    # eval_shape counts the arguments only: whether the step fits is not known from them.
+    assert row["peak_bytes"] is None and row["fits_v4_hbm"] is None
