@@ -31,24 +31,23 @@ def base_run(tmp_path_factory):
 
 def _grid(run_dir, base, **changes):
   return RecipeGridConfig(run_dir=str(run_dir), reuse_run_dir=base, target_model="smoke_target",
-                          recipes=("supervised_kd", "gkd"), divergences=("fkl", "rkl"),
+                          recipes=("supervised_kd", "gkd"), divergences=("fkl",),
                           temperatures=(0.0, 1.0), **dict(TINY, **changes))
 
 
 def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
   config = _grid(tmp_path / "grid", base_run)
-  # An interrupted grid: two cells done, then the run stops.
-  done = config.distill_stages[:2]
+  # An interrupted grid: the first cell done, then the run stops.
+  done = config.distill_stages[:1]
   outcome = run_pipeline(config, config.stage_functions(), stages=done)
-  assert outcome == {"vocab": "ran", "target": "ran", "draft_raw": "ran",
-                     done[0]: "ran", done[1]: "ran"}
+  assert outcome == {"vocab": "ran", "target": "ran", "draft_raw": "ran", done[0]: "ran"}
   marker = json.load(open(os.path.join(config.stage_dir("target"), pipeline.DONE)))
   assert marker["copied_from"] == os.path.join(base_run, "target")
   mtimes = {s: os.path.getmtime(os.path.join(config.stage_dir(s), pipeline.DONE)) for s in done}
 
   # Resumed: the finished cells are skipped, the rest run, then the report.
   outcome = run_pipeline(config, config.stage_functions())
-  assert [s for s, v in outcome.items() if v == "ran"] == list(config.distill_stages[2:]) + [
+  assert [s for s, v in outcome.items() if v == "ran"] == list(config.distill_stages[1:]) + [
       "report"]
   assert all(outcome[s] == "skipped" for s in ("vocab", "target", "draft_raw") + done)
   assert mtimes == {s: os.path.getmtime(os.path.join(config.stage_dir(s), pipeline.DONE))
@@ -56,7 +55,7 @@ def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
 
   report = json.load(open(tmp_path / "grid" / "report.json"))
   cells = report["cells"]
-  assert len(cells) == 2 * 2 * 2  # recipes x divergences x temperatures at one gamma
+  assert len(cells) == 2 * 1 * 2  # recipes x divergences x temperatures at one gamma
   assert {(c["recipe"], c["divergence"]) for c in cells} == set(config.cells)
   for cell in cells:
     assert set(cell) >= {"recipe", "divergence", "temperature", "gamma", "tau", "tau_stderr",
@@ -64,13 +63,12 @@ def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
     assert cell["gamma"] == 5
     assert 1.0 <= cell["tau"] <= 6.0 and math.isfinite(cell["tau_stderr"])
     assert 0.0 <= cell["alpha"] <= 1.0
-  # The T = 0 and T = 1 cells of one recipe are different measurements.
   for curve in report["tau_curves"].values():
     assert [p["step"] for p in curve] == [0, 1, 2]
   assert {a["temperature"] for a in report["rules"]} == {0.0, 1.0}
   for answer in report["rules"]:
     assert answer["rule1"]["verdict"] in ("holds", "reversed", "within noise")
-    assert set(answer["rule2"]["by_divergence"]) == {"fkl", "rkl"}
+  assert report["rules"][0]["rule2"]["by_divergence"].keys() == {"fkl"}  # claimed at T = 0
   markdown = open(tmp_path / "grid" / "report.md").read()
   assert "| SupervisedKD |" in markdown and "rule 2" in markdown
   for name in ("grid_heatmap.png", "grid_tau_curves.png"):
