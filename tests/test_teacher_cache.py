@@ -85,7 +85,7 @@ def test_binned_equals_dense_at_full_vocab_and_bounds_it_below(name):
 
 def test_tail_mass_is_the_complement():
   log_p = divergences.log_probs(_random_logits(jax.random.PRNGKey(1), (2, 3, VOCAB)))
-  top, ids, tail = divergences.top_k_bins(log_p, 5)
+  top, ids, tail = jax.jit(divergences.top_k_bins, static_argnums=1)(log_p, 5)
   total = jnp.exp(jax.nn.logsumexp(jnp.concatenate([top, tail[..., None]], -1), -1))
   np.testing.assert_allclose(total, 1.0, rtol=1e-6)
   assert np.all(np.diff(np.asarray(top), axis=-1) <= 0)
@@ -100,20 +100,27 @@ def _train_config(path, steps=3):
                              decay_steps=steps, save_every=100, log_every=1, progress_bar=False)
 
 
-def test_cached_run_at_full_vocab_gives_the_live_run_params(tmp_path):
-  target, draft = _models()
-  target_params = _init(target, 0)
-  draft_params = _init(draft, 1)
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+  """One full-vocabulary cache of the tiny target, shared by the tests below."""
+  target, _ = _models()
+  params = _init(target, 0)
   arrays = _arrays()
+  path = str(tmp_path_factory.mktemp("cache") / "full")
+  teacher_cache.write_cache(target, params, arrays, path, k=VOCAB, task=TASK, lengths=LENGTHS,
+                            batch_size=8, shard_examples=5, progress=False)
+  return target, params, arrays, path
+
+
+def test_cached_run_at_full_vocab_gives_the_live_run_params(written, tmp_path):
+  target, target_params, arrays, path = written
+  _, draft = _models()
+  draft_params = _init(draft, 1)
   config = DistillationConfig.from_recipe("supervised_kd")
   live = trainer.distill(_train_config(tmp_path / "live"), target, target_params, draft,
                          InMemoryData(arrays, 4), config, init_params=draft_params)
-  teacher_cache.write_cache(target, target_params, arrays, str(tmp_path / "cache"), k=VOCAB,
-                            task=TASK, lengths=LENGTHS, batch_size=8, shard_examples=5,
-                            progress=False)
-  cache = teacher_cache.open_cache(str(tmp_path / "cache"), target=target,
-                                   target_params=target_params, arrays=arrays, k=VOCAB,
-                                   task=TASK, lengths=LENGTHS)
+  cache = _open(written)
+  assert cache.k == VOCAB
   cached = trainer.train(_train_config(tmp_path / "cached"),
                          teacher_cache.CachedTeacherObjective(draft, config),
                          InMemoryData(teacher_cache.with_cache(arrays, cache), 4),
@@ -130,20 +137,9 @@ def test_cached_run_at_full_vocab_gives_the_live_run_params(tmp_path):
 # --- refusals -------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def written(tmp_path_factory):
-  target, _ = _models()
-  params = _init(target, 0)
-  arrays = _arrays()
-  path = str(tmp_path_factory.mktemp("cache") / "k8")
-  teacher_cache.write_cache(target, params, arrays, path, k=8, task=TASK, lengths=LENGTHS,
-                            batch_size=8, shard_examples=5, progress=False)
-  return target, params, arrays, path
-
-
 def _open(written, **changes):
   target, params, arrays, path = written
-  kwargs = dict(target=target, target_params=params, arrays=arrays, k=8, task=TASK,
+  kwargs = dict(target=target, target_params=params, arrays=arrays, k=VOCAB, task=TASK,
                 lengths=LENGTHS)
   kwargs.update(changes)
   cache_dir = kwargs.pop("cache_dir", path)
@@ -153,12 +149,13 @@ def _open(written, **changes):
 def test_cache_layout_and_rows(written):
   cache = _open(written)
   target, params, arrays, path = written
-  assert cache.manifest["bytes_per_token"] == 8 * (4 + 2) + 4  # uint16 ids for 32 ids
+  assert cache.manifest["bytes_per_token"] == VOCAB * (4 + 2) + 4  # uint16 ids for 32 ids
   assert len(cache.manifest["shards"]) == 3  # 12 rows in shards of 5
   rows = np.asarray([11, 0, 5, 4])
   got = cache.arrays["teacher_top_log_probs"][rows]
-  log_p = divergences.log_probs(target.logits(params, {k: v[rows] for k, v in arrays.items()}))
-  np.testing.assert_allclose(got, jax.lax.top_k(log_p, 8)[0], rtol=1e-5, atol=1e-6)
+  logits = jax.jit(target.logits)(params, {k: v[rows] for k, v in arrays.items()})
+  log_p = divergences.log_probs(logits)
+  np.testing.assert_allclose(got, jax.lax.top_k(log_p, VOCAB)[0], rtol=1e-5, atol=1e-6)
 
 
 def test_cache_of_another_model_vocab_or_task_is_refused(written, tmp_path):
@@ -174,7 +171,7 @@ def test_cache_of_another_model_vocab_or_task_is_refused(written, tmp_path):
     _open(written, target=bigger, target_params=_zeros(bigger))
   with pytest.raises(ValueError, match="task='synthetic_reverse'.*task='other_task'"):
     _open(written, task="other_task")
-  with pytest.raises(ValueError, match="k=8.*k=4"):
+  with pytest.raises(ValueError, match="k=32.*k=4"):
     _open(written, k=4)
   with pytest.raises(ValueError, match="lengths="):
     _open(written, lengths={"inputs": 6, "targets": 7})
@@ -219,7 +216,7 @@ _WRITER = textwrap.dedent("""
         open(os.path.join({path!r}, "shard-00002.log_probs.npy.tmp-999"), "wb").write(b"torn")
         os.kill(os.getpid(), signal.SIGKILL)
 
-    teacher_cache.write_cache(target, params, t._arrays(), {path!r}, k=8, task=t.TASK,
+    teacher_cache.write_cache(target, params, t._arrays(), {path!r}, k=t.VOCAB, task=t.TASK,
                               lengths=t.LENGTHS, batch_size=8, shard_examples=5,
                               progress=False, on_shard=die)
 """)
@@ -242,7 +239,7 @@ def test_killed_writer_is_never_read_and_the_rerun_finishes(written, tmp_path):
     _open(written, cache_dir=path)
   # A shard whose arrays are there but whose json is not (killed between them) is redone.
   os.remove(os.path.join(path, "shard-00001.json"))
-  manifest = teacher_cache.write_cache(target, params, arrays, path, k=8, task=TASK,
+  manifest = teacher_cache.write_cache(target, params, arrays, path, k=VOCAB, task=TASK,
                                        lengths=LENGTHS, batch_size=8, shard_examples=5,
                                        progress=False)
   assert manifest["reused_shards"] == 1
