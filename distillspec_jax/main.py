@@ -3,7 +3,7 @@
   python -m distillspec_jax.main --gin_file=gin/runs/demo.gin [--gin.MODEL_DIR=runs/demo]
       [--gin.TRAIN_STEPS=...] [--gin.main_job.stages="('evaluate',)"]
 
-The run file binds a `PipelineConfig` (see pipeline.py) through the T5X macros MODEL_DIR,
+The run file binds a `PipelineConfig` (pipeline_config.py) through the T5X macros MODEL_DIR,
 MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, TRAIN_STEPS, BATCH_SIZE; `main_job.stages` picks
 what to make (their inputs are made first when missing). Every bad run file, binding or
 MODEL_DIR fails here, before any training starts.
