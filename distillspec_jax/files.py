@@ -16,6 +16,8 @@ def write_json_atomic(path: str, payload: Any) -> None:
   tmp = f"{path}.tmp-{os.getpid()}"
   with open(tmp, "w") as f:
     json.dump(payload, f, indent=1, sort_keys=True)
+    f.flush()
+    os.fsync(f.fileno())  # the rename must not reach the disk before the data
   os.replace(tmp, path)
 
 
@@ -24,6 +26,8 @@ def write_text_atomic(path: str, text: str) -> None:
   tmp = f"{path}.tmp-{os.getpid()}"
   with open(tmp, "w") as f:
     f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
   os.replace(tmp, path)
 
 

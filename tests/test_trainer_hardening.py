@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from distillspec_jax import distillation as D
+from distillspec_jax import metrics_log
 from distillspec_jax import trainer as T
 from distillspec_jax.models import Model
 
@@ -259,7 +260,7 @@ def test_resume_logs_each_step_once_and_keeps_the_earlier_eval_curve(tmp_path):
 def test_a_torn_last_line_is_dropped_on_resume(tmp_path):
   path = tmp_path / "metrics.jsonl"
   path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.5}\n{"step": 3, "lo')
-  kept = T.truncate_metrics(str(path), 2)
+  kept = metrics_log.truncate_metrics(str(path), 2)
   assert [r["step"] for r in kept] == [1, 2]
   assert [json.loads(l)["step"] for l in path.read_text().splitlines()] == [1, 2]
-  assert not os.path.exists(str(path) + ".tmp")
+  assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # no temporary left
