@@ -386,9 +386,9 @@ def plot(config: GardenConfig, report: dict, out_dir: str) -> list:
         [p["relative_latency_range"][1] - p["relative_latency"] for p in mine]],
                 fmt=markers[strategy], ms=9 if strategy == "distillspec" else 7, capsize=3,
                 label=strategy)
-    for p in mine:
+    for i, p in enumerate(mine):  # staggered: points of one target share a quality
       ax.annotate(_label(p), (p["relative_latency"], p["quality"]), fontsize=6,
-                  xytext=(4, 4), textcoords="offset points")
+                  xytext=(4, 4 - 9 * (i % 3)), textcoords="offset points")
   front = sorted((p for p in report["points"] if p["pareto"]),
                  key=lambda p: p["relative_latency"])
   ax.step([p["relative_latency"] for p in front], [p["quality"] for p in front], where="post",
