@@ -1,6 +1,6 @@
 """The recipe grid: every data source x every divergence, from one raw draft, one budget.
 
-DistillSpec's two design rules come from such a grid (paper section 5.2, Knowl 6-7):
+DistillSpec's two design rules come from such a grid (the paper's Knowl 6-7):
   1. model-generated data (SeqKD, f-Distill, GKD; ImitKD half) beats the fixed dataset
      (SupervisedKD);
   2. the divergence should fit the decoding: FKL or JSD at T = 0, RKL at T = 1.
