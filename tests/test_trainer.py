@@ -84,9 +84,9 @@ def test_on_policy_distillation_lowers_tvd_and_raises_tau(tmp_path):
   eval_fn = lambda p, s: {**tvd_eval(p, s), **spec_eval(p, s)}
   init_key, _ = jax.random.split(jax.random.PRNGKey(0))  # the trainer's init key for seed 0
   before = eval_fn(draft.init(init_key), 0)
-  config = _config(tmp_path, 200, batch_size=8, optimizer="adamw", learning_rate=3e-3,
-                   warmup_steps=0, decay_steps=200, save_every=1000, log_every=50,
-                   eval_every=200)
+  config = _config(tmp_path, 100, batch_size=8, optimizer="adamw", learning_rate=5e-3,
+                   warmup_steps=0, decay_steps=100, save_every=1000, log_every=50,
+                   eval_every=100)
   data = T.SyntheticData(8, input_length=6, target_length=8, vocab_size=VOCAB)
   result = T.distill(config, target, target_params, draft, data,
                      D.DistillationConfig.from_recipe("gkd"), eval_fn=eval_fn)
