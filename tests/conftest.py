@@ -1,0 +1,34 @@
+"""Suite-wide setup: one JAX compilation cache shared by every test process of a run.
+
+Many tests compile the same tiny programs (the same model's decode loop, the same trainer
+step) in different workers and in the child processes they start (pinned timing children,
+multi-host workers, binaries run as subprocesses). XLA's persistent cache, keyed on the
+compiled program, lets each one be compiled once per run. The directory is new for every
+run (made by the controlling process, inherited by workers and children through the
+environment) so that a run never reuses another run's programs, and it is removed at the end.
+Set DISTILLSPEC_TEST_COMPILATION_CACHE=0 to switch it off.
+"""
+
+import os
+import shutil
+import tempfile
+
+_OWNER = "_DISTILLSPEC_TEST_CACHE_OWNER"
+
+
+def pytest_configure(config):
+  if os.environ.get("DISTILLSPEC_TEST_COMPILATION_CACHE", "1") == "0":
+    return
+  if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # a worker: the controller made it
+    return
+  directory = tempfile.mkdtemp(prefix="distillspec_jax_test_xla_cache_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  os.environ[_OWNER] = str(os.getpid())
+
+
+def pytest_unconfigure(config):
+  directory = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+  if directory and os.environ.get(_OWNER) == str(os.getpid()):
+    shutil.rmtree(directory, ignore_errors=True)
