@@ -29,7 +29,9 @@ def _mtimes(config):
 
 def test_demo_pipeline_smoke_reuse_and_partial_rerun(tmp_path):
   # Timed in a process pinned to one core, as the demo does.
-  config = dataclasses.replace(_smoke_config(tmp_path / "demo"), speed_cpus=1)
+  # T = 1 only: the T = 0 path runs in the AdaSPEC and decoder-only jobs below.
+  config = dataclasses.replace(_smoke_config(tmp_path / "demo"), speed_cpus=1,
+                               temperatures=(1.0,))
   outcome = run_pipeline(config)
   assert set(outcome.values()) == {"ran"}
 

@@ -33,10 +33,10 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
   target, target_params, draft, draft_params = pair
   prompts = _prompts(3)
   out = speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, prompts,
-                            gammas=(2,), temperatures=(0.0, 1.0), max_new_tokens=8,
+                            gammas=(2,), temperatures=(0.0,), max_new_tokens=8,
                             repeats=2, seed=3, progress=False)
-  assert {(r["draft"], r["gamma"], r["temperature"]) for r in out["rows"]} == {
-      ("a", 2, 0.0), ("a", 2, 1.0)}
+  # (T = 1 rows: the main job's smoke test.)
+  assert {(r["draft"], r["gamma"], r["temperature"]) for r in out["rows"]} == {("a", 2, 0.0)}
   for row in out["rows"]:
     assert len(row["speedup_repeats"]) == 2
     low, high = row["speedup_range"]
