@@ -183,6 +183,12 @@ def token_divergence(
   log_p = log_probs(target_logits, temperature=target_temperature, vocab_mask=vocab_mask)
   log_q = log_probs(draft_logits, temperature=draft_temperature, vocab_mask=vocab_mask)
 
+  return _divergence_from_log_probs(name, log_p, log_q, beta)
+
+
+def _divergence_from_log_probs(name: str, log_p: jax.Array, log_q: jax.Array,
+                               beta: float) -> jax.Array:
+  """D(p || q) of a checked divergence name over the last axis (dense or binned)."""
   if name == "fkl":
     return _kl_from_log_probs(log_p, log_q)
   if name == "rkl":
@@ -409,10 +415,4 @@ def binned_token_divergence(
   ids = target_top_ids.astype(jnp.int32)
   log_q = jnp.concatenate([jnp.take_along_axis(log_q_full, ids, axis=-1),
                            tail_log_mass(log_q_full, ids)[..., None]], axis=-1)
-  if name == "fkl":
-    return _kl_from_log_probs(log_p, log_q)
-  if name == "rkl":
-    return _kl_from_log_probs(log_q, log_p)
-  if name == "jsd":
-    return _jsd_from_log_probs(log_p, log_q, beta)
-  return _tvd_from_log_probs(log_p, log_q)
+  return _divergence_from_log_probs(name, log_p, log_q, beta)
