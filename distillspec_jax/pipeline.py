@@ -334,8 +334,8 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
                                      prompt_inputs(draft, prompts),
                                      max_new_tokens=config.max_new_tokens, gamma=5,
                                      temperature=0.0, seed=config.seed)
-  train_config = _train_config(config, stage, config.distill_steps, config.distill_learning_rate,
-                               eval_every=config.eval_every)
+  train_config = _train_config(config, stage, config.distill_steps_of(recipe),
+                               config.distill_learning_rate, eval_every=config.eval_every)
   start = eval_fn(draft_params, 0)
   if recipe in config.cached_recipes:
     cache = _open_teacher_cache(config, target, target_params, distillation)
@@ -483,6 +483,7 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   results.update(plain=timing["plain"], per_call_s=timing["per_call_s"],
                  machine=timing["machine"],
                  speed_protocol={k: timing[k] for k in ("num_prompts", "repeats",
+                                                        "timed_per_repeat",
                                                         "max_new_tokens")})
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
   return {"num_test_prompts": int(len(prompts))}

@@ -24,6 +24,8 @@ class PipelineConfig:
     target_model / draft_model: preset names from config.MODEL_CONFIGS (vocab_size is set from
       the vocabulary).
     target_steps / draft_steps / distill_steps: TRAIN_STEPS of each stage.
+    recipe_steps: {recipe: steps} overriding distill_steps for the named recipes (e.g. a
+      SupervisedKD stage on the teacher cache, whose steps cost a fraction of a live one's).
     batch_size: BATCH_SIZE of every stage.
     optimizer / learning_rate / warmup_steps: the demo's optimiser (the paper's Adafactor
       defaults live in the trainer; the CPU demo uses AdamW with a short warm-up);
@@ -80,6 +82,7 @@ class PipelineConfig:
   target_steps: int = 1500
   draft_steps: int = 1500
   distill_steps: int = 600
+  recipe_steps: Optional[dict] = None
   batch_size: int = 32
   optimizer: str = "adamw"
   learning_rate: float = 2e-3
@@ -122,6 +125,11 @@ class PipelineConfig:
         raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1.")
     if not self.recipes:
       raise ValueError("recipes is empty; name at least one of distillation.RECIPES.")
+    for recipe, steps in (self.recipe_steps or {}).items():
+      if recipe not in self.recipes:
+        raise ValueError(f"recipe_steps names {recipe!r}, which is not in "
+                         f"recipes={self.recipes}; list only recipes the job runs.")
+      check_positive_int(steps, f"recipe_steps[{recipe!r}]")
     if "adaspec" in self.recipes and self.adaspec_reference not in self.recipes:
       raise ValueError(f"The recipe 'adaspec' needs its reference recipe "
                        f"adaspec_reference={self.adaspec_reference!r} in recipes={self.recipes}.")
@@ -161,6 +169,10 @@ class PipelineConfig:
   def cached_recipes(self) -> tuple:
     """The recipes that read the teacher cache (none when it is off)."""
     return tuple(self.teacher_cache_recipes) if self.teacher_cache_k is not None else ()
+
+  def distill_steps_of(self, recipe: str) -> int:
+    """Training steps of the recipe's distillation stage."""
+    return int((self.recipe_steps or {}).get(recipe, self.distill_steps))
 
   @property
   def distill_stages(self) -> tuple:

@@ -4,7 +4,7 @@ report.json:
   rows / paired_rows: one per (recipe, temperature, gamma), raw draft against distilled draft:
     task, temperature, gamma, recipe, tau_raw, tau_distilled (+ _stderr), tau_gain,
     alpha_raw, alpha_distilled, speedup_raw, speedup_distilled (measured medians),
-    speedup_raw_range, speedup_distilled_range ([min, max] over timing turns),
+    speedup_raw_range, speedup_distilled_range ([min, max] over timing repeats),
     cost_model_speedup_raw, cost_model_speedup_distilled, delta_speedup.
   draft_rows: one per (draft, temperature, gamma): recipe, alpha, tau, tau_stderr, speedup,
     speedup_range, cost_model_speedup, end_to_end_speedup (+ _range, cost_model_), setup_s.
@@ -87,15 +87,17 @@ def measurement_sentence(report: dict) -> str:
   pinned = machine["pinned"]
   cores = (f"pinned to core{'s' if len(pinned) > 1 else ''} {', '.join(map(str, pinned))}"
            if len(pinned) < machine["cpus"] else "on all cores, unpinned")
+  calls = protocol.get("timed_per_repeat")
+  fastest = f"the fastest of {calls} calls" if calls else "the fastest call"
   return (f"Speedup: tokens per second of speculative over plain target decoding at batch 1, "
           f"{protocol['num_prompts']} test prompts each decoded alone (up to "
           f"{protocol['max_new_tokens']} new tokens) in one compiled loop per measurement, "
-          f"compiled once and timed warm, median and [min, max] over {protocol['repeats']} "
-          f"interleaved turns, on a {machine['cpus']}-core CPU {cores}; each prompt's setup "
-          f"(encoders and prefill; its median over the same turns) is subtracted from both "
+          f"compiled once and timed warm in interleaved cycles, each of "
+          f"{protocol['repeats']} repeats taking {fastest} spread over the run; median and "
+          f"[min, max] over the repeats, on a {machine['cpus']}-core CPU {cores}; each "
+          f"prompt's setup (encoders and prefill, its fastest time) is subtracted from both "
           f"decoders and reported apart, with the end-to-end speedup that keeps it; the cost "
-          f"model "
-          f"predicts both times from per-call costs timed in the same turns.")
+          f"model predicts both times from per-call costs timed in the same cycles.")
 
 
 def build_report(config, evaluation: dict, wall_clock: dict, curves: dict) -> dict:
@@ -135,7 +137,7 @@ def render_markdown(config, report: dict) -> str:
     lines.append(f"| {name} | {q.get('accuracy', float('nan')):.3f} | "
                  f"{q['per_token_loss']:.4f} |")
   lines += ["", "## Speculative decoding (tau = tokens per target call; speedup = measured "
-            "median [min, max] over turns, cost model in parentheses)", "",
+            "median [min, max] over repeats, cost model in parentheses)", "",
             "| T | gamma | recipe | tau w/o distill | tau DistillSpec | tau gain | speedup w/o | "
             "speedup DistillSpec | delta |", "|---|---|---|---|---|---|---|---|---|"]
   for r in report["paired_rows"]:
@@ -167,7 +169,7 @@ def render_markdown(config, report: dict) -> str:
     lines.append(f"| {stage} | {seconds:.0f} |")
   lines += [f"| **total** | **{report['wall_clock_total_s']:.0f}** |", "",
             "Plots: `tau_over_steps.png`, `speedup_vs_gamma.png` (error bars: tau's standard "
-            "error; speedup's [min, max] over timing turns).", ""]
+            "error; speedup's [min, max] over timing repeats).", ""]
   return "\n".join(lines)
 
 
@@ -217,7 +219,7 @@ def plot(config, report: dict, curves: dict, out_dir: str) -> list:
                       label=label)
     speed_ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     speed_ax.set_ylabel("measured speedup over plain decoding")
-    speed_ax.set_title(f"T = {temperature:g} (bars: [min, max] over turns)")
+    speed_ax.set_title(f"T = {temperature:g} (bars: [min, max] over repeats)")
     speed_ax.legend()
     tau_ax.set_xlabel("gamma")
     tau_ax.set_ylabel("tau (± standard error)")

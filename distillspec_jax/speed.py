@@ -7,14 +7,19 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
   paid once per measurement instead of once per prompt. Each prompt's setup (its encoders and
   the prefill) runs inside the loop, because it is part of decoding a prompt; it is also timed
   on its own and reported as `setup_s`.
-- Compiled once, timed warm: each function is called once untimed in every turn before its
-  timed call (its code and weights back in the CPU caches).
-- Plain decoding, every speculative configuration and every per-call cost are timed in
-  interleaved turns, `repeats` turns in all, so a burst of interference from other processes
-  is spread over every quantity instead of skewing one. The speedup of a turn is the ratio of
-  tokens per second against the plain decoding of the same turn (fair at T > 0, where the two
-  decoders' samples differ in length); we report its median and [min, max] over turns.
-- The cost-model speedup predicts both times from per-call costs measured in the same turns:
+- Compiled once, timed warm, interleaved: after one untimed call of every function, timed
+  cycles each call every function once (plain decoding, every speculative configuration,
+  both setups, every per-call cost), `repeats * timed_per_turn` cycles in all; cycle c
+  belongs to repeat c % repeats, and a repeat's time of a function is the fastest of its
+  calls. Interference only ever adds time: on the shared 2-core VMs this project runs on,
+  the host alternates between an uncontended state and slow periods of seconds in which a
+  (gamma + 1)-token verification runs up to 60% slower and a one-token step about 25%
+  slower (docs/speed.md). The fastest of calls spread over the whole measurement is the
+  machine's own cost; a median of single calls mixes the two states.
+- The speedup of a repeat is the ratio of tokens per second against plain decoding in the
+  same repeat (fair at T > 0, where the two decoders' samples differ in length); we report
+  its median and [min, max] over repeats.
+- The cost-model speedup predicts both times from per-call costs measured in the same cycles:
   plain = setup + (tokens - 1) target steps per prompt; speculative = setup + per round one
   2-token and gamma - 1 one-token draft calls and one (gamma + 1)-token verification. Model
   calls are timed in jitted loops fed the previous call's outputs (see `_repeated_extend`).
@@ -82,35 +87,32 @@ def run_pinned(cpus: int, function: Callable, *args, **kwargs):
     return pool.apply(_pinned_call, (cpus, function, args, kwargs))
 
 
-def interleaved_times(functions: Mapping[str, Callable], repeats: int,
-                      timed_per_turn: int = 1, progress: Optional[Callable] = None) -> dict:
-  """Seconds of each of `functions` (name -> callable returning arrays): name -> a list of
-  `repeats` per-turn times, each the median of that turn's `timed_per_turn` timed calls.
+def interleaved_times(functions: Mapping[object, Callable], repeats: int,
+                      timed_per_turn: int = 5, progress: Optional[Callable] = None) -> dict:
+  """Seconds of each of `functions` (key -> callable returning arrays): key -> a list of
+  `repeats` times, each the fastest of that repeat's `timed_per_turn` calls.
 
-  Each turn runs every function once untimed, then its `timed_per_turn` timed calls,
-  function after function; `progress()` is called after each turn.
+  After one untimed cycle (compiled code and weights warm), `repeats * timed_per_turn`
+  timed cycles each call every function once, in order; cycle c belongs to repeat
+  c % repeats, so every repeat's calls are spread over the whole measurement. Why the
+  fastest call: on a shared VM the host alternates between an uncontended state and slow
+  periods of seconds in which compute-bound calls (a verification) run up to 60% slower
+  and memory-bound ones (a decoding step) about 25% slower (docs/speed.md); interference
+  only ever adds time, so the fastest of calls spread over the measurement is the machine's
+  own cost, and a median of such minima over repeats is stable where a median of single
+  calls is not. `progress()` is called after each cycle.
   """
-  times = {name: [] for name in functions}
-  for _ in range(repeats):
-    for name, fn in functions.items():
+  for fn in functions.values():
+    jax.block_until_ready(fn())
+  calls = {key: [[] for _ in range(repeats)] for key in functions}
+  for cycle in range(repeats * timed_per_turn):
+    for key, fn in functions.items():
+      start = time.perf_counter()
       jax.block_until_ready(fn())
-      turn = []
-      for _ in range(timed_per_turn):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        turn.append(time.perf_counter() - start)
-      times[name].append(statistics.median(turn))
+      calls[key][cycle % repeats].append(time.perf_counter() - start)
     if progress is not None:
       progress()
-  return times
-
-
-def interleaved_median_times(functions: Mapping[str, Callable], repeats: int,
-                             block: int = 3) -> dict:
-  """Median seconds of each function over turns of `block` timed calls (~`repeats` calls)."""
-  turns = max(1, -(-repeats // block))
-  times = interleaved_times(functions, turns, timed_per_turn=block)
-  return {name: statistics.median(values) for name, values in times.items()}
+  return {key: [min(values) for values in per_repeat] for key, per_repeat in calls.items()}
 
 
 @functools.partial(jax.jit, static_argnames=("model", "width", "steps"))
@@ -242,7 +244,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
                   *, gammas: Sequence[int], temperatures: Sequence[float],
                   max_new_tokens: int, repeats: int = 7, seed: int = 0,
                   lenience: Lenience = Lenience(), eos_id: Optional[int] = None,
-                  timed_per_turn: int = 3, progress: bool = True) -> dict:
+                  timed_per_turn: int = 6, progress: bool = True) -> dict:
   """Measured and cost-model speedups of every (draft, gamma, temperature) over plain decoding.
 
   Args:
@@ -251,19 +253,20 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
       alone.
     repeats: timing turns (>= 1); medians and ranges are over them.
     eos_id: None = the sampling default (EOS stops a row); -1 disables EOS (fixed lengths).
-    timed_per_turn: timed calls of each function per turn; a turn's time is their median.
+    timed_per_turn: timed calls of each function per turn; a turn's time is the fastest.
   Returns:
     {"rows": [{draft, gamma, temperature, speedup, speedup_range, speedup_spread,
     speedup_repeats, cost_model_speedup, end_to_end_speedup, end_to_end_speedup_range,
     cost_model_end_to_end_speedup, speedup_basis, tokens_per_s, plain_tokens_per_s, tau, rounds, tokens,
     seconds, setup_s}], "plain": {temperature: {...}}, "per_call_s": {...},
-    "machine": machine_info(), "num_prompts", "repeats", "max_new_tokens"}.
+    "machine": machine_info(), "num_prompts", "repeats", "timed_per_repeat",
+    "max_new_tokens"}.
 
     `speedup` is the decoding phase's: each prompt's setup (encoders, prefill; the same
-    loop with one new token, timed in every turn, its median `setup_s`) is subtracted from
-    both decoders' times, as the setup is a fixed cost per prompt that speculative decoding
+    loop with one new token, timed in every cycle, its fastest time `setup_s`) is subtracted
+    from both decoders' times, as the setup is a fixed cost per prompt that speculative decoding
     cannot shorten. `end_to_end_speedup` keeps it in. Where a decoding phase is too short
-    to time apart from the setup (a turn's difference is not positive), `speedup` is the
+    to time apart from the setup (a repeat's difference is not positive), `speedup` is the
     end-to-end one, `speedup_basis` says so ("decode_phase" or "end_to_end") and a warning
     is logged.
   """
@@ -323,37 +326,32 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     jax.block_until_ready(fn())
 
   from tqdm.auto import tqdm
-  with tqdm(total=repeats, desc="speed (turns)", disable=not progress,
-            dynamic_ncols=True) as bar:
+  with tqdm(total=repeats * timed_per_turn, desc="speed (timing cycles)",
+            disable=not progress, dynamic_ncols=True) as bar:
     times = interleaved_times(functions, repeats, timed_per_turn=timed_per_turn,
                               progress=lambda: bar.update(1))
-  median = {key: statistics.median(values) for key, values in times.items()}
-  cost = {name: median[("per_call", name)] / calls[name] for name in per_call}
+  cost = {name: statistics.median(times[("per_call", name)]) / calls[name]
+          for name in per_call}
 
-  def decode_phase(totals, setups):
-    """Per-turn decoding time: the whole loop less the setup loop's median over turns (a
-    fixed cost; subtracting each turn's own setup time would add its noise to the ratio)."""
-    setup = statistics.median(setups)
-    return [t - setup for t in totals]
-
+  def less(totals, setups):
+    """Per-repeat decoding time: each repeat's whole loop less the setup loop's fastest
+    time (a fixed cost; subtracting each repeat's own setup would add its noise twice)."""
+    return [t - min(setups) for t in totals]
   for temperature in temperatures:
     plain_lengths = np.asarray(runs[("plain", temperature)]["lengths"])
     plain_tokens = int(plain_lengths.sum())
-    plain_total = times[("plain", temperature)]
-    plain_setup = times[("setup_plain", temperature)]
-    plain_decode = decode_phase(plain_total, plain_setup)
     predicted_plain = float(np.sum(plain_lengths - 1)) * cost["target_step"]
+    entry = {"total": times[("plain", temperature)],
+             "setup": times[("setup_plain", temperature)]}
+    entry["decode"] = less(entry["total"], entry["setup"])
     plain_info[str(float(temperature))] = dict(
-        tokens=plain_tokens, seconds=statistics.median(plain_total),
-        seconds_range=[min(plain_total), max(plain_total)],
-        decode_seconds=statistics.median(plain_decode),
-        tokens_per_s=plain_tokens / _positive_or(statistics.median(plain_decode),
-                                                 statistics.median(plain_total)),
-        setup_s=statistics.median(plain_setup), cost_model_decode_seconds=predicted_plain)
+        tokens=plain_tokens, seconds=statistics.median(entry["total"]),
+        seconds_range=[min(entry["total"]), max(entry["total"])],
+        decode_seconds=statistics.median(entry["decode"]),
+        tokens_per_s=plain_tokens / _positive_or(statistics.median(entry["decode"]),
+                                                 statistics.median(entry["total"])),
+        setup_s=min(entry["setup"]), cost_model_decode_seconds=predicted_plain)
     for draft, names in model_of.items():
-      spec_setup = times[("setup_speculative", temperature, names[0])]
-      setup_plain = median[("setup_plain", temperature)]
-      setup_spec = median[("setup_speculative", temperature, names[0])]
       draft_one, draft_two = (cost[f"{names[0]}:draft_step_{w}"] for w in (1, 2))
       for name in names:
         for gamma in gammas:
@@ -361,8 +359,11 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
           result = runs[key]
           tokens = int(np.sum(result["lengths"]))
           rounds = int(np.sum(result["target_calls"]))
-          spec_total = times[key]
-          spec_decode = decode_phase(spec_total, spec_setup)
+          plain_total, spec_total = entry["total"], times[key]
+          plain_decode = entry["decode"]
+          spec_setups = times[("setup_speculative", temperature, names[0])]
+          spec_decode = less(spec_total, spec_setups)
+          setup_plain, setup_spec = min(entry["setup"]), min(spec_setups)
           end_to_end = [(tokens / s) / (plain_tokens / p) for s, p in zip(spec_total, plain_total)]
           per_turn, basis = turn_speedups(tokens, spec_total, spec_decode, plain_tokens,
                                           plain_total, plain_decode)
@@ -376,6 +377,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
           predicted = rounds * (draft_two + (gamma - 1) * draft_one
                                 + cost[f"verification_{gamma}"])
           cost_model = (tokens / predicted) / (plain_tokens / predicted_plain)
+          decode_basis = basis == "decode_phase"
           rows.append(dict(
               draft=name, gamma=int(gamma), temperature=float(temperature),
               speedup=statistics.median(per_turn), speedup_basis=basis,
@@ -386,14 +388,13 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
               end_to_end_speedup_range=[min(end_to_end), max(end_to_end)],
               cost_model_end_to_end_speedup=(tokens / (setup_spec + predicted)) / (
                   plain_tokens / (setup_plain + predicted_plain)),
-              tokens_per_s=tokens / (statistics.median(spec_decode) if basis == "decode_phase"
-                                     else statistics.median(spec_total)),
-              plain_tokens_per_s=plain_tokens / (
-                  statistics.median(plain_decode) if basis == "decode_phase"
-                  else statistics.median(plain_total)),
+              tokens_per_s=tokens / statistics.median(spec_decode if decode_basis
+                                                      else spec_total),
+              plain_tokens_per_s=plain_tokens / statistics.median(plain_decode if decode_basis
+                                                                  else plain_total),
               tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
               tokens=tokens, seconds=statistics.median(spec_total), setup_s=setup_spec))
   return dict(rows=rows, plain=plain_info, per_call_s=cost, machine=machine_info(),
               num_prompts=num_prompts, repeats=int(repeats),
-              max_new_tokens=int(max_new_tokens))
+              timed_per_repeat=int(timed_per_turn), max_new_tokens=int(max_new_tokens))
 

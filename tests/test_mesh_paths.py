@@ -1,6 +1,6 @@
 """Every compiled path under the mesh, on 8 simulated CPU devices (tests/mesh_worker.py, in a
 subprocess because XLA_FLAGS must be set before JAX starts): the distillation step, on-policy
-sampling, speculative decoding and its evaluation statistics on meshes (8, 1), (4, 2), (2, 4)
+sampling, speculative decoding and its evaluation statistics on meshes (4, 2) and (2, 4)
 equal one device; parameter shardings inside the compiled programs are the rules'; no program
 all-gathers a model-sharded parameter; the optimizer state is sharded like the draft and the
 frozen target has none; checkpoints restore across meshes. Plus the rule checks."""

@@ -185,3 +185,29 @@ def test_relative_position_bias_table_matches_t5_bucketing(bidirectional):
   np.testing.assert_array_equal(np.asarray(bias), np.asarray(expected))
   # The pairs reach past +-max_distance, where clipping must land in the last bucket.
   assert int(jnp.max(jnp.abs(relative))) > 10 * max_distance
+
+
+@pytest.mark.parametrize("features, num_input_axes", [((6,), 1), ((2, 3), 1), ((5,), 2)])
+def test_dense_general_is_the_contraction_of_its_stored_kernel(features, num_input_axes):
+  # DenseGeneral runs one flattened [rows, in] x [in, out] matmul (its backward pass is about
+  # 2x faster on CPU than a dot over several batch axes): values and gradients must equal the
+  # contraction of x's last axes with the 2-D kernel read as [*input dims, *features].
+  from distillspec_jax.layers import DenseGeneral
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 4) if num_input_axes == 1 else (2, 3, 2, 2))
+  layer = DenseGeneral(features, ("embed", "mlp"), num_input_axes=num_input_axes)
+  params = nn.meta.unbox(layer.init(jax.random.PRNGKey(1), x)["params"])
+  kernel = params["kernel"]
+  input_dims = x.shape[x.ndim - num_input_axes:]
+  assert kernel.shape == (int(np.prod(input_dims)), int(np.prod(features)))
+
+  def reference(kernel, x):
+    full = kernel.reshape(input_dims + features)
+    return jnp.tensordot(x, full, axes=num_input_axes)
+
+  out = layer.apply({"params": params}, x)
+  assert out.shape == x.shape[:x.ndim - num_input_axes] + features
+  np.testing.assert_allclose(out, reference(kernel, x), rtol=1e-5, atol=1e-6)
+  loss = lambda k, x: jnp.sum(jnp.sin(layer.apply({"params": {"kernel": k}}, x)))
+  ref_loss = lambda k, x: jnp.sum(jnp.sin(reference(k, x)))
+  for got, want in zip(jax.grad(loss, (0, 1))(kernel, x), jax.grad(ref_loss, (0, 1))(kernel, x)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -31,9 +31,13 @@ def test_demo_pipeline_smoke_reuse_and_partial_rerun(tmp_path):
   # Timed in a process pinned to one core, as the demo does.
   # T = 1 only: the T = 0 path runs in the AdaSPEC and decoder-only jobs below.
   config = dataclasses.replace(_smoke_config(tmp_path / "demo"), speed_cpus=1,
-                               temperatures=(1.0,))
+                               temperatures=(1.0,), recipe_steps={"supervised_kd": 3})
   outcome = run_pipeline(config)
   assert set(outcome.values()) == {"ran"}
+  # recipe_steps overrides distill_steps (2) for the recipes it names only.
+  assert sorted(os.listdir(config.stage_dir("distill_supervised_kd"))).count("3") == 1
+  assert "2" in os.listdir(config.stage_dir("distill_gkd"))
+  assert "3" not in os.listdir(config.stage_dir("distill_gkd"))
 
   report = json.load(open(tmp_path / "demo" / "report.json"))
   assert len(report["rows"]) == len(config.recipes) * len(config.temperatures) * len(config.gammas)
@@ -115,6 +119,12 @@ def test_required_stages_follow_dependencies(tmp_path):
 def test_bad_input_fails_before_training(tmp_path):
   with pytest.raises(ValueError, match="recipe"):
     PipelineConfig(run_dir=str(tmp_path), recipes=("gkd", "magic"))
+  with pytest.raises(ValueError, match="recipe_steps names 'seq_kd'"):
+    PipelineConfig(run_dir=str(tmp_path), recipes=("gkd",), recipe_steps={"seq_kd": 10})
+  with pytest.raises(ValueError, match=r"recipe_steps\['gkd'\]=0"):
+    PipelineConfig(run_dir=str(tmp_path), recipes=("gkd",), recipe_steps={"gkd": 0})
+  with pytest.raises(ValueError, match=r"recipe_steps\['gkd'\]='10'"):
+    PipelineConfig(run_dir=str(tmp_path), recipes=("gkd",), recipe_steps={"gkd": "10"})
   blocker = tmp_path / "file"
   blocker.write_text("not a directory")
   with pytest.raises(ValueError, match="MODEL_DIR="):

@@ -122,3 +122,34 @@ def test_run_pinned_runs_in_a_pinned_child():
   with pytest.raises(ValueError, match="cpus="):
     speed.pin_cores(len(allowed) + 1)
 
+
+
+def test_interleaved_times_keep_each_repeats_fastest_call_from_cycles_spread_over_the_run(
+    monkeypatch):
+  # A scripted clock: every timed call of "a" lasts 5 s except the ones listed; "b" lasts 1 s.
+  # One untimed cycle, then repeats * timed_per_turn = 6 cycles; cycle c is repeat c % 2.
+  durations = {"a": [9.0, 5.0, 3.0, 5.0, 5.0, 2.0, 4.0], "b": [1.0] * 7}
+  order, clock = [], [0.0]
+
+  def timed(name):
+    def call():
+      order.append(name)
+      clock[0] += durations[name][sum(n == name for n in order) - 1]
+      return np.zeros(())
+    return call
+
+  monkeypatch.setattr(speed.time, "perf_counter", lambda: clock[0])
+  times = speed.interleaved_times({"a": timed("a"), "b": timed("b")}, 2, timed_per_turn=3)
+  assert order == ["a", "b"] * 7  # interleaved: every cycle calls each function once
+  # Timed calls of "a": cycle 0..5 -> 5, 3, 5, 5, 2, 4; repeat 0 = cycles 0, 2, 4; 1 = 1, 3, 5.
+  assert times["a"] == [2.0, 3.0]
+  assert times["b"] == [1.0, 1.0]
+
+
+def test_measure_speed_subtracts_the_fastest_setup_from_every_repeat():
+  # 20 speculative tokens against 10 plain ones; setups of 1 s at best.
+  totals, setups = [3.0, 4.0], [1.5, 1.0]
+  decode = [t - min(setups) for t in totals]
+  per_turn, basis = speed.turn_speedups(20, totals, decode, 10, [5.0, 5.0], [4.0, 4.0])
+  assert basis == "decode_phase"
+  assert per_turn == pytest.approx([(20 / 2.0) / (10 / 4.0), (20 / 3.0) / (10 / 4.0)])
