@@ -273,6 +273,24 @@ def _decode_jit(model, params, encoder_input_tokens, prompt_tokens, rng, *, max_
   batch_size = _batch_size(encoder_input_tokens, prompt_tokens)
   logits, cache = _start(model, params, encoder_input_tokens, prompt_tokens, batch_size,
                          max_length)
+  return decode_steps(model, params, logits, cache, rng, max_new_tokens=max_new_tokens,
+                      sampling=sampling)
+
+
+def decode_start(model: Model, params, encoder_input_tokens=None, prompt_tokens=None, *,
+                 max_length: int):
+  """(logits [batch, vocab] of the first new token, cache after the prefill); traceable,
+  unchecked (`decode` checks). `decode_steps(..., *decode_start(...), ...)` is `decode`; the
+  split lets speed.py time the decoding steps apart from the encoder and the prefill."""
+  batch_size = _batch_size(encoder_input_tokens, prompt_tokens)
+  return _start(model, params, encoder_input_tokens, prompt_tokens, batch_size, max_length)
+
+
+def decode_steps(model: Model, params, logits, cache, rng, *, max_new_tokens: int,
+                 sampling: SamplingConfig) -> DecodeResult:
+  """Samples from `logits: [batch, vocab]` and extends `cache` until every row has its EOS or
+  `max_new_tokens` tokens."""
+  batch_size = logits.shape[0]
   out = jnp.full((batch_size, max_new_tokens), PAD_ID, jnp.int32)
   done = jnp.zeros((batch_size,), bool)
   lengths = jnp.zeros((batch_size,), jnp.int32)

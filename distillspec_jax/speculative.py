@@ -254,9 +254,25 @@ def speculative_decode(target: Model, target_params, draft: Model, draft_params,
 def _speculative_jit(target, target_params, draft, draft_params, encoder_input_tokens,
                      prompt_tokens, rng, *, max_new_tokens, gamma, sampling, lenience,
                      max_length):
+  state = speculative_start(target, target_params, draft, draft_params, encoder_input_tokens,
+                            prompt_tokens, rng, max_new_tokens=max_new_tokens, gamma=gamma,
+                            sampling=sampling, max_length=max_length)
+  return speculative_rounds(target, target_params, draft, draft_params, state,
+                            max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
+                            lenience=lenience)
+
+
+def speculative_start(target, target_params, draft, draft_params, encoder_input_tokens,
+                      prompt_tokens, rng, *, max_new_tokens, gamma, sampling, max_length) -> dict:
+  """The rounds' initial state (traceable; `speculative_decode` checks the arguments): both
+  caches after the prefill, the first token, the output buffer and the per-row counters.
+
+  `speculative_rounds(..., speculative_start(...), ...)` is `speculative_decode`; the split
+  lets speed.py time the rounds apart from the encoders and the prefill.
+  """
   source = encoder_input_tokens if target.is_encoder_decoder else prompt_tokens
   batch = source.shape[0]
-  temperature, eos = sampling.temperature, sampling.eos_id
+  eos = sampling.eos_id
   first_rng, loop_rng = jax.random.split(rng)
 
   # Prefill: the target holds the decoder prompt and gives the first token; the draft holds
@@ -270,7 +286,7 @@ def _speculative_jit(target, target_params, draft, draft_params, encoder_input_t
     _, draft_cache = draft.extend(draft_params, draft_cache, prompt)
     draft_cache = draft_cache.rollback(prompt.shape[1] - (prompt_lengths - 1))
   previous = jnp.take_along_axis(prompt, (prompt_lengths - 1)[:, None], axis=1)[:, 0]
-  pending = sample_tokens(first_logits, first_rng, temperature)
+  pending = sample_tokens(first_logits, first_rng, sampling.temperature)
 
   # One spare block at the end so a round's writes never fall off the buffer.
   out = jnp.full((batch, max_new_tokens + gamma + 1), PAD_ID, jnp.int32).at[:, 0].set(pending)
@@ -284,6 +300,19 @@ def _speculative_jit(target, target_params, draft, draft_params, encoder_input_t
   zeros = jnp.zeros_like(pending)
   rows = jnp.stack([jnp.ones_like(pending), zeros, zeros, zeros, previous, pending,
                     ((pending == eos) | (max_new_tokens <= 1)).astype(jnp.int32)], axis=1)
+  return dict(round=jnp.int32(0), target_cache=target_cache, draft_cache=draft_cache,
+              rows=rows, out=out,
+              accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32),
+              loop_rng=loop_rng)
+
+
+def speculative_rounds(target, target_params, draft, draft_params, state: dict, *,
+                       max_new_tokens, gamma, sampling, lenience) -> SpeculativeResult:
+  """Runs the rounds from `speculative_start`'s state until every row is done."""
+  batch = state["rows"].shape[0]
+  temperature, eos = sampling.temperature, sampling.eos_id
+  state = dict(state)
+  loop_rng = state.pop("loop_rng")
 
   def draft_block(draft_cache, context, round_rng):
     """gamma draft steps; the first feeds context = [previous, pending].
@@ -352,9 +381,6 @@ def _speculative_jit(target, target_params, draft, draft_params, encoder_input_t
     return dict(round=state["round"] + 1, target_cache=target_cache, draft_cache=draft_cache,
                 rows=rows, out=out, accepted_per_round=accepted_per_round)
 
-  state = dict(round=jnp.int32(0), target_cache=target_cache, draft_cache=draft_cache,
-               rows=rows, out=out,
-               accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32))
   state = jax.lax.while_loop(cond, body, state)
   generated, target_calls, accepted, proposed = (state["rows"][:, i] for i in
                                                  (_GENERATED, _TARGET_CALLS, _ACCEPTED,

@@ -31,7 +31,6 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
 from __future__ import annotations
 
 import functools
-import logging
 import multiprocessing
 import os
 import statistics
@@ -42,10 +41,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distillspec_jax.decoding import (SamplingConfig, check_positive_int, decode,
-                                      prompt_inputs)
+from distillspec_jax.decoding import (SamplingConfig, cache_capacity, check_positive_int,
+                                      decode_start, decode_steps, prompt_inputs)
 from distillspec_jax.models import Model
-from distillspec_jax.speculative import Lenience, speculative_decode
+from distillspec_jax.speculative import Lenience, speculative_rounds, speculative_start
 
 
 def pin_cores(count: int) -> list:
@@ -161,59 +160,62 @@ def per_call_function(model: Model, params, inputs: dict, batch: int, width: int
   return (lambda: run(passes)), steps * passes
 
 
-def _over_prompts(run_one: Callable) -> Callable:
-  """jit(params..., prompts [N, P], rng) -> per-prompt results, each prompt decoded alone
-  (batch 1) in one `lax.map`; prompt i samples with fold_in(rng, i)."""
+def _map_prompts(run_one: Callable) -> Callable:
+  """jit(params, per-prompt inputs (leading axis N), rng) -> per-prompt results, each prompt
+  alone (batch 1) in one `lax.map`; prompt i uses fold_in(rng, i)."""
 
-  def run(model_params, prompts, rng):
+  def run(model_params, inputs, rng):
     def one(args):
-      index, prompt = args
-      return run_one(model_params, prompt[None], jax.random.fold_in(rng, index))
+      index, one_input = args
+      return run_one(model_params, one_input, jax.random.fold_in(rng, index))
 
-    return jax.lax.map(one, (jnp.arange(prompts.shape[0]), prompts))
+    count = jax.tree.leaves(inputs)[0].shape[0]
+    return jax.lax.map(one, (jnp.arange(count), inputs))
 
   return jax.jit(run)
 
 
-def _plain_runner(target: Model, max_new_tokens: int, sampling: SamplingConfig):
-  def run_one(params, prompt, rng):
-    result = decode(target, params["target"], max_new_tokens=max_new_tokens,
-                    sampling=sampling, rng=rng, **prompt_inputs(target, prompt))
+def _plain_decoder(target: Model, max_new_tokens: int, sampling: SamplingConfig):
+  """(start, steps): start(params, prompts [N, P], rng) -> per-prompt states after the
+  encoder and the prefill; steps(params, states, rng) -> {"lengths": [N]} from them. Both
+  decode each prompt alone; together they are `decoding.decode` of each prompt."""
+  capacity = cache_capacity(target, None)
+
+  def start_one(params, prompt, rng):
+    del rng
+    return decode_start(target, params["target"], max_length=capacity,
+                        **prompt_inputs(target, prompt[None]))
+
+  def steps_one(params, state, rng):
+    logits, cache = state
+    result = decode_steps(target, params["target"], logits, cache, rng,
+                          max_new_tokens=max_new_tokens, sampling=sampling)
     return {"lengths": result.lengths[0]}
 
-  return _over_prompts(run_one)
+  return _map_prompts(start_one), _map_prompts(steps_one)
 
 
-def _speculative_runner(target: Model, draft: Model, max_new_tokens: int, gamma: int,
-                        sampling: SamplingConfig, lenience: Lenience):
-  def run_one(params, prompt, rng):
-    result = speculative_decode(target, params["target"], draft, params["draft"],
+def _speculative_decoder(target: Model, draft: Model, max_new_tokens: int, gamma: int,
+                         sampling: SamplingConfig, lenience: Lenience):
+  """(start, rounds) of speculative decoding, as `_plain_decoder`'s (start, steps)."""
+  capacity = cache_capacity(target, None)
+
+  def start_one(params, prompt, rng):
+    inputs = prompt_inputs(target, prompt[None])
+    return speculative_start(target, params["target"], draft, params["draft"],
+                             inputs.get("encoder_input_tokens"), inputs.get("prompt_tokens"),
+                             rng, max_new_tokens=max_new_tokens, gamma=gamma,
+                             sampling=sampling, max_length=capacity)
+
+  def rounds_one(params, state, rng):
+    del rng  # the state holds the prompt's key
+    result = speculative_rounds(target, params["target"], draft, params["draft"], state,
                                 max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
-                                lenience=lenience, rng=rng, **prompt_inputs(target, prompt))
+                                lenience=lenience)
     return {"lengths": result.lengths[0], "target_calls": result.target_calls[0],
             "produced": result.produced[0]}
 
-  return _over_prompts(run_one)
-
-
-def turn_speedups(tokens: int, spec_total: Sequence[float], spec_decode: Sequence[float],
-                  plain_tokens: int, plain_total: Sequence[float],
-                  plain_decode: Sequence[float]) -> tuple:
-  """Per-turn speedups (speculative over plain tokens per second) and their basis.
-
-  "decode_phase" uses the times less the setup; where any such time is not positive (the
-  decoding phase is shorter than the setup's noise: few, short prompts) a difference of two
-  noisy times would give a meaningless ratio, so the whole times are used ("end_to_end").
-  """
-  if min(list(spec_decode) + list(plain_decode)) > 0:
-    return ([(tokens / s) / (plain_tokens / p) for s, p in zip(spec_decode, plain_decode)],
-            "decode_phase")
-  return ([(tokens / s) / (plain_tokens / p) for s, p in zip(spec_total, plain_total)],
-          "end_to_end")
-
-
-def _positive_or(value: float, fallback: float) -> float:
-  return value if value > 0 else fallback
+  return _map_prompts(start_one), _map_prompts(rounds_one)
 
 
 def _spread(values: Sequence[float]) -> float:
@@ -262,13 +264,13 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     "machine": machine_info(), "num_prompts", "repeats", "timed_per_repeat",
     "max_new_tokens"}.
 
-    `speedup` is the decoding phase's: each prompt's setup (encoders, prefill; the same
-    loop with one new token, timed in every cycle, its fastest time `setup_s`) is subtracted
-    from both decoders' times, as the setup is a fixed cost per prompt that speculative decoding
-    cannot shorten. `end_to_end_speedup` keeps it in. Where a decoding phase is too short
-    to time apart from the setup (a repeat's difference is not positive), `speedup` is the
-    end-to-end one, `speedup_basis` says so ("decode_phase" or "end_to_end") and a warning
-    is logged.
+    `speedup` is the decoding phase's: each decoder runs as two compiled loops over the
+    prompts, the setup (encoders and prefill; `setup_s`, the median over repeats) and the
+    decoding from the setup's states, made once and passed in. Only the second is compared:
+    the setup is a fixed cost per prompt that speculative decoding cannot shorten, and
+    timing it apart (instead of subtracting it from a whole run) keeps its noise out of the
+    ratio. `end_to_end_speedup` adds each repeat's setup back. `speedup_basis` is
+    "decode_phase".
   """
   check_speed_arguments(gammas, temperatures, repeats, prompts)
   check_positive_int(timed_per_turn, "timed_per_turn")
@@ -296,30 +298,31 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
       per_call[key], calls[key] = per_call_function(draft, params, one_prompt, 1, width,
                                                     0.05, capacity)
 
+  # Each decoder is (start, steps): the encoders and the prefill of every prompt ("setup"),
+  # timed alone, and the decoding from their states, timed alone on states made once.
   rows, plain_info, functions, runs = [], {}, {}, {}
   for temperature in temperatures:
     sampling = SamplingConfig(float(temperature), **eos)
-    setup_plain = _plain_runner(target, 1, sampling)
-    plain = _plain_runner(target, max_new_tokens, sampling)
+    start, steps = _plain_decoder(target, max_new_tokens, sampling)
     params = {"target": target_params}
+    states = jax.block_until_ready(start(params, prompts, rng))
     key = ("plain", temperature)
-    runs[key] = jax.device_get(plain(params, prompts, rng))
-    functions[key] = functools.partial(plain, params, prompts, rng)
-    functions[("setup_plain", temperature)] = functools.partial(setup_plain, params, prompts,
-                                                                rng)
+    runs[key] = jax.device_get(steps(params, states, rng))
+    functions[key] = functools.partial(steps, params, states, rng)
+    functions[("setup_plain", temperature)] = functools.partial(start, params, prompts, rng)
     for draft, names in model_of.items():
       for gamma in gammas:
-        speculative = _speculative_runner(target, draft, max_new_tokens, gamma, sampling,
-                                          lenience)
-        if gamma == gammas[0]:
-          setup = _speculative_runner(target, draft, 1, gamma, sampling, lenience)
-          functions[("setup_speculative", temperature, names[0])] = functools.partial(
-              setup, {"target": target_params, "draft": drafts[names[0]][1]}, prompts, rng)
         for name in names:
+          start, rounds = _speculative_decoder(target, draft, max_new_tokens, gamma, sampling,
+                                               lenience)
           params = {"target": target_params, "draft": drafts[name][1]}
+          states = jax.block_until_ready(start(params, prompts, rng))
+          if gamma == gammas[0] and name == names[0]:
+            functions[("setup_speculative", temperature, name)] = functools.partial(
+                start, params, prompts, rng)
           key = (name, gamma, temperature)
-          runs[key] = jax.device_get(speculative(params, prompts, rng))
-          functions[key] = functools.partial(speculative, params, prompts, rng)
+          runs[key] = jax.device_get(rounds(params, states, rng))
+          functions[key] = functools.partial(rounds, params, states, rng)
   for name, fn in per_call.items():
     functions[("per_call", name)] = fn
   for fn in functions.values():  # compiles what the runs above did not
@@ -333,65 +336,49 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   cost = {name: statistics.median(times[("per_call", name)]) / calls[name]
           for name in per_call}
 
-  def less(totals, setups):
-    """Per-repeat decoding time: each repeat's whole loop less the setup loop's fastest
-    time (a fixed cost; subtracting each repeat's own setup would add its noise twice)."""
-    return [t - min(setups) for t in totals]
   for temperature in temperatures:
     plain_lengths = np.asarray(runs[("plain", temperature)]["lengths"])
     plain_tokens = int(plain_lengths.sum())
     predicted_plain = float(np.sum(plain_lengths - 1)) * cost["target_step"]
-    entry = {"total": times[("plain", temperature)],
-             "setup": times[("setup_plain", temperature)]}
-    entry["decode"] = less(entry["total"], entry["setup"])
+    plain_decode = times[("plain", temperature)]
+    plain_setups = times[("setup_plain", temperature)]
+    plain_total = [d + u for d, u in zip(plain_decode, plain_setups)]
+    setup_plain = statistics.median(plain_setups)
     plain_info[str(float(temperature))] = dict(
-        tokens=plain_tokens, seconds=statistics.median(entry["total"]),
-        seconds_range=[min(entry["total"]), max(entry["total"])],
-        decode_seconds=statistics.median(entry["decode"]),
-        tokens_per_s=plain_tokens / _positive_or(statistics.median(entry["decode"]),
-                                                 statistics.median(entry["total"])),
-        setup_s=min(entry["setup"]), cost_model_decode_seconds=predicted_plain)
+        tokens=plain_tokens, seconds=statistics.median(plain_total),
+        seconds_range=[min(plain_total), max(plain_total)],
+        decode_seconds=statistics.median(plain_decode),
+        tokens_per_s=plain_tokens / statistics.median(plain_decode),
+        setup_s=setup_plain, cost_model_decode_seconds=predicted_plain)
     for draft, names in model_of.items():
       draft_one, draft_two = (cost[f"{names[0]}:draft_step_{w}"] for w in (1, 2))
+      spec_setups = times[("setup_speculative", temperature, names[0])]
+      setup_spec = statistics.median(spec_setups)
       for name in names:
         for gamma in gammas:
           key = (name, gamma, temperature)
           result = runs[key]
           tokens = int(np.sum(result["lengths"]))
           rounds = int(np.sum(result["target_calls"]))
-          plain_total, spec_total = entry["total"], times[key]
-          plain_decode = entry["decode"]
-          spec_setups = times[("setup_speculative", temperature, names[0])]
-          spec_decode = less(spec_total, spec_setups)
-          setup_plain, setup_spec = min(entry["setup"]), min(spec_setups)
+          spec_decode = times[key]
+          spec_total = [d + u for d, u in zip(spec_decode, spec_setups)]
+          per_repeat = [(tokens / s) / (plain_tokens / p)
+                        for s, p in zip(spec_decode, plain_decode)]
           end_to_end = [(tokens / s) / (plain_tokens / p) for s, p in zip(spec_total, plain_total)]
-          per_turn, basis = turn_speedups(tokens, spec_total, spec_decode, plain_tokens,
-                                          plain_total, plain_decode)
-          if basis == "end_to_end":
-            logging.warning(
-                "speed: %s gamma=%d T=%s: the decoding phase is too short to time apart from "
-                "the setup (max_new_tokens=%d, %d prompts); its speedup is the end-to-end one "
-                "(speedup_basis='end_to_end'). Raise max_new_tokens or the number of prompts "
-                "for a decode-phase measurement.", name, gamma, temperature, max_new_tokens,
-                num_prompts)
           predicted = rounds * (draft_two + (gamma - 1) * draft_one
                                 + cost[f"verification_{gamma}"])
-          cost_model = (tokens / predicted) / (plain_tokens / predicted_plain)
-          decode_basis = basis == "decode_phase"
           rows.append(dict(
               draft=name, gamma=int(gamma), temperature=float(temperature),
-              speedup=statistics.median(per_turn), speedup_basis=basis,
-              speedup_range=[min(per_turn), max(per_turn)],
-              speedup_spread=_spread(per_turn), speedup_repeats=per_turn,
-              cost_model_speedup=cost_model,
+              speedup=statistics.median(per_repeat), speedup_basis="decode_phase",
+              speedup_range=[min(per_repeat), max(per_repeat)],
+              speedup_spread=_spread(per_repeat), speedup_repeats=per_repeat,
+              cost_model_speedup=(tokens / predicted) / (plain_tokens / predicted_plain),
               end_to_end_speedup=statistics.median(end_to_end),
               end_to_end_speedup_range=[min(end_to_end), max(end_to_end)],
               cost_model_end_to_end_speedup=(tokens / (setup_spec + predicted)) / (
                   plain_tokens / (setup_plain + predicted_plain)),
-              tokens_per_s=tokens / statistics.median(spec_decode if decode_basis
-                                                      else spec_total),
-              plain_tokens_per_s=plain_tokens / statistics.median(plain_decode if decode_basis
-                                                                  else plain_total),
+              tokens_per_s=tokens / statistics.median(spec_decode),
+              plain_tokens_per_s=plain_tokens / statistics.median(plain_decode),
               tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
               tokens=tokens, seconds=statistics.median(spec_total), setup_s=setup_spec))
   return dict(rows=rows, plain=plain_info, per_call_s=cost, machine=machine_info(),

@@ -86,20 +86,6 @@ def test_measure_speed_refuses_no_prompts(pair):
                         max_new_tokens=4)
 
 
-def test_turn_speedups_use_the_decode_phase_unless_it_is_too_short_to_time():
-  # 20 speculative tokens against 10 plain ones per turn.
-  per_turn, basis = speed.turn_speedups(20, [3.0, 4.0], [2.0, 2.0], 10, [5.0, 5.0], [4.0, 2.0])
-  assert basis == "decode_phase"
-  assert per_turn == pytest.approx([(20 / 2.0) / (10 / 4.0), (20 / 2.0) / (10 / 2.0)])
-  # One turn whose decoding phase is not positive (setup noise larger than the phase): the
-  # whole times are used for every turn, and the basis says so.
-  per_turn, basis = speed.turn_speedups(20, [3.0, 4.0], [2.0, -0.1], 10, [5.0, 5.0], [4.0, 2.0])
-  assert basis == "end_to_end"
-  assert per_turn == pytest.approx([(20 / 3.0) / (10 / 5.0), (20 / 4.0) / (10 / 5.0)])
-  per_turn, basis = speed.turn_speedups(20, [3.0], [1.0], 10, [5.0], [0.0])
-  assert basis == "end_to_end" and per_turn == pytest.approx([(20 / 3.0) / (10 / 5.0)])
-
-
 def test_ratio_stderr_against_direct_formulas():
   # Equal denominators: the ratio estimate is the mean of the per-item ratios, and its
   # standard error the usual one of a mean.
@@ -144,12 +130,3 @@ def test_interleaved_times_keep_each_repeats_fastest_call_from_cycles_spread_ove
   # Timed calls of "a": cycle 0..5 -> 5, 3, 5, 5, 2, 4; repeat 0 = cycles 0, 2, 4; 1 = 1, 3, 5.
   assert times["a"] == [2.0, 3.0]
   assert times["b"] == [1.0, 1.0]
-
-
-def test_measure_speed_subtracts_the_fastest_setup_from_every_repeat():
-  # 20 speculative tokens against 10 plain ones; setups of 1 s at best.
-  totals, setups = [3.0, 4.0], [1.5, 1.0]
-  decode = [t - min(setups) for t in totals]
-  per_turn, basis = speed.turn_speedups(20, totals, decode, 10, [5.0, 5.0], [4.0, 4.0])
-  assert basis == "decode_phase"
-  assert per_turn == pytest.approx([(20 / 2.0) / (10 / 4.0), (20 / 3.0) / (10 / 4.0)])
