@@ -312,9 +312,10 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     functions[("setup_plain", temperature)] = functools.partial(start, params, prompts, rng)
     for draft, names in model_of.items():
       for gamma in gammas:
+        # One compiled pair per draft Model: drafts of one Model differ in parameters only.
+        start, rounds = _speculative_decoder(target, draft, max_new_tokens, gamma, sampling,
+                                             lenience)
         for name in names:
-          start, rounds = _speculative_decoder(target, draft, max_new_tokens, gamma, sampling,
-                                               lenience)
           params = {"target": target_params, "draft": drafts[name][1]}
           states = jax.block_until_ready(start(params, prompts, rng))
           if gamma == gammas[0] and name == names[0]:
