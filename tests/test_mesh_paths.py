@@ -27,14 +27,14 @@ def _run(check: str) -> str:
   return out.stdout
 
 
-def test_distillation_step_on_three_meshes_equals_one_device():
+def test_distillation_step_on_two_meshes_equals_one_device():
   out = _run("step")
-  assert out.count(" loss ") == 4
+  assert out.count(" loss ") == 1 + 2  # one device, then each mesh
 
 
-def test_sampling_speculative_and_evaluation_on_three_meshes_equal_one_device():
+def test_sampling_speculative_and_evaluation_on_two_meshes_equal_one_device():
   out = _run("decode")
-  assert out.count(" tau ") == 4
+  assert out.count(" tau ") == 1 + 2
 
 
 def test_checkpoint_saved_under_one_mesh_restores_under_others():
