@@ -13,6 +13,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 _OWNER = "_DISTILLSPEC_TEST_CACHE_OWNER"
 
 
@@ -32,3 +34,19 @@ def pytest_unconfigure(config):
   directory = os.environ.get("JAX_COMPILATION_CACHE_DIR")
   if directory and os.environ.get(_OWNER) == str(os.getpid()):
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def fast_compilation():
+  """Compiles the module's programs with XLA's backend at optimisation level 0
+  (`jax_disable_most_optimizations`). For modules of many tiny programs, compiling costs
+  more than running: tests/test_speculative.py and tests/test_eval.py took 164 s instead of
+  236 s. It changes how fast the programs run, not what they compute. Opt in with
+  `pytestmark = pytest.mark.usefixtures("fast_compilation")`; child processes compile as
+  usual."""
+  import jax
+  from jax._src import compiler  # noqa: F401  (registers the flag)
+  previous = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", True)
+  yield
+  jax.config.update("jax_disable_most_optimizations", previous)

@@ -17,6 +17,8 @@ from distillspec_jax.decoding import SamplingConfig, prompt_inputs
 from distillspec_jax.models import Model
 from distillspec_jax.speculative import Lenience, speculative_decode
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 LENGTHS = {"inputs": 48, "targets": 6}
 
 

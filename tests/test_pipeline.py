@@ -11,6 +11,8 @@ import pytest
 from distillspec_jax import pipeline
 from distillspec_jax.pipeline import PipelineConfig, required_stages, run_pipeline
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 
 def _smoke_config(run_dir):
   return PipelineConfig(

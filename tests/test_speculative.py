@@ -16,6 +16,8 @@ from distillspec_jax.divergences import expected_acceptance
 from distillspec_jax.models import Model
 from distillspec_jax.speculative import Lenience, acceptance_probability, speculative_decode
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 
 def _pair(kind):
   common = dict(kind=kind, vocab_size=97, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,

@@ -13,6 +13,8 @@ from distillspec_jax.garden import GardenConfig, pareto
 from distillspec_jax.pipeline import PipelineConfig, run_pipeline
 from distillspec_jax.recipe_grid import RecipeGridConfig
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 TINY = dict(task_feature_lengths={"inputs": 40, "targets": 44}, target_steps=2, draft_steps=2,
             distill_steps=2, batch_size=4, warmup_steps=1, eval_examples=4, speed_examples=1,
             max_new_tokens=6, eval_every=1, train_examples=64, progress_bar=False,
