@@ -10,6 +10,8 @@ from distillspec_jax import divergences
 from distillspec_jax.models import Model
 from distillspec_jax.trainer import SyntheticData
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 VOCAB = 64
 
 

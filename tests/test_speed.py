@@ -13,6 +13,8 @@ from distillspec_jax.decoding import SamplingConfig, prompt_inputs
 from distillspec_jax.models import Model
 from distillspec_jax.speculative import speculative_decode
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 
 @pytest.fixture(scope="module")
 def pair():

@@ -18,6 +18,8 @@ from distillspec_jax.distillation import DistillationConfig
 from distillspec_jax.models import Model
 from distillspec_jax.pipeline import InMemoryData
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 32
 TINY = dict(vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,

@@ -10,6 +10,8 @@ from distillspec_jax import main as main_binary
 from distillspec_jax import pipeline, teacher_cache
 from distillspec_jax.pipeline import PipelineConfig
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 
 def _config(run_dir, **changes):
   fields = dict(run_dir=str(run_dir), recipes=("gkd", "supervised_kd"), teacher_cache_k=4)
