@@ -41,7 +41,9 @@ def fast_compilation():
   """Compiles the module's programs with XLA's backend at optimisation level 0
   (`jax_disable_most_optimizations`). For modules of many tiny programs, compiling costs
   more than running: tests/test_speculative.py and tests/test_eval.py took 164 s instead of
-  236 s. It changes how fast the programs run, not what they compute. Opt in with
+  236 s. It changes how fast the programs run, not the math they compute; rounding can differ in the
+  last bits, so a child process whose results are compared bit for bit must compile the same
+  way (tests/test_teacher_cache.py's writer does). Opt in with
   `pytestmark = pytest.mark.usefixtures("fast_compilation")`; child processes compile as
   usual."""
   import jax
