@@ -4,9 +4,10 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
 
 - Batch 1, as in the paper: every prompt is decoded alone. All prompts of one measurement run
   in one compiled device loop (`lax.map` over the prompts), so dispatch and Python costs are
-  paid once per measurement instead of once per prompt. Each prompt's setup (its encoders and
-  the prefill) runs inside the loop, because it is part of decoding a prompt; it is also timed
-  on its own and reported as `setup_s`.
+  paid once per measurement instead of once per prompt. Each decoder is two such loops: the
+  setup (every prompt's encoders and prefill, timed and reported as `setup_s`) and the
+  decoding from the setup's states, made once and passed in; `speedup` compares the
+  decoding loops, `end_to_end_speedup` adds the setup back.
 - Compiled once, timed warm, interleaved: after one untimed call of every function, timed
   cycles each call every function once (plain decoding, every speculative configuration,
   both setups, every per-call cost), `repeats * timed_per_turn` cycles in all; cycle c
