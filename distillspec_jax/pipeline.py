@@ -436,7 +436,7 @@ def measure_run_speed(config: PipelineConfig) -> dict:
                              progress=config.progress_bar)
 
 
-_SPEED_KEYS = ("speedup", "speedup_basis", "speedup_range", "speedup_spread", "speedup_repeats",
+_SPEED_KEYS = ("speedup", "speedup_range", "speedup_spread", "speedup_repeats",
                "cost_model_speedup", "end_to_end_speedup", "end_to_end_speedup_range",
                "cost_model_end_to_end_speedup", "tokens_per_s", "plain_tokens_per_s", "setup_s")
 

@@ -254,13 +254,14 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     drafts: name -> (draft Model, draft params); drafts of one Model share compiled code.
     prompts: [N, P] right-padded prompts (encoder inputs of an encoder-decoder), each decoded
       alone.
-    repeats: timing turns (>= 1); medians and ranges are over them.
+    repeats: timing repeats (>= 1); medians and ranges are over them.
     eos_id: None = the sampling default (EOS stops a row); -1 disables EOS (fixed lengths).
-    timed_per_turn: timed calls of each function per turn; a turn's time is the fastest.
+    timed_per_turn: timed calls of each function per repeat; a repeat's time is the fastest
+      (`interleaved_times`).
   Returns:
     {"rows": [{draft, gamma, temperature, speedup, speedup_range, speedup_spread,
     speedup_repeats, cost_model_speedup, end_to_end_speedup, end_to_end_speedup_range,
-    cost_model_end_to_end_speedup, speedup_basis, tokens_per_s, plain_tokens_per_s, tau, rounds, tokens,
+    cost_model_end_to_end_speedup, tokens_per_s, plain_tokens_per_s, tau, rounds, tokens,
     seconds, setup_s}], "plain": {temperature: {...}}, "per_call_s": {...},
     "machine": machine_info(), "num_prompts", "repeats", "timed_per_repeat",
     "max_new_tokens"}.
@@ -270,8 +271,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     decoding from the setup's states, made once and passed in. Only the second is compared:
     the setup is a fixed cost per prompt that speculative decoding cannot shorten, and
     timing it apart (instead of subtracting it from a whole run) keeps its noise out of the
-    ratio. `end_to_end_speedup` adds each repeat's setup back. `speedup_basis` is
-    "decode_phase".
+    ratio. `end_to_end_speedup` adds each repeat's setup back.
   """
   check_speed_arguments(gammas, temperatures, repeats, prompts)
   check_positive_int(timed_per_turn, "timed_per_turn")
@@ -371,7 +371,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
                                 + cost[f"verification_{gamma}"])
           rows.append(dict(
               draft=name, gamma=int(gamma), temperature=float(temperature),
-              speedup=statistics.median(per_repeat), speedup_basis="decode_phase",
+              speedup=statistics.median(per_repeat),
               speedup_range=[min(per_repeat), max(per_repeat)],
               speedup_spread=_spread(per_repeat), speedup_repeats=per_repeat,
               cost_model_speedup=(tokens / predicted) / (plain_tokens / predicted_plain),

@@ -38,17 +38,10 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope="module")
 def fast_compilation():
-  """Compiles the module's programs with XLA's backend at optimisation level 0
-  (`jax_disable_most_optimizations`). For modules of many tiny programs, compiling costs
-  more than running: tests/test_speculative.py and tests/test_eval.py took 164 s instead of
-  236 s. It changes how fast the programs run, not the math they compute; rounding can differ in the
-  last bits, so a child process whose results are compared bit for bit must compile the same
-  way (tests/test_teacher_cache.py's writer does). Opt in with
-  `pytestmark = pytest.mark.usefixtures("fast_compilation")`; child processes compile as
-  usual."""
-  import jax
-  from jax._src import compiler  # noqa: F401  (registers the flag)
-  previous = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
+  """Compiles the module's programs quickly (compilation.py). Opt in with
+  `pytestmark = pytest.mark.usefixtures("fast_compilation")`; a child process the tests
+  start compiles quickly only if it calls `compilation.set_fast_compilation(True)` itself."""
+  from compilation import set_fast_compilation
+  previous = set_fast_compilation(True)
   yield
-  jax.config.update("jax_disable_most_optimizations", previous)
+  set_fast_compilation(previous)

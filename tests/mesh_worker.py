@@ -18,11 +18,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from jax._src import compiler as _compiler  # noqa: E402,F401  (registers the flag)
+from compilation import set_fast_compilation  # noqa: E402
 
-# Tiny programs: compiling them costs more than running them (tests/conftest.py,
-# fast_compilation). Every run this script compares is compiled the same way.
-jax.config.update("jax_disable_most_optimizations", True)
+# Tiny programs: compiling them costs more than running them (compilation.py). Every run this
+# script compares is compiled the same way.
+set_fast_compilation(True)
 import numpy as np  # noqa: E402
 
 from distillspec_jax import (checkpoints, decoding, distillation, evaluation, multihost,  # noqa

@@ -3,6 +3,7 @@
 import math
 import os
 import re
+import statistics
 
 import jax
 import numpy as np
@@ -45,9 +46,9 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
     assert low <= row["speedup"] <= high
     for key in ("speedup", "cost_model_speedup", "tokens_per_s", "plain_tokens_per_s"):
       assert math.isfinite(row[key]) and row[key] > 0, key
-    assert row["speedup_basis"] in ("decode_phase", "end_to_end")
-    if row["speedup_basis"] == "end_to_end":
-      assert row["speedup"] == pytest.approx(row["end_to_end_speedup"])
+    assert row["speedup"] == pytest.approx(statistics.median(row["speedup_repeats"]))
+    # The decoding is timed apart from the setup; the whole time adds the setup back.
+    assert row["seconds"] > row["setup_s"] > 0
   assert out["machine"]["pinned"] == sorted(os.sched_getaffinity(0))
   assert set(out["per_call_s"]) >= {"target_step", "verification_2", "a:draft_step_1",
                                     "a:draft_step_2"}

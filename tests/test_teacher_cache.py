@@ -208,10 +208,10 @@ _WRITER = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     sys.path.insert(0, {tests!r})
     import jax
-    from jax._src import compiler  # registers the flag
-    # Compiled as this module's tests are (conftest.py, fast_compilation): the cache it
-    # writes is compared bit for bit with one written in the test process.
-    jax.config.update("jax_disable_most_optimizations", True)
+    from compilation import set_fast_compilation
+    # Compiled as this module's tests are (compilation.py): the cache it writes is compared
+    # bit for bit with one written in the test process.
+    set_fast_compilation(True)
     from distillspec_jax import teacher_cache
     import test_teacher_cache as t
     target, _ = t._models()
