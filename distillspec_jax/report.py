@@ -84,16 +84,17 @@ def measurement_sentence(report: dict) -> str:
   cores = (f"pinned to core{'s' if len(pinned) > 1 else ''} {', '.join(map(str, pinned))}"
            if len(pinned) < machine["cpus"] else "on all cores, unpinned")
   calls = protocol.get("timed_per_repeat")
-  fastest = f"the fastest of {calls} calls" if calls else "the fastest call"
+  calls = f"{calls} calls" if calls else "its calls"
   return (f"Speedup: tokens per second of speculative over plain target decoding at batch 1, "
           f"{protocol['num_prompts']} test prompts each decoded alone (up to "
-          f"{protocol['max_new_tokens']} new tokens) in one compiled loop per measurement, "
-          f"compiled once and timed warm in interleaved cycles, each of "
-          f"{protocol['repeats']} repeats taking {fastest} spread over the run; median and "
-          f"[min, max] over the repeats, on a {machine['cpus']}-core CPU {cores}; each "
-          f"prompt's setup (encoders and prefill) is timed apart from the decoding that "
-          f"follows it and reported beside it, with the end-to-end speedup that adds it back; "
-          f"the cost model predicts both times from per-call costs timed in the same cycles.")
+          f"{protocol['max_new_tokens']} new tokens) in one compiled loop per measurement "
+          f"that reads the clock between prompts, compiled once and timed warm in "
+          f"interleaved cycles; each of {protocol['repeats']} repeats sums each prompt's "
+          f"fastest time among {calls} spread over the run; median and [min, max] over "
+          f"the repeats, on a {machine['cpus']}-core CPU {cores}; each prompt's setup "
+          f"(encoders and prefill) is timed apart from the decoding that follows it and "
+          f"reported beside it, with the end-to-end speedup that adds it back; the cost "
+          f"model predicts both times from per-call costs timed in the same cycles.")
 
 
 def build_report(config, evaluation: dict, wall_clock: dict, curves: dict) -> dict:

@@ -3,25 +3,28 @@
 One measurement protocol, used by the main job's evaluation and by `bench/`:
 
 - Batch 1, as in the paper: every prompt is decoded alone. All prompts of one measurement run
-  in one compiled device loop (`lax.map` over the prompts), so dispatch and Python costs are
-  paid once per measurement instead of once per prompt. Each decoder is two such loops: the
-  setup (every prompt's encoders and prefill, timed and reported as `setup_s`) and the
-  decoding from the setup's states, made once and passed in; `speedup` compares the
-  decoding loops, `end_to_end_speedup` adds the setup back.
+  in one compiled device loop over the prompts, so dispatch and the call's fixed costs are
+  paid once per measurement; they are reported apart (`call_overhead_s`). Each decoder is two
+  such loops: the setup (every prompt's encoders and prefill, timed and reported as
+  `setup_s`) and the decoding from the setup's states, made once and passed in; `speedup`
+  compares the decoding loops, `end_to_end_speedup` adds the setup back.
+- One window per prompt: the loop reads the host clock between prompts (`_stamped_scan`), so
+  a call of N prompts gives N windows of a few milliseconds each.
 - Compiled once, timed warm, interleaved: after one untimed call of every function, timed
   cycles each call every function once (plain decoding, every speculative configuration,
   both setups, every per-call cost), `repeats * timed_per_turn` cycles in all; cycle c
-  belongs to repeat c % repeats, and a repeat's time of a function is the fastest of its
-  calls. Interference only ever adds time: on the shared 2-core VMs this project runs on,
-  the host alternates between an uncontended state and slow periods of seconds in which a
-  (gamma + 1)-token verification runs up to 60% slower and a one-token step about 25%
-  slower (docs/speed.md). The fastest of calls spread over the whole measurement is the
-  machine's own cost; a median of single calls mixes the two states.
+  belongs to repeat c % repeats. A repeat's time of a function is the sum over its windows
+  of each window's fastest time among the repeat's calls. Interference only ever adds time:
+  on the shared 2-core VMs this project runs on, other tenants slow a pinned core by
+  10-200% in bursts of milliseconds and in slow periods of seconds, compute-bound calls (a
+  verification) more than memory-bound ones (a step) (docs/speed.md). A window of one
+  prompt is far more often free of it than a call of all prompts, and the fastest of a
+  window's times spread over the measurement is the machine's own cost.
 - The speedup of a repeat is the ratio of tokens per second against plain decoding in the
   same repeat (fair at T > 0, where the two decoders' samples differ in length); we report
   its median and [min, max] over repeats.
-- The cost-model speedup predicts both times from per-call costs measured in the same cycles:
-  plain = setup + (tokens - 1) target steps per prompt; speculative = setup + per round one
+- The cost-model speedup predicts both times from per-call costs measured in the same cycles
+  and windows: plain = (tokens - 1) target steps per prompt; speculative = per round one
   2-token and gamma - 1 one-token draft calls and one (gamma + 1)-token verification. Model
   calls are timed in jitted loops fed the previous call's outputs (see `_repeated_extend`).
 - Pinning: `pin_cores` restricts the process to some cores before JAX creates its thread
@@ -32,6 +35,7 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
 from __future__ import annotations
 
 import functools
+import math
 import multiprocessing
 import os
 import statistics
@@ -41,6 +45,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 
 from distillspec_jax.decoding import (SamplingConfig, cache_capacity, check_positive_int,
                                       decode_start, decode_steps, prompt_inputs)
@@ -87,38 +92,91 @@ def run_pinned(cpus: int, function: Callable, *args, **kwargs):
     return pool.apply(_pinned_call, (cpus, function, args, kwargs))
 
 
+_CLOCK_ORIGIN_NS = time.perf_counter_ns()
+_CLOCK_WRAP = 1 << 31
+
+
+def _clock_us(dependency) -> np.ndarray:
+  del dependency
+  return np.int32(((time.perf_counter_ns() - _CLOCK_ORIGIN_NS) // 1000) % _CLOCK_WRAP)
+
+
+def _stamp(dependency):
+  """The host clock (int32 microseconds, wrapping every 35 minutes) read once `dependency`
+  (a scalar) is computed."""
+  return io_callback(_clock_us, jax.ShapeDtypeStruct((), jnp.int32), dependency)
+
+
+def _done(result) -> jax.Array:
+  """A float32 scalar that exists only once every leaf of `result` is computed."""
+  return sum(jnp.ravel(leaf)[0].astype(jnp.float32) for leaf in jax.tree.leaves(result))
+
+
+def _stamped_scan(run_one: Callable, xs, count: int):
+  """lax.scan of `run_one(x) -> result` over `xs` (leading axis `count`) that reads the host
+  clock between items: returns (results, stamps [count + 1]); window i = stamps[i + 1] -
+  stamps[i] is item i's time.
+
+  The barrier makes each item's work wait for its start stamp, and each stamp takes the
+  previous item's results as an argument, so no work moves across a stamp. A window holds
+  its item's work and one clock read (a few microseconds, `measure_speed`'s "stamp_s").
+  """
+  def body(previous, x):
+    start = _stamp(previous)
+    start, x = jax.lax.optimization_barrier((start, x))
+    result = run_one(x)
+    return _done(result), (result, start)
+
+  last, (results, starts) = jax.lax.scan(body, jnp.float32(0), xs, length=count)
+  return results, jnp.concatenate([starts, _stamp(last)[None]])
+
+
+def window_seconds(stamps) -> np.ndarray:
+  """Seconds of each window between consecutive `stamps` (from `_stamped_scan`)."""
+  return np.diff(np.asarray(stamps, np.int64)) % _CLOCK_WRAP * 1e-6
+
+
 def interleaved_times(functions: Mapping[object, Callable], repeats: int,
-                      timed_per_turn: int = 5, progress: Optional[Callable] = None) -> dict:
-  """Seconds of each of `functions` (key -> callable returning arrays): key -> a list of
-  `repeats` times, each the fastest of that repeat's `timed_per_turn` calls.
+                      timed_per_turn: int = 5, progress: Optional[Callable] = None) -> tuple:
+  """(windows, calls) of `functions` (key -> callable returning (result, stamps [W + 1]),
+  e.g. a `_stamped_scan` over W prompts): key -> a list of `repeats` seconds.
+
+  windows[key][r]: the sum over the function's W windows of each window's fastest time among
+  repeat r's calls; calls[key][r]: repeat r's fastest whole call, as the host saw it
+  (dispatch and the call's fixed costs included).
 
   After one untimed cycle (compiled code and weights warm), `repeats * timed_per_turn`
   timed cycles each call every function once, in order; cycle c belongs to repeat
   c % repeats, so every repeat's calls are spread over the whole measurement. Why the
-  fastest call: on a shared VM the host alternates between an uncontended state and slow
-  periods of seconds in which compute-bound calls (a verification) run up to 60% slower
-  and memory-bound ones (a decoding step) about 25% slower (docs/speed.md); interference
-  only ever adds time, so the fastest of calls spread over the measurement is the machine's
-  own cost, and a median of such minima over repeats is stable where a median of single
-  calls is not. `progress()` is called after each cycle.
+  fastest, and why per window: on a shared VM the host's interference comes and goes within
+  milliseconds and in slow periods of seconds; it only ever adds time, and a window of a few
+  milliseconds (one prompt) is far more often free of it than a call of a hundred
+  (docs/speed.md). `progress()` is called after each cycle.
   """
   for fn in functions.values():
     jax.block_until_ready(fn())
-  calls = {key: [[] for _ in range(repeats)] for key in functions}
+  best = {key: [None] * repeats for key in functions}
+  calls = {key: [math.inf] * repeats for key in functions}
   for cycle in range(repeats * timed_per_turn):
+    repeat = cycle % repeats
     for key, fn in functions.items():
       start = time.perf_counter()
-      jax.block_until_ready(fn())
-      calls[key][cycle % repeats].append(time.perf_counter() - start)
+      _, stamps = jax.block_until_ready(fn())
+      calls[key][repeat] = min(calls[key][repeat], time.perf_counter() - start)
+      windows = window_seconds(stamps)
+      previous = best[key][repeat]
+      best[key][repeat] = windows if previous is None else np.minimum(previous, windows)
     if progress is not None:
       progress()
-  return {key: [min(values) for values in per_repeat] for key, per_repeat in calls.items()}
+  windows = {key: [float(np.sum(w)) for w in per_repeat] for key, per_repeat in best.items()}
+  return windows, calls
 
 
-@functools.partial(jax.jit, static_argnames=("model", "width", "steps"))
-def _repeated_extend(model, params, cache, tokens, passes, *, width, steps):
+@functools.partial(jax.jit, static_argnames=("model", "width", "steps", "passes"))
+def _repeated_extend(model, params, cache, tokens, *, width, steps, passes):
   """`passes` x `steps` calls of `model.extend` on `width` tokens per row, each pass filling
-  the cache. Returns the last call's tokens [batch, width].
+  the cache and timed as one window. Returns (the last call's tokens [batch, width], stamps
+  [passes + 1]).
 
   Each call is fed the argmax of the previous call's logits, as in decoding: with inputs that
   do not depend on the previous call XLA hoists the embedding lookup and the first layer's
@@ -127,7 +185,7 @@ def _repeated_extend(model, params, cache, tokens, passes, *, width, steps):
   """
   start_positions = cache.positions
 
-  def one_pass(pass_index, carry):
+  def one_pass(carry):
     def body(step, carry):
       cache, tokens = carry
       logits, cache = model.extend(params, cache, tokens)
@@ -136,15 +194,21 @@ def _repeated_extend(model, params, cache, tokens, passes, *, width, steps):
     cache, tokens = carry
     return jax.lax.fori_loop(0, steps, body, (cache.replace(positions=start_positions), tokens))
 
-  return jax.lax.fori_loop(0, passes, one_pass, (cache, tokens))[1]
+  carry = (cache, tokens)
+  stamps = [_stamp(jnp.float32(0))]
+  for _ in range(passes):  # unrolled: passes is small, and each pass needs its stamps
+    stamps[-1], carry = jax.lax.optimization_barrier((stamps[-1], carry))
+    carry = one_pass(carry)
+    stamps.append(_stamp(_done(carry[1])))
+  return carry[1], jnp.stack(stamps)
 
 
 def per_call_function(model: Model, params, inputs: dict, batch: int, width: int,
-                      duration: float, capacity: Optional[int] = None):
-  """(callable making `calls` extends of `width` tokens per row, calls), for per-call costs.
+                      duration: float, capacity: Optional[int] = None, windows: int = 4):
+  """(callable making `calls` extends of `width` tokens per row, returning (tokens, stamps)
+  with one window per pass over the cache, calls), for per-call costs.
 
-  The callable runs about `duration` seconds, like the decoding it is compared with (on a
-  shared machine a short timed call is less often hit by interference than a long one).
+  The callable runs about `duration` seconds in `windows` windows (at least one pass each).
   `capacity`: cache slots (default the model's max_decode_length); one pass fills them.
   """
   encoder_inputs = inputs.get("encoder_input_tokens")
@@ -152,26 +216,29 @@ def per_call_function(model: Model, params, inputs: dict, batch: int, width: int
   steps = max(1, capacity // width)
   cache = model.init_cache(params, batch, capacity, encoder_inputs)
   tokens = jnp.full((batch, width), 5, jnp.int32)
-  run = lambda passes: _repeated_extend(model, params, cache, tokens, passes, width=width,
-                                        steps=steps)
-  jax.block_until_ready(run(1))  # compiles (once per model, width and batch: passes is traced)
+  one = functools.partial(_repeated_extend, model, params, cache, tokens, width=width,
+                          steps=steps, passes=1)
+  jax.block_until_ready(one())
   start = time.perf_counter()
-  jax.block_until_ready(run(1))
-  passes = max(1, round(duration / (time.perf_counter() - start)))
-  return (lambda: run(passes)), steps * passes
+  jax.block_until_ready(one())
+  pass_s = time.perf_counter() - start
+  # Each window repeats passes of the cache: a window of `per_window` passes is one longer pass.
+  per_window = max(1, round(duration / windows / pass_s))
+  run = functools.partial(_repeated_extend, model, params, cache, tokens, width=width,
+                          steps=steps * per_window, passes=windows)
+  jax.block_until_ready(run())  # compiles
+  return run, steps * per_window * windows
 
 
 def _map_prompts(run_one: Callable) -> Callable:
-  """jit(params, per-prompt inputs (leading axis N), rng) -> per-prompt results, each prompt
-  alone (batch 1) in one `lax.map`; prompt i uses fold_in(rng, i)."""
+  """jit(params, per-prompt inputs (leading axis N), rng) -> (per-prompt results, stamps
+  [N + 1]), each prompt alone (batch 1) in one `_stamped_scan`; prompt i uses
+  fold_in(rng, i)."""
 
   def run(model_params, inputs, rng):
-    def one(args):
-      index, one_input = args
-      return run_one(model_params, one_input, jax.random.fold_in(rng, index))
-
     count = jax.tree.leaves(inputs)[0].shape[0]
-    return jax.lax.map(one, (jnp.arange(count), inputs))
+    one = lambda args: run_one(model_params, args[1], jax.random.fold_in(rng, args[0]))
+    return _stamped_scan(one, (jnp.arange(count), inputs), count)
 
   return jax.jit(run)
 
@@ -256,8 +323,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
       alone.
     repeats: timing repeats (>= 1); medians and ranges are over them.
     eos_id: None = the sampling default (EOS stops a row); -1 disables EOS (fixed lengths).
-    timed_per_turn: timed calls of each function per repeat; a repeat's time is the fastest
-      (`interleaved_times`).
+    timed_per_turn: timed calls of each function per repeat; a repeat's time sums each
+      window's fastest (`interleaved_times`).
   Returns:
     {"rows": [{draft, gamma, temperature, speedup, speedup_range, speedup_spread,
     speedup_repeats, cost_model_speedup, end_to_end_speedup, end_to_end_speedup_range,
@@ -272,6 +339,11 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     the setup is a fixed cost per prompt that speculative decoding cannot shorten, and
     timing it apart (instead of subtracting it from a whole run) keeps its noise out of the
     ratio. `end_to_end_speedup` adds each repeat's setup back.
+
+    Fixed costs reported apart: `plain[T]["call_overhead_s"]`, the fastest whole call less
+    its windows (dispatch and the call's own fixed work: paid once per call of N prompts,
+    outside every window); `per_call_s["stamp"]`, the clock read each window holds (a loop
+    over the prompts that does nothing; it is in both decoders' windows, once per prompt).
   """
   check_speed_arguments(gammas, temperatures, repeats, prompts)
   check_positive_int(timed_per_turn, "timed_per_turn")
@@ -286,18 +358,18 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
 
   # Per-call costs (temperature-independent).
   capacity = target.config.max_decode_length
-  per_call, calls = {}, {}
-  per_call["target_step"], calls["target_step"] = per_call_function(
-      target, target_params, one_prompt, 1, 1, 0.05, capacity)
+  per_call, extends = {}, {}
+  per_call["target_step"], extends["target_step"] = per_call_function(
+      target, target_params, one_prompt, 1, 1, 0.03, capacity)
   for gamma in gammas:
-    per_call[f"verification_{gamma}"], calls[f"verification_{gamma}"] = per_call_function(
-        target, target_params, one_prompt, 1, gamma + 1, 0.05, capacity)
+    per_call[f"verification_{gamma}"], extends[f"verification_{gamma}"] = per_call_function(
+        target, target_params, one_prompt, 1, gamma + 1, 0.03, capacity)
   for draft, names in model_of.items():
     params = drafts[names[0]][1]
     for width in (1, 2):
       key = f"{names[0]}:draft_step_{width}"
-      per_call[key], calls[key] = per_call_function(draft, params, one_prompt, 1, width,
-                                                    0.05, capacity)
+      per_call[key], extends[key] = per_call_function(draft, params, one_prompt, 1, width,
+                                                      0.03, capacity)
 
   # Each decoder is (start, steps): the encoders and the prefill of every prompt ("setup"),
   # timed alone, and the decoding from their states, timed alone on states made once.
@@ -306,9 +378,9 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     sampling = SamplingConfig(float(temperature), **eos)
     start, steps = _plain_decoder(target, max_new_tokens, sampling)
     params = {"target": target_params}
-    states = jax.block_until_ready(start(params, prompts, rng))
+    states, _ = jax.block_until_ready(start(params, prompts, rng))
     key = ("plain", temperature)
-    runs[key] = jax.device_get(steps(params, states, rng))
+    runs[key] = jax.device_get(steps(params, states, rng)[0])
     functions[key] = functools.partial(steps, params, states, rng)
     functions[("setup_plain", temperature)] = functools.partial(start, params, prompts, rng)
     for draft, names in model_of.items():
@@ -318,25 +390,29 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
                                              lenience)
         for name in names:
           params = {"target": target_params, "draft": drafts[name][1]}
-          states = jax.block_until_ready(start(params, prompts, rng))
+          states, _ = jax.block_until_ready(start(params, prompts, rng))
           if gamma == gammas[0] and name == names[0]:
             functions[("setup_speculative", temperature, name)] = functools.partial(
                 start, params, prompts, rng)
           key = (name, gamma, temperature)
-          runs[key] = jax.device_get(rounds(params, states, rng))
+          runs[key] = jax.device_get(rounds(params, states, rng)[0])
           functions[key] = functools.partial(rounds, params, states, rng)
   for name, fn in per_call.items():
     functions[("per_call", name)] = fn
+  # The clock read each window holds: windows of a loop over the prompts that does nothing.
+  functions[("stamp",)] = functools.partial(
+      _map_prompts(lambda params, prompt, rng: jnp.sum(prompt)), None, prompts, rng)
   for fn in functions.values():  # compiles what the runs above did not
     jax.block_until_ready(fn())
 
   from tqdm.auto import tqdm
   with tqdm(total=repeats * timed_per_turn, desc="speed (timing cycles)",
             disable=not progress, dynamic_ncols=True) as bar:
-    times = interleaved_times(functions, repeats, timed_per_turn=timed_per_turn,
-                              progress=lambda: bar.update(1))
-  cost = {name: statistics.median(times[("per_call", name)]) / calls[name]
+    times, whole_calls = interleaved_times(functions, repeats, timed_per_turn=timed_per_turn,
+                                           progress=lambda: bar.update(1))
+  cost = {name: statistics.median(times[("per_call", name)]) / extends[name]
           for name in per_call}
+  cost["stamp"] = statistics.median(times[("stamp",)]) / num_prompts
 
   for temperature in temperatures:
     plain_lengths = np.asarray(runs[("plain", temperature)]["lengths"])
@@ -351,7 +427,9 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
         seconds_range=[min(plain_total), max(plain_total)],
         decode_seconds=statistics.median(plain_decode),
         tokens_per_s=plain_tokens / statistics.median(plain_decode),
-        setup_s=setup_plain, cost_model_decode_seconds=predicted_plain)
+        setup_s=setup_plain, cost_model_decode_seconds=predicted_plain,
+        call_overhead_s=statistics.median(
+            c - w for c, w in zip(whole_calls[("plain", temperature)], plain_decode)))
     for draft, names in model_of.items():
       draft_one, draft_two = (cost[f"{names[0]}:draft_step_{w}"] for w in (1, 2))
       spec_setups = times[("setup_speculative", temperature, names[0])]

@@ -4,6 +4,7 @@ import math
 import os
 import re
 import statistics
+import time
 
 import jax
 import numpy as np
@@ -113,23 +114,45 @@ def test_run_pinned_runs_in_a_pinned_child():
 
 
 
-def test_interleaved_times_keep_each_repeats_fastest_call_from_cycles_spread_over_the_run(
-    monkeypatch):
-  # A scripted clock: every timed call of "a" lasts 5 s except the ones listed; "b" lasts 1 s.
-  # One untimed cycle, then repeats * timed_per_turn = 6 cycles; cycle c is repeat c % 2.
-  durations = {"a": [9.0, 5.0, 3.0, 5.0, 5.0, 2.0, 4.0], "b": [1.0] * 7}
+def test_interleaved_times_keep_each_windows_fastest_time_per_repeat(monkeypatch):
+  # Scripted calls of "a", each two windows (seconds); the host sees 0.5 s more per call.
+  # One untimed call, then repeats * timed_per_turn = 6 cycles; cycle c is repeat c % 2.
+  windows = {"a": [(9, 9), (5, 1), (3, 4), (2, 6), (5, 5), (4, 3), (6, 2)],
+             "b": [(1,)] * 7}
   order, clock = [], [0.0]
 
   def timed(name):
     def call():
       order.append(name)
-      clock[0] += durations[name][sum(n == name for n in order) - 1]
-      return np.zeros(())
+      durations = windows[name][sum(n == name for n in order) - 1]
+      clock[0] += sum(durations) + 0.5
+      # The clock wraps: the third call of "a" starts a microsecond before the wrap.
+      start = (1 << 31) - 1 if len(order) == 5 else 1000
+      stamps = start + np.cumsum([0, *durations]) * 1_000_000
+      return None, (stamps % (1 << 31)).astype(np.int32)
     return call
 
   monkeypatch.setattr(speed.time, "perf_counter", lambda: clock[0])
-  times = speed.interleaved_times({"a": timed("a"), "b": timed("b")}, 2, timed_per_turn=3)
+  times, calls = speed.interleaved_times({"a": timed("a"), "b": timed("b")}, 2,
+                                         timed_per_turn=3)
   assert order == ["a", "b"] * 7  # interleaved: every cycle calls each function once
-  # Timed calls of "a": cycle 0..5 -> 5, 3, 5, 5, 2, 4; repeat 0 = cycles 0, 2, 4; 1 = 1, 3, 5.
-  assert times["a"] == [2.0, 3.0]
-  assert times["b"] == [1.0, 1.0]
+  # Repeat 0 = cycles 0, 2, 4: windows (5, 1), (2, 6), (4, 3) -> 2 + 1, from different calls;
+  # repeat 1 = cycles 1, 3, 5: (3, 4), (5, 5), (6, 2) -> 3 + 2.
+  assert times["a"] == pytest.approx([3.0, 5.0])
+  assert calls["a"] == pytest.approx([6.5, 7.5])  # the fastest whole call, as the host saw it
+  assert times["b"] == pytest.approx([1.0, 1.0])
+
+
+def test_stamped_scan_times_each_item_in_its_own_window():
+  # Items that sleep on the host for 40, 0 and 20 ms: each sleep lands in its own window (a
+  # sleep lasts at least its time; work moved across a stamp would leave a window short).
+  def sleep(x):
+    return jax.pure_callback(lambda v: (time.sleep(float(v) / 1000), v)[1],
+                             jax.ShapeDtypeStruct((), np.float32), x)
+
+  run = jax.jit(lambda xs: speed._stamped_scan(sleep, xs, 3))
+  results, stamps = run(np.array([40.0, 0.0, 20.0], np.float32))
+  seconds = speed.window_seconds(stamps)
+  assert list(np.asarray(results)) == [40.0, 0.0, 20.0]
+  assert seconds.shape == (3,)
+  assert seconds[0] >= 0.0399 and seconds[2] >= 0.0199
