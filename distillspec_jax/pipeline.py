@@ -432,7 +432,8 @@ def measure_run_speed(config: PipelineConfig) -> dict:
   return speed.measure_speed(target, params["target"], drafts, prompts, gammas=config.gammas,
                              temperatures=config.temperatures,
                              max_new_tokens=config.max_new_tokens,
-                             repeats=config.speed_repeats, seed=config.seed,
+                             repeats=config.speed_repeats,
+                             timed_per_turn=config.speed_calls, seed=config.seed,
                              progress=config.progress_bar)
 
 
@@ -481,7 +482,7 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
     row.update({k: timed[k] for k in _SPEED_KEYS})
     row["speed_prompts_tau"] = timed["tau"]
   results.update(plain=timing["plain"], per_call_s=timing["per_call_s"],
-                 machine=timing["machine"],
+                 machine=timing["machine"], interference=timing["interference"],
                  speed_protocol={k: timing[k] for k in ("num_prompts", "repeats",
                                                         "timed_per_repeat",
                                                         "max_new_tokens")})

@@ -53,6 +53,8 @@ class PipelineConfig:
     eval_examples: test prompts for quality and tau; speed_examples: the first test prompts,
       each decoded alone (batch 1, as in the paper) for the wall-clock speedup (speed.py);
       speed_repeats: interleaved timing turns (medians and ranges are over them);
+      speed_calls: timed calls of each decoder per repeat (a repeat sums each prompt's
+      fastest window among them);
       speed_cpus: cores the timing process is pinned to (a fresh process, so that XLA sizes
       its thread pools to them; 0 = time in this process, unpinned).
     max_new_tokens: decoding budget in evaluation and on-policy sampling.
@@ -105,6 +107,7 @@ class PipelineConfig:
   eval_examples: int = 128
   speed_examples: int = 16
   speed_repeats: int = 7
+  speed_calls: int = 6
   speed_cpus: int = 1
   max_new_tokens: int = 44
   eval_every: int = 100
@@ -148,6 +151,7 @@ class PipelineConfig:
         except ValueError as error:
           raise ValueError(f"teacher_cache_recipes: recipe {recipe!r}: {error}") from error
     check_positive_int(self.speed_repeats, "speed_repeats")
+    check_positive_int(self.speed_calls, "speed_calls")
     if self.speed_examples > self.eval_examples:
       raise ValueError(f"speed_examples={self.speed_examples} exceeds eval_examples="
                        f"{self.eval_examples}: the timed prompts are the first test prompts; "

@@ -94,7 +94,17 @@ def measurement_sentence(report: dict) -> str:
           f"the repeats, on a {machine['cpus']}-core CPU {cores}; each prompt's setup "
           f"(encoders and prefill) is timed apart from the decoding that follows it and "
           f"reported beside it, with the end-to-end speedup that adds it back; the cost "
-          f"model predicts both times from per-call costs timed in the same cycles.")
+          f"model predicts both times from per-call costs timed in the same cycles."
+          + _interference_clause(report.get("interference")))
+
+
+def _interference_clause(interference) -> str:
+  """' A typical call ran X% (step) and Y% (verification) slower than its fastest windows.'"""
+  if not interference:
+    return ""
+  parts = [f"{value:.0%} ({name.replace('_', ' ')})" for name, value in interference.items()]
+  return (" The host's contention during the timing: a typical call ran "
+          f"{' and '.join(parts)} slower than its fastest windows.")
 
 
 def build_report(config, evaluation: dict, wall_clock: dict, curves: dict) -> dict:
@@ -106,6 +116,7 @@ def build_report(config, evaluation: dict, wall_clock: dict, curves: dict) -> di
             "plain_tokens_per_s": {t: p["tokens_per_s"] for t, p in evaluation["plain"].items()},
             "plain": evaluation["plain"], "per_call_s": evaluation["per_call_s"],
             "machine": evaluation["machine"], "speed_protocol": evaluation["speed_protocol"],
+            "interference": evaluation.get("interference"),
             "wall_clock_s": wall_clock,
             "wall_clock_total_s": sum(v for v in wall_clock.values() if v is not None),
             "tau_curves": curves}

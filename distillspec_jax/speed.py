@@ -138,12 +138,13 @@ def window_seconds(stamps) -> np.ndarray:
 
 def interleaved_times(functions: Mapping[object, Callable], repeats: int,
                       timed_per_turn: int = 5, progress: Optional[Callable] = None) -> tuple:
-  """(windows, calls) of `functions` (key -> callable returning (result, stamps [W + 1]),
-  e.g. a `_stamped_scan` over W prompts): key -> a list of `repeats` seconds.
+  """(windows, calls, typical) of `functions` (key -> callable returning (result, stamps
+  [W + 1]), e.g. a `_stamped_scan` over W prompts).
 
   windows[key][r]: the sum over the function's W windows of each window's fastest time among
   repeat r's calls; calls[key][r]: repeat r's fastest whole call, as the host saw it
-  (dispatch and the call's fixed costs included).
+  (dispatch and the call's fixed costs included); typical[key]: the median over all timed
+  calls of a call's windows' sum (what a single call costs on the host as it was).
 
   After one untimed cycle (compiled code and weights warm), `repeats * timed_per_turn`
   timed cycles each call every function once, in order; cycle c belongs to repeat
@@ -157,6 +158,7 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
     jax.block_until_ready(fn())
   best = {key: [None] * repeats for key in functions}
   calls = {key: [math.inf] * repeats for key in functions}
+  sums = {key: [] for key in functions}
   for cycle in range(repeats * timed_per_turn):
     repeat = cycle % repeats
     for key, fn in functions.items():
@@ -164,12 +166,13 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
       _, stamps = jax.block_until_ready(fn())
       calls[key][repeat] = min(calls[key][repeat], time.perf_counter() - start)
       windows = window_seconds(stamps)
+      sums[key].append(float(np.sum(windows)))
       previous = best[key][repeat]
       best[key][repeat] = windows if previous is None else np.minimum(previous, windows)
     if progress is not None:
       progress()
   windows = {key: [float(np.sum(w)) for w in per_repeat] for key, per_repeat in best.items()}
-  return windows, calls
+  return windows, calls, {key: statistics.median(values) for key, values in sums.items()}
 
 
 @functools.partial(jax.jit, static_argnames=("model", "width", "steps", "passes"))
@@ -330,8 +333,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     speedup_repeats, cost_model_speedup, end_to_end_speedup, end_to_end_speedup_range,
     cost_model_end_to_end_speedup, tokens_per_s, plain_tokens_per_s, tau, rounds, tokens,
     seconds, setup_s}], "plain": {temperature: {...}}, "per_call_s": {...},
-    "machine": machine_info(), "num_prompts", "repeats", "timed_per_repeat",
-    "max_new_tokens"}.
+    "interference": {"target_step": x, "verification_<max gamma>": y}, "machine":
+    machine_info(), "num_prompts", "repeats", "timed_per_repeat", "max_new_tokens"}.
 
     `speedup` is the decoding phase's: each decoder runs as two compiled loops over the
     prompts, the setup (encoders and prefill; `setup_s`, the median over repeats) and the
@@ -344,6 +347,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     its windows (dispatch and the call's own fixed work: paid once per call of N prompts,
     outside every window); `per_call_s["stamp"]`, the clock read each window holds (a loop
     over the prompts that does nothing; it is in both decoders' windows, once per prompt).
+    `interference`: how much slower a typical call was than its fastest windows (median over
+    all timed calls / the cost, less 1): the host's contention during the measurement.
   """
   check_speed_arguments(gammas, temperatures, repeats, prompts)
   check_positive_int(timed_per_turn, "timed_per_turn")
@@ -408,11 +413,14 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   from tqdm.auto import tqdm
   with tqdm(total=repeats * timed_per_turn, desc="speed (timing cycles)",
             disable=not progress, dynamic_ncols=True) as bar:
-    times, whole_calls = interleaved_times(functions, repeats, timed_per_turn=timed_per_turn,
+    times, whole_calls, typical = interleaved_times(functions, repeats, timed_per_turn=timed_per_turn,
                                            progress=lambda: bar.update(1))
   cost = {name: statistics.median(times[("per_call", name)]) / extends[name]
           for name in per_call}
   cost["stamp"] = statistics.median(times[("stamp",)]) / num_prompts
+  # How much the host slowed a typical call: median call over the fastest windows, less 1.
+  interference = {name: typical[("per_call", name)] / statistics.median(times[("per_call", name)])
+                  - 1 for name in ("target_step", f"verification_{max(gammas)}")}
 
   for temperature in temperatures:
     plain_lengths = np.asarray(runs[("plain", temperature)]["lengths"])
@@ -461,7 +469,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
               plain_tokens_per_s=plain_tokens / statistics.median(plain_decode),
               tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
               tokens=tokens, seconds=statistics.median(spec_total), setup_s=setup_spec))
-  return dict(rows=rows, plain=plain_info, per_call_s=cost, machine=machine_info(),
+  return dict(rows=rows, plain=plain_info, per_call_s=cost, interference=interference,
+              machine=machine_info(),
               num_prompts=num_prompts, repeats=int(repeats),
               timed_per_repeat=int(timed_per_turn), max_new_tokens=int(max_new_tokens))
 

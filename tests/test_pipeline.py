@@ -177,6 +177,7 @@ def test_decoder_only_job(tmp_path):
     (dict(gammas=()), "gammas=\\(\\) is empty"),
     (dict(temperatures=()), "temperatures=\\(\\) is empty"),
     (dict(speed_repeats=0), "speed_repeats=0"),
+    (dict(speed_calls=0), "speed_calls=0"),
     (dict(speed_examples=9, eval_examples=8), "speed_examples=9 exceeds eval_examples=8"),
     (dict(speed_cpus=-1), "speed_cpus=-1"),
 ])

@@ -52,7 +52,12 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
     assert row["seconds"] > row["setup_s"] > 0
   assert out["machine"]["pinned"] == sorted(os.sched_getaffinity(0))
   assert set(out["per_call_s"]) >= {"target_step", "verification_2", "a:draft_step_1",
-                                    "a:draft_step_2"}
+                                    "a:draft_step_2", "stamp"}
+  # The whole call holds its windows: what is left is the call's fixed cost, reported apart.
+  assert out["plain"]["0.0"]["call_overhead_s"] >= 0
+  assert set(out["interference"]) == {"target_step", "verification_2"}
+  assert all(value >= 0 for value in out["interference"].values())
+  assert 0 < out["per_call_s"]["stamp"] < out["plain"]["0.0"]["decode_seconds"] / len(prompts)
   # The loop over prompts decodes each prompt alone: its tau at T = 0 is the tau of decoding
   # the prompts one by one.
   produced = calls = 0
@@ -133,14 +138,15 @@ def test_interleaved_times_keep_each_windows_fastest_time_per_repeat(monkeypatch
     return call
 
   monkeypatch.setattr(speed.time, "perf_counter", lambda: clock[0])
-  times, calls = speed.interleaved_times({"a": timed("a"), "b": timed("b")}, 2,
-                                         timed_per_turn=3)
+  times, calls, typical = speed.interleaved_times({"a": timed("a"), "b": timed("b")}, 2,
+                                                  timed_per_turn=3)
   assert order == ["a", "b"] * 7  # interleaved: every cycle calls each function once
   # Repeat 0 = cycles 0, 2, 4: windows (5, 1), (2, 6), (4, 3) -> 2 + 1, from different calls;
   # repeat 1 = cycles 1, 3, 5: (3, 4), (5, 5), (6, 2) -> 3 + 2.
   assert times["a"] == pytest.approx([3.0, 5.0])
   assert calls["a"] == pytest.approx([6.5, 7.5])  # the fastest whole call, as the host saw it
   assert times["b"] == pytest.approx([1.0, 1.0])
+  assert typical["a"] == pytest.approx(7.5)  # the median of the timed calls' sums 6, 7, 8, 10, 7, 8
 
 
 def test_stamped_scan_times_each_item_in_its_own_window():
