@@ -175,11 +175,11 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
   return windows, calls, {key: statistics.median(values) for key, values in sums.items()}
 
 
-@functools.partial(jax.jit, static_argnames=("model", "width", "steps", "passes"))
-def _repeated_extend(model, params, cache, tokens, *, width, steps, passes):
-  """`passes` x `steps` calls of `model.extend` on `width` tokens per row, each pass filling
-  the cache and timed as one window. Returns (the last call's tokens [batch, width], stamps
-  [passes + 1]).
+@functools.partial(jax.jit, static_argnames=("model", "width", "steps", "windows"))
+def _repeated_extend(model, params, cache, tokens, passes, *, width, steps, windows):
+  """`windows` x `passes` x `steps` calls of `model.extend` on `width` tokens per row, each
+  pass filling the cache from its start, each window of `passes` passes timed apart. Returns
+  (the last call's tokens [batch, width], stamps [windows + 1]).
 
   Each call is fed the argmax of the previous call's logits, as in decoding: with inputs that
   do not depend on the previous call XLA hoists the embedding lookup and the first layer's
@@ -188,7 +188,7 @@ def _repeated_extend(model, params, cache, tokens, *, width, steps, passes):
   """
   start_positions = cache.positions
 
-  def one_pass(carry):
+  def one_pass(pass_index, carry):
     def body(step, carry):
       cache, tokens = carry
       logits, cache = model.extend(params, cache, tokens)
@@ -197,40 +197,36 @@ def _repeated_extend(model, params, cache, tokens, *, width, steps, passes):
     cache, tokens = carry
     return jax.lax.fori_loop(0, steps, body, (cache.replace(positions=start_positions), tokens))
 
-  carry = (cache, tokens)
-  stamps = [_stamp(jnp.float32(0))]
-  for _ in range(passes):  # unrolled: passes is small, and each pass needs its stamps
-    stamps[-1], carry = jax.lax.optimization_barrier((stamps[-1], carry))
-    carry = one_pass(carry)
-    stamps.append(_stamp(_done(carry[1])))
-  return carry[1], jnp.stack(stamps)
+  def timed_window(carry, _):
+    start = _stamp(_done(carry[1]))
+    start, carry = jax.lax.optimization_barrier((start, carry))
+    return jax.lax.fori_loop(0, passes, one_pass, carry), start
+
+  (_, tokens), starts = jax.lax.scan(timed_window, (cache, tokens), None, length=windows)
+  return tokens, jnp.concatenate([starts, _stamp(_done(tokens))[None]])
 
 
 def per_call_function(model: Model, params, inputs: dict, batch: int, width: int,
                       duration: float, capacity: Optional[int] = None, windows: int = 4):
   """(callable making `calls` extends of `width` tokens per row, returning (tokens, stamps)
-  with one window per pass over the cache, calls), for per-call costs.
+  with `windows` windows, calls), for per-call costs.
 
-  The callable runs about `duration` seconds in `windows` windows (at least one pass each).
-  `capacity`: cache slots (default the model's max_decode_length); one pass fills them.
+  The callable runs about `duration` seconds; a window is a whole number of passes over the
+  cache (at least one). `capacity`: cache slots (default the model's max_decode_length); one
+  pass fills them.
   """
   encoder_inputs = inputs.get("encoder_input_tokens")
   capacity = capacity or model.config.max_decode_length
   steps = max(1, capacity // width)
   cache = model.init_cache(params, batch, capacity, encoder_inputs)
   tokens = jnp.full((batch, width), 5, jnp.int32)
-  one = functools.partial(_repeated_extend, model, params, cache, tokens, width=width,
-                          steps=steps, passes=1)
-  jax.block_until_ready(one())
-  start = time.perf_counter()
-  jax.block_until_ready(one())
-  pass_s = time.perf_counter() - start
-  # Each window repeats passes of the cache: a window of `per_window` passes is one longer pass.
-  per_window = max(1, round(duration / windows / pass_s))
   run = functools.partial(_repeated_extend, model, params, cache, tokens, width=width,
-                          steps=steps * per_window, passes=windows)
-  jax.block_until_ready(run())  # compiles
-  return run, steps * per_window * windows
+                          steps=steps, windows=windows)
+  jax.block_until_ready(run(1))  # compiles (once per model, width and batch: passes is traced)
+  start = time.perf_counter()
+  jax.block_until_ready(run(1))
+  passes = max(1, round(duration / (time.perf_counter() - start)))
+  return functools.partial(run, passes), steps * passes * windows
 
 
 def _map_prompts(run_one: Callable) -> Callable:

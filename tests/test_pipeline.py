@@ -21,7 +21,7 @@ def _smoke_config(run_dir):
       target_steps=3, draft_steps=3, distill_steps=2, batch_size=4, warmup_steps=1,
       gammas=(2,), temperatures=(0.0, 1.0), eval_examples=4, speed_examples=1,
       max_new_tokens=8, eval_every=1, train_examples=64, progress_bar=False, speed_repeats=2,
-      speed_cpus=0)
+      speed_calls=2, speed_cpus=0)
 
 
 def _mtimes(config):
