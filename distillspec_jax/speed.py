@@ -112,23 +112,25 @@ def _done(result) -> jax.Array:
   return sum(jnp.ravel(leaf)[0].astype(jnp.float32) for leaf in jax.tree.leaves(result))
 
 
-def _stamped_scan(run_one: Callable, xs, count: int):
-  """lax.scan of `run_one(x) -> result` over `xs` (leading axis `count`) that reads the host
-  clock between items: returns (results, stamps [count + 1]); window i = stamps[i + 1] -
-  stamps[i] is item i's time.
+def _stamped_scan(step: Callable, init, xs, length: int):
+  """lax.scan of `step(state, x) -> (state, result)` over `xs` (leading axis `length`; None
+  for no inputs) that reads the host clock between items: returns (final state, results,
+  stamps [length + 1]); window i = stamps[i + 1] - stamps[i] is item i's time.
 
   The barrier makes each item's work wait for its start stamp, and each stamp takes the
-  previous item's results as an argument, so no work moves across a stamp. A window holds
-  its item's work and one clock read (a few microseconds, `measure_speed`'s "stamp_s").
+  previous item's state and result as an argument, so no work moves across a stamp. A window
+  holds its item's work and one clock read (`measure_speed`'s `per_call_s["stamp"]`).
   """
-  def body(previous, x):
+  def body(carry, x):
+    state, previous = carry
     start = _stamp(previous)
-    start, x = jax.lax.optimization_barrier((start, x))
-    result = run_one(x)
-    return _done(result), (result, start)
+    start, state, x = jax.lax.optimization_barrier((start, state, x))
+    state, result = step(state, x)
+    return (state, _done((state, result))), (result, start)
 
-  last, (results, starts) = jax.lax.scan(body, jnp.float32(0), xs, length=count)
-  return results, jnp.concatenate([starts, _stamp(last)[None]])
+  (state, last), (results, starts) = jax.lax.scan(body, (init, jnp.float32(0)), xs,
+                                                  length=length)
+  return state, results, jnp.concatenate([starts, _stamp(last)[None]])
 
 
 def window_seconds(stamps) -> np.ndarray:
@@ -197,13 +199,9 @@ def _repeated_extend(model, params, cache, tokens, passes, *, width, steps, wind
     cache, tokens = carry
     return jax.lax.fori_loop(0, steps, body, (cache.replace(positions=start_positions), tokens))
 
-  def timed_window(carry, _):
-    start = _stamp(_done(carry[1]))
-    start, carry = jax.lax.optimization_barrier((start, carry))
-    return jax.lax.fori_loop(0, passes, one_pass, carry), start
-
-  (_, tokens), starts = jax.lax.scan(timed_window, (cache, tokens), None, length=windows)
-  return tokens, jnp.concatenate([starts, _stamp(_done(tokens))[None]])
+  window = lambda carry, _: (jax.lax.fori_loop(0, passes, one_pass, carry), None)
+  (_, tokens), _, stamps = _stamped_scan(window, (cache, tokens), None, windows)
+  return tokens, stamps
 
 
 def per_call_function(model: Model, params, inputs: dict, batch: int, width: int,
@@ -236,8 +234,10 @@ def _map_prompts(run_one: Callable) -> Callable:
 
   def run(model_params, inputs, rng):
     count = jax.tree.leaves(inputs)[0].shape[0]
-    one = lambda args: run_one(model_params, args[1], jax.random.fold_in(rng, args[0]))
-    return _stamped_scan(one, (jnp.arange(count), inputs), count)
+    one = lambda state, args: (state, run_one(model_params, args[1],
+                                              jax.random.fold_in(rng, args[0])))
+    _, results, stamps = _stamped_scan(one, None, (jnp.arange(count), inputs), count)
+    return results, stamps
 
   return jax.jit(run)
 
@@ -409,14 +409,15 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   from tqdm.auto import tqdm
   with tqdm(total=repeats * timed_per_turn, desc="speed (timing cycles)",
             disable=not progress, dynamic_ncols=True) as bar:
-    times, whole_calls, typical = interleaved_times(functions, repeats, timed_per_turn=timed_per_turn,
-                                           progress=lambda: bar.update(1))
+    times, whole_calls, typical = interleaved_times(
+        functions, repeats, timed_per_turn=timed_per_turn, progress=lambda: bar.update(1))
   cost = {name: statistics.median(times[("per_call", name)]) / extends[name]
           for name in per_call}
   cost["stamp"] = statistics.median(times[("stamp",)]) / num_prompts
   # How much the host slowed a typical call: median call over the fastest windows, less 1.
-  interference = {name: typical[("per_call", name)] / statistics.median(times[("per_call", name)])
-                  - 1 for name in ("target_step", f"verification_{max(gammas)}")}
+  interference = {
+      name: typical[("per_call", name)] / statistics.median(times[("per_call", name)]) - 1
+      for name in ("target_step", f"verification_{max(gammas)}")}
 
   for temperature in temperatures:
     plain_lengths = np.asarray(runs[("plain", temperature)]["lengths"])

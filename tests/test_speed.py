@@ -156,8 +156,9 @@ def test_stamped_scan_times_each_item_in_its_own_window():
     return jax.pure_callback(lambda v: (time.sleep(float(v) / 1000), v)[1],
                              jax.ShapeDtypeStruct((), np.float32), x)
 
-  run = jax.jit(lambda xs: speed._stamped_scan(sleep, xs, 3))
-  results, stamps = run(np.array([40.0, 0.0, 20.0], np.float32))
+  run = jax.jit(lambda xs: speed._stamped_scan(lambda n, x: (n + 1, sleep(x)), 0, xs, 3))
+  count, results, stamps = run(np.array([40.0, 0.0, 20.0], np.float32))
+  assert int(count) == 3  # the state is carried from item to item
   seconds = speed.window_seconds(stamps)
   assert list(np.asarray(results)) == [40.0, 0.0, 20.0]
   assert seconds.shape == (3,)
