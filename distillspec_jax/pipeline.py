@@ -433,7 +433,9 @@ def measure_run_speed(config: PipelineConfig) -> dict:
                              temperatures=config.temperatures,
                              max_new_tokens=config.max_new_tokens,
                              repeats=config.speed_repeats,
-                             timed_per_turn=config.speed_calls, seed=config.seed,
+                             timed_per_turn=config.speed_calls,
+                             budget_s=config.speed_budget_s,
+                             before_timing=speed.wait_for_release, seed=config.seed,
                              progress=config.progress_bar)
 
 
@@ -458,8 +460,11 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   drafts = ("draft_raw",) + config.distill_stages
   total = len(params) + len(config.temperatures) * len(drafts) * len(config.gammas)
   results = {"quality": {}, "speculative": []}
-  with tqdm(total=total, desc="evaluate (quality, tau)", dynamic_ncols=True,
-            disable=not config.progress_bar) as bar:
+  # The timing process loads and compiles on its pinned core while this one evaluates; it
+  # starts timing only once released, when nothing else runs.
+  with speed.start_pinned(config.speed_cpus, measure_run_speed, config) as timing_run, \
+      tqdm(total=total, desc="evaluate (quality, tau)", dynamic_ncols=True,
+           disable=not config.progress_bar) as bar:
     for name in params:
       results["quality"][name] = evaluation.quality(
           target if name == "target" else draft, params[name], prompts, targets,
@@ -474,8 +479,9 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
           results["speculative"].append(dict(draft=name, gamma=gamma, temperature=temperature,
                                              **stats))
           bar.update(1)
-  del params  # the timing process loads its own copy
-  timing = speed.run_pinned(config.speed_cpus, measure_run_speed, config)
+    bar.close()
+    del params  # the timing process loads its own copy
+    timing = timing_run.result()
   by_key = {(r["draft"], r["gamma"], r["temperature"]): r for r in timing["rows"]}
   for row in results["speculative"]:
     timed = by_key[(row["draft"], row["gamma"], row["temperature"])]
@@ -484,7 +490,7 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   results.update(plain=timing["plain"], per_call_s=timing["per_call_s"],
                  machine=timing["machine"], interference=timing["interference"],
                  speed_protocol={k: timing[k] for k in ("num_prompts", "repeats",
-                                                        "timed_per_repeat",
+                                                        "timed_per_repeat", "budget_s",
                                                         "max_new_tokens")})
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
   return {"num_test_prompts": int(len(prompts))}

@@ -9,7 +9,7 @@ from typing import Optional
 
 from distillspec_jax.config import model_config
 from distillspec_jax.decoding import check_positive_int
-from distillspec_jax.speed import check_grid
+from distillspec_jax.speed import check_budget, check_grid
 from distillspec_jax.distillation import DistillationConfig
 
 
@@ -53,8 +53,10 @@ class PipelineConfig:
     eval_examples: test prompts for quality and tau; speed_examples: the first test prompts,
       each decoded alone (batch 1, as in the paper) for the wall-clock speedup (speed.py);
       speed_repeats: interleaved timing turns (medians and ranges are over them);
-      speed_calls: timed calls of each decoder per repeat (a repeat sums each prompt's
-      fastest window among them);
+      speed_calls: timed calls of each decoder per repeat, at least (a repeat sums each
+      prompt's fastest window among them); speed_budget_s: seconds of timing: after
+      speed_calls, every repeat gets one more call at a time until the timing has run this
+      long (0 = exactly speed_calls);
       speed_cpus: cores the timing process is pinned to (a fresh process, so that XLA sizes
       its thread pools to them; 0 = time in this process, unpinned).
     max_new_tokens: decoding budget in evaluation and on-policy sampling.
@@ -108,6 +110,7 @@ class PipelineConfig:
   speed_examples: int = 16
   speed_repeats: int = 7
   speed_calls: int = 6
+  speed_budget_s: float = 0.0
   speed_cpus: int = 1
   max_new_tokens: int = 44
   eval_every: int = 100
@@ -152,6 +155,7 @@ class PipelineConfig:
           raise ValueError(f"teacher_cache_recipes: recipe {recipe!r}: {error}") from error
     check_positive_int(self.speed_repeats, "speed_repeats")
     check_positive_int(self.speed_calls, "speed_calls")
+    check_budget(self.speed_budget_s, "speed_budget_s")
     if self.speed_examples > self.eval_examples:
       raise ValueError(f"speed_examples={self.speed_examples} exceeds eval_examples="
                        f"{self.eval_examples}: the timed prompts are the first test prompts; "

@@ -77,19 +77,76 @@ def machine_info() -> dict:
   return {"cpus": os.cpu_count(), "pinned": sorted(os.sched_getaffinity(0))}
 
 
-def _pinned_call(cpus: int, function: Callable, args: tuple, kwargs: dict):
+# In a process started by `start_pinned`: the event its parent sets to let it time.
+_RELEASE = None
+
+
+def _start_child(cpus: int, release) -> None:
+  global _RELEASE
   pin_cores(cpus)
-  return function(*args, **kwargs)
+  _RELEASE = release
+
+
+def wait_for_release() -> None:
+  """In a process started by `start_pinned`: blocks until the parent calls `release()` (or
+  `result()`); anywhere else returns at once. Pass it as `measure_speed`'s `before_timing`."""
+  if _RELEASE is not None:
+    _RELEASE.wait()
+
+
+class PinnedRun:
+  """`function(*args, **kwargs)` started in a fresh process pinned to `cpus` cores, so that
+  its loading and compiling overlap the caller's own work; `release()` lets it pass
+  `wait_for_release()` (where it starts timing), `result()` releases it and returns what it
+  returned (or raises what it raised). With cpus <= 0 the function runs in this process,
+  unpinned, inside `result()`. Use as a context manager: leaving it early stops the child."""
+
+  def __init__(self, cpus: int, function: Callable, *args, **kwargs):
+    self._call = (function, args, kwargs)
+    self._pool = self._async = None
+    if cpus > 0:
+      context = multiprocessing.get_context("spawn")
+      self._release = context.Event()
+      self._pool = context.Pool(1, initializer=_start_child, initargs=(cpus, self._release))
+      self._async = self._pool.apply_async(function, args, kwargs)
+
+  def release(self) -> None:
+    if self._pool is not None:
+      self._release.set()
+
+  def result(self):
+    if self._pool is None:
+      function, args, kwargs = self._call
+      return function(*args, **kwargs)
+    self.release()
+    try:
+      return self._async.get()
+    finally:
+      self._pool.close()
+      self._pool.join()
+      self._pool = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    if self._pool is not None:  # left before result(): stop the child
+      self._pool.terminate()
+      self._pool.join()
+      self._pool = None
+
+
+def start_pinned(cpus: int, function: Callable, *args, **kwargs) -> PinnedRun:
+  """A `PinnedRun` of `function` (module-level and picklable, with picklable arguments; it
+  must load what it needs itself, since the child starts empty)."""
+  return PinnedRun(cpus, function, *args, **kwargs)
 
 
 def run_pinned(cpus: int, function: Callable, *args, **kwargs):
   """`function(*args, **kwargs)` in a fresh process pinned to `cpus` cores (0: in this
-  process, unpinned). `function` and its arguments must be picklable (module-level); it must
-  load what it needs itself, since the child starts empty."""
-  if cpus <= 0:
-    return function(*args, **kwargs)
-  with multiprocessing.get_context("spawn").Pool(1) as pool:
-    return pool.apply(_pinned_call, (cpus, function, args, kwargs))
+  process, unpinned); see `start_pinned`."""
+  with start_pinned(cpus, function, *args, **kwargs) as run:
+    return run.result()
 
 
 _CLOCK_ORIGIN_NS = time.perf_counter_ns()
@@ -139,42 +196,54 @@ def window_seconds(stamps) -> np.ndarray:
 
 
 def interleaved_times(functions: Mapping[object, Callable], repeats: int,
-                      timed_per_turn: int = 5, progress: Optional[Callable] = None) -> tuple:
-  """(windows, calls, typical) of `functions` (key -> callable returning (result, stamps
-  [W + 1]), e.g. a `_stamped_scan` over W prompts).
+                      timed_per_turn: int = 5, progress: Optional[Callable] = None,
+                      budget_s: float = 0.0) -> tuple:
+  """(windows, calls, typical, calls_per_repeat) of `functions` (key -> callable returning
+  (result, stamps [W + 1]), e.g. a `_stamped_scan` over W prompts).
 
   windows[key][r]: the sum over the function's W windows of each window's fastest time among
   repeat r's calls; calls[key][r]: repeat r's fastest whole call, as the host saw it
   (dispatch and the call's fixed costs included); typical[key]: the median over all timed
-  calls of a call's windows' sum (what a single call costs on the host as it was).
+  calls of a call's windows' sum (what a single call costs on the host as it was);
+  calls_per_repeat: how many timed calls each repeat got.
 
-  After one untimed cycle (compiled code and weights warm), `repeats * timed_per_turn`
-  timed cycles each call every function once, in order; cycle c belongs to repeat
-  c % repeats, so every repeat's calls are spread over the whole measurement. Why the
+  After one untimed cycle (compiled code and weights warm), timed cycles each call every
+  function once, in order; cycle c belongs to repeat c % repeats, so every repeat's calls are
+  spread over the whole measurement. Cycles run in rounds of `repeats` (one more call for
+  every repeat): at least `timed_per_turn` rounds, then more while less than `budget_s`
+  seconds have passed since the first timed cycle (0: exactly `timed_per_turn`). Why the
   fastest, and why per window: on a shared VM the host's interference comes and goes within
-  milliseconds and in slow periods of seconds; it only ever adds time, and a window of a few
-  milliseconds (one prompt) is far more often free of it than a call of a hundred
-  (docs/speed.md). `progress()` is called after each cycle.
+  milliseconds and in slow periods of seconds to minutes; it only ever adds time, and a
+  window of a few milliseconds (one prompt) is far more often free of it than a call of a
+  hundred, and more calls make it likelier that every window met a quiet moment
+  (docs/speed.md). `progress(seconds since the first timed cycle)` is called after each
+  cycle.
   """
+  check_positive_int(timed_per_turn, "timed_per_turn")
+  check_budget(budget_s)
   for fn in functions.values():
     jax.block_until_ready(fn())
   best = {key: [None] * repeats for key in functions}
   calls = {key: [math.inf] * repeats for key in functions}
   sums = {key: [] for key in functions}
-  for cycle in range(repeats * timed_per_turn):
-    repeat = cycle % repeats
-    for key, fn in functions.items():
-      start = time.perf_counter()
-      _, stamps = jax.block_until_ready(fn())
-      calls[key][repeat] = min(calls[key][repeat], time.perf_counter() - start)
-      windows = window_seconds(stamps)
-      sums[key].append(float(np.sum(windows)))
-      previous = best[key][repeat]
-      best[key][repeat] = windows if previous is None else np.minimum(previous, windows)
-    if progress is not None:
-      progress()
+  first = time.perf_counter()
+  rounds = 0
+  while rounds < timed_per_turn or time.perf_counter() - first < budget_s:
+    for repeat in range(repeats):
+      for key, fn in functions.items():
+        start = time.perf_counter()
+        _, stamps = jax.block_until_ready(fn())
+        calls[key][repeat] = min(calls[key][repeat], time.perf_counter() - start)
+        windows = window_seconds(stamps)
+        sums[key].append(float(np.sum(windows)))
+        previous = best[key][repeat]
+        best[key][repeat] = windows if previous is None else np.minimum(previous, windows)
+      if progress is not None:
+        progress(time.perf_counter() - first)
+    rounds += 1
   windows = {key: [float(np.sum(w)) for w in per_repeat] for key, per_repeat in best.items()}
-  return windows, calls, {key: statistics.median(values) for key, values in sums.items()}
+  typical = {key: statistics.median(values) for key, values in sums.items()}
+  return windows, calls, typical, rounds
 
 
 @functools.partial(jax.jit, static_argnames=("model", "width", "steps", "windows"))
@@ -301,6 +370,15 @@ def check_grid(gammas, temperatures) -> None:
     raise ValueError(f"temperatures={tuple(temperatures)!r} is empty; pass e.g. (0.0, 1.0).")
 
 
+def check_budget(budget_s, name: str = "budget_s") -> float:
+  """`budget_s` (seconds of timing) as a float >= 0, or a ValueError naming it."""
+  if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float, np.number)) or not (
+      math.isfinite(budget_s) and budget_s >= 0):
+    raise ValueError(f"{name}={budget_s!r}: pass the seconds to keep timing for, a finite "
+                     "number >= 0 (0: exactly the minimum calls per repeat).")
+  return float(budget_s)
+
+
 def check_speed_arguments(gammas, temperatures, repeats, prompts) -> None:
   """check_grid, and refuses repeats < 1 and an empty prompt set."""
   check_grid(gammas, temperatures)
@@ -313,7 +391,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
                   *, gammas: Sequence[int], temperatures: Sequence[float],
                   max_new_tokens: int, repeats: int = 7, seed: int = 0,
                   lenience: Lenience = Lenience(), eos_id: Optional[int] = None,
-                  timed_per_turn: int = 6, progress: bool = True) -> dict:
+                  timed_per_turn: int = 6, budget_s: float = 0.0,
+                  before_timing: Optional[Callable] = None, progress: bool = True) -> dict:
   """Measured and cost-model speedups of every (draft, gamma, temperature) over plain decoding.
 
   Args:
@@ -322,15 +401,21 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
       alone.
     repeats: timing repeats (>= 1); medians and ranges are over them.
     eos_id: None = the sampling default (EOS stops a row); -1 disables EOS (fixed lengths).
-    timed_per_turn: timed calls of each function per repeat; a repeat's time sums each
-      window's fastest (`interleaved_times`).
+    timed_per_turn: timed calls of each function per repeat, at least; a repeat's time sums
+      each window's fastest (`interleaved_times`).
+    budget_s: seconds of timing: after `timed_per_turn` calls per repeat, every repeat gets
+      one more call at a time until the timed cycles have run this long (0: no more calls).
+      The number each repeat got is `timed_per_repeat`.
+    before_timing: called once everything is compiled and warm, just before the timed
+      cycles (e.g. `wait_for_release`, so that the caller's other work is done by then).
   Returns:
     {"rows": [{draft, gamma, temperature, speedup, speedup_range, speedup_spread,
     speedup_repeats, cost_model_speedup, end_to_end_speedup, end_to_end_speedup_range,
     cost_model_end_to_end_speedup, tokens_per_s, plain_tokens_per_s, tau, rounds, tokens,
     seconds, setup_s}], "plain": {temperature: {...}}, "per_call_s": {...},
     "interference": {"target_step": x, "verification_<max gamma>": y}, "machine":
-    machine_info(), "num_prompts", "repeats", "timed_per_repeat", "max_new_tokens"}.
+    machine_info(), "num_prompts", "repeats", "timed_per_repeat" (calls each repeat got),
+    "budget_s", "max_new_tokens"}.
 
     `speedup` is the decoding phase's: each decoder runs as two compiled loops over the
     prompts, the setup (encoders and prefill; `setup_s`, the median over repeats) and the
@@ -348,6 +433,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   """
   check_speed_arguments(gammas, temperatures, repeats, prompts)
   check_positive_int(timed_per_turn, "timed_per_turn")
+  budget_s = check_budget(budget_s)
   prompts = jnp.asarray(np.asarray(prompts), jnp.int32)
   num_prompts = int(prompts.shape[0])
   model_of = {}
@@ -405,12 +491,25 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
       _map_prompts(lambda params, prompt, rng: jnp.sum(prompt)), None, prompts, rng)
   for fn in functions.values():  # compiles what the runs above did not
     jax.block_until_ready(fn())
+  if before_timing is not None:
+    before_timing()
 
   from tqdm.auto import tqdm
-  with tqdm(total=repeats * timed_per_turn, desc="speed (timing cycles)",
-            disable=not progress, dynamic_ncols=True) as bar:
-    times, whole_calls, typical = interleaved_times(
-        functions, repeats, timed_per_turn=timed_per_turn, progress=lambda: bar.update(1))
+  minimum = repeats * timed_per_turn
+  with tqdm(total=minimum, desc="speed (timing cycles)", disable=not progress,
+            dynamic_ncols=True) as bar:
+    def advance(elapsed):
+      # With a budget the cycles' count is known only as they go: the total is the cycles
+      # the budget holds at the rate so far (whole rounds of `repeats`), or the minimum.
+      bar.update(1)
+      if budget_s > 0:
+        expected = math.ceil(bar.n * budget_s / max(elapsed, 1e-9) / repeats) * repeats
+        bar.total = max(minimum, expected, bar.n)
+        bar.refresh()
+
+    times, whole_calls, typical, timed_per_repeat = interleaved_times(
+        functions, repeats, timed_per_turn=timed_per_turn, progress=advance,
+        budget_s=budget_s)
   cost = {name: statistics.median(times[("per_call", name)]) / extends[name]
           for name in per_call}
   cost["stamp"] = statistics.median(times[("stamp",)]) / num_prompts
@@ -469,5 +568,6 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   return dict(rows=rows, plain=plain_info, per_call_s=cost, interference=interference,
               machine=machine_info(),
               num_prompts=num_prompts, repeats=int(repeats),
-              timed_per_repeat=int(timed_per_turn), max_new_tokens=int(max_new_tokens))
+              timed_per_repeat=int(timed_per_repeat), budget_s=float(budget_s),
+              max_new_tokens=int(max_new_tokens))
 

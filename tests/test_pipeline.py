@@ -178,6 +178,7 @@ def test_decoder_only_job(tmp_path):
     (dict(temperatures=()), "temperatures=\\(\\) is empty"),
     (dict(speed_repeats=0), "speed_repeats=0"),
     (dict(speed_calls=0), "speed_calls=0"),
+    (dict(speed_budget_s=-5), "speed_budget_s=-5"),
     (dict(speed_examples=9, eval_examples=8), "speed_examples=9 exceeds eval_examples=8"),
     (dict(speed_cpus=-1), "speed_cpus=-1"),
 ])

@@ -38,7 +38,10 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
   prompts = _prompts(3)
   out = speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, prompts,
                             gammas=(2,), temperatures=(0.0,), max_new_tokens=8,
-                            repeats=2, seed=3, progress=False)
+                            repeats=2, seed=3, timed_per_turn=1, budget_s=2.0,
+                            progress=False)
+  # A budget adds calls beyond the minimum one per repeat (a cycle here takes ~0.2 s).
+  assert out["budget_s"] == 2.0 and out["timed_per_repeat"] > 1
   # (T = 1 rows: the main job's smoke test.)
   assert {(r["draft"], r["gamma"], r["temperature"]) for r in out["rows"]} == {("a", 2, 0.0)}
   for row in out["rows"]:
@@ -77,6 +80,7 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
     (dict(temperatures=()), "temperatures=() is empty"),
     (dict(repeats=0), "repeats"),
     (dict(gammas=(True,)), "bool"),
+    (dict(budget_s=-1.0), "budget_s=-1.0"),
 ])
 def test_measure_speed_refuses_bad_grids(pair, kwargs, message):
   target, target_params, draft, draft_params = pair
@@ -118,6 +122,34 @@ def test_run_pinned_runs_in_a_pinned_child():
     speed.pin_cores(len(allowed) + 1)
 
 
+def _read_after_release(folder):
+  # Says it reached the gate, waits there, then reads what the parent wrote before releasing.
+  open(os.path.join(folder, "ready"), "w").close()
+  speed.wait_for_release()
+  with open(os.path.join(folder, "message")) as f:
+    return f.read(), sorted(os.sched_getaffinity(0))
+
+
+def test_start_pinned_child_waits_for_release(tmp_path):
+  allowed = sorted(os.sched_getaffinity(0))
+  with speed.start_pinned(1, _read_after_release, str(tmp_path)) as run:
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "ready").exists():
+      assert time.monotonic() < deadline, "the pinned child never started"
+      time.sleep(0.05)
+    time.sleep(0.5)  # a child that did not wait would read the message now, before it exists
+    (tmp_path / "message").write_text("timed alone")
+    assert run.result() == ("timed alone", allowed[-1:])
+  # cpus=0: in this process, when the result is asked for (nothing waits).
+  (tmp_path / "message").write_text("inline")
+  assert speed.start_pinned(0, _read_after_release, str(tmp_path)).result() == (
+      "inline", allowed)
+  # Leaving the block before result() stops the child instead of waiting for it.
+  with pytest.raises(RuntimeError, match="left early"):
+    with speed.start_pinned(1, speed.wait_for_release):
+      raise RuntimeError("left early")
+
+
 
 def test_interleaved_times_keep_each_windows_fastest_time_per_repeat(monkeypatch):
   # Scripted calls of "a", each two windows (seconds); the host sees 0.5 s more per call.
@@ -138,8 +170,9 @@ def test_interleaved_times_keep_each_windows_fastest_time_per_repeat(monkeypatch
     return call
 
   monkeypatch.setattr(speed.time, "perf_counter", lambda: clock[0])
-  times, calls, typical = speed.interleaved_times({"a": timed("a"), "b": timed("b")}, 2,
-                                                  timed_per_turn=3)
+  times, calls, typical, rounds = speed.interleaved_times(
+      {"a": timed("a"), "b": timed("b")}, 2, timed_per_turn=3)
+  assert rounds == 3  # no budget: exactly timed_per_turn calls per repeat
   assert order == ["a", "b"] * 7  # interleaved: every cycle calls each function once
   # Repeat 0 = cycles 0, 2, 4: windows (5, 1), (2, 6), (4, 3) -> 2 + 1, from different calls;
   # repeat 1 = cycles 1, 3, 5: (3, 4), (5, 5), (6, 2) -> 3 + 2.
@@ -147,6 +180,33 @@ def test_interleaved_times_keep_each_windows_fastest_time_per_repeat(monkeypatch
   assert calls["a"] == pytest.approx([6.5, 7.5])  # the fastest whole call, as the host saw it
   assert times["b"] == pytest.approx([1.0, 1.0])
   assert typical["a"] == pytest.approx(7.5)  # the median of the timed calls' sums 6, 7, 8, 10, 7, 8
+
+
+def test_interleaved_times_keep_calling_in_whole_rounds_until_the_budget_is_spent(monkeypatch):
+  # Each call of "a" advances the fake clock 1 s (one 1-s window), and ever faster windows
+  # from the fourth call on. With 2 repeats, 1 call each at least and a 5-s budget, rounds of
+  # 2 cycles run while less than 5 s have passed since the first timed cycle: after round 3
+  # the clock reads 6 s (6 timed calls), so the loop stops there.
+  clock, count = [0.0], [0]
+
+  def call():
+    count[0] += 1
+    clock[0] += 1.0
+    window = 1.0 if count[0] < 4 else 1.0 / count[0]
+    return None, np.array([0, int(window * 1_000_000)], np.int32)
+
+  monkeypatch.setattr(speed.time, "perf_counter", lambda: clock[0])
+  times, calls, typical, rounds = speed.interleaved_times({"a": call}, 2, timed_per_turn=1,
+                                                          budget_s=5.0)
+  assert count[0] == 1 + 6 and rounds == 3  # one untimed call, then 3 rounds of 2
+  # Repeat 0 = calls 2, 4, 6 (windows 1, 1/4, 1/6); repeat 1 = calls 3, 5, 7 (1, 1/5, 1/7).
+  assert times["a"] == pytest.approx([1 / 6, 1 / 7], abs=1e-5)
+  # The minimum rounds run even when the budget is spent.
+  _, _, _, rounds = speed.interleaved_times({"a": call}, 2, timed_per_turn=4, budget_s=1.0)
+  assert rounds == 4
+  for bad in (-1.0, float("nan"), "60"):
+    with pytest.raises(ValueError, match="budget_s="):
+      speed.interleaved_times({"a": call}, 2, budget_s=bad)
 
 
 def test_stamped_scan_times_each_item_in_its_own_window():
