@@ -422,9 +422,10 @@ def _test_examples(config: PipelineConfig) -> dict:
   return examples
 
 
-def measure_run_speed(config: PipelineConfig) -> dict:
+def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None) -> dict:
   """speed.measure_speed of every draft of the job with its target, on the first
-  `speed_examples` test prompts. Loads what it needs, so it can run in a pinned process."""
+  `speed_examples` test prompts. Loads what it needs, so it can run in a pinned process.
+  `windows_log`: as measure_speed's (in this process only)."""
   from distillspec_jax import speed
   target, draft, params = _eval_models_and_params(config)
   prompts = _test_examples(config)["prompts"][:config.speed_examples]
@@ -435,7 +436,8 @@ def measure_run_speed(config: PipelineConfig) -> dict:
                              repeats=config.speed_repeats,
                              timed_per_turn=config.speed_calls,
                              budget_s=config.speed_budget_s,
-                             before_timing=speed.wait_for_release, seed=config.seed,
+                             before_timing=speed.wait_for_release,
+                             windows_log=windows_log, seed=config.seed,
                              progress=config.progress_bar)
 
 

@@ -195,9 +195,26 @@ def window_seconds(stamps) -> np.ndarray:
   return np.diff(np.asarray(stamps, np.int64)) % _CLOCK_WRAP * 1e-6
 
 
+def repeat_times(windows_log: Sequence[tuple], repeats: int,
+                 calls: Optional[int] = None) -> dict:
+  """key -> [repeat r's time]: the sum over a function's windows of each window's fastest
+  time among repeat r's first `calls` timed calls (None: all), from `windows_log` entries
+  (key, repeat, window seconds [W]) in the order they were timed."""
+  best, seen = {}, {}
+  for key, repeat, windows in windows_log:
+    count = seen.setdefault(key, [0] * repeats)
+    if calls is not None and count[repeat] >= calls:
+      continue
+    count[repeat] += 1
+    per_repeat = best.setdefault(key, [None] * repeats)
+    previous = per_repeat[repeat]
+    per_repeat[repeat] = windows if previous is None else np.minimum(previous, windows)
+  return {key: [float(np.sum(w)) for w in per_repeat] for key, per_repeat in best.items()}
+
+
 def interleaved_times(functions: Mapping[object, Callable], repeats: int,
                       timed_per_turn: int = 5, progress: Optional[Callable] = None,
-                      budget_s: float = 0.0) -> tuple:
+                      budget_s: float = 0.0, windows_log: Optional[list] = None) -> tuple:
   """(windows, calls, typical, calls_per_repeat) of `functions` (key -> callable returning
   (result, stamps [W + 1]), e.g. a `_stamped_scan` over W prompts).
 
@@ -217,15 +234,15 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
   window of a few milliseconds (one prompt) is far more often free of it than a call of a
   hundred, and more calls make it likelier that every window met a quiet moment
   (docs/speed.md). `progress(seconds since the first timed cycle)` is called after each
-  cycle.
+  cycle. `windows_log`, if given, gets (key, repeat, window seconds [W]) of every timed call
+  (`repeat_times` turns it into `windows`, also for fewer calls).
   """
   check_positive_int(timed_per_turn, "timed_per_turn")
   check_budget(budget_s)
   for fn in functions.values():
     jax.block_until_ready(fn())
-  best = {key: [None] * repeats for key in functions}
+  log = []
   calls = {key: [math.inf] * repeats for key in functions}
-  sums = {key: [] for key in functions}
   first = time.perf_counter()
   rounds = 0
   while rounds < timed_per_turn or time.perf_counter() - first < budget_s:
@@ -234,15 +251,15 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
         start = time.perf_counter()
         _, stamps = jax.block_until_ready(fn())
         calls[key][repeat] = min(calls[key][repeat], time.perf_counter() - start)
-        windows = window_seconds(stamps)
-        sums[key].append(float(np.sum(windows)))
-        previous = best[key][repeat]
-        best[key][repeat] = windows if previous is None else np.minimum(previous, windows)
+        log.append((key, repeat, window_seconds(stamps)))
       if progress is not None:
         progress(time.perf_counter() - first)
     rounds += 1
-  windows = {key: [float(np.sum(w)) for w in per_repeat] for key, per_repeat in best.items()}
-  typical = {key: statistics.median(values) for key, values in sums.items()}
+  typical = {key: statistics.median(float(np.sum(w)) for k, _, w in log if k == key)
+             for key in functions}
+  windows = repeat_times(log, repeats)
+  if windows_log is not None:
+    windows_log.extend(log)
   return windows, calls, typical, rounds
 
 
@@ -392,7 +409,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
                   max_new_tokens: int, repeats: int = 7, seed: int = 0,
                   lenience: Lenience = Lenience(), eos_id: Optional[int] = None,
                   timed_per_turn: int = 6, budget_s: float = 0.0,
-                  before_timing: Optional[Callable] = None, progress: bool = True) -> dict:
+                  before_timing: Optional[Callable] = None,
+                  windows_log: Optional[list] = None, progress: bool = True) -> dict:
   """Measured and cost-model speedups of every (draft, gamma, temperature) over plain decoding.
 
   Args:
@@ -408,6 +426,9 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
       The number each repeat got is `timed_per_repeat`.
     before_timing: called once everything is compiled and warm, just before the timed
       cycles (e.g. `wait_for_release`, so that the caller's other work is done by then).
+    windows_log: if given, gets (key, repeat, window seconds) of every timed call, in order;
+      keys are ("plain", T), (draft, gamma, T), ("setup_plain", T),
+      ("setup_speculative", T, draft), ("per_call", name) and ("stamp",).
   Returns:
     {"rows": [{draft, gamma, temperature, speedup, speedup_range, speedup_spread,
     speedup_repeats, cost_model_speedup, end_to_end_speedup, end_to_end_speedup_range,
@@ -509,7 +530,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
 
     times, whole_calls, typical, timed_per_repeat = interleaved_times(
         functions, repeats, timed_per_turn=timed_per_turn, progress=advance,
-        budget_s=budget_s)
+        budget_s=budget_s, windows_log=windows_log)
   cost = {name: statistics.median(times[("per_call", name)]) / extends[name]
           for name in per_call}
   cost["stamp"] = statistics.median(times[("stamp",)]) / num_prompts

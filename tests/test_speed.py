@@ -196,11 +196,16 @@ def test_interleaved_times_keep_calling_in_whole_rounds_until_the_budget_is_spen
     return None, np.array([0, int(window * 1_000_000)], np.int32)
 
   monkeypatch.setattr(speed.time, "perf_counter", lambda: clock[0])
+  log = []
   times, calls, typical, rounds = speed.interleaved_times({"a": call}, 2, timed_per_turn=1,
-                                                          budget_s=5.0)
+                                                          budget_s=5.0, windows_log=log)
   assert count[0] == 1 + 6 and rounds == 3  # one untimed call, then 3 rounds of 2
   # Repeat 0 = calls 2, 4, 6 (windows 1, 1/4, 1/6); repeat 1 = calls 3, 5, 7 (1, 1/5, 1/7).
   assert times["a"] == pytest.approx([1 / 6, 1 / 7], abs=1e-5)
+  # The log holds every timed call in order; its first calls give the shorter measurement.
+  assert [(key, repeat) for key, repeat, _ in log] == [("a", 0), ("a", 1)] * 3
+  assert speed.repeat_times(log, 2) == times
+  assert speed.repeat_times(log, 2, calls=2)["a"] == pytest.approx([1 / 4, 1 / 5], abs=1e-5)
   # The minimum rounds run even when the budget is spent.
   _, _, _, rounds = speed.interleaved_times({"a": call}, 2, timed_per_turn=4, budget_s=1.0)
   assert rounds == 4

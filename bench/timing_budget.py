@@ -1,0 +1,113 @@
+"""How many timed calls does the main job's speed measurement need? Spreads against calls.
+
+Runs the main job's speed measurement (`pipeline.measure_run_speed`: every draft of a
+finished run with its target, the run's gammas and temperatures, on one pinned core) with a
+timing budget, keeps every timed call's windows, and recomputes each row's speedup from each
+repeat's first k calls for several k (`speed.repeat_times`). For each k it prints the largest
+spread over repeats, how many rows have a spread above 5% and 10%, and the largest deviation
+from the speedups of all calls. A host that grows quiet partway shows up as estimates that
+keep falling with k; a quiet one as spreads that are small from the start.
+
+  python bench/timing_budget.py --gin_file=gin/runs/demo.gin --out timing_budget.json \
+      [--budget 240] [--calls 6,12,18,24] [--gin.PipelineConfig.speed_calls=12]
+
+Needs the run's checkpoints (the README's main command writes them). Writes the per-k
+summary and every row's speedups to --out, and a PNG of max spread against calls beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from distillspec_jax.speed import pin_cores  # noqa: E402  (no JAX computation yet)
+
+
+def speedups(log: list, result: dict, calls: int) -> dict:
+  """(draft, gamma, T) -> speedup per repeat from each repeat's first `calls` calls."""
+  from distillspec_jax import speed
+  times = speed.repeat_times(log, result["repeats"], calls)
+  out = {}
+  for row in result["rows"]:
+    temperature = row["temperature"]
+    plain_tokens = result["plain"][str(float(temperature))]["tokens"]
+    spec = times[(row["draft"], row["gamma"], temperature)]
+    plain = times[("plain", temperature)]
+    out[(row["draft"], row["gamma"], temperature)] = [
+        (row["tokens"] / s) / (plain_tokens / p) for s, p in zip(spec, plain)]
+  return out
+
+
+def summarise(log: list, result: dict, grid: list) -> list:
+  everything = {k: statistics.median(v)
+                for k, v in speedups(log, result, result["timed_per_repeat"]).items()}
+  lines = []
+  for calls in grid:
+    rows = speedups(log, result, calls)
+    spreads = {k: (max(v) - min(v)) / statistics.median(v) for k, v in rows.items()}
+    deviation = max(abs(statistics.median(v) / everything[k] - 1) for k, v in rows.items())
+    lines.append({"calls": calls, "max_spread": max(spreads.values()),
+                  "rows_spread_over_5_percent": sum(s > 0.05 for s in spreads.values()),
+                  "rows_spread_over_10_percent": sum(s > 0.10 for s in spreads.values()),
+                  "max_deviation_from_all_calls": deviation,
+                  "speedups": {f"{d}/gamma{g}/T{t:g}": statistics.median(v)
+                               for (d, g, t), v in rows.items()}})
+  return lines
+
+
+def plot(lines: list, path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  figure, axis = plt.subplots(figsize=(5, 3.2))
+  calls = [line["calls"] for line in lines]
+  axis.plot(calls, [100 * line["max_spread"] for line in lines], "o-",
+            label="largest spread over repeats")
+  axis.plot(calls, [100 * line["max_deviation_from_all_calls"] for line in lines], "s--",
+            label="largest change to the all-calls speedup")
+  axis.axhline(10, color="grey", lw=0.8)
+  axis.set_xlabel("timed calls per repeat")
+  axis.set_ylabel("%")
+  axis.legend(fontsize=8)
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--budget", type=float, default=240.0, help="seconds of timing")
+  parser.add_argument("--calls", default="6,12,18,24",
+                      help="calls per repeat to recompute the speedups from")
+  parser.add_argument("--cpus", type=int, default=1)
+  args, gin_args = parser.parse_known_args(argv)
+  pin_cores(args.cpus)
+  from distillspec_jax import pipeline
+  from distillspec_jax.main import load_pipeline
+  config = load_pipeline(gin_args + [f"--gin.PipelineConfig.speed_budget_s={args.budget}"])
+  log = []
+  result = pipeline.measure_run_speed(config, windows_log=log)
+  grid = sorted({min(int(c), result["timed_per_repeat"]) for c in args.calls.split(",")}
+                | {result["timed_per_repeat"]})
+  lines = summarise(log, result, grid)
+  for line in lines:
+    print(f"{line['calls']:3d} calls per repeat: largest spread {line['max_spread']:.1%}, "
+          f"rows above 5% / 10%: {line['rows_spread_over_5_percent']} / "
+          f"{line['rows_spread_over_10_percent']}, largest change to the all-calls speedup "
+          f"{line['max_deviation_from_all_calls']:.1%}")
+  report = {"budget_s": args.budget, "timed_per_repeat": result["timed_per_repeat"],
+            "repeats": result["repeats"], "interference": result["interference"],
+            "machine": result["machine"], "by_calls": lines}
+  with open(args.out, "w") as f:
+    json.dump(report, f, indent=1)
+  plot(lines, os.path.splitext(args.out)[0] + ".png")
+  print("wrote", args.out)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,37 @@
+"""bench/timing_budget.py's recomputation: each row's speedups from each repeat's first k
+calls of a recorded measurement, and the spreads and deviations it prints."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "bench"))
+import timing_budget  # noqa: E402
+
+
+def test_speedups_and_summary_from_each_repeats_first_calls():
+  # Two repeats, three rounds. Plain decoding: two windows, 2 s each at best. The draft's
+  # decoding: 1 s per window at best, but repeat 1 meets it only on its third call.
+  plain = [np.array([2.0, 2.0])] * 6
+  spec = [np.array([1.0, 1.0]), np.array([2.0, 2.0]), np.array([1.5, 1.0]),
+          np.array([1.5, 1.5]), np.array([1.2, 1.0]), np.array([1.0, 1.0])]
+  log = []
+  for cycle in range(6):
+    repeat = cycle % 2
+    log.append((("plain", 0.0), repeat, plain[cycle]))
+    log.append((("a", 3, 0.0), repeat, spec[cycle]))
+  result = {"repeats": 2, "timed_per_repeat": 3,
+            "rows": [{"draft": "a", "gamma": 3, "temperature": 0.0, "tokens": 10}],
+            "plain": {"0.0": {"tokens": 10}}}
+  # Equal tokens: a repeat's speedup is plain time / speculative time.
+  assert timing_budget.speedups(log, result, 1)[("a", 3, 0.0)] == pytest.approx([2.0, 1.0])
+  assert timing_budget.speedups(log, result, 3)[("a", 3, 0.0)] == pytest.approx([2.0, 2.0])
+  one, three = timing_budget.summarise(log, result, [1, 3])
+  assert one["max_spread"] == pytest.approx(1.0 / 1.5)  # (2 - 1) / median 1.5
+  assert one["rows_spread_over_10_percent"] == 1
+  assert one["max_deviation_from_all_calls"] == pytest.approx(0.25)  # 1.5 against 2
+  assert three["max_spread"] == 0 and three["max_deviation_from_all_calls"] == 0
+  assert three["speedups"] == {"a/gamma3/T0": pytest.approx(2.0)}
