@@ -86,7 +86,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=15)
   parser.add_argument("--cpus", type=int, default=1)
   args = parser.parse_args()
-  from distillspec_jax.speed import pin_cores  # imports JAX but starts no backend
+  from distillspec_jax.pinning import pin_cores  # imports no JAX
   pin_cores(args.cpus)
   report = run(args.draws, args.repeats)
   report["cpus"] = args.cpus

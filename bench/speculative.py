@@ -9,7 +9,7 @@ loop is than its model calls alone). It uses the library's one measurement, `spe
 (see its docstring for the protocol). EOS is disabled, so every prompt decodes exactly
 `--max_new_tokens` tokens with both decoders.
 
-The process is pinned to one core before JAX starts (`--cpus`, see speed.pin_cores).
+The process is pinned to one core before JAX starts (`--cpus`, see pinning.pin_cores).
 
   python bench/speculative.py --out bench_speculative.json [--quick] [--cpus N]
       [--target_checkpoint DIR --draft_checkpoint DIR] [--target_model NAME --draft_model NAME]
@@ -28,7 +28,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from distillspec_jax.models import Model  # noqa: E402
-from distillspec_jax.speed import measure_speed, pin_cores  # noqa: E402
+from distillspec_jax.pinning import pin_cores  # noqa: E402
+from distillspec_jax.speed import measure_speed  # noqa: E402
 
 
 def load_pair(args):
@@ -95,7 +96,7 @@ def main():
   parser.add_argument("--temperatures", type=float, nargs="*", help="default 0 1")
   parser.add_argument("--cpus", type=int, default=1,
                       help="cores to run on (default 1: pinned to the last core before JAX "
-                           "creates its thread pools; 0: no pinning). See speed.pin_cores.")
+                           "creates its thread pools; 0: no pinning). See pinning.pin_cores.")
   parser.add_argument("--repeats", type=int, default=None,
                       help="timing turns (default 7; quick: 3); medians are reported")
   args = parser.parse_args()

@@ -81,7 +81,7 @@ def main(argv=None):
     results["variants"][name] = row
     print(json.dumps({name: row}), flush=True)
   files.write_json_atomic(args.out, results)
-  print(f"\n| variant | tau T=0 | tau T=1 | alpha T=0 | alpha T=1 | distill s | cache MB |")
+  print("\n| variant | tau T=0 | tau T=1 | alpha T=0 | alpha T=1 | distill s | cache MB |")
   print("|---|---:|---:|---:|---:|---:|---:|")
   for name, row in results["variants"].items():
     print(f"| {name} | {row['T0']['tau']:.3f} ± {row['T0']['tau_stderr']:.3f} | "

@@ -25,7 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax.speed import pin_cores  # noqa: E402  (no JAX computation yet)
+from distillspec_jax.pinning import pin_cores  # noqa: E402  (no JAX computation yet)
 
 
 def speedups(log: list, result: dict, calls: int) -> dict:

@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax import speed  # noqa: E402  (pin_cores, run_pinned; imports jax lazily)
+from distillspec_jax import pinning  # noqa: E402  (run_pinned; imports no JAX)
 
 SHAPES = {"vocab_size": 256, "batch_size": 16, "prompt_length": 48, "new_tokens": 48,
           "target": {"d_model": 128, "num_heads": 4, "head_dim": 32, "mlp_dim": 2048,
@@ -239,9 +239,9 @@ def main(argv=None):
   load_before = os.getloadavg()
   rounds = {"ours": [], "trl": []}
   for r in range(args.rounds):
-    rounds["ours"].append(speed.run_pinned(args.threads, run_ours, args.steps, args.warmup,
+    rounds["ours"].append(pinning.run_pinned(args.threads, run_ours, args.steps, args.warmup,
                                            args.seed))
-    rounds["trl"].append(speed.run_pinned(args.threads, run_trl, args.steps, args.warmup,
+    rounds["trl"].append(pinning.run_pinned(args.threads, run_trl, args.steps, args.warmup,
                                           args.seed, args.threads))
     print(f"round {r + 1}/{args.rounds}: ours {rounds['ours'][-1]['tokens_per_s']:,.0f} "
           f"tokens/s, TRL {rounds['trl'][-1]['tokens_per_s']:,.0f} tokens/s", flush=True)
@@ -257,7 +257,7 @@ def main(argv=None):
   result["speedup"] = result["ours_tokens_per_s"] / result["trl_tokens_per_s"]
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2)
-  print(f"\n| side | tokens/s (median, range) | step ms | generation share |")
+  print("\n| side | tokens/s (median, range) | step ms | generation share |")
   print("|---|---:|---:|---:|")
   for side, label in (("ours", "ours (JAX, jitted step)"), ("trl", "TRL GKDTrainer")):
     low, high = result[f"{side}_tokens_per_s_range"]

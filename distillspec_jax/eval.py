@@ -31,7 +31,8 @@ from typing import Optional, Sequence
 
 import gin
 
-from distillspec_jax import convert, evaluation, gin_utils, lossy, multihost, speed
+from distillspec_jax import (convert, evaluation, gin_utils, lossy, multihost, pinning,
+                             speed)
 from distillspec_jax.config import TransformerConfig, model_config
 from distillspec_jax.files import write_text_atomic
 from distillspec_jax.models import Model
@@ -62,7 +63,9 @@ class EvalConfig:
       (speculative.Lenience; epsilon 1 is lossless).
     max_new_tokens: decoding budget (None: task_feature_lengths["targets"]).
     speed_examples: the first test prompts timed one at a time (0: no timing, speed fields
-      null); speed_repeats: interleaved timing turns; speed_cpus: cores of the timing process
+      null); speed_repeats: interleaved timing turns; speed_calls: timed calls per repeat,
+      at least; speed_budget_s: seconds of timing per lenience (more calls until then; 0 =
+      exactly speed_calls; speed.measure_speed); speed_cpus: cores of the timing process
       (0: this process, unpinned).
     max_decode_length: cache capacity of both models (None: what the grid needs, rounded up to
       a multiple of 16, or the presets' when larger).
@@ -89,6 +92,8 @@ class EvalConfig:
   max_new_tokens: Optional[int] = None
   speed_examples: int = 8
   speed_repeats: int = 7
+  speed_calls: int = 6
+  speed_budget_s: float = 0.0
   speed_cpus: int = 1
   max_decode_length: Optional[int] = None
   seed: int = 0
@@ -122,7 +127,8 @@ class EvalConfig:
       if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps <= 1:
         raise ValueError(f"EPSILONS has {eps!r}; every epsilon must lie in (0, 1] "
                          "(1 is lossless).")
-    for name in ("batch_size", "eval_examples", "speed_repeats"):
+    speed.check_budget(self.speed_budget_s, "speed_budget_s")
+    for name in ("batch_size", "eval_examples", "speed_repeats", "speed_calls"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} must be an integer >= 1.")
@@ -250,7 +256,9 @@ def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalC
                                  prompts, gammas=config.gammas,
                                  temperatures=config.temperatures,
                                  max_new_tokens=config.new_tokens,
-                                 repeats=config.speed_repeats, seed=config.seed,
+                                 repeats=config.speed_repeats,
+                                 timed_per_turn=config.speed_calls,
+                                 budget_s=config.speed_budget_s, seed=config.seed,
                                  lenience=lenience, progress=config.progress_bar)
     if lenience.epsilon == 1.0:
       lossless = timing
@@ -367,7 +375,7 @@ def evaluate(config: EvalConfig) -> dict:
   for name in names:
     timing = [None] * len(leniences)
     if config.speed_examples:
-      timing = speed.run_pinned(
+      timing = pinning.run_pinned(
           config.speed_cpus, _timings,
           (config.target_checkpoint_path, config.draft_checkpoint_path),
           (config.target_model, config.draft_model), capacity,

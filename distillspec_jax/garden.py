@@ -267,7 +267,7 @@ def stage_evaluate(config: GardenConfig, stage: str) -> dict:
   every pair, and the timing; writes `<run_dir>/evaluate/eval.json`."""
   from tqdm.auto import tqdm
   from distillspec_jax import data as data_lib
-  from distillspec_jax import speed
+  from distillspec_jax import pinning
   examples = pipeline.heldout_prompts(config, config.eval_examples, split="test")
   pipeline.check_speed_prompts(config, examples)
   vocabulary = pipeline._register_task(config).output_features["targets"].vocabulary  # pylint: disable=protected-access
@@ -295,7 +295,7 @@ def stage_evaluate(config: GardenConfig, stage: str) -> dict:
                                  "draft": draft_stage, "quality": run["quality"],
                                  **{k: run[k] for k in ("tau", "tau_stderr", "alpha")}})
       bar.update(1)
-  results["timing"] = speed.run_pinned(config.speed_cpus, measure_garden_speed, config)
+  results["timing"] = pinning.run_pinned(config.speed_cpus, measure_garden_speed, config)
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
   return {"num_test_prompts": int(len(examples["prompts"]))}
 

@@ -426,7 +426,7 @@ def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None
   """speed.measure_speed of every draft of the job with its target, on the first
   `speed_examples` test prompts. Loads what it needs, so it can run in a pinned process.
   `windows_log`: as measure_speed's (in this process only)."""
-  from distillspec_jax import speed
+  from distillspec_jax import pinning, speed
   target, draft, params = _eval_models_and_params(config)
   prompts = _test_examples(config)["prompts"][:config.speed_examples]
   drafts = {name: (draft, p) for name, p in params.items() if name != "target"}
@@ -436,7 +436,7 @@ def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None
                              repeats=config.speed_repeats,
                              timed_per_turn=config.speed_calls,
                              budget_s=config.speed_budget_s,
-                             before_timing=speed.wait_for_release,
+                             before_timing=pinning.wait_for_release,
                              windows_log=windows_log, seed=config.seed,
                              progress=config.progress_bar)
 
@@ -451,7 +451,7 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   at each gamma and temperature. Writes `<run_dir>/evaluate/eval.json`."""
   from tqdm.auto import tqdm
   from distillspec_jax import data as data_lib
-  from distillspec_jax import evaluation, speed
+  from distillspec_jax import evaluation, pinning
   target, draft, params = _eval_models_and_params(config)
   eval_task = config.eval_task or config.task
   examples = _test_examples(config)
@@ -464,7 +464,7 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   results = {"quality": {}, "speculative": []}
   # The timing process loads and compiles on its pinned core while this one evaluates; it
   # starts timing only once released, when nothing else runs.
-  with speed.start_pinned(config.speed_cpus, measure_run_speed, config) as timing_run, \
+  with pinning.start_pinned(config.speed_cpus, measure_run_speed, config) as timing_run, \
       tqdm(total=total, desc="evaluate (quality, tau)", dynamic_ncols=True,
            disable=not config.progress_bar) as bar:
     for name in params:

@@ -27,17 +27,15 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
   and windows: plain = (tokens - 1) target steps per prompt; speculative = per round one
   2-token and gamma - 1 one-token draft calls and one (gamma + 1)-token verification. Model
   calls are timed in jitted loops fed the previous call's outputs (see `_repeated_extend`).
-- Pinning: `pin_cores` restricts the process to some cores before JAX creates its thread
-  pools; `run_pinned` runs a function in a fresh process pinned that way (the training stages
-  of the main job keep every core).
+- Pinning (`pinning.py`): the process is restricted to some cores before JAX creates its
+  thread pools, or the measurement runs in a fresh process pinned that way (the training
+  stages of the main job keep every core).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import multiprocessing
-import os
 import statistics
 import time
 from typing import Callable, Mapping, Optional, Sequence
@@ -50,103 +48,8 @@ from jax.experimental import io_callback
 from distillspec_jax.decoding import (SamplingConfig, cache_capacity, check_positive_int,
                                       decode_start, decode_steps, prompt_inputs)
 from distillspec_jax.models import Model
+from distillspec_jax.pinning import machine_info
 from distillspec_jax.speculative import Lenience, speculative_rounds, speculative_start
-
-
-def pin_cores(count: int) -> list:
-  """Restricts this process to its last `count` allowed cores (0: leaves it as it is) and
-  returns the cores it may use.
-
-  Must run before JAX's first computation: XLA sizes its CPU thread pools from the cores the
-  process may use. On the 2-vCPU VMs this project is developed on, the intra-op pool hands the
-  small models' microsecond kernels between two threads; one core is as fast or faster for
-  every decoding quantity and its timings vary less (docs/benchmarks.md).
-  """
-  allowed = sorted(os.sched_getaffinity(0))
-  if count <= 0:
-    return allowed
-  if count > len(allowed):
-    raise ValueError(f"cpus={count} but this process may use only {len(allowed)} cores "
-                     f"({allowed}); pass at most {len(allowed)}, or 0 for no pinning.")
-  os.sched_setaffinity(0, allowed[-count:])
-  return allowed[-count:]
-
-
-def machine_info() -> dict:
-  """{"cpus": cores of the machine, "pinned": cores this process may use}."""
-  return {"cpus": os.cpu_count(), "pinned": sorted(os.sched_getaffinity(0))}
-
-
-# In a process started by `start_pinned`: the event its parent sets to let it time.
-_RELEASE = None
-
-
-def _start_child(cpus: int, release) -> None:
-  global _RELEASE
-  pin_cores(cpus)
-  _RELEASE = release
-
-
-def wait_for_release() -> None:
-  """In a process started by `start_pinned`: blocks until the parent calls `release()` (or
-  `result()`); anywhere else returns at once. Pass it as `measure_speed`'s `before_timing`."""
-  if _RELEASE is not None:
-    _RELEASE.wait()
-
-
-class PinnedRun:
-  """`function(*args, **kwargs)` started in a fresh process pinned to `cpus` cores, so that
-  its loading and compiling overlap the caller's own work; `release()` lets it pass
-  `wait_for_release()` (where it starts timing), `result()` releases it and returns what it
-  returned (or raises what it raised). With cpus <= 0 the function runs in this process,
-  unpinned, inside `result()`. Use as a context manager: leaving it early stops the child."""
-
-  def __init__(self, cpus: int, function: Callable, *args, **kwargs):
-    self._call = (function, args, kwargs)
-    self._pool = self._async = None
-    if cpus > 0:
-      context = multiprocessing.get_context("spawn")
-      self._release = context.Event()
-      self._pool = context.Pool(1, initializer=_start_child, initargs=(cpus, self._release))
-      self._async = self._pool.apply_async(function, args, kwargs)
-
-  def release(self) -> None:
-    if self._pool is not None:
-      self._release.set()
-
-  def result(self):
-    if self._pool is None:
-      function, args, kwargs = self._call
-      return function(*args, **kwargs)
-    self.release()
-    try:
-      return self._async.get()
-    finally:
-      self._pool.close()
-      self._pool.join()
-      self._pool = None
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc_info):
-    if self._pool is not None:  # left before result(): stop the child
-      self._pool.terminate()
-      self._pool.join()
-      self._pool = None
-
-
-def start_pinned(cpus: int, function: Callable, *args, **kwargs) -> PinnedRun:
-  """A `PinnedRun` of `function` (module-level and picklable, with picklable arguments; it
-  must load what it needs itself, since the child starts empty)."""
-  return PinnedRun(cpus, function, *args, **kwargs)
-
-
-def run_pinned(cpus: int, function: Callable, *args, **kwargs):
-  """`function(*args, **kwargs)` in a fresh process pinned to `cpus` cores (0: in this
-  process, unpinned); see `start_pinned`."""
-  with start_pinned(cpus, function, *args, **kwargs) as run:
-    return run.result()
 
 
 _CLOCK_ORIGIN_NS = time.perf_counter_ns()
@@ -227,8 +130,9 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
   After one untimed cycle (compiled code and weights warm), timed cycles each call every
   function once, in order; cycle c belongs to repeat c % repeats, so every repeat's calls are
   spread over the whole measurement. Cycles run in rounds of `repeats` (one more call for
-  every repeat): at least `timed_per_turn` rounds, then more while less than `budget_s`
-  seconds have passed since the first timed cycle (0: exactly `timed_per_turn`). Why the
+  every repeat): at least `timed_per_turn` rounds, then more while, at the pace so far, the
+  next round would end within `budget_s` seconds of the first timed cycle (0: exactly
+  `timed_per_turn`). Why the
   fastest, and why per window: on a shared VM the host's interference comes and goes within
   milliseconds and in slow periods of seconds to minutes; it only ever adds time, and a
   window of a few milliseconds (one prompt) is far more often free of it than a call of a
@@ -245,7 +149,10 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
   calls = {key: [math.inf] * repeats for key in functions}
   first = time.perf_counter()
   rounds = 0
-  while rounds < timed_per_turn or time.perf_counter() - first < budget_s:
+  # After the minimum, a round starts only if it should end within the budget at the pace
+  # so far: the timing never runs a round past `budget_s` (the main job plans on it).
+  while rounds < timed_per_turn or (
+      (time.perf_counter() - first) * (rounds + 1) / rounds <= budget_s):
     for repeat in range(repeats):
       for key, fn in functions.items():
         start = time.perf_counter()
@@ -422,8 +329,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     timed_per_turn: timed calls of each function per repeat, at least; a repeat's time sums
       each window's fastest (`interleaved_times`).
     budget_s: seconds of timing: after `timed_per_turn` calls per repeat, every repeat gets
-      one more call at a time until the timed cycles have run this long (0: no more calls).
-      The number each repeat got is `timed_per_repeat`.
+      one more call at a time while the next round would end within this many seconds of
+      timing (0: no more calls). The number each repeat got is `timed_per_repeat`.
     before_timing: called once everything is compiled and warm, just before the timed
       cycles (e.g. `wait_for_release`, so that the caller's other work is done by then).
     windows_log: if given, gets (key, repeat, window seconds) of every timed call, in order;

@@ -251,6 +251,8 @@ def test_only_process_zero_writes_and_every_process_waits_for_it(setup, tmp_path
     (dict(temperatures=()), r"TEMPERATURES=\(\) \(--gin.TEMPERATURES\): .*is empty; pass e.g."),
     (dict(epsilons=(1.5,)), r"EPSILONS has 1.5; every epsilon must lie in \(0, 1\]"),
     (dict(lenience_kinds=("cube",)), "LENIENCE_KINDS has 'cube'"),
+    (dict(speed_calls=0), "speed_calls=0 must be an integer >= 1"),
+    (dict(speed_budget_s=-1), "speed_budget_s=-1: pass the seconds"),
 ])
 def test_empty_or_bad_grids_are_refused(setup, tmp_path, changes, message):
   with pytest.raises(ValueError, match=message):

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from distillspec_jax import evaluation, speed
+from distillspec_jax import evaluation, pinning, speed
 from distillspec_jax.decoding import SamplingConfig, prompt_inputs
 from distillspec_jax.models import Model
 from distillspec_jax.speculative import speculative_decode
@@ -116,23 +116,23 @@ def _affinity():
 
 def test_run_pinned_runs_in_a_pinned_child():
   allowed = sorted(os.sched_getaffinity(0))
-  assert speed.run_pinned(1, _affinity) == allowed[-1:]
-  assert speed.run_pinned(0, _affinity) == allowed  # 0: in this process
+  assert pinning.run_pinned(1, _affinity) == allowed[-1:]
+  assert pinning.run_pinned(0, _affinity) == allowed  # 0: in this process
   with pytest.raises(ValueError, match="cpus="):
-    speed.pin_cores(len(allowed) + 1)
+    pinning.pin_cores(len(allowed) + 1)
 
 
 def _read_after_release(folder):
   # Says it reached the gate, waits there, then reads what the parent wrote before releasing.
   open(os.path.join(folder, "ready"), "w").close()
-  speed.wait_for_release()
+  pinning.wait_for_release()
   with open(os.path.join(folder, "message")) as f:
     return f.read(), sorted(os.sched_getaffinity(0))
 
 
 def test_start_pinned_child_waits_for_release(tmp_path):
   allowed = sorted(os.sched_getaffinity(0))
-  with speed.start_pinned(1, _read_after_release, str(tmp_path)) as run:
+  with pinning.start_pinned(1, _read_after_release, str(tmp_path)) as run:
     deadline = time.monotonic() + 120
     while not (tmp_path / "ready").exists():
       assert time.monotonic() < deadline, "the pinned child never started"
@@ -142,11 +142,11 @@ def test_start_pinned_child_waits_for_release(tmp_path):
     assert run.result() == ("timed alone", allowed[-1:])
   # cpus=0: in this process, when the result is asked for (nothing waits).
   (tmp_path / "message").write_text("inline")
-  assert speed.start_pinned(0, _read_after_release, str(tmp_path)).result() == (
+  assert pinning.start_pinned(0, _read_after_release, str(tmp_path)).result() == (
       "inline", allowed)
   # Leaving the block before result() stops the child instead of waiting for it.
   with pytest.raises(RuntimeError, match="left early"):
-    with speed.start_pinned(1, speed.wait_for_release):
+    with pinning.start_pinned(1, pinning.wait_for_release):
       raise RuntimeError("left early")
 
 
@@ -182,11 +182,11 @@ def test_interleaved_times_keep_each_windows_fastest_time_per_repeat(monkeypatch
   assert typical["a"] == pytest.approx(7.5)  # the median of the timed calls' sums 6, 7, 8, 10, 7, 8
 
 
-def test_interleaved_times_keep_calling_in_whole_rounds_until_the_budget_is_spent(monkeypatch):
+def test_interleaved_times_keep_calling_in_whole_rounds_within_the_budget(monkeypatch):
   # Each call of "a" advances the fake clock 1 s (one 1-s window), and ever faster windows
-  # from the fourth call on. With 2 repeats, 1 call each at least and a 5-s budget, rounds of
-  # 2 cycles run while less than 5 s have passed since the first timed cycle: after round 3
-  # the clock reads 6 s (6 timed calls), so the loop stops there.
+  # from the fourth call on. 2 repeats, 1 call each at least, a 5-s budget: a round (2 s)
+  # starts only if it would end within 5 s of the first timed cycle: rounds 2 (ends at 4 s)
+  # and not 3 (6 s).
   clock, count = [0.0], [0]
 
   def call():
@@ -199,13 +199,16 @@ def test_interleaved_times_keep_calling_in_whole_rounds_until_the_budget_is_spen
   log = []
   times, calls, typical, rounds = speed.interleaved_times({"a": call}, 2, timed_per_turn=1,
                                                           budget_s=5.0, windows_log=log)
-  assert count[0] == 1 + 6 and rounds == 3  # one untimed call, then 3 rounds of 2
-  # Repeat 0 = calls 2, 4, 6 (windows 1, 1/4, 1/6); repeat 1 = calls 3, 5, 7 (1, 1/5, 1/7).
-  assert times["a"] == pytest.approx([1 / 6, 1 / 7], abs=1e-5)
+  assert count[0] == 1 + 4 and rounds == 2  # one untimed call, then 2 rounds of 2
+  # Repeat 0 = calls 2, 4 (windows 1, 1/4); repeat 1 = calls 3, 5 (1, 1/5).
+  assert times["a"] == pytest.approx([1 / 4, 1 / 5], abs=1e-5)
   # The log holds every timed call in order; its first calls give the shorter measurement.
-  assert [(key, repeat) for key, repeat, _ in log] == [("a", 0), ("a", 1)] * 3
+  assert [(key, repeat) for key, repeat, _ in log] == [("a", 0), ("a", 1)] * 2
   assert speed.repeat_times(log, 2) == times
-  assert speed.repeat_times(log, 2, calls=2)["a"] == pytest.approx([1 / 4, 1 / 5], abs=1e-5)
+  assert speed.repeat_times(log, 2, calls=1)["a"] == pytest.approx([1.0, 1.0], abs=1e-5)
+  # With a budget of 6 s the third round fits (ends at 6 s).
+  _, _, _, rounds = speed.interleaved_times({"a": call}, 2, timed_per_turn=1, budget_s=6.0)
+  assert rounds == 3
   # The minimum rounds run even when the budget is spent.
   _, _, _, rounds = speed.interleaved_times({"a": call}, 2, timed_per_turn=4, budget_s=1.0)
   assert rounds == 4
