@@ -86,7 +86,7 @@ def measurement_sentence(report: dict) -> str:
   calls = protocol.get("timed_per_repeat")
   calls = f"{calls} calls" if calls else "its calls"
   if protocol.get("budget_s"):
-    calls += f" (as many as {protocol['budget_s']:g} s of timing held)"
+    calls += f" (as many as fit in {protocol['budget_s']:g} s of timing)"
   return (f"Speedup: tokens per second of speculative over plain target decoding at batch 1, "
           f"{protocol['num_prompts']} test prompts each decoded alone (up to "
           f"{protocol['max_new_tokens']} new tokens) in one compiled loop per measurement "
