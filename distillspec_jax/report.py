@@ -97,7 +97,21 @@ def measurement_sentence(report: dict) -> str:
           f"(encoders and prefill) is timed apart from the decoding that follows it and "
           f"reported beside it, with the end-to-end speedup that adds it back; the cost "
           f"model predicts both times from per-call costs timed in the same cycles."
-          + _interference_clause(report.get("interference")))
+          + _interference_clause(report.get("interference"))
+          + _verification_clause(report.get("per_call_s") or {}))
+
+
+def _verification_clause(per_call: dict) -> str:
+  """' The verification of k tokens cost R target steps ...': the largest verification's
+  cost in target steps. Contention slows the compute-bound verification more than the step, so for
+  the same models a higher ratio marks a contended timing (docs/speed.md)."""
+  widths = [int(name.split("_")[1]) for name in per_call if name.startswith("verification_")]
+  if not widths or not per_call.get("target_step"):
+    return ""
+  gamma = max(widths)
+  ratio = per_call[f"verification_{gamma}"] / per_call["target_step"]
+  return (f" The verification of {gamma + 1} tokens cost {ratio:.2f} target steps (contention "
+          "raises this ratio: it slows the compute-bound verification more than the step).")
 
 
 def _interference_clause(interference) -> str:
