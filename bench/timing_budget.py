@@ -38,8 +38,8 @@ def speedups(log: list, result: dict, calls: int) -> dict:
     plain_tokens = result["plain"][str(float(temperature))]["tokens"]
     spec = times[(row["draft"], row["gamma"], temperature)]
     plain = times[("plain", temperature)]
-    out[(row["draft"], row["gamma"], temperature)] = [
-        (row["tokens"] / s) / (plain_tokens / p) for s, p in zip(spec, plain)]
+    out[(row["draft"], row["gamma"], temperature)] = speed.paired_speedups(
+        row["tokens"], spec, plain_tokens, plain)
   return out
 
 

@@ -64,8 +64,8 @@ class EvalConfig:
     max_new_tokens: decoding budget (None: task_feature_lengths["targets"]).
     speed_examples: the first test prompts timed one at a time (0: no timing, speed fields
       null); speed_repeats: interleaved timing turns; speed_calls: timed calls per repeat,
-      at least; speed_budget_s: seconds of timing per lenience (more calls until then; 0 =
-      exactly speed_calls; speed.measure_speed); speed_cpus: cores of the timing process
+      at least; speed_budget_s: seconds of timing per lenience (more calls while another
+      round fits; 0 = exactly speed_calls; speed.measure_speed); speed_cpus: cores of the timing process
       (0: this process, unpinned).
     max_decode_length: cache capacity of both models (None: what the grid needs, rounded up to
       a multiple of 16, or the presets' when larger).

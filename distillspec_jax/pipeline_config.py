@@ -55,8 +55,8 @@ class PipelineConfig:
       speed_repeats: interleaved timing turns (medians and ranges are over them);
       speed_calls: timed calls of each decoder per repeat, at least (a repeat sums each
       prompt's fastest window among them); speed_budget_s: seconds of timing: after
-      speed_calls, every repeat gets one more call at a time until the timing has run this
-      long (0 = exactly speed_calls);
+      speed_calls, every repeat gets one more call at a time while another round fits in
+      this many seconds (0 = exactly speed_calls);
       speed_cpus: cores the timing process is pinned to (a fresh process, so that XLA sizes
       its thread pools to them; 0 = time in this process, unpinned).
     max_new_tokens: decoding budget in evaluation and on-policy sampling.

@@ -278,6 +278,12 @@ def _speculative_decoder(target: Model, draft: Model, max_new_tokens: int, gamma
   return _map_prompts(start_one), _map_prompts(rounds_one)
 
 
+def paired_speedups(tokens: int, seconds: Sequence[float], plain_tokens: int,
+                    plain_seconds: Sequence[float]) -> list:
+  """Each repeat's speedup: its tokens per second over plain decoding's in the same repeat."""
+  return [(tokens / s) / (plain_tokens / p) for s, p in zip(seconds, plain_seconds)]
+
+
 def _spread(values: Sequence[float]) -> float:
   """(max - min) / median."""
   return (max(values) - min(values)) / statistics.median(values)
@@ -427,11 +433,11 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   with tqdm(total=minimum, desc="speed (timing cycles)", disable=not progress,
             dynamic_ncols=True) as bar:
     def advance(elapsed):
-      # With a budget the cycles' count is known only as they go: the total is the cycles
-      # the budget holds at the rate so far (whole rounds of `repeats`), or the minimum.
+      # With a budget the cycles' count is known only as they go: the total is the whole
+      # rounds of `repeats` that fit in the budget at the rate so far, or the minimum.
       bar.update(1)
       if budget_s > 0:
-        expected = math.ceil(bar.n * budget_s / max(elapsed, 1e-9) / repeats) * repeats
+        expected = math.floor(bar.n * budget_s / max(elapsed, 1e-9) / repeats) * repeats
         bar.total = max(minimum, expected, bar.n)
         bar.refresh()
 
@@ -474,9 +480,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
           rounds = int(np.sum(result["target_calls"]))
           spec_decode = times[key]
           spec_total = [d + u for d, u in zip(spec_decode, spec_setups)]
-          per_repeat = [(tokens / s) / (plain_tokens / p)
-                        for s, p in zip(spec_decode, plain_decode)]
-          end_to_end = [(tokens / s) / (plain_tokens / p) for s, p in zip(spec_total, plain_total)]
+          per_repeat = paired_speedups(tokens, spec_decode, plain_tokens, plain_decode)
+          end_to_end = paired_speedups(tokens, spec_total, plain_tokens, plain_total)
           predicted = rounds * (draft_two + (gamma - 1) * draft_one
                                 + cost[f"verification_{gamma}"])
           rows.append(dict(
