@@ -197,6 +197,12 @@ def _repeated_extend(model, params, cache, tokens, passes, *, width, steps, wind
   return tokens, stamps
 
 
+@functools.partial(jax.jit, static_argnames=("model", "batch", "capacity"))
+def _empty_cache(model, params, batch, capacity, encoder_inputs):
+  # One program: run eagerly, the encoder compiles each of its operations on its own.
+  return model.init_cache(params, batch, capacity, encoder_inputs)
+
+
 def per_call_function(model: Model, params, inputs: dict, batch: int, width: int,
                       duration: float, capacity: Optional[int] = None, windows: int = 4):
   """(callable making `calls` extends of `width` tokens per row, returning (tokens, stamps)
@@ -209,7 +215,7 @@ def per_call_function(model: Model, params, inputs: dict, batch: int, width: int
   encoder_inputs = inputs.get("encoder_input_tokens")
   capacity = capacity or model.config.max_decode_length
   steps = max(1, capacity // width)
-  cache = model.init_cache(params, batch, capacity, encoder_inputs)
+  cache = _empty_cache(model, params, batch, capacity, encoder_inputs)
   tokens = jnp.full((batch, width), 5, jnp.int32)
   run = functools.partial(_repeated_extend, model, params, cache, tokens, width=width,
                           steps=steps, windows=windows)

@@ -38,10 +38,16 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope="module")
 def fast_compilation():
-  """Compiles the module's programs quickly (compilation.py). Opt in with
-  `pytestmark = pytest.mark.usefixtures("fast_compilation")`; a child process the tests
-  start compiles quickly only if it calls `compilation.set_fast_compilation(True)` itself."""
-  from compilation import set_fast_compilation
+  """Compiles the module's programs quickly (compilation.py), in this process and in the
+  processes its tests start (pinned timing children, binaries run as modules), which read it
+  from the environment. Opt in with `pytestmark = pytest.mark.usefixtures("fast_compilation")`."""
+  from compilation import ENV, set_fast_compilation
   previous = set_fast_compilation(True)
+  previous_env = os.environ.get(ENV)
+  os.environ[ENV] = "1"
   yield
   set_fast_compilation(previous)
+  if previous_env is None:
+    os.environ.pop(ENV, None)
+  else:
+    os.environ[ENV] = previous_env

@@ -15,6 +15,8 @@ import pytest
 
 from distillspec_jax.models import DECODER_START_ID, Model
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 ATOL = RTOL = 1e-5
 BATCH = 4
 MAX_LENGTH = 32  # one cache shape and one reference width: few compilations

@@ -11,6 +11,8 @@ from distillspec_jax import convert, hf_t5, t5x_checkpoints
 from distillspec_jax.config import TransformerConfig
 from distillspec_jax.models import Model
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 TINY = TransformerConfig(kind="encoder_decoder", vocab_size=128, emb_dim=64, num_heads=4,
                          num_encoder_layers=2, num_decoder_layers=1, head_dim=16, mlp_dim=96,
                          dropout_rate=0.0, max_decode_length=32)

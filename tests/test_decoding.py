@@ -12,6 +12,8 @@ from distillspec_jax import decoding
 from distillspec_jax.decoding import SamplingConfig
 from distillspec_jax.models import DECODER_START_ID, EOS_ID, PAD_ID, Model
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 MODEL_NAMES = ("tiny_encoder_decoder", "tiny_decoder_only")
 MAX_NEW = 12
 NEVER_STOP = SamplingConfig(eos_id=-1)  # greedy, no token ever ends a row

@@ -7,6 +7,8 @@ import pytest
 
 from distillspec_jax import divergences as dv
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 NAMES = ("fkl", "rkl", "jsd", "tvd")
 
 

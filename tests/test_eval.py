@@ -61,12 +61,25 @@ def _numbers(value):
     yield value
 
 
-def test_every_output_file_is_written_with_finite_numbers(setup, tmp_path):
-  config = _config(setup, tmp_path / "run", lenience_kinds=("lin",), epsilons=(1.0, 0.5),
-                   temperatures=(1.0,))
-  metrics = eval_lib.evaluate(config)
-  on_disk = json.load(open(tmp_path / "run" / "metrics.json"))
-  assert on_disk == json.loads(json.dumps(metrics))
+def test_the_binary_run_as_a_module_writes_every_output_with_finite_numbers(setup, tmp_path):
+  """`python -m distillspec_jax.eval` on eval_demo.gin: metrics.json (the interface, finite
+  numbers), inferences, TensorBoard events and the lossy trade-off table; bad input exits 2."""
+  import subprocess
+  import sys
+  model_dir = tmp_path / "run"
+  command = [sys.executable, "-m", "distillspec_jax.eval", "--gin_file=gin/runs/eval_demo.gin",
+             f"--gin.MODEL_DIR={model_dir}", f"--gin.TARGET_CHECKPOINT_PATH={setup['target']}",
+             f"--gin.DRAFT_CHECKPOINT_PATH={setup['draft']}",
+             f"--gin.VOCABULARY={setup['vocabulary']}", "--gin.EVAL_EXAMPLES=4",
+             "--gin.BATCH_SIZE=3", "--gin.GAMMAS=(2,)", "--gin.TEMPERATURES=(1.0,)",
+             "--gin.LENIENCE_KINDS=('lin',)", "--gin.EPSILONS=(1.0, 0.5)",
+             "--gin.SPEED_EXAMPLES=1", "--gin.SPEED_REPEATS=1", "--gin.SPEED_CPUS=0",
+             f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}", "--gin.EvalConfig.progress_bar=False"]
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=repo)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "| embedded_arithmetic | 1.0 | 2 |" in done.stdout
+  on_disk = json.load(open(model_dir / "metrics.json"))
   assert set(on_disk) == {"rows", "target_alone"}
   assert len(on_disk["rows"]) == 1 * 1 * 2  # temperatures x gammas x leniences
   for row in on_disk["rows"]:
@@ -80,11 +93,11 @@ def test_every_output_file_is_written_with_finite_numbers(setup, tmp_path):
     assert len(row["acceptance_by_position"]) == row["gamma"]
     assert row["speedup_range"][0] <= row["speedup"] <= row["speedup_range"][1]
     assert "accuracy" in row["quality"]
+  assert [r["epsilon"] for r in on_disk["rows"]] == [1.0, 0.5]
   assert all(math.isfinite(x) for x in _numbers(on_disk))
   assert set(on_disk["target_alone"]["embedded_arithmetic"]) == {"accuracy"}
 
-  lines = [json.loads(l) for l in open(tmp_path / "run" / "inferences" /
-                                       "embedded_arithmetic.jsonl")]
+  lines = [json.loads(l) for l in open(model_dir / "inferences" / "embedded_arithmetic.jsonl")]
   speculative = [l for l in lines if l["decoder"] == "speculative"]
   assert len(speculative) == 2 * 4 and len(lines) == 2 * 4 + 1 * 4
   for line in speculative:
@@ -92,12 +105,19 @@ def test_every_output_file_is_written_with_finite_numbers(setup, tmp_path):
     assert line["input"].startswith(("Tom", "Sam", "Ben", "Max", "Leo", "Ann", "Mia", "Zoe",
                                      "Lily", "Emma"))
     assert all(0 <= n <= line["gamma"] for n in line["accepted_per_round"])
-  events = os.listdir(tmp_path / "run" / "tensorboard")
-  assert events and os.path.getsize(tmp_path / "run" / "tensorboard" / events[0]) > 0
-  for name in ("lossy_tradeoff.md", "lossy_tradeoff.json", "lossy_tradeoff.png"):
-    assert os.path.getsize(tmp_path / "run" / name) > 0
-  table = json.load(open(tmp_path / "run" / "lossy_tradeoff.json"))["rows"]
+  events = os.listdir(model_dir / "tensorboard")
+  assert events and os.path.getsize(model_dir / "tensorboard" / events[0]) > 0
+  for name in ("lossy_tradeoff.md", "lossy_tradeoff.json", "lossy_tradeoff.png", "config.gin"):
+    assert os.path.getsize(model_dir / name) > 0
+  table = json.load(open(model_dir / "lossy_tradeoff.json"))["rows"]
   assert all(math.isfinite(r["relative_latency"]) for r in table)
+
+  # Bad input: exit status 2 and the message, no traceback.
+  done = subprocess.run(command + ["--gin.DRAFT_CHECKPOINT_PATH=/nonexistent/draft"],
+                        capture_output=True, text=True, timeout=600, cwd=repo)
+  assert done.returncode == 2
+  assert "DRAFT_CHECKPOINT_PATH='/nonexistent/draft' does not exist" in done.stderr
+  assert "Traceback" not in done.stderr
 
 
 def test_relative_latency_of_the_target_alone_is_one():
@@ -306,29 +326,3 @@ def test_gin_run_files_build(setup):
   with pytest.raises(gin_utils.GinConfigError, match="EPSILONS=\\(\\) is empty"):
     eval_lib.load_config(["--gin_file=gin/runs/eval_demo.gin", "--gin.EPSILONS=()"])
   gin_utils.clear()
-
-
-def test_the_binary_runs_as_a_module(setup, tmp_path):
-  import subprocess
-  import sys
-  model_dir = tmp_path / "run"
-  command = [sys.executable, "-m", "distillspec_jax.eval", "--gin_file=gin/runs/eval_demo.gin",
-             f"--gin.MODEL_DIR={model_dir}", f"--gin.TARGET_CHECKPOINT_PATH={setup['target']}",
-             f"--gin.DRAFT_CHECKPOINT_PATH={setup['draft']}",
-             f"--gin.VOCABULARY={setup['vocabulary']}", "--gin.EVAL_EXAMPLES=2",
-             "--gin.BATCH_SIZE=2", "--gin.GAMMAS=(2,)", "--gin.TEMPERATURES=(0.0,)",
-             "--gin.SPEED_EXAMPLES=0", "--gin.TASK_FEATURE_LENGTHS={'inputs': 48, 'targets': 4}",
-             "--gin.EvalConfig.progress_bar=False"]
-  done = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  assert done.returncode == 0, done.stderr[-3000:]
-  rows = json.load(open(model_dir / "metrics.json"))["rows"]
-  assert len(rows) == 1 and rows[0]["gamma"] == 2
-  assert "| embedded_arithmetic | 0.0 | 2 |" in done.stdout
-  # Bad input: exit status 2 and the message, no traceback.
-  done = subprocess.run(command + ["--gin.DRAFT_CHECKPOINT_PATH=/nonexistent/draft"],
-                        capture_output=True, text=True, timeout=600,
-                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  assert done.returncode == 2
-  assert "DRAFT_CHECKPOINT_PATH='/nonexistent/draft' does not exist" in done.stderr
-  assert "Traceback" not in done.stderr

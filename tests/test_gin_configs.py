@@ -10,6 +10,8 @@ import pytest
 from distillspec_jax import gin_utils, train
 from distillspec_jax.config import MODEL_CONFIGS
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 ROOT = gin_utils.REPO_ROOT
 
 

@@ -5,6 +5,8 @@ import pytest
 
 from distillspec_jax import gin_utils, main
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 
 @pytest.fixture(autouse=True)
 def _clear_gin():

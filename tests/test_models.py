@@ -11,6 +11,8 @@ import pytest
 from distillspec_jax.config import MODEL_CONFIGS
 from distillspec_jax.models import Model
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 ALLOWED_AXES = {"embed", "mlp", "heads", "kv", "joined_kv", "vocab", "relpos_buckets"}
 
 # Published T5 1.1 sizes (T5X / HF model cards), with the 32128-token vocabulary.

@@ -19,6 +19,8 @@ import pytest
 
 from distillspec_jax import multihost
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "multihost_worker.py")
 STEPS = 3

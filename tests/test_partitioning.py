@@ -16,6 +16,8 @@ from jax.sharding import PartitionSpec as P
 from distillspec_jax import partitioning
 from distillspec_jax.models import Model
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 
 def test_rules_are_the_t5x_1d_model_parallel_rules():
   rules = dict(partitioning.LOGICAL_AXIS_RULES)

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -29,9 +30,9 @@ def _mtimes(config):
           for s in config.stages}
 
 
-def test_demo_pipeline_smoke_reuse_and_partial_rerun(tmp_path):
+def test_demo_pipeline_smoke_reuse_and_the_adaspec_job_on_its_stages(tmp_path):
   # Timed in a process pinned to one core, as the demo does.
-  # T = 1 only: the T = 0 path runs in the AdaSPEC and decoder-only jobs below.
+  # T = 1 only: the T = 0 path runs in the AdaSPEC job (at the end) and the decoder-only job.
   config = dataclasses.replace(_smoke_config(tmp_path / "demo"), speed_cpus=1,
                                temperatures=(1.0,), recipe_steps={"supervised_kd": 3})
   outcome = run_pipeline(config)
@@ -77,6 +78,26 @@ def test_demo_pipeline_smoke_reuse_and_partial_rerun(tmp_path):
   assert set(run_pipeline(config).values()) == {"skipped"}
   assert _mtimes(config) == before
 
+  # AdaSPEC's comparison job in another run directory holding copies of this run's finished
+  # stages (their markers' times kept): it reuses them, its reference included (the
+  # SupervisedKD draft), and runs only its own distillation, the evaluation and the report.
+  ada = dataclasses.replace(config, run_dir=str(tmp_path / "ada"), temperatures=(0.0,),
+                            recipes=("supervised_kd", "adaspec"), speed_cpus=0)
+  assert ada.dependencies("distill_adaspec") == ("target", "draft_raw", "distill_supervised_kd")
+  for stage in ("vocab", "target", "draft_raw", "distill_supervised_kd"):
+    shutil.copytree(config.stage_dir(stage), ada.stage_dir(stage))
+  outcome = run_pipeline(ada)
+  assert {s for s, v in outcome.items() if v == "ran"} == {"distill_adaspec", "evaluate",
+                                                           "report"}
+  report = json.load(open(tmp_path / "ada" / "report.json"))
+  assert {r["recipe"] for r in report["rows"]} == {"raw", "distillspec", "adaspec"}
+  for row in report["rows"]:
+    assert set(row) >= {"task", "temperature", "gamma", "recipe", "alpha", "tau"}
+    assert 0.0 <= row["alpha"] <= 1.0 and 1.0 <= row["tau"] <= row["gamma"] + 1
+  marker = json.load(open(os.path.join(ada.stage_dir("distill_adaspec"), pipeline.DONE)))
+  assert marker["top_k_fraction"] == 0.4
+  assert abs(marker["kept_fraction_last"] - 0.4) < 0.05
+
 
 def _recording_stages(calls):
   def stage(config, name):
@@ -89,7 +110,6 @@ def _recording_stages(calls):
 def test_deleting_one_stage_reruns_it_and_only_what_depends_on_it(tmp_path):
   # The stage bookkeeping alone (markers, staleness), with stage functions that only record
   # their calls; the real stages' skip-on-rerun is the smoke test's.
-  import shutil
   config = _smoke_config(tmp_path / "demo")
   calls = []
   assert set(run_pipeline(config, _recording_stages(calls)).values()) == {"ran"}
@@ -131,24 +151,6 @@ def test_bad_input_fails_before_training(tmp_path):
   blocker.write_text("not a directory")
   with pytest.raises(ValueError, match="MODEL_DIR="):
     pipeline.check_run_dir(str(blocker / "run"))
-
-
-def test_adaspec_comparison_job(tmp_path):
-  """AdaSPEC's reference is another recipe's ordinary distillation stage; the report has the
-  raw / distillspec / adaspec rows and the kept fraction is logged."""
-  import dataclasses
-  config = dataclasses.replace(_smoke_config(tmp_path / "ada"), recipes=("supervised_kd", "adaspec"),
-                               temperatures=(0.0,))
-  assert config.dependencies("distill_adaspec") == ("target", "draft_raw", "distill_supervised_kd")
-  run_pipeline(config)
-  report = json.load(open(tmp_path / "ada" / "report.json"))
-  assert {r["recipe"] for r in report["rows"]} == {"raw", "distillspec", "adaspec"}
-  for row in report["rows"]:
-    assert set(row) >= {"task", "temperature", "gamma", "recipe", "alpha", "tau"}
-    assert 0.0 <= row["alpha"] <= 1.0 and 1.0 <= row["tau"] <= row["gamma"] + 1
-  marker = json.load(open(os.path.join(config.stage_dir("distill_adaspec"), pipeline.DONE)))
-  assert marker["top_k_fraction"] == 0.4
-  assert abs(marker["kept_fraction_last"] - 0.4) < 0.05
 
 
 def test_adaspec_bad_input(tmp_path):

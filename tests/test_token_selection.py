@@ -10,6 +10,8 @@ import pytest
 from distillspec_jax import divergences as dv
 from distillspec_jax import token_selection as ts
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 
 def random_mask(rng, batch, length, min_len=1):
   lengths = rng.integers(min_len, length + 1, batch)

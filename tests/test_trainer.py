@@ -11,6 +11,8 @@ from distillspec_jax import distillation as D
 from distillspec_jax import trainer as T
 from distillspec_jax.models import Model
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 VOCAB = 64
 
 

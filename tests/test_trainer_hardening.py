@@ -13,6 +13,8 @@ from distillspec_jax import metrics_log
 from distillspec_jax import trainer as T
 from distillspec_jax.models import Model
 
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
 VOCAB = 64
 
 
