@@ -64,7 +64,10 @@ def collective_until_killed():
   total = jax.jit(jnp.sum, out_shardings=partitioning.replicated(mesh))
   x = multihost.global_batch({"x": np.ones((shard.local_batch_size, 3), np.float32)}, mesh,
                              shard)["x"]
-  print("SUM", float(total(x)), flush=True)
+  # One write per line: the output is one pipe shared with the C++ runtime's logging threads,
+  # and print's separate writes of its pieces (unbuffered) let their lines fall in between.
+  sys.stdout.write(f"SUM {float(total(x))}\n")
+  sys.stdout.flush()
   multihost.barrier("before_kill")
   if jax.process_index() == 1:
     os.kill(os.getpid(), signal.SIGKILL)
@@ -79,7 +82,8 @@ def collective_until_killed():
       time.sleep(0.2)
   except Exception as error:  # noqa: BLE001 -- any failure of the collective is the result
     first = (str(error).strip().splitlines() or [""])[0][:500]
-    print(f"SURVIVOR_ERROR {type(error).__name__}: {first}", flush=True)
+    sys.stdout.write(f"SURVIVOR_ERROR {type(error).__name__}: {first}\n")
+    sys.stdout.flush()
     os._exit(3)
   print("SURVIVOR_NEVER_STOPPED", flush=True)
 
