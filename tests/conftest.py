@@ -43,11 +43,7 @@ def fast_compilation():
   from the environment. Opt in with `pytestmark = pytest.mark.usefixtures("fast_compilation")`."""
   from compilation import ENV, set_fast_compilation
   previous = set_fast_compilation(True)
-  previous_env = os.environ.get(ENV)
-  os.environ[ENV] = "1"
-  yield
+  with pytest.MonkeyPatch.context() as patch:  # restores the environment after the module
+    patch.setenv(ENV, "1")
+    yield
   set_fast_compilation(previous)
-  if previous_env is None:
-    os.environ.pop(ENV, None)
-  else:
-    os.environ[ENV] = previous_env
