@@ -31,12 +31,14 @@ from distillspec_jax.pinning import pin_cores  # noqa: E402  (no JAX computation
 def speedups(log: list, result: dict, calls: int) -> dict:
   """(draft, gamma, T) -> speedup per repeat from each repeat's first `calls` calls."""
   from distillspec_jax import speed
+  from distillspec_jax.speculative import Lenience
   times = speed.repeat_times(log, result["repeats"], calls)
   out = {}
   for row in result["rows"]:
     temperature = row["temperature"]
     plain_tokens = result["plain"][str(float(temperature))]["tokens"]
-    spec = times[(row["draft"], row["gamma"], temperature)]
+    spec = times[(row["draft"], row["gamma"], temperature,
+                  speed.timed_lenience(Lenience(row["lenience"], row["epsilon"])))]
     plain = times[("plain", temperature)]
     out[(row["draft"], row["gamma"], temperature)] = speed.paired_speedups(
         row["tokens"], spec, plain_tokens, plain)

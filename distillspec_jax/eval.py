@@ -17,7 +17,8 @@ target alone and with speculative decoding at every (temperature, gamma, lenienc
   MODEL_DIR/lossy_tradeoff.{md,png} when the lenience grid has more than one point
   MODEL_DIR/config.gin              the configuration used
 The evaluation itself is `evaluation.py` (models, params, prompts, callables); wall-clock
-speed is `speed.measure_speed`, once per lenience, in a process pinned to SPEED_CPUS cores.
+speed is `speed.measure_speed`, one measurement per task for the whole grid (its leniences
+timed in the same interleaved cycles), in a process pinned to SPEED_CPUS cores.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ class EvalConfig:
     max_new_tokens: decoding budget (None: task_feature_lengths["targets"]).
     speed_examples: the first test prompts timed one at a time (0: no timing, speed fields
       null); speed_repeats: interleaved timing turns; speed_calls: timed calls per repeat,
-      at least; speed_budget_s: seconds of timing per lenience (more calls while another
-      round fits; 0 = exactly speed_calls; speed.measure_speed); speed_cpus: cores of the timing process
+      at least; speed_budget_s: seconds of timing per task, the whole lenience grid timed
+      together (more calls while another round fits; 0 = exactly speed_calls;
+      speed.measure_speed); speed_cpus: cores of the timing process
       (0: this process, unpinned).
     max_decode_length: cache capacity of both models (None: what the grid needs, rounded up to
       a multiple of 16, or the presets' when larger).
@@ -242,28 +244,18 @@ def eval_split(task_name: str, split: Optional[str]) -> str:
 # --- timing --------------------------------------------------------------------------------
 
 
-def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalConfig) -> list:
-  """measure_speed of the pair once per lenience of the grid (a lossless epsilon = 1 is
-  measured once and shared by every kind). Loads the checkpoints itself (run_pinned)."""
+def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalConfig) -> dict:
+  """measure_speed of the pair over the whole lenience grid in one measurement (its
+  leniences interleaved in the same cycles, against one plain decoding). Loads the
+  checkpoints itself (run_pinned)."""
   target, target_params = load_model(paths[0], "TARGET_CHECKPOINT_PATH", presets[0], capacity)
   draft, draft_params = load_model(paths[1], "DRAFT_CHECKPOINT_PATH", presets[1], capacity)
-  out, lossless = [], None
-  for lenience in config.leniences:
-    if lenience.epsilon == 1.0 and lossless is not None:
-      out.append(lossless)
-      continue
-    timing = speed.measure_speed(target, target_params, {"draft": (draft, draft_params)},
-                                 prompts, gammas=config.gammas,
-                                 temperatures=config.temperatures,
-                                 max_new_tokens=config.new_tokens,
-                                 repeats=config.speed_repeats,
-                                 timed_per_turn=config.speed_calls,
-                                 budget_s=config.speed_budget_s, seed=config.seed,
-                                 lenience=lenience, progress=config.progress_bar)
-    if lenience.epsilon == 1.0:
-      lossless = timing
-    out.append(timing)
-  return out
+  return speed.measure_speed(target, target_params, {"draft": (draft, draft_params)},
+                             prompts, gammas=config.gammas, temperatures=config.temperatures,
+                             max_new_tokens=config.new_tokens, repeats=config.speed_repeats,
+                             timed_per_turn=config.speed_calls,
+                             budget_s=config.speed_budget_s, seed=config.seed,
+                             leniences=config.leniences, progress=config.progress_bar)
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -328,7 +320,7 @@ def evaluate(config: EvalConfig) -> dict:
   detokenize = lambda ids: vocabulary.decode([int(i) for i in ids])
   leniences = config.leniences
   total = len(names) * len(config.temperatures) * (1 + len(config.gammas) * len(leniences))
-  rows_by_task, alone_by_task, timings = {}, {}, {}
+  rows_by_task, alone_by_task = {}, {}
   common = dict(max_new_tokens=config.new_tokens, batch_size=config.batch_size,
                 detokenize=detokenize, seed=config.seed)
   with tqdm(total=total, desc="evaluate", dynamic_ncols=True,
@@ -373,18 +365,16 @@ def evaluate(config: EvalConfig) -> dict:
       rows_by_task[name] = rows
   del target_params, draft_params
   for name in names:
-    timing = [None] * len(leniences)
+    timing = None
     if config.speed_examples:
       timing = pinning.run_pinned(
           config.speed_cpus, _timings,
           (config.target_checkpoint_path, config.draft_checkpoint_path),
           (config.target_model, config.draft_model), capacity,
           examples[name]["prompts"][:config.speed_examples], config)
-    timings[name] = timing
-    index = {(l.kind, l.epsilon): i for i, l in enumerate(leniences)}
     for row in rows_by_task[name]:
-      row.update(evaluation.speed_fields(timing[index[(row["lenience"], row["epsilon"])]],
-                                         row["gamma"], row["temperature"]))
+      row.update(evaluation.speed_fields(timing, row["gamma"], row["temperature"],
+                                         Lenience(row["lenience"], row["epsilon"])))
   rows = [r for name in names for r in rows_by_task[name]]
   if len(names) > 1:
     mixture_rows, mixture_alone = evaluation.mixture_mean(config.mixture_or_task_name,

@@ -251,16 +251,21 @@ ROW_FIELDS = ("task", "temperature", "gamma", "lenience", "epsilon", "quality", 
               "speedup_range", "cost_model_speedup")
 
 
-def speed_fields(timing: Optional[dict], gamma: int, temperature: float) -> dict:
-  """speedup, speedup_range and cost_model_speedup of one (gamma, temperature) from a
-  speed.measure_speed result with one draft (None fields when `timing` is None)."""
+def speed_fields(timing: Optional[dict], gamma: int, temperature: float,
+                 lenience: Optional[Lenience] = None) -> dict:
+  """speedup, speedup_range and cost_model_speedup of one (gamma, temperature, lenience) from
+  a speed.measure_speed result with one draft (None fields when `timing` is None; lenience
+  None: the timing's only one)."""
   if timing is None:
     return {"speedup": None, "speedup_range": None, "cost_model_speedup": None}
   for row in timing["rows"]:
-    if row["gamma"] == int(gamma) and row["temperature"] == float(temperature):
+    if (row["gamma"] == int(gamma) and row["temperature"] == float(temperature) and (
+        lenience is None or (row["lenience"], row["epsilon"]) == (lenience.kind,
+                                                                  float(lenience.epsilon)))):
       return {"speedup": row["speedup"], "speedup_range": list(row["speedup_range"]),
               "cost_model_speedup": row["cost_model_speedup"]}
-  raise KeyError(f"The timing has no row for gamma={gamma}, temperature={temperature}.")
+  raise KeyError(f"The timing has no row for gamma={gamma}, temperature={temperature}, "
+                 f"lenience={lenience}.")
 
 
 def _mean(values):

@@ -11,7 +11,8 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
 - One window per prompt: the loop reads the host clock between prompts (`_stamped_scan`), so
   a call of N prompts gives N windows of a few milliseconds each.
 - Compiled once, timed warm, interleaved: after one untimed call of every function, timed
-  cycles each call every function once (plain decoding, every speculative configuration,
+  cycles each call every function once (plain decoding, every speculative configuration
+  (draft, gamma, temperature and lenience: a lossy trade-off is timed in the same cycles),
   both setups, every per-call cost), `repeats * timed_per_turn` cycles in all; cycle c
   belongs to repeat c % repeats. A repeat's time of a function is the sum over its windows
   of each window's fastest time among the repeat's calls. Interference only ever adds time:
@@ -35,6 +36,7 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import statistics
 import time
@@ -315,6 +317,24 @@ def check_budget(budget_s, name: str = "budget_s") -> float:
   return float(budget_s)
 
 
+def timed_lenience(lenience: Lenience) -> Lenience:
+  """The rule timed for `lenience`: every kind at epsilon 1 is lossless sampling, one rule."""
+  return Lenience() if lenience.epsilon == 1.0 else lenience
+
+
+def check_leniences(leniences) -> tuple:
+  """`leniences` as a tuple of distinct speculative.Lenience, or a ValueError naming it."""
+  leniences = (leniences,) if isinstance(leniences, Lenience) else tuple(leniences)
+  if not leniences:
+    raise ValueError("leniences=() is empty; pass at least one speculative.Lenience, e.g. "
+                     "(Lenience(),) for lossless decoding.")
+  for lenience in leniences:
+    if not isinstance(lenience, Lenience):
+      raise ValueError(f"leniences has {lenience!r}; pass speculative.Lenience(kind, epsilon) "
+                       "values.")
+  return tuple(dict.fromkeys(leniences))
+
+
 def check_speed_arguments(gammas, temperatures, repeats, prompts) -> None:
   """check_grid, and refuses repeats < 1 and an empty prompt set."""
   check_grid(gammas, temperatures)
@@ -326,7 +346,8 @@ def check_speed_arguments(gammas, temperatures, repeats, prompts) -> None:
 def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], prompts,
                   *, gammas: Sequence[int], temperatures: Sequence[float],
                   max_new_tokens: int, repeats: int = 7, seed: int = 0,
-                  lenience: Lenience = Lenience(), eos_id: Optional[int] = None,
+                  leniences: Sequence[Lenience] = (Lenience(),),
+                  eos_id: Optional[int] = None,
                   timed_per_turn: int = 6, budget_s: float = 0.0,
                   before_timing: Optional[Callable] = None,
                   windows_log: Optional[list] = None, progress: bool = True) -> dict:
@@ -337,6 +358,10 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     prompts: [N, P] right-padded prompts (encoder inputs of an encoder-decoder), each decoded
       alone.
     repeats: timing repeats (>= 1); medians and ranges are over them.
+    leniences: the acceptance rules to time (speculative.Lenience); every one is timed in the
+      same interleaved cycles, against the same plain decoding, so a lossy trade-off's
+      speedups share their machine. Lossless rules (epsilon 1: every kind is the same rule)
+      are timed once.
     eos_id: None = the sampling default (EOS stops a row); -1 disables EOS (fixed lengths).
     timed_per_turn: timed calls of each function per repeat, at least; a repeat's time sums
       each window's fastest (`interleaved_times`).
@@ -346,10 +371,11 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     before_timing: called once everything is compiled and warm, just before the timed
       cycles (e.g. `wait_for_release`, so that the caller's other work is done by then).
     windows_log: if given, gets (key, repeat, window seconds) of every timed call, in order;
-      keys are ("plain", T), (draft, gamma, T), ("setup_plain", T),
+      keys are ("plain", T), (draft, gamma, T, timed Lenience), ("setup_plain", T),
       ("setup_speculative", T, draft), ("per_call", name) and ("stamp",).
   Returns:
-    {"rows": [{draft, gamma, temperature, speedup, speedup_range, speedup_spread,
+    {"rows": [{draft, gamma, temperature, lenience, epsilon, speedup, speedup_range,
+    speedup_spread,
     speedup_repeats, cost_model_speedup, end_to_end_speedup, end_to_end_speedup_range,
     cost_model_end_to_end_speedup, tokens_per_s, plain_tokens_per_s, tau, rounds, tokens,
     seconds, setup_s}], "plain": {temperature: {...}}, "per_call_s": {...},
@@ -373,6 +399,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   """
   check_speed_arguments(gammas, temperatures, repeats, prompts)
   check_positive_int(timed_per_turn, "timed_per_turn")
+  leniences = check_leniences(leniences)
+  timed_leniences = list(dict.fromkeys(timed_lenience(lenience) for lenience in leniences))
   budget_s = check_budget(budget_s)
   prompts = jnp.asarray(np.asarray(prompts), jnp.int32)
   num_prompts = int(prompts.shape[0])
@@ -412,18 +440,23 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     functions[("setup_plain", temperature)] = functools.partial(start, params, prompts, rng)
     for draft, names in model_of.items():
       for gamma in gammas:
-        # One compiled pair per draft Model: drafts of one Model differ in parameters only.
-        start, rounds = _speculative_decoder(target, draft, max_new_tokens, gamma, sampling,
-                                             lenience)
+        # Compiled once per draft Model (drafts of one Model differ in parameters only); the
+        # setup does not depend on the lenience, the rounds do.
+        start, _ = _speculative_decoder(target, draft, max_new_tokens, gamma, sampling,
+                                        timed_leniences[0])
+        rounds_of = {lenience: _speculative_decoder(target, draft, max_new_tokens, gamma,
+                                                    sampling, lenience)[1]
+                     for lenience in timed_leniences}
         for name in names:
           params = {"target": target_params, "draft": drafts[name][1]}
           states, _ = jax.block_until_ready(start(params, prompts, rng))
           if gamma == gammas[0] and name == names[0]:
             functions[("setup_speculative", temperature, name)] = functools.partial(
                 start, params, prompts, rng)
-          key = (name, gamma, temperature)
-          runs[key] = jax.device_get(rounds(params, states, rng)[0])
-          functions[key] = functools.partial(rounds, params, states, rng)
+          for lenience, rounds in rounds_of.items():
+            key = (name, gamma, temperature, lenience)
+            runs[key] = jax.device_get(rounds(params, states, rng)[0])
+            functions[key] = functools.partial(rounds, params, states, rng)
   for name, fn in per_call.items():
     functions[("per_call", name)] = fn
   # The clock read each window holds: windows of a loop over the prompts that does nothing.
@@ -478,32 +511,32 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
       draft_one, draft_two = (cost[f"{names[0]}:draft_step_{w}"] for w in (1, 2))
       spec_setups = times[("setup_speculative", temperature, names[0])]
       setup_spec = statistics.median(spec_setups)
-      for name in names:
-        for gamma in gammas:
-          key = (name, gamma, temperature)
-          result = runs[key]
-          tokens = int(np.sum(result["lengths"]))
-          rounds = int(np.sum(result["target_calls"]))
-          spec_decode = times[key]
-          spec_total = [d + u for d, u in zip(spec_decode, spec_setups)]
-          per_repeat = paired_speedups(tokens, spec_decode, plain_tokens, plain_decode)
-          end_to_end = paired_speedups(tokens, spec_total, plain_tokens, plain_total)
-          predicted = rounds * (draft_two + (gamma - 1) * draft_one
-                                + cost[f"verification_{gamma}"])
-          rows.append(dict(
-              draft=name, gamma=int(gamma), temperature=float(temperature),
-              speedup=statistics.median(per_repeat),
-              speedup_range=[min(per_repeat), max(per_repeat)],
-              speedup_spread=_spread(per_repeat), speedup_repeats=per_repeat,
-              cost_model_speedup=(tokens / predicted) / (plain_tokens / predicted_plain),
-              end_to_end_speedup=statistics.median(end_to_end),
-              end_to_end_speedup_range=[min(end_to_end), max(end_to_end)],
-              cost_model_end_to_end_speedup=(tokens / (setup_spec + predicted)) / (
-                  plain_tokens / (setup_plain + predicted_plain)),
-              tokens_per_s=tokens / statistics.median(spec_decode),
-              plain_tokens_per_s=plain_tokens / statistics.median(plain_decode),
-              tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
-              tokens=tokens, seconds=statistics.median(spec_total), setup_s=setup_spec))
+      for name, gamma, lenience in itertools.product(names, gammas, leniences):
+        key = (name, gamma, temperature, timed_lenience(lenience))
+        result = runs[key]
+        tokens = int(np.sum(result["lengths"]))
+        rounds = int(np.sum(result["target_calls"]))
+        spec_decode = times[key]
+        spec_total = [d + u for d, u in zip(spec_decode, spec_setups)]
+        per_repeat = paired_speedups(tokens, spec_decode, plain_tokens, plain_decode)
+        end_to_end = paired_speedups(tokens, spec_total, plain_tokens, plain_total)
+        predicted = rounds * (draft_two + (gamma - 1) * draft_one
+                              + cost[f"verification_{gamma}"])
+        rows.append(dict(
+            draft=name, gamma=int(gamma), temperature=float(temperature),
+            lenience=lenience.kind, epsilon=float(lenience.epsilon),
+            speedup=statistics.median(per_repeat),
+            speedup_range=[min(per_repeat), max(per_repeat)],
+            speedup_spread=_spread(per_repeat), speedup_repeats=per_repeat,
+            cost_model_speedup=(tokens / predicted) / (plain_tokens / predicted_plain),
+            end_to_end_speedup=statistics.median(end_to_end),
+            end_to_end_speedup_range=[min(end_to_end), max(end_to_end)],
+            cost_model_end_to_end_speedup=(tokens / (setup_spec + predicted)) / (
+                plain_tokens / (setup_plain + predicted_plain)),
+            tokens_per_s=tokens / statistics.median(spec_decode),
+            plain_tokens_per_s=plain_tokens / statistics.median(plain_decode),
+            tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
+            tokens=tokens, seconds=statistics.median(spec_total), setup_s=setup_spec))
   return dict(rows=rows, plain=plain_info, per_call_s=cost, interference=interference,
               machine=machine_info(),
               num_prompts=num_prompts, repeats=int(repeats),

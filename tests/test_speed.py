@@ -13,7 +13,7 @@ import pytest
 from distillspec_jax import evaluation, pinning, speed
 from distillspec_jax.decoding import SamplingConfig, prompt_inputs
 from distillspec_jax.models import Model
-from distillspec_jax.speculative import speculative_decode
+from distillspec_jax.speculative import Lenience, speculative_decode
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
@@ -73,6 +73,47 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
   greedy = [r for r in out["rows"] if r["temperature"] == 0.0][0]
   assert greedy["tau"] == pytest.approx(produced / calls)
   assert greedy["rounds"] == calls
+
+
+def test_a_lenience_grid_is_timed_in_one_measurement_with_lossless_rules_shared(pair):
+  target, target_params, draft, draft_params = pair
+  prompts = _prompts(2)
+  lossy = Lenience("lin", 0.3)
+  grid = (Lenience("lin", 1.0), Lenience("sq", 1.0), lossy)
+  common = dict(gammas=(2,), temperatures=(1.0,), max_new_tokens=8, repeats=2, seed=5,
+                timed_per_turn=1, progress=False)
+  log = []
+  out = speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, prompts,
+                            leniences=grid, windows_log=log, **common)
+  assert [(r["lenience"], r["epsilon"]) for r in out["rows"]] == [
+      ("lin", 1.0), ("sq", 1.0), ("lin", 0.3)]
+  # Every kind at epsilon 1 is the same (lossless) rule: timed once, reported for each.
+  timed = {key for key, _, _ in log if key[0] == "a"}
+  assert timed == {("a", 2, 1.0, Lenience()), ("a", 2, 1.0, lossy)}
+  lin, sq, eps = out["rows"]
+  assert {k: v for k, v in lin.items() if k != "lenience"} == {
+      k: v for k, v in sq.items() if k != "lenience"}
+  # Timed with the others, the lossy rule decodes exactly as when timed alone.
+  alone = speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, prompts,
+                              leniences=(lossy,), **common)["rows"][0]
+  assert (eps["tau"], eps["rounds"], eps["tokens"]) == (alone["tau"], alone["rounds"],
+                                                       alone["tokens"])
+  fields = evaluation.speed_fields(out, 2, 1.0, lossy)
+  assert fields["speedup"] == eps["speedup"] and fields["speedup_range"] == eps["speedup_range"]
+  with pytest.raises(KeyError, match="lenience"):
+    evaluation.speed_fields(out, 2, 1.0, Lenience("exp", 0.5))
+
+
+@pytest.mark.parametrize("leniences, message", [
+    ((), "leniences=() is empty"),
+    (("lin",), "leniences has 'lin'"),
+])
+def test_measure_speed_refuses_bad_leniences(pair, leniences, message):
+  target, target_params, draft, draft_params = pair
+  with pytest.raises(ValueError, match=re.escape(message)):
+    speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, _prompts(2),
+                        gammas=(2,), temperatures=(0.0,), max_new_tokens=4,
+                        leniences=leniences)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -11,6 +11,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "bench"))
 import timing_budget  # noqa: E402
 
+from distillspec_jax.speculative import Lenience  # noqa: E402
+
 
 def test_speedups_and_summary_from_each_repeats_first_calls():
   # Two repeats, three rounds. Plain decoding: two windows, 2 s each at best. The draft's
@@ -22,9 +24,10 @@ def test_speedups_and_summary_from_each_repeats_first_calls():
   for cycle in range(6):
     repeat = cycle % 2
     log.append((("plain", 0.0), repeat, plain[cycle]))
-    log.append((("a", 3, 0.0), repeat, spec[cycle]))
+    log.append((("a", 3, 0.0, Lenience()), repeat, spec[cycle]))
   result = {"repeats": 2, "timed_per_repeat": 3,
-            "rows": [{"draft": "a", "gamma": 3, "temperature": 0.0, "tokens": 10}],
+            "rows": [{"draft": "a", "gamma": 3, "temperature": 0.0, "lenience": "lin",
+                       "epsilon": 1.0, "tokens": 10}],
             "plain": {"0.0": {"tokens": 10}}}
   # Equal tokens: a repeat's speedup is plain time / speculative time.
   assert timing_budget.speedups(log, result, 1)[("a", 3, 0.0)] == pytest.approx([2.0, 1.0])
