@@ -34,7 +34,8 @@ def primary_metric(metrics: dict, task: str) -> str:
 def tradeoff_table(metrics: dict, task: Optional[str] = None,
                    metric: Optional[str] = None) -> list:
   """Rows {task, temperature, gamma, decoder, lenience, epsilon, quality, relative_latency,
-  speedup, tau, alpha} for one task (default: the last task of the rows, the mixture when
+  relative_latency_range ([min, max] over timing repeats: 1 / the speedup's range), speedup,
+  tau, alpha} for one task (default: the last task of the rows, the mixture when
   there is one): first the target alone (relative latency 1.0), then every speculative row,
   per (temperature, gamma), sorted by lenience kind and decreasing epsilon."""
   tasks = list(dict.fromkeys(r["task"] for r in metrics["rows"]))
@@ -48,25 +49,29 @@ def tradeoff_table(metrics: dict, task: Optional[str] = None,
     out.append(dict(task=task, temperature=temperature, gamma=gamma, decoder="target alone",
                     lenience=None, epsilon=None,
                     quality=metrics["target_alone"][task].get(metric), relative_latency=1.0,
-                    speedup=1.0, tau=None, alpha=None))
+                    relative_latency_range=None, speedup=1.0, tau=None, alpha=None))
     group = [r for r in rows if r["temperature"] == temperature and r["gamma"] == gamma]
     for r in sorted(group, key=lambda r: (r["lenience"], -r["epsilon"])):
-      speedup = r["speedup"]
+      speedup, timed = r["speedup"], r.get("speedup_range")
       out.append(dict(task=task, temperature=temperature, gamma=gamma, decoder="speculative",
                       lenience=r["lenience"], epsilon=r["epsilon"],
                       quality=r["quality"].get(metric),
                       relative_latency=(1.0 / speedup) if speedup else None,
+                      relative_latency_range=[1.0 / timed[1], 1.0 / timed[0]] if timed else None,
                       speedup=speedup, tau=r["tau"], alpha=r["alpha"]))
   return out
 
 
 def table_markdown(table: list, metric: str) -> str:
-  lines = [f"| T | gamma | decoder | lenience | epsilon | {metric} | relative latency | "
-           "speedup | tau | alpha |", "|---|---|---|---|---|---|---|---|---|---|"]
+  lines = [f"| T | gamma | decoder | lenience | epsilon | {metric} | relative latency "
+           "[range] | speedup | tau | alpha |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in table:
+    timed = r.get("relative_latency_range")
+    latency = _fmt(r["relative_latency"]) + (
+        f" [{_fmt(timed[0])}, {_fmt(timed[1])}]" if timed else "")
     lines.append(f"| {_fmt(r['temperature'], 1)} | {r['gamma']} | {r['decoder']} | "
                  f"{_fmt(r['lenience'])} | {_fmt(r['epsilon'], 2)} | {_fmt(r['quality'], 2)} | "
-                 f"{_fmt(r['relative_latency'])} | {_fmt(r['speedup'], 2)} | "
+                 f"{latency} | {_fmt(r['speedup'], 2)} | "
                  f"{_fmt(r['tau'], 2)} | {_fmt(r['alpha'])} |")
   return "\n".join(lines)
 
@@ -91,7 +96,8 @@ def rows_markdown(metrics: dict) -> str:
 
 def plot_tradeoff(table: list, metric: str, path: str) -> None:
   """Quality against relative latency, one panel per (temperature, gamma), one line per
-  lenience kind through its epsilons (labelled), the target alone as a star at 1.0."""
+  lenience kind through its epsilons (labelled, with the latency's [min, max] over timing
+  repeats as horizontal bars), the target alone as a star at 1.0."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -102,8 +108,12 @@ def plot_tradeoff(table: list, metric: str, path: str) -> None:
     for kind in dict.fromkeys(r["lenience"] for r in group if r["lenience"]):
       points = [r for r in group if r["lenience"] == kind and r["relative_latency"]]
       points.sort(key=lambda r: r["epsilon"])
-      ax.plot([r["relative_latency"] for r in points], [r["quality"] for r in points],
-              marker="o", label=kind)
+      latency = [r["relative_latency"] for r in points]
+      # Horizontal bars: the latency's [min, max] over timing repeats, where there is one.
+      errors = [[x - (r["relative_latency_range"] or [x, x])[0] for x, r in zip(latency, points)],
+                [(r["relative_latency_range"] or [x, x])[1] - x for x, r in zip(latency, points)]]
+      ax.errorbar(latency, [r["quality"] for r in points], xerr=errors, marker="o",
+                  capsize=3, label=kind)
       for r in points:
         ax.annotate(f"{r['epsilon']:g}", (r["relative_latency"], r["quality"]),
                     textcoords="offset points", xytext=(3, 3), fontsize=7)

@@ -125,12 +125,16 @@ def test_relative_latency_of_the_target_alone_is_one():
              "rows": [dict(task="t", temperature=1.0, gamma=3, lenience=k, epsilon=e,
                            quality={"accuracy": q}, tau=2.0, tau_stderr=0.1, alpha=0.5,
                            predicted_alpha=0.5, acceptance_by_position=[0.5] * 3,
-                           speedup=s, speedup_range=[s, s], cost_model_speedup=s)
+                           speedup=s, speedup_range=[s - 0.1, s + 0.4],
+                           cost_model_speedup=s)
                       for k, e, q, s in (("lin", 1.0, 50.0, 1.6), ("lin", 0.3, 40.0, 2.0))]}
   table = lossy.tradeoff_table(metrics)
   assert table[0]["decoder"] == "target alone" and table[0]["relative_latency"] == 1.0
-  assert table[0]["quality"] == 50.0
+  assert table[0]["quality"] == 50.0 and table[0]["relative_latency_range"] is None
   assert [r["relative_latency"] for r in table[1:]] == [1 / 1.6, 1 / 2.0]
+  # The latency's range over repeats is 1 / the speedup's: the fastest repeat is the lowest.
+  assert table[1]["relative_latency_range"] == pytest.approx([1 / 2.0, 1 / 1.5])
+  assert "0.625 [0.500, 0.667]" in lossy.table_markdown(table, "accuracy")
 
 
 @pytest.mark.parametrize("kind", ["lin", "sq", "exp"])
