@@ -8,6 +8,12 @@ spread over repeats, how many rows have a spread above 5% and 10%, and the large
 from the speedups of all calls. A host that grows quiet partway shows up as estimates that
 keep falling with k; a quiet one as spreads that are small from the start.
 
+It also prints when the host was quiet: for plain decoding and the largest verification,
+the share of (call, window) pairs within 3% of that window's fastest time over the whole
+measurement, in each tenth of the timed calls (`quiet_timeline`); and each row's speedup
+from the fastest windows of all calls together, against the cost model
+(`all_calls_speedups`: what every repeat would read with enough quiet calls).
+
   python bench/timing_budget.py --gin_file=gin/runs/demo.gin --out timing_budget.json \
       [--budget 240] [--calls 6,12,18,24] [--gin.PipelineConfig.speed_calls=12]
 
@@ -62,11 +68,39 @@ def summarise(log: list, result: dict, grid: list) -> list:
   return lines
 
 
-def plot(lines: list, path: str) -> None:
+def quiet_timeline(log: list, key, parts: int = 10, within: float = 0.03) -> list:
+  """For function `key`: in each of `parts` consecutive groups of its timed calls, the share
+  of (call, window) pairs within `within` of that window's fastest time over all calls."""
+  import numpy as np
+  windows = np.array([w for k, _, w in log if k == key])
+  if len(windows) < parts:
+    raise ValueError(f"{key} has {len(windows)} timed calls; a timeline of parts={parts} "
+                     "needs at least as many.")
+  near = windows <= (1 + within) * windows.min(axis=0)
+  return [float(group.mean()) for group in np.array_split(near, parts)]
+
+
+def all_calls_speedups(log: list, result: dict) -> dict:
+  """(draft, gamma, T) -> speedup from each window's fastest time over all calls (one repeat
+  holding every call)."""
+  one = [(key, 0, windows) for key, _, windows in log]
+  return {k: v[0] for k, v in speedups(one, {**result, "repeats": 1}, None).items()}
+
+
+def plot(lines: list, path: str, timeline: dict = None) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  figure, axis = plt.subplots(figsize=(5, 3.2))
+  if timeline:
+    figure, (axis, right) = plt.subplots(1, 2, figsize=(10, 3.2))
+    for name, shares in timeline.items():
+      tenths = [(i + 0.5) / len(shares) * 100 for i in range(len(shares))]
+      right.plot(tenths, [100 * share for share in shares], "o-", label=name)
+    right.set_xlabel("timed calls so far (%)")
+    right.set_ylabel("windows within 3% of their fastest (%)")
+    right.legend(fontsize=8)
+  else:
+    figure, axis = plt.subplots(figsize=(5, 3.2))
   calls = [line["calls"] for line in lines]
   axis.plot(calls, [100 * line["max_spread"] for line in lines], "o-",
             label="largest spread over repeats")
@@ -102,12 +136,26 @@ def main(argv=None) -> None:
           f"rows above 5% / 10%: {line['rows_spread_over_5_percent']} / "
           f"{line['rows_spread_over_10_percent']}, largest change to the all-calls speedup "
           f"{line['max_deviation_from_all_calls']:.1%}")
+  largest = f"verification_{max(config.gammas)}"
+  timeline = {f"plain T={t:g}": quiet_timeline(log, ("plain", t)) for t in config.temperatures}
+  timeline[largest] = quiet_timeline(log, ("per_call", largest))
+  for name, shares in timeline.items():
+    print(f"{name}: windows within 3% of their fastest, by tenth of the timing: "
+          + " ".join(f"{share:.0%}" for share in shares))
+  cost_model = {(r["draft"], r["gamma"], r["temperature"]): r["cost_model_speedup"]
+                for r in result["rows"]}
+  floors = {f"{d}/gamma{g}/T{t:g}": {"speedup": v, "cost_model_speedup": cost_model[(d, g, t)]}
+            for (d, g, t), v in all_calls_speedups(log, result).items()}
+  ratios = [v["speedup"] / v["cost_model_speedup"] for v in floors.values()]
+  print(f"all calls' fastest windows: measured over cost model {min(ratios):.2f}-"
+        f"{max(ratios):.2f}")
   report = {"budget_s": args.budget, "timed_per_repeat": result["timed_per_repeat"],
             "repeats": result["repeats"], "interference": result["interference"],
-            "machine": result["machine"], "by_calls": lines}
+            "per_call_s": result["per_call_s"], "machine": result["machine"],
+            "by_calls": lines, "quiet_timeline": timeline, "all_calls_speedups": floors}
   with open(args.out, "w") as f:
     json.dump(report, f, indent=1)
-  plot(lines, os.path.splitext(args.out)[0] + ".png")
+  plot(lines, os.path.splitext(args.out)[0] + ".png", timeline)
   print("wrote", args.out)
 
 

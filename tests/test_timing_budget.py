@@ -38,3 +38,23 @@ def test_speedups_and_summary_from_each_repeats_first_calls():
   assert one["max_deviation_from_all_calls"] == pytest.approx(0.25)  # 1.5 against 2
   assert three["max_spread"] == 0 and three["max_deviation_from_all_calls"] == 0
   assert three["speedups"] == {"a/gamma3/T0": pytest.approx(2.0)}
+
+
+def test_quiet_timeline_and_all_calls_speedups():
+  # Four calls of two windows: the first half quiet (at the floor), the second twice as slow.
+  floor = np.array([1.0, 2.0])
+  log = [(("plain", 0.0), c % 2, floor * (1 if c < 2 else 2)) for c in range(4)]
+  assert timing_budget.quiet_timeline(log, ("plain", 0.0), parts=2) == [1.0, 0.0]
+  with pytest.raises(ValueError, match="parts=5"):
+    timing_budget.quiet_timeline(log, ("plain", 0.0), parts=5)
+  # The draft's fastest first window is in repeat 0, its fastest second one in repeat 1:
+  # only all calls together reach both.
+  spec = [np.array([2.0, 2.0]), np.array([3.0, 1.0]), np.array([1.0, 3.0]),
+          np.array([2.0, 1.0])]
+  log += [(("a", 3, 0.0, Lenience()), c % 2, spec[c]) for c in range(4)]
+  result = {"repeats": 2, "timed_per_repeat": 2,
+            "rows": [{"draft": "a", "gamma": 3, "temperature": 0.0, "lenience": "lin",
+                      "epsilon": 1.0, "tokens": 10}],
+            "plain": {"0.0": {"tokens": 10}}}
+  assert timing_budget.speedups(log, result, 2)[("a", 3, 0.0)] == pytest.approx([1.0, 1.0])
+  assert timing_budget.all_calls_speedups(log, result) == {("a", 3, 0.0): pytest.approx(1.5)}
