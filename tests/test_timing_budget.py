@@ -40,7 +40,7 @@ def test_speedups_and_summary_from_each_repeats_first_calls():
   assert three["speedups"] == {"a/gamma3/T0": pytest.approx(2.0)}
 
 
-def test_quiet_timeline_and_all_calls_speedups():
+def test_quiet_timeline_and_pooled_speedups():
   # Four calls of two windows: the first half quiet (at the floor), the second twice as slow.
   floor = np.array([1.0, 2.0])
   log = [(("plain", 0.0), c % 2, floor * (1 if c < 2 else 2)) for c in range(4)]
@@ -57,4 +57,4 @@ def test_quiet_timeline_and_all_calls_speedups():
                       "epsilon": 1.0, "tokens": 10}],
             "plain": {"0.0": {"tokens": 10}}}
   assert timing_budget.speedups(log, result, 2)[("a", 3, 0.0)] == pytest.approx([1.0, 1.0])
-  assert timing_budget.all_calls_speedups(log, result) == {("a", 3, 0.0): pytest.approx(1.5)}
+  assert timing_budget.pooled_speedups(log, result) == {("a", 3, 0.0): pytest.approx(1.5)}
