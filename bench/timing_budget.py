@@ -10,7 +10,7 @@ keep falling with k; a quiet one as spreads that are small from the start.
 
 It also prints when the host was quiet: for plain decoding and the largest verification,
 the share of (call, window) pairs within 3% of that window's fastest time over the whole
-measurement, in each tenth of the timed calls (`quiet_timeline`); and each row's speedup
+measurement, in each tenth of the timed calls (`speed.quiet_timeline`); and each row's speedup
 from the fastest windows of all calls together, against the cost model
 (`pooled_speedups`: every call pooled into one repeat; what each repeat would read with
 enough quiet calls).
@@ -69,18 +69,6 @@ def summarise(log: list, result: dict, grid: list) -> list:
   return lines
 
 
-def quiet_timeline(log: list, key, parts: int = 10, within: float = 0.03) -> list:
-  """For function `key`: in each of `parts` consecutive groups of its timed calls, the share
-  of (call, window) pairs within `within` of that window's fastest time over all calls."""
-  import numpy as np
-  windows = np.array([w for k, _, w in log if k == key])
-  if len(windows) < parts:
-    raise ValueError(f"{key} has {len(windows)} timed calls; a timeline of parts={parts} "
-                     "needs at least as many.")
-  near = windows <= (1 + within) * windows.min(axis=0)
-  return [float(group.mean()) for group in np.array_split(near, parts)]
-
-
 def pooled_speedups(log: list, result: dict) -> dict:
   """(draft, gamma, T) -> speedup from each window's fastest time over all calls, pooled into
   one repeat."""
@@ -124,7 +112,7 @@ def main(argv=None) -> None:
   parser.add_argument("--cpus", type=int, default=1)
   args, gin_args = parser.parse_known_args(argv)
   pin_cores(args.cpus)
-  from distillspec_jax import pipeline
+  from distillspec_jax import pipeline, speed
   from distillspec_jax.main import load_pipeline
   config = load_pipeline(gin_args + [f"--gin.PipelineConfig.speed_budget_s={args.budget}"])
   log = []
@@ -138,8 +126,9 @@ def main(argv=None) -> None:
           f"{line['rows_spread_over_10_percent']}, largest change to the all-calls speedup "
           f"{line['max_deviation_from_all_calls']:.1%}")
   largest = f"verification_{max(config.gammas)}"
-  timeline = {f"plain T={t:g}": quiet_timeline(log, ("plain", t)) for t in config.temperatures}
-  timeline[largest] = quiet_timeline(log, ("per_call", largest))
+  timeline = {f"plain T={t:g}": speed.quiet_timeline(log, ("plain", t))
+              for t in config.temperatures}
+  timeline[largest] = speed.quiet_timeline(log, ("per_call", largest))
   for name, shares in timeline.items():
     print(f"{name}: windows within 3% of their fastest, by tenth of the timing: "
           + " ".join(f"{share:.0%}" for share in shares))

@@ -491,6 +491,7 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
     row["speed_prompts_tau"] = timed["tau"]
   results.update(plain=timing["plain"], per_call_s=timing["per_call_s"],
                  machine=timing["machine"], interference=timing["interference"],
+                 quiet_timeline=timing["quiet_timeline"],
                  speed_protocol={k: timing[k] for k in ("num_prompts", "repeats",
                                                         "timed_per_repeat", "budget_s",
                                                         "max_new_tokens")})

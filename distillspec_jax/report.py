@@ -98,7 +98,20 @@ def measurement_sentence(report: dict) -> str:
           f"reported beside it, with the end-to-end speedup that adds it back; the cost "
           f"model predicts both times from per-call costs timed in the same cycles."
           + _interference_clause(report.get("interference"))
+          + _quiet_clause(report.get("quiet_timeline"))
           + _verification_clause(report.get("per_call_s") or {}))
+
+
+def _quiet_clause(timeline) -> str:
+  """' Windows within 3% of their fastest, by tenth of the timing: plain decoding 9 0 16 ...%;
+  ...': when the host was quiet enough for the minima (speed.quiet_timeline)."""
+  if not timeline:
+    return ""
+  parts = [f"{'plain decoding' if name == 'plain' else name.replace('_', ' ')} "
+           + " ".join(f"{100 * share:.0f}" for share in shares) + "%"
+           for name, shares in timeline.items()]
+  return (" Windows within 3% of their fastest time, by tenth of the timing (the quiet "
+          f"moments the minima come from): {'; '.join(parts)}.")
 
 
 def _verification_clause(per_call: dict) -> str:
@@ -133,6 +146,7 @@ def build_report(config, evaluation: dict, wall_clock: dict, curves: dict) -> di
             "plain": evaluation["plain"], "per_call_s": evaluation["per_call_s"],
             "machine": evaluation["machine"], "speed_protocol": evaluation["speed_protocol"],
             "interference": evaluation.get("interference"),
+            "quiet_timeline": evaluation.get("quiet_timeline"),
             "wall_clock_s": wall_clock,
             "wall_clock_total_s": sum(v for v in wall_clock.values() if v is not None),
             "tau_curves": curves}

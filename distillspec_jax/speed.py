@@ -117,6 +117,22 @@ def repeat_times(windows_log: Sequence[tuple], repeats: int,
   return {key: [float(np.sum(w)) for w in per_repeat] for key, per_repeat in best.items()}
 
 
+def quiet_timeline(windows_log: Sequence[tuple], key, parts: int = 10,
+                   within: float = 0.03) -> list:
+  """When the host was quiet for function `key`: in each of `parts` consecutive groups of its
+  timed calls in `windows_log` (entries (key, repeat, window seconds [W])), the share of
+  (call, window) pairs within `within` of that window's fastest time over all calls. The
+  repeats' minima come from these moments; on a shared host they come in stretches of about
+  a minute (docs/speed.md)."""
+  windows = np.array([w for k, _, w in windows_log if k == key])
+  check_positive_int(parts, "parts")
+  if len(windows) < parts:
+    raise ValueError(f"{key} has {len(windows)} timed calls; a timeline of parts={parts} "
+                     "needs at least as many.")
+  near = windows <= (1 + within) * windows.min(axis=0)
+  return [float(group.mean()) for group in np.array_split(near, parts)]
+
+
 def interleaved_times(functions: Mapping[object, Callable], repeats: int,
                       timed_per_turn: int = 5, progress: Optional[Callable] = None,
                       budget_s: float = 0.0, windows_log: Optional[list] = None) -> tuple:
@@ -379,7 +395,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     speedup_repeats, cost_model_speedup, end_to_end_speedup, end_to_end_speedup_range,
     cost_model_end_to_end_speedup, tokens_per_s, plain_tokens_per_s, tau, rounds, tokens,
     seconds, setup_s}], "plain": {temperature: {...}}, "per_call_s": {...},
-    "interference": {"target_step": x, "verification_<max gamma>": y}, "machine":
+    "interference": {"target_step": x, "verification_<max gamma>": y}, "quiet_timeline",
+    "machine":
     machine_info(), "num_prompts", "repeats", "timed_per_repeat" (calls each repeat got),
     "budget_s", "max_new_tokens"}.
 
@@ -396,6 +413,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     over the prompts that does nothing; it is in both decoders' windows, once per prompt).
     `interference`: how much slower a typical call was than its fastest windows (median over
     all timed calls / the cost, less 1): the host's contention during the measurement.
+    `quiet_timeline`: {"plain" (the first temperature's plain decoding), "verification_<max
+    gamma>"}: `quiet_timeline` of each over (at most) ten tenths of the timing.
   """
   check_speed_arguments(gammas, temperatures, repeats, prompts)
   check_positive_int(timed_per_turn, "timed_per_turn")
@@ -469,6 +488,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
 
   from tqdm.auto import tqdm
   minimum = repeats * timed_per_turn
+  log = []
   with tqdm(total=minimum, desc="speed (timing cycles)", disable=not progress,
             dynamic_ncols=True) as bar:
     def advance(elapsed):
@@ -482,7 +502,13 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
 
     times, whole_calls, typical, timed_per_repeat = interleaved_times(
         functions, repeats, timed_per_turn=timed_per_turn, progress=advance,
-        budget_s=budget_s, windows_log=windows_log)
+        budget_s=budget_s, windows_log=log)
+  if windows_log is not None:
+    windows_log.extend(log)
+  largest = f"verification_{max(gammas)}"
+  parts = min(10, repeats * timed_per_repeat)
+  timeline = {"plain": quiet_timeline(log, ("plain", temperatures[0]), parts),
+              largest: quiet_timeline(log, ("per_call", largest), parts)}
   cost = {name: statistics.median(times[("per_call", name)]) / extends[name]
           for name in per_call}
   cost["stamp"] = statistics.median(times[("stamp",)]) / num_prompts
@@ -538,7 +564,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
             tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
             tokens=tokens, seconds=statistics.median(spec_total), setup_s=setup_spec))
   return dict(rows=rows, plain=plain_info, per_call_s=cost, interference=interference,
-              machine=machine_info(),
+              quiet_timeline=timeline, machine=machine_info(),
               num_prompts=num_prompts, repeats=int(repeats),
               timed_per_repeat=int(timed_per_repeat), budget_s=float(budget_s),
               max_new_tokens=int(max_new_tokens))

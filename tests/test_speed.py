@@ -59,6 +59,11 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
   # The whole call holds its windows: what is left is the call's fixed cost, reported apart.
   assert out["plain"]["0.0"]["call_overhead_s"] >= 0
   assert set(out["interference"]) == {"target_step", "verification_2"}
+  # Every window's fastest call is near its fastest: some share is quiet, none above 1.
+  assert set(out["quiet_timeline"]) == {"plain", "verification_2"}
+  for shares in out["quiet_timeline"].values():
+    assert len(shares) == min(10, 2 * out["timed_per_repeat"])
+    assert max(shares) > 0 and all(0 <= share <= 1 for share in shares)
   assert all(value >= 0 for value in out["interference"].values())
   assert 0 < out["per_call_s"]["stamp"] < out["plain"]["0.0"]["decode_seconds"] / len(prompts)
   # The loop over prompts decodes each prompt alone: its tau at T = 0 is the tau of decoding
@@ -145,6 +150,21 @@ def test_measure_speed_refuses_no_prompts(pair):
     speed.measure_speed(target, target_params, {"a": (draft, draft_params)},
                         np.zeros((0, 6), np.int32), gammas=(2,), temperatures=(0.0,),
                         max_new_tokens=4)
+
+
+def test_quiet_timeline_shares_of_windows_near_their_fastest():
+  # Four calls of two windows: the first two at the floor, the last two twice as slow.
+  floor = np.array([1.0, 2.0])
+  log = [(("plain", 0.0), c % 2, floor * (1 if c < 2 else 2)) for c in range(4)]
+  log.append((("other",), 0, np.array([9.0])))  # other functions' calls are not counted
+  assert speed.quiet_timeline(log, ("plain", 0.0), parts=2) == [1.0, 0.0]
+  assert speed.quiet_timeline(log, ("plain", 0.0), parts=4) == [1.0, 1.0, 0.0, 0.0]
+  # 1.02 x the floor counts as quiet at within=0.03, not at 0.01.
+  log[3] = (("plain", 0.0), 1, floor * 1.02)
+  assert speed.quiet_timeline(log, ("plain", 0.0), parts=2) == [1.0, 0.5]
+  assert speed.quiet_timeline(log, ("plain", 0.0), parts=2, within=0.01) == [1.0, 0.0]
+  with pytest.raises(ValueError, match="parts=5"):
+    speed.quiet_timeline(log, ("plain", 0.0), parts=5)
 
 
 def test_ratio_stderr_against_direct_formulas():
