@@ -53,11 +53,12 @@ def tradeoff_table(metrics: dict, task: Optional[str] = None,
     group = [r for r in rows if r["temperature"] == temperature and r["gamma"] == gamma]
     for r in sorted(group, key=lambda r: (r["lenience"], -r["epsilon"])):
       speedup, timed = r["speedup"], r.get("speedup_range")
+      latency_range = [1.0 / timed[1], 1.0 / timed[0]] if timed else None
       out.append(dict(task=task, temperature=temperature, gamma=gamma, decoder="speculative",
                       lenience=r["lenience"], epsilon=r["epsilon"],
                       quality=r["quality"].get(metric),
                       relative_latency=(1.0 / speedup) if speedup else None,
-                      relative_latency_range=[1.0 / timed[1], 1.0 / timed[0]] if timed else None,
+                      relative_latency_range=latency_range,
                       speedup=speedup, tau=r["tau"], alpha=r["alpha"]))
   return out
 
@@ -110,8 +111,9 @@ def plot_tradeoff(table: list, metric: str, path: str) -> None:
       points.sort(key=lambda r: r["epsilon"])
       latency = [r["relative_latency"] for r in points]
       # Horizontal bars: the latency's [min, max] over timing repeats, where there is one.
-      errors = [[x - (r["relative_latency_range"] or [x, x])[0] for x, r in zip(latency, points)],
-                [(r["relative_latency_range"] or [x, x])[1] - x for x, r in zip(latency, points)]]
+      ranges = [r["relative_latency_range"] or [x, x] for x, r in zip(latency, points)]
+      errors = [[x - low for x, (low, _) in zip(latency, ranges)],
+                [high - x for x, (_, high) in zip(latency, ranges)]]
       ax.errorbar(latency, [r["quality"] for r in points], xerr=errors, marker="o",
                   capsize=3, label=kind)
       for r in points:

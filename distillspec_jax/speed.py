@@ -122,8 +122,8 @@ def quiet_timeline(windows_log: Sequence[tuple], key, parts: int = 10,
   """When the host was quiet for function `key`: in each of `parts` consecutive groups of its
   timed calls in `windows_log` (entries (key, repeat, window seconds [W])), the share of
   (call, window) pairs within `within` of that window's fastest time over all calls. The
-  repeats' minima come from these moments; on a shared host they come in stretches of about
-  a minute (docs/speed.md)."""
+  repeats' minima come from these moments; on a shared host they come in stretches of tens
+  of seconds between minutes of contention (docs/speed.md)."""
   windows = np.array([w for k, _, w in windows_log if k == key])
   check_positive_int(parts, "parts")
   if len(windows) < parts:
