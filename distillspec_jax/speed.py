@@ -391,14 +391,12 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
       ("setup_speculative", T, draft), ("per_call", name) and ("stamp",).
   Returns:
     {"rows": [{draft, gamma, temperature, lenience, epsilon, speedup, speedup_range,
-    speedup_spread,
-    speedup_repeats, cost_model_speedup, end_to_end_speedup, end_to_end_speedup_range,
-    cost_model_end_to_end_speedup, tokens_per_s, plain_tokens_per_s, tau, rounds, tokens,
-    seconds, setup_s}], "plain": {temperature: {...}}, "per_call_s": {...},
-    "interference": {"target_step": x, "verification_<max gamma>": y}, "quiet_timeline",
-    "machine":
-    machine_info(), "num_prompts", "repeats", "timed_per_repeat" (calls each repeat got),
-    "budget_s", "max_new_tokens"}.
+    speedup_spread, speedup_repeats, cost_model_speedup, end_to_end_speedup,
+    end_to_end_speedup_range, cost_model_end_to_end_speedup, tokens_per_s,
+    plain_tokens_per_s, tau, rounds, tokens, seconds, setup_s}], "plain": {temperature:
+    {...}}, "per_call_s": {...}, "interference": {"target_step": x, "verification_<max
+    gamma>": y}, "quiet_timeline": {...}, "machine": machine_info(), "num_prompts",
+    "repeats", "timed_per_repeat" (calls each repeat got), "budget_s", "max_new_tokens"}.
 
     `speedup` is the decoding phase's: each decoder runs as two compiled loops over the
     prompts, the setup (encoders and prefill; `setup_s`, the median over repeats) and the
@@ -460,19 +458,18 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     for draft, names in model_of.items():
       for gamma in gammas:
         # Compiled once per draft Model (drafts of one Model differ in parameters only); the
-        # setup does not depend on the lenience, the rounds do.
-        start, _ = _speculative_decoder(target, draft, max_new_tokens, gamma, sampling,
-                                        timed_leniences[0])
-        rounds_of = {lenience: _speculative_decoder(target, draft, max_new_tokens, gamma,
-                                                    sampling, lenience)[1]
-                     for lenience in timed_leniences}
+        # setup does not depend on the lenience (the first rule's is used), the rounds do.
+        decoders = {lenience: _speculative_decoder(target, draft, max_new_tokens, gamma,
+                                                   sampling, lenience)
+                    for lenience in timed_leniences}
+        start = decoders[timed_leniences[0]][0]
         for name in names:
           params = {"target": target_params, "draft": drafts[name][1]}
           states, _ = jax.block_until_ready(start(params, prompts, rng))
           if gamma == gammas[0] and name == names[0]:
             functions[("setup_speculative", temperature, name)] = functools.partial(
                 start, params, prompts, rng)
-          for lenience, rounds in rounds_of.items():
+          for lenience, (_, rounds) in decoders.items():
             key = (name, gamma, temperature, lenience)
             runs[key] = jax.device_get(rounds(params, states, rng)[0])
             functions[key] = functools.partial(rounds, params, states, rng)
