@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from distillspec_jax import multihost
 
@@ -216,11 +217,19 @@ def restore_params(path: str, abstract_params: Params) -> Params:
     abstract_params: tree of `jax.ShapeDtypeStruct` (with `.sharding` to restore sharded).
   """
   params_dir, step_dir = _params_dir(path)
-  checkpointer = ocp.StandardCheckpointer()
-  lines = shape_mismatches(abstract_params, checkpointer.metadata(params_dir).item_metadata)
+  lines = shape_mismatches(abstract_params, params_metadata(params_dir))
   if lines:
     _raise_mismatch(step_dir, lines)
-  return checkpointer.restore(params_dir, abstract_params)
+  return ocp.StandardCheckpointer().restore(params_dir, abstract_params)
+
+
+def params_metadata(params_dir: str) -> Any:
+  """The tree of shapes and dtypes a `params` folder holds (nothing else is read).
+
+  Asked of the item handler: a `params` folder is one item of a step, whose own metadata
+  file lies a level up, and `StandardCheckpointer.metadata` would warn that the folder has
+  none."""
+  return ocp.StandardCheckpointHandler().metadata(epath.Path(params_dir))
 
 
 def save_params(path: str, params: Params) -> None:

@@ -52,9 +52,8 @@ def _ours_params_dir(path: str) -> Optional[str]:
 
 def _ours_shapes(path: str) -> Params:
   """Shapes of our checkpoint's params, from orbax metadata (nothing is read)."""
-  import orbax.checkpoint as ocp
-  metadata = ocp.StandardCheckpointer().metadata(_ours_params_dir(path))
-  return getattr(metadata, "item_metadata", metadata)
+  from distillspec_jax import checkpoints
+  return checkpoints.params_metadata(_ours_params_dir(path))
 
 
 def load_ours(path: str, config: TransformerConfig) -> Params:
