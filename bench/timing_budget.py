@@ -8,7 +8,9 @@ spread over repeats, how many rows have a spread above 5% and 10%, and the large
 from the speedups of all calls. A host that grows quiet partway shows up as estimates that
 keep falling with k; a quiet one as spreads that are small from the start.
 
-It also prints when the host was quiet: for plain decoding and the largest verification,
+It also prints how much the plain decoding's extra calls per cycle narrow the spreads: the
+same cycles recomputed with only the first of each cycle's plain calls
+(`one_plain_call_per_cycle`). And it prints when the host was quiet: for plain decoding and the largest verification,
 the share of (call, window) pairs within 3% of that window's fastest time over the whole
 measurement, in each tenth of the timed calls (`speed.quiet_timeline`); and each row's speedup
 from the fastest windows of all calls together, against the cost model
@@ -36,10 +38,12 @@ from distillspec_jax.pinning import pin_cores  # noqa: E402  (no JAX computation
 
 
 def speedups(log: list, result: dict, calls: int) -> dict:
-  """(draft, gamma, T) -> speedup per repeat from each repeat's first `calls` calls."""
+  """(draft, gamma, T) -> speedup per repeat from each repeat's first `calls` cycles."""
   from distillspec_jax import speed
   from distillspec_jax.speculative import Lenience
-  times = speed.repeat_times(log, result["repeats"], calls)
+  per_cycle = {("plain", t): result.get("plain_calls_per_cycle", 1)
+               for t in {row["temperature"] for row in result["rows"]}}
+  times = speed.repeat_times(log, result["repeats"], calls, calls_per_cycle=per_cycle)
   out = {}
   for row in result["rows"]:
     temperature = row["temperature"]
@@ -74,6 +78,28 @@ def pooled_speedups(log: list, result: dict) -> dict:
   one repeat."""
   one = [(key, 0, windows) for key, _, windows in log]
   return {k: v[0] for k, v in speedups(one, {**result, "repeats": 1}, None).items()}
+
+
+def one_plain_call_per_cycle(log: list, result: dict) -> list:
+  """`log` with only the first of each cycle's plain-decoding calls: the same cycles as
+  timed, as if plain decoding had been called once per cycle (`plain_calls_per_cycle` = 1)."""
+  per_cycle = result.get("plain_calls_per_cycle", 1)
+  seen, kept = {}, []
+  for key, repeat, windows in log:
+    if key[0] == "plain":
+      count = seen.get((key, repeat), 0)
+      seen[(key, repeat)] = count + 1
+      if count % per_cycle:
+        continue
+    kept.append((key, repeat, windows))
+  return kept
+
+
+def spread_counts(rows: dict) -> dict:
+  """{"rows_spread_within_10_percent", "median_spread"} of (row -> speedups per repeat)."""
+  spreads = [(max(v) - min(v)) / statistics.median(v) for v in rows.values()]
+  return {"rows_spread_within_10_percent": sum(s <= 0.10 for s in spreads),
+          "median_spread": statistics.median(spreads)}
 
 
 def plot(lines: list, path: str, timeline: dict = None) -> None:
@@ -140,7 +166,20 @@ def main(argv=None) -> None:
   ratios = [v["speedup"] / v["cost_model_speedup"] for v in floors.values()]
   print(f"pooled calls (every call one repeat): measured over cost model {min(ratios):.2f}-"
         f"{max(ratios):.2f}")
+  # The same cycles with every plain call against the first of each cycle's only.
+  plain_calls = {
+      f"{result['plain_calls_per_cycle']} per cycle": spread_counts(
+          speedups(log, result, None)),
+      "1 per cycle (the first)": spread_counts(
+          speedups(one_plain_call_per_cycle(log, result), {**result,
+                                                           "plain_calls_per_cycle": 1}, None))}
+  for name, counts in plain_calls.items():
+    print(f"plain decoding {name}: {counts['rows_spread_within_10_percent']} of "
+          f"{len(result['rows'])} spreads within 10%, median spread "
+          f"{counts['median_spread']:.1%}")
   report = {"budget_s": args.budget, "timed_per_repeat": result["timed_per_repeat"],
+            "plain_calls_per_cycle": result["plain_calls_per_cycle"],
+            "spreads_by_plain_calls": plain_calls,
             "repeats": result["repeats"], "interference": result["interference"],
             "per_call_s": result["per_call_s"], "machine": result["machine"],
             "by_calls": lines, "quiet_timeline": timeline, "pooled_speedups": floors}

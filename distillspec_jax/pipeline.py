@@ -493,7 +493,8 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
                  machine=timing["machine"], interference=timing["interference"],
                  quiet_timeline=timing["quiet_timeline"],
                  speed_protocol={k: timing[k] for k in ("num_prompts", "repeats",
-                                                        "timed_per_repeat", "budget_s",
+                                                        "timed_per_repeat",
+                                                        "plain_calls_per_cycle", "budget_s",
                                                         "max_new_tokens")})
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
   return {"num_test_prompts": int(len(prompts))}

@@ -87,6 +87,10 @@ def measurement_sentence(report: dict) -> str:
   calls = f"{calls} calls" if calls else "its calls"
   if protocol.get("budget_s"):
     calls += f" (as many as fit in {protocol['budget_s']:g} s of timing)"
+  plain_calls = protocol.get("plain_calls_per_cycle", 1)
+  if plain_calls > 1 and protocol.get("timed_per_repeat"):
+    calls += (f", {plain_calls * protocol['timed_per_repeat']} for plain decoding (the "
+              f"denominator of every row: {plain_calls} calls per cycle)")
   return (f"Speedup: tokens per second of speculative over plain target decoding at batch 1, "
           f"{protocol['num_prompts']} test prompts each decoded alone (up to "
           f"{protocol['max_new_tokens']} new tokens) in one compiled loop per measurement "

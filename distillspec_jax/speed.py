@@ -11,9 +11,10 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
 - One window per prompt: the loop reads the host clock between prompts (`_stamped_scan`), so
   a call of N prompts gives N windows of a few milliseconds each.
 - Compiled once, timed warm, interleaved: after one untimed call of every function, timed
-  cycles each call every function once (plain decoding, every speculative configuration
-  (draft, gamma, temperature and lenience: a lossy trade-off is timed in the same cycles),
-  both setups, every per-call cost), `repeats * timed_per_turn` cycles in all; cycle c
+  cycles each call every function once (plain decoding `plain_calls_per_cycle` times, spread
+  over the cycle, since it is the denominator of every row; every speculative configuration
+  (draft, gamma, temperature and lenience: a lossy trade-off is timed in the same cycles);
+  both setups; every per-call cost), `repeats * timed_per_turn` cycles in all; cycle c
   belongs to repeat c % repeats. A repeat's time of a function is the sum over its windows
   of each window's fastest time among the repeat's calls. Interference only ever adds time:
   on the shared 2-core VMs this project runs on, other tenants slow a pinned core by
@@ -101,14 +102,18 @@ def window_seconds(stamps) -> np.ndarray:
 
 
 def repeat_times(windows_log: Sequence[tuple], repeats: int,
-                 calls: Optional[int] = None) -> dict:
+                 calls: Optional[int] = None,
+                 calls_per_cycle: Optional[Mapping[object, int]] = None) -> dict:
   """key -> [repeat r's time]: the sum over a function's windows of each window's fastest
-  time among repeat r's first `calls` timed calls (None: all), from `windows_log` entries
-  (key, repeat, window seconds [W]) in the order they were timed."""
+  time among repeat r's timed calls of its first `calls` cycles (None: all), from
+  `windows_log` entries (key, repeat, window seconds [W]) in the order they were timed.
+  `calls_per_cycle`: key -> its calls per cycle where that is not 1 (`interleaved_times`'s
+  `order`)."""
+  calls_per_cycle = calls_per_cycle or {}
   best, seen = {}, {}
   for key, repeat, windows in windows_log:
     count = seen.setdefault(key, [0] * repeats)
-    if calls is not None and count[repeat] >= calls:
+    if calls is not None and count[repeat] >= calls * calls_per_cycle.get(key, 1):
       continue
     count[repeat] += 1
     per_repeat = best.setdefault(key, [None] * repeats)
@@ -135,7 +140,8 @@ def quiet_timeline(windows_log: Sequence[tuple], key, parts: int = 10,
 
 def interleaved_times(functions: Mapping[object, Callable], repeats: int,
                       timed_per_turn: int = 5, progress: Optional[Callable] = None,
-                      budget_s: float = 0.0, windows_log: Optional[list] = None) -> tuple:
+                      budget_s: float = 0.0, windows_log: Optional[list] = None,
+                      order: Optional[Sequence] = None) -> tuple:
   """(windows, calls, typical, calls_per_repeat) of `functions` (key -> callable returning
   (result, stamps [W + 1]), e.g. a `_stamped_scan` over W prompts).
 
@@ -143,7 +149,8 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
   repeat r's calls; calls[key][r]: repeat r's fastest whole call, as the host saw it
   (dispatch and the call's fixed costs included); typical[key]: the median over all timed
   calls of a call's windows' sum (what a single call costs on the host as it was);
-  calls_per_repeat: how many timed calls each repeat got.
+  calls_per_repeat: how many cycles each repeat got (a key `order` holds k times got k
+  calls in each).
 
   After one untimed cycle (compiled code and weights warm), timed cycles each call every
   function once, in order; cycle c belongs to repeat c % repeats, so every repeat's calls are
@@ -157,10 +164,17 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
   hundred, and more calls make it likelier that every window met a quiet moment
   (docs/speed.md). `progress(seconds since the first timed cycle)` is called after each
   cycle. `windows_log`, if given, gets (key, repeat, window seconds [W]) of every timed call
-  (`repeat_times` turns it into `windows`, also for fewer calls).
+  (`repeat_times` turns it into `windows`, also for fewer calls). `order`: the keys one
+  cycle calls, in order (default: each function once); a key may come more than once, and
+  every call of it counts toward its repeat's fastest windows.
   """
   check_positive_int(timed_per_turn, "timed_per_turn")
   check_budget(budget_s)
+  order = list(functions) if order is None else list(order)
+  if set(order) != set(functions):
+    raise ValueError(f"order must call every function: it misses "
+                     f"{sorted(map(str, set(functions) - set(order)))} and has unknown "
+                     f"{sorted(map(str, set(order) - set(functions)))}.")
   for fn in functions.values():
     jax.block_until_ready(fn())
   log = []
@@ -169,12 +183,12 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
   rounds = 0
   # After the minimum, a round starts only if it should end within the budget at the pace
   # so far: the timing never runs a round past `budget_s` (the main job plans on it).
-  while rounds < timed_per_turn or (
+  while rounds < timed_per_turn or budget_s > 0 and (
       (time.perf_counter() - first) * (rounds + 1) / rounds <= budget_s):
     for repeat in range(repeats):
-      for key, fn in functions.items():
+      for key in order:
         start = time.perf_counter()
-        _, stamps = jax.block_until_ready(fn())
+        _, stamps = jax.block_until_ready(functions[key]())
         calls[key][repeat] = min(calls[key][repeat], time.perf_counter() - start)
         log.append((key, repeat, window_seconds(stamps)))
       if progress is not None:
@@ -186,6 +200,17 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
   if windows_log is not None:
     windows_log.extend(log)
   return windows, calls, typical, rounds
+
+
+def cycle_order(functions: Mapping, often: Sequence, times: int) -> list:
+  """The keys of one timing cycle: every key of `functions` once, except the keys in `often`,
+  which come `times` times each, before each of `times` equal parts of the others (so their
+  calls are spread evenly over the cycle)."""
+  others = [key for key in functions if key not in often]
+  order = []
+  for part in range(times):
+    order += list(often) + others[part * len(others) // times:(part + 1) * len(others) // times]
+  return order
 
 
 @functools.partial(jax.jit, static_argnames=("model", "width", "steps", "windows"))
@@ -365,6 +390,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
                   leniences: Sequence[Lenience] = (Lenience(),),
                   eos_id: Optional[int] = None,
                   timed_per_turn: int = 6, budget_s: float = 0.0,
+                  plain_calls_per_cycle: int = 3,
                   before_timing: Optional[Callable] = None,
                   windows_log: Optional[list] = None, progress: bool = True) -> dict:
   """Measured and cost-model speedups of every (draft, gamma, temperature) over plain decoding.
@@ -384,6 +410,12 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     budget_s: seconds of timing: after `timed_per_turn` calls per repeat, every repeat gets
       one more call at a time while the next round would end within this many seconds of
       timing (0: no more calls). The number each repeat got is `timed_per_repeat`.
+    plain_calls_per_cycle: calls of each plain decoding per cycle, spread evenly over it.
+      Plain decoding is the denominator of every row at its temperature, so its noise is in
+      all of their ratios: for a ratio whose denominator n rows share, about sqrt(n x the
+      numerator's cost / the denominator's) denominator calls per numerator call give the
+      smallest variance per second of timing; 3 for the demo's grid (9 rows per
+      temperature, a speculative call about 0.8x a plain one).
     before_timing: called once everything is compiled and warm, just before the timed
       cycles (e.g. `wait_for_release`, so that the caller's other work is done by then).
     windows_log: if given, gets (key, repeat, window seconds) of every timed call, in order;
@@ -396,7 +428,9 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     plain_tokens_per_s, tau, rounds, tokens, seconds, setup_s}], "plain": {temperature:
     {...}}, "per_call_s": {...}, "interference": {"target_step": x, "verification_<max
     gamma>": y}, "quiet_timeline": {...}, "machine": machine_info(), "num_prompts",
-    "repeats", "timed_per_repeat" (calls each repeat got), "budget_s", "max_new_tokens"}.
+    "repeats", "timed_per_repeat" (cycles each repeat got: one call of each function per
+    cycle, `plain_calls_per_cycle` of each plain decoding), "plain_calls_per_cycle",
+    "budget_s", "max_new_tokens"}.
 
     `speedup` is the decoding phase's: each decoder runs as two compiled loops over the
     prompts, the setup (encoders and prefill; `setup_s`, the median over repeats) and the
@@ -416,6 +450,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   """
   check_speed_arguments(gammas, temperatures, repeats, prompts)
   check_positive_int(timed_per_turn, "timed_per_turn")
+  check_positive_int(plain_calls_per_cycle, "plain_calls_per_cycle")
   leniences = check_leniences(leniences)
   timed_leniences = list(dict.fromkeys(timed_lenience(lenience) for lenience in leniences))
   budget_s = check_budget(budget_s)
@@ -499,7 +534,9 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
 
     times, whole_calls, typical, timed_per_repeat = interleaved_times(
         functions, repeats, timed_per_turn=timed_per_turn, progress=advance,
-        budget_s=budget_s, windows_log=log)
+        budget_s=budget_s, windows_log=log,
+        order=cycle_order(functions, [("plain", t) for t in temperatures],
+                          plain_calls_per_cycle))
   if windows_log is not None:
     windows_log.extend(log)
   largest = f"verification_{max(gammas)}"
@@ -563,6 +600,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   return dict(rows=rows, plain=plain_info, per_call_s=cost, interference=interference,
               quiet_timeline=timeline, machine=machine_info(),
               num_prompts=num_prompts, repeats=int(repeats),
-              timed_per_repeat=int(timed_per_repeat), budget_s=float(budget_s),
+              timed_per_repeat=int(timed_per_repeat),
+              plain_calls_per_cycle=int(plain_calls_per_cycle), budget_s=float(budget_s),
               max_new_tokens=int(max_new_tokens))
 

@@ -32,7 +32,8 @@ def _evaluation(config):
           "interference": {"target_step": 0.25, "verification_5": 0.8},
           "quiet_timeline": {"plain": [0.09, 0.0, 0.164], "verification_5": [0.12, 0.0, 0.0]},
           "speed_protocol": {"num_prompts": 16, "repeats": 5, "max_new_tokens": 44,
-                             "timed_per_repeat": 17, "budget_s": 200.0}}
+                             "timed_per_repeat": 17, "plain_calls_per_cycle": 3,
+                             "budget_s": 200.0}}
 
 
 def test_report_rows_sentence_and_plots(tmp_path):
@@ -48,7 +49,8 @@ def test_report_rows_sentence_and_plots(tmp_path):
   assert report["wall_clock_total_s"] == 12.0
   assert "pinned to core 1" in report["measurement"] and "2-core" in report["measurement"]
   assert "ran 25% (target step) and 80% (verification 5) slower" in report["measurement"]
-  assert "among 17 calls (as many as fit in 200 s of timing)" in report["measurement"]
+  assert ("among 17 calls (as many as fit in 200 s of timing), 51 for plain decoding (the "
+          "denominator of every row: 3 calls per cycle)") in report["measurement"]
   assert "The verification of 6 tokens cost 3.50 target steps" in report["measurement"]
   assert ("by tenth of the timing (the quiet moments the minima come from): plain decoding "
           "9 0 16%; verification 5 12 0 0%.") in report["measurement"]

@@ -285,6 +285,39 @@ def test_interleaved_times_keep_calling_in_whole_rounds_within_the_budget(monkey
       speed.interleaved_times({"a": call}, 2, budget_s=bad)
 
 
+def test_a_key_called_more_often_per_cycle_gets_every_call_in_its_repeat(monkeypatch):
+  # "p" (the plain decoding) twice per cycle, "s" once; each call is one window whose length
+  # is the call's number (1, 2, 3, ...), except that "p"'s calls get faster as they go.
+  monkeypatch.setattr(speed.time, "perf_counter", lambda: 0.0)
+  made = []
+
+  def timed(name):
+    def call():
+      made.append(name)
+      seconds = 10.0 / len(made) if name == "p" else float(len(made))
+      return None, np.array([0, int(seconds * 1_000_000)], np.int32)
+    return call
+
+  order = speed.cycle_order({"p": None, "s": None, "t": None, "u": None}, ["p"], 2)
+  assert order == ["p", "s", "p", "t", "u"]  # spread over the cycle: before each half
+  log = []
+  times, _, _, rounds = speed.interleaved_times({"p": timed("p"), "s": timed("s")}, 2,
+                                                timed_per_turn=2, windows_log=log,
+                                                order=["p", "s", "p"])
+  assert rounds == 2
+  # One untimed cycle (calls 1-2; warm-up calls each function once), then 4 cycles of 3.
+  assert made == ["p", "s"] + ["p", "s", "p"] * 4
+  # Repeat 0 = cycles 0 and 2: "p" calls 3, 5, 9, 11 -> fastest 10 / 11; "s" calls 4, 10.
+  assert times["p"] == pytest.approx([10 / 11, 10 / 14], rel=1e-5)
+  assert times["s"] == pytest.approx([4.0, 7.0])
+  # Counted in cycles: the first cycle of repeat 0 holds "p" calls 3 and 5.
+  first = speed.repeat_times(log, 2, calls=1, calls_per_cycle={"p": 2})
+  assert first["p"] == pytest.approx([10 / 5, 10 / 8], rel=1e-5)
+  assert speed.repeat_times(log, 2, calls=1)["p"] == pytest.approx([10 / 3, 10 / 6], rel=1e-5)
+  with pytest.raises(ValueError, match="order must call every function"):
+    speed.interleaved_times({"p": timed("p"), "s": timed("s")}, 2, order=["p", "x"])
+
+
 def test_stamped_scan_times_each_item_in_its_own_window():
   # Items that sleep on the host for 40, 0 and 20 ms: each sleep lands in its own window (a
   # sleep lasts at least its time; work moved across a stamp would leave a window short).

@@ -54,3 +54,19 @@ def test_pooled_speedups_reach_windows_no_single_repeat_reached():
             "plain": {"0.0": {"tokens": 10}}}
   assert timing_budget.speedups(log, result, 2)[("a", 3, 0.0)] == pytest.approx([1.0, 1.0])
   assert timing_budget.pooled_speedups(log, result) == {("a", 3, 0.0): pytest.approx(1.5)}
+
+
+def test_one_plain_call_per_cycle_keeps_the_first_of_each_cycles_plain_calls():
+  # Two repeats, plain decoding 2 calls per cycle: cycle c's plain calls are 2c and 2c + 1.
+  log = []
+  for cycle in range(4):
+    repeat = cycle % 2
+    log += [(("plain", 0.0), repeat, np.array([10.0 + 2 * cycle])),
+            (("a", 3, 0.0, Lenience()), repeat, np.array([1.0])),
+            (("plain", 0.0), repeat, np.array([11.0 + 2 * cycle]))]
+  kept = timing_budget.one_plain_call_per_cycle(log, {"plain_calls_per_cycle": 2})
+  assert [float(w[0]) for k, _, w in kept if k[0] == "plain"] == [10.0, 12.0, 14.0, 16.0]
+  assert sum(k[0] == "a" for k, _, _ in kept) == 4
+  counts = timing_budget.spread_counts({"x": [1.0, 1.05, 1.2], "y": [1.0, 1.0, 1.0]})
+  assert counts["rows_spread_within_10_percent"] == 1
+  assert counts["median_spread"] == pytest.approx((0.2 / 1.05) / 2)
