@@ -152,8 +152,9 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
   calls_per_repeat: how many cycles each repeat got (a key `order` holds k times got k
   calls in each).
 
-  After one untimed cycle (compiled code and weights warm), timed cycles each call every
-  function once, in order; cycle c belongs to repeat c % repeats, so every repeat's calls are
+  After one untimed cycle (compiled code and weights warm), timed cycles each call the
+  functions in `order` (below; default every function once); cycle c belongs to repeat
+  c % repeats, so every repeat's calls are
   spread over the whole measurement. Cycles run in rounds of `repeats` (one more call for
   every repeat): at least `timed_per_turn` rounds, then more while, at the pace so far, the
   next round would end within `budget_s` seconds of the first timed cycle (0: exactly
