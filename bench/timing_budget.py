@@ -10,9 +10,9 @@ keep falling with k; a quiet one as spreads that are small from the start.
 
 It also prints how much the plain decoding's extra calls per cycle narrow the spreads: the
 same cycles recomputed with only the first of each cycle's plain calls
-(`one_plain_call_per_cycle`). And it prints when the host was quiet: for plain decoding and the largest verification,
-the share of (call, window) pairs within 3% of that window's fastest time over the whole
-measurement, in each tenth of the timed calls (`speed.quiet_timeline`); and each row's speedup
+(`one_plain_call_per_cycle`). And it prints when the host was quiet: for plain decoding and
+the largest verification, the share of (call, window) pairs within 3% of that window's
+fastest time over the whole measurement, in each tenth of the timed calls (`speed.quiet_timeline`); and each row's speedup
 from the fastest windows of all calls together, against the cost model
 (`pooled_speedups`: every call pooled into one repeat; what each repeat would read with
 enough quiet calls).
@@ -56,13 +56,18 @@ def speedups(log: list, result: dict, calls: int) -> dict:
   return out
 
 
+def row_spreads(rows: dict) -> dict:
+  """row -> (max - min) / median of its speedups per repeat."""
+  return {k: (max(v) - min(v)) / statistics.median(v) for k, v in rows.items()}
+
+
 def summarise(log: list, result: dict, grid: list) -> list:
   everything = {k: statistics.median(v)
                 for k, v in speedups(log, result, result["timed_per_repeat"]).items()}
   lines = []
   for calls in grid:
     rows = speedups(log, result, calls)
-    spreads = {k: (max(v) - min(v)) / statistics.median(v) for k, v in rows.items()}
+    spreads = row_spreads(rows)
     deviation = max(abs(statistics.median(v) / everything[k] - 1) for k, v in rows.items())
     lines.append({"calls": calls, "max_spread": max(spreads.values()),
                   "rows_spread_over_5_percent": sum(s > 0.05 for s in spreads.values()),
@@ -97,7 +102,7 @@ def one_plain_call_per_cycle(log: list, result: dict) -> list:
 
 def spread_counts(rows: dict) -> dict:
   """{"rows_spread_within_10_percent", "median_spread"} of (row -> speedups per repeat)."""
-  spreads = [(max(v) - min(v)) / statistics.median(v) for v in rows.values()]
+  spreads = list(row_spreads(rows).values())
   return {"rows_spread_within_10_percent": sum(s <= 0.10 for s in spreads),
           "median_spread": statistics.median(spreads)}
 
