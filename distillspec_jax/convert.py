@@ -83,10 +83,13 @@ def config_from_params(params: Params, **overrides) -> TransformerConfig:
   heads, buckets = shape("decoder", "relpos_bias", "rel_embedding")
   joined = shape("decoder", "layers_0", "self_attention", "query", "kernel")[1]
   encoder_layers = len([k for k in params.get("encoder", {}) if k.startswith("layers_")])
+  mlp_dim = shape("decoder", "layers_0", "mlp", "wi_0", "kernel")[1]
+  encoder_mlp_dim = (shape("encoder", "layers_0", "mlp", "wi_0", "kernel")[1]
+                     if encoder_layers else mlp_dim)
   kwargs = dict(
       kind="encoder_decoder" if "encoder" in params else "decoder_only",
       vocab_size=vocab, emb_dim=emb, num_heads=heads, head_dim=joined // heads,
-      mlp_dim=shape("decoder", "layers_0", "mlp", "wi_0", "kernel")[1],
+      mlp_dim=mlp_dim, encoder_mlp_dim=None if encoder_mlp_dim == mlp_dim else encoder_mlp_dim,
       num_encoder_layers=encoder_layers,
       num_decoder_layers=len([k for k in decoder if k.startswith("layers_")]),
       relative_attention_num_buckets=buckets,

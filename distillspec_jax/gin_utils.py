@@ -165,7 +165,7 @@ def parse_binary_flags(argv: Sequence[str]) -> None:
 
 
 _MODEL_FIELDS = ("kind", "vocab_size", "emb_dim", "num_heads", "num_encoder_layers",
-                 "num_decoder_layers", "head_dim", "mlp_dim", "dropout_rate", "dtype",
+                 "num_decoder_layers", "head_dim", "mlp_dim", "encoder_mlp_dim", "dropout_rate", "dtype",
                  "relative_attention_num_buckets", "relative_attention_max_distance",
                  "logits_via_embedding", "max_decode_length")
 

@@ -66,6 +66,11 @@ DECODER_ONLY_NOTE = (
 
 def config_to_hf(config: TransformerConfig) -> dict:
   """Our config -> an HF `config.json` dict (T5 1.1: gated-gelu, untied lm_head, no rescale)."""
+  if config.encoder_mlp_width != config.mlp_dim:
+    raise ValueError(
+        f"encoder_mlp_dim={config.encoder_mlp_dim} differs from mlp_dim={config.mlp_dim}, and an "
+        "HF T5 config has one d_ff for both stacks; export a model whose encoder_mlp_dim is None "
+        "(or equal to mlp_dim), or keep this one in the orbax/T5X formats.")
   out = {
       "vocab_size": config.vocab_size,
       "d_model": config.emb_dim,
@@ -294,7 +299,7 @@ def check_param_shapes(params: Params, config: TransformerConfig, max_listed: in
     raise ValueError(
         f"The checkpoint's parameters do not match the configured {config.kind} model "
         f"(emb_dim={config.emb_dim}, heads={config.num_heads}x{config.head_dim}, "
-        f"mlp_dim={config.mlp_dim}, layers={config.num_encoder_layers}+"
+        f"mlp_dim={config.mlp_dim} (encoder {config.encoder_mlp_width}), layers={config.num_encoder_layers}+"
         f"{config.num_decoder_layers}, vocab={config.vocab_size}); {len(problems)} "
         f"mismatches, first ones:\n  {listed}{more}\nPick the matching --model preset.")
 
@@ -371,9 +376,10 @@ def save_hf(params: Params, config: TransformerConfig, directory: str) -> None:
   """Writes `config.json` and `model.safetensors` (fp32, exact) into `directory`."""
   from safetensors.numpy import save_file
   check_param_shapes(params, config)
+  hf_config = config_to_hf(config)  # refuses what HF T5 cannot express before writing anything
   os.makedirs(directory, exist_ok=True)
   with open(os.path.join(directory, CONFIG_NAME), "w") as f:
-    json.dump(config_to_hf(config), f, indent=2, sort_keys=True)
+    json.dump(hf_config, f, indent=2, sort_keys=True)
   save_file(params_to_hf(params, config), os.path.join(directory, SAFETENSORS_NAME),
             metadata={"format": "pt"})
 
@@ -390,7 +396,7 @@ def decoder_only_as_encoder_decoder(params: Params, config: TransformerConfig):
   if config.kind != "decoder_only":
     raise ValueError("Expected a decoder_only config.")
   c = config
-  ed_config = c.replace(kind="encoder_decoder", num_encoder_layers=1)
+  ed_config = c.replace(kind="encoder_decoder", num_encoder_layers=1, encoder_mlp_dim=None)
   inner = c.num_heads * c.head_dim
   zeros = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
   ones = lambda n: np.ones((n,), np.float32)  # noqa: E731

@@ -36,7 +36,7 @@ class EncoderLayer(nn.Module):
     self.attention = layers.MultiHeadDotProductAttention(
         c.num_heads, c.head_dim, c.emb_dim, c.dropout_rate, dtype)
     self.pre_mlp_layer_norm = layers.RMSNorm(dtype=dtype)
-    self.mlp = layers.MlpBlock(c.mlp_dim, c.emb_dim, c.dropout_rate, dtype)
+    self.mlp = layers.MlpBlock(c.encoder_mlp_width, c.emb_dim, c.dropout_rate, dtype)
     self.dropout = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))
 
   def __call__(self, x: Array, bias: Array, deterministic: bool) -> Array:

@@ -93,3 +93,13 @@ def test_invalid_config_values(changes, needle):
 def test_decoder_only_needs_no_encoder_layers():
   c = model_config("tiny_decoder_only")
   assert c.kind == "decoder_only" and c.num_encoder_layers == 0
+
+
+def test_encoder_mlp_dim_defaults_to_mlp_dim_and_is_validated():
+  c = model_config("tiny_encoder_decoder")
+  assert c.encoder_mlp_dim is None and c.encoder_mlp_width == c.mlp_dim
+  assert c.replace(encoder_mlp_dim=48).encoder_mlp_width == 48
+  demo = MODEL_CONFIGS["demo_target"]
+  assert demo.encoder_mlp_width < demo.mlp_dim  # the encoder runs once per prompt
+  with pytest.raises(ValueError, match=r"encoder_mlp_dim=0 must be a positive integer"):
+    c.replace(encoder_mlp_dim=0)

@@ -89,3 +89,21 @@ def test_config_inference_decoder_only():
   inferred = convert.config_from_params(Model(config).param_shapes(), dropout_rate=0.0,
                                         max_decode_length=32)
   assert inferred == config
+
+
+def test_config_inference_keeps_a_narrower_encoder_mlp():
+  narrow = TINY.replace(encoder_mlp_dim=32)
+  shapes = Model(narrow).param_shapes()
+  assert shapes["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"].shape == (64, 32)
+  assert shapes["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"].shape == (64, 96)
+  assert convert.config_from_params(shapes, dropout_rate=0.0, max_decode_length=32) == narrow
+  # Same width in both stacks: inferred as None, the T5 1.1 default.
+  assert convert.config_from_params(Model(TINY).param_shapes(), dropout_rate=0.0,
+                                    max_decode_length=32).encoder_mlp_dim is None
+
+
+def test_hf_export_refuses_a_narrower_encoder_mlp(tmp_path):
+  narrow = TINY.replace(encoder_mlp_dim=32)
+  with pytest.raises(ValueError, match=r"encoder_mlp_dim=32 differs from mlp_dim=96"):
+    hf_t5.save_hf(Model(narrow).init(jax.random.PRNGKey(0)), narrow, str(tmp_path / "hf"))
+  assert not (tmp_path / "hf").exists()
