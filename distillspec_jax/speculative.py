@@ -47,6 +47,7 @@ from typing import Optional
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from distillspec_jax.config import check_same_vocabulary
 from distillspec_jax.decoding import (UNIFORMS_PER_DRAW, SamplingConfig, cache_capacity,
@@ -304,6 +305,26 @@ def speculative_start(target, target_params, draft, draft_params, encoder_input_
               rows=rows, out=out,
               accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32),
               loop_rng=loop_rng)
+
+
+def start_state_for_gamma(state: dict, *, gamma: int, max_new_tokens: int) -> dict:
+  """`speculative_start`'s state (any leading axes) as `speculative_start` makes it with
+  `gamma`: only the output buffer's width, `out: [..., max_new_tokens + gamma + 1]` (PAD_ID
+  after the first token), depends on gamma, so cutting or padding it is exact. Lets one
+  compiled start serve every gamma (speed.py). Refuses a state whose rounds have begun."""
+  gamma = check_positive_int(gamma, "gamma")
+  rounds = np.asarray(state["round"])
+  if np.any(rounds != 0):
+    raise ValueError(f"start_state_for_gamma takes a state fresh from speculative_start, but "
+                     f"its round is {rounds.max()}; resize before running any rounds.")
+  out = state["out"]
+  width = max_new_tokens + gamma + 1
+  if out.shape[-1] >= width:
+    out = out[..., :width]
+  else:
+    pad = jnp.full(out.shape[:-1] + (width - out.shape[-1],), PAD_ID, out.dtype)
+    out = jnp.concatenate([out, pad], axis=-1)
+  return {**state, "out": out}
 
 
 def speculative_rounds(target, target_params, draft, draft_params, state: dict, *,

@@ -389,3 +389,43 @@ def test_interior_prompt_padding_is_refused():
                           max_new_tokens=4, gamma=2)
   reference = decode(target, tp, prompt_tokens=jnp.asarray(prompts[[0, 2]]), max_new_tokens=4)
   np.testing.assert_array_equal(ok.tokens, reference.tokens)
+
+
+@pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
+def test_start_state_for_gamma_equals_the_start_at_that_gamma(kind):
+  # speed.py compiles one start per draft and resizes its state for every other gamma.
+  target, tp, draft, dp = _pair(kind)
+  prompts = _prompts(kind)
+  sampling = SamplingConfig(temperature=1.0)
+  source = prompts.get("encoder_input_tokens")
+  decoder_prompt = prompts.get("prompt_tokens")
+
+  def start(gamma):
+    return jax.jit(lambda tp, dp, rng: speculative.speculative_start(
+        target, tp, draft, dp, source, decoder_prompt, rng, max_new_tokens=12, gamma=gamma,
+        sampling=sampling, max_length=64))(tp, dp, jax.random.PRNGKey(3))
+
+  base = start(3)
+  for gamma in (1, 3, 6):
+    resized = speculative.start_state_for_gamma(base, gamma=gamma, max_new_tokens=12)
+    expected = start(gamma)
+    assert resized["out"].shape == (4, 12 + gamma + 1)
+    jax.tree.map(np.testing.assert_array_equal, resized, expected)
+    rounds = lambda state: speculative.speculative_rounds(
+        target, tp, draft, dp, state, max_new_tokens=12, gamma=gamma, sampling=sampling,
+        lenience=Lenience())
+    np.testing.assert_array_equal(rounds(resized).tokens, rounds(expected).tokens)
+
+
+def test_start_state_for_gamma_refuses_a_state_past_its_start():
+  target, tp, draft, dp = _pair("decoder_only")
+  prompt_tokens = _prompts("decoder_only")["prompt_tokens"]
+  state = jax.jit(lambda tp, dp: speculative.speculative_start(
+      target, tp, draft, dp, None, prompt_tokens,
+      jax.random.PRNGKey(0), max_new_tokens=8, gamma=2, sampling=SamplingConfig(),
+      max_length=64))(tp, dp)
+  with pytest.raises(ValueError, match="its round is 2"):
+    speculative.start_state_for_gamma({**state, "round": jnp.int32(2)}, gamma=3,
+                                      max_new_tokens=8)
+  with pytest.raises(ValueError, match="gamma"):
+    speculative.start_state_for_gamma(state, gamma=0, max_new_tokens=8)

@@ -37,13 +37,14 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
   target, target_params, draft, draft_params = pair
   prompts = _prompts(3)
   out = speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, prompts,
-                            gammas=(2,), temperatures=(0.0,), max_new_tokens=8,
+                            gammas=(2, 3), temperatures=(0.0,), max_new_tokens=8,
                             repeats=2, seed=3, timed_per_turn=1, budget_s=2.0,
                             progress=False)
   # A budget adds calls beyond the minimum one per repeat (a cycle here takes ~0.2 s).
   assert out["budget_s"] == 2.0 and out["timed_per_repeat"] > 1
   # (T = 1 rows: the main job's smoke test.)
-  assert {(r["draft"], r["gamma"], r["temperature"]) for r in out["rows"]} == {("a", 2, 0.0)}
+  assert {(r["draft"], r["gamma"], r["temperature"]) for r in out["rows"]} == {
+      ("a", 2, 0.0), ("a", 3, 0.0)}
   for row in out["rows"]:
     assert len(row["speedup_repeats"]) == 2
     low, high = row["speedup_range"]
@@ -54,30 +55,34 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
     # The decoding is timed apart from the setup; the whole time adds the setup back.
     assert row["seconds"] > row["setup_s"] > 0
   assert out["machine"]["pinned"] == sorted(os.sched_getaffinity(0))
-  assert set(out["per_call_s"]) >= {"target_step", "verification_2", "a:draft_step_1",
+  assert set(out["per_call_s"]) >= {"target_step", "verification_2", "verification_3",
+                                    "a:draft_step_1",
                                     "a:draft_step_2", "stamp"}
   # The whole call holds its windows: what is left is the call's fixed cost, reported apart.
   assert out["plain"]["0.0"]["call_overhead_s"] >= 0
-  assert set(out["interference"]) == {"target_step", "verification_2"}
+  assert set(out["interference"]) == {"target_step", "verification_3"}
   # Every window's fastest call is near its fastest: some share is quiet, none above 1.
-  assert set(out["quiet_timeline"]) == {"plain", "verification_2"}
+  assert set(out["quiet_timeline"]) == {"plain", "verification_3"}
   for shares in out["quiet_timeline"].values():
     assert len(shares) == min(10, 2 * out["timed_per_repeat"])
     assert max(shares) > 0 and all(0 <= share <= 1 for share in shares)
   assert all(value >= 0 for value in out["interference"].values())
   assert 0 < out["per_call_s"]["stamp"] < out["plain"]["0.0"]["decode_seconds"] / len(prompts)
   # The loop over prompts decodes each prompt alone: its tau at T = 0 is the tau of decoding
-  # the prompts one by one.
-  produced = calls = 0
-  for i in range(len(prompts)):
-    result = speculative_decode(target, target_params, draft, draft_params, max_new_tokens=8,
-                                gamma=2, sampling=SamplingConfig(0.0),
-                                **prompt_inputs(target, prompts[i:i + 1]))
-    produced += int(result.produced[0])
-    calls += int(result.target_calls[0])
-  greedy = [r for r in out["rows"] if r["temperature"] == 0.0][0]
-  assert greedy["tau"] == pytest.approx(produced / calls)
-  assert greedy["rounds"] == calls
+  # the prompts one by one, at every gamma (the second gamma's rounds start from the first
+  # gamma's compiled start, resized).
+  for gamma in (2, 3):
+    produced = calls = tokens = 0
+    for i in range(len(prompts)):
+      result = speculative_decode(target, target_params, draft, draft_params, max_new_tokens=8,
+                                  gamma=gamma, sampling=SamplingConfig(0.0),
+                                  **prompt_inputs(target, prompts[i:i + 1]))
+      produced += int(result.produced[0])
+      calls += int(result.target_calls[0])
+      tokens += int(result.lengths[0])
+    greedy = [r for r in out["rows"] if r["gamma"] == gamma][0]
+    assert greedy["tau"] == pytest.approx(produced / calls)
+    assert (greedy["rounds"], greedy["tokens"]) == (calls, tokens)
 
 
 def test_a_lenience_grid_is_timed_in_one_measurement_with_lossless_rules_shared(pair):
