@@ -57,6 +57,7 @@ def run(args) -> dict:
   import numpy as np
   from tqdm import tqdm
 
+  from distillspec_jax.decoding import check_positive_int
   from distillspec_jax.models import Model
   from distillspec_jax.pinning import machine_info
   from distillspec_jax.speed import per_call_function, window_seconds
@@ -64,8 +65,7 @@ def run(args) -> dict:
   if args.max_width < 2:
     raise ValueError(f"--max_width={args.max_width}: a verification scores at least 2 tokens "
                      "(gamma >= 1); pass --max_width 2 or more.")
-  if args.turns < 1:
-    raise ValueError(f"--turns={args.turns}: pass --turns 1 or more.")
+  check_positive_int(args.turns, "--turns")
   functions = {}
   for role, name, widths in (("target", args.target_model, range(1, args.max_width + 1)),
                              ("draft", args.draft_model, (1, 2))):
