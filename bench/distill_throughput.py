@@ -30,8 +30,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from distillspec_jax import distillation, partitioning, teacher_cache, trainer  # noqa: E402
-from distillspec_jax.models import Model  # noqa: E402
+from distillspec_jax.distill import objectives as distillation
+from distillspec_jax.training import partitioning
+from distillspec_jax.distill import teacher_cache
+from distillspec_jax.training import trainer
+from distillspec_jax.models.model import Model  # noqa: E402
 
 
 def _block(tree):

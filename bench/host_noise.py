@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax.pinning import pin_cores  # noqa: E402  (no JAX computation yet)
+from distillspec_jax.evaluation.pinning import pin_cores  # noqa: E402  (no JAX computation yet)
 
 
 def summary(seconds_per_extend: list) -> dict:
@@ -42,9 +42,9 @@ def run(args) -> dict:
   import jax.numpy as jnp
   from tqdm.auto import tqdm
 
-  from distillspec_jax.models import Model
-  from distillspec_jax.pinning import machine_info
-  from distillspec_jax.speed import per_call_function, window_seconds
+  from distillspec_jax.models.model import Model
+  from distillspec_jax.evaluation.pinning import machine_info
+  from distillspec_jax.evaluation.speed import per_call_function, window_seconds
 
   target = Model.from_name(args.target_model)
   params = target.init(jax.random.PRNGKey(0))

@@ -58,8 +58,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from distillspec_jax import distillation, files, partitioning, trainer  # noqa: E402
-from distillspec_jax.models import Model  # noqa: E402
+from distillspec_jax.distill import objectives as distillation
+from distillspec_jax.core import files
+from distillspec_jax.training import partitioning
+from distillspec_jax.training import trainer
+from distillspec_jax.models.model import Model  # noqa: E402
 
 GIB = 2 ** 30
 HBM_PER_CHIP_GIB = 32  # TPU v4: 32 GiB of HBM per chip (one JAX device per chip)

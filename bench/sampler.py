@@ -42,7 +42,7 @@ def per_draw_seconds(fn, args, draws, repeats):
 def run(draws: int, repeats: int) -> dict:
   import jax
   import jax.numpy as jnp
-  from distillspec_jax import decoding
+  from distillspec_jax.decoding import plain as decoding
 
   # The uniforms one draw takes per row: [batch, UNIFORMS_PER_DRAW] (a plain [batch] before
   # the two-level sampler, which this benchmark was first run against).
@@ -86,7 +86,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=15)
   parser.add_argument("--cpus", type=int, default=1)
   args = parser.parse_args()
-  from distillspec_jax.pinning import pin_cores  # imports no JAX
+  from distillspec_jax.evaluation.pinning import pin_cores  # imports no JAX
   pin_cores(args.cpus)
   report = run(args.draws, args.repeats)
   report["cpus"] = args.cpus

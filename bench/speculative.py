@@ -27,9 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from distillspec_jax.models import Model  # noqa: E402
-from distillspec_jax.pinning import pin_cores  # noqa: E402
-from distillspec_jax.speed import measure_speed  # noqa: E402
+from distillspec_jax.models.model import Model  # noqa: E402
+from distillspec_jax.evaluation.pinning import pin_cores  # noqa: E402
+from distillspec_jax.evaluation.speed import measure_speed  # noqa: E402
 
 
 def load_pair(args):

@@ -20,7 +20,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax import evaluation, files, pipeline  # noqa: E402
+from distillspec_jax.evaluation import quality as evaluation
+from distillspec_jax.core import files
+from distillspec_jax.studies import pipeline
 from distillspec_jax.main import load_pipeline  # noqa: E402
 
 

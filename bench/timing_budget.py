@@ -34,13 +34,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax.pinning import pin_cores  # noqa: E402  (no JAX computation yet)
+from distillspec_jax.evaluation.pinning import pin_cores  # noqa: E402  (no JAX computation yet)
 
 
 def speedups(log: list, result: dict, calls: int) -> dict:
   """(draft, gamma, T) -> speedup per repeat from each repeat's first `calls` cycles."""
-  from distillspec_jax import speed
-  from distillspec_jax.speculative import Lenience
+  from distillspec_jax.evaluation import speed
+  from distillspec_jax.decoding.speculative import Lenience
   per_cycle = {("plain", t): result.get("plain_calls_per_cycle", 1)
                for t in {row["temperature"] for row in result["rows"]}}
   times = speed.repeat_times(log, result["repeats"], calls, calls_per_cycle=per_cycle)
@@ -143,7 +143,8 @@ def main(argv=None) -> None:
   parser.add_argument("--cpus", type=int, default=1)
   args, gin_args = parser.parse_known_args(argv)
   pin_cores(args.cpus)
-  from distillspec_jax import pipeline, speed
+  from distillspec_jax.studies import pipeline
+  from distillspec_jax.evaluation import speed
   from distillspec_jax.main import load_pipeline
   config = load_pipeline(gin_args + [f"--gin.PipelineConfig.speed_budget_s={args.budget}"])
   log = []

@@ -23,7 +23,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from distillspec_jax.models import Model  # noqa: E402
+from distillspec_jax.models.model import Model  # noqa: E402
 
 
 def fastest_ms(fn, *args, repeats):

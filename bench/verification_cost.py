@@ -30,7 +30,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax.pinning import pin_cores  # noqa: E402  (no JAX computation yet)
+from distillspec_jax.evaluation.pinning import pin_cores  # noqa: E402  (no JAX computation yet)
 
 
 def perfect_draft_ceiling(step_s: float, verification_s: dict, draft_one_s: float,
@@ -57,10 +57,10 @@ def run(args) -> dict:
   import numpy as np
   from tqdm import tqdm
 
-  from distillspec_jax.decoding import check_positive_int
-  from distillspec_jax.models import Model
-  from distillspec_jax.pinning import machine_info
-  from distillspec_jax.speed import per_call_function, window_seconds
+  from distillspec_jax.decoding.plain import check_positive_int
+  from distillspec_jax.models.model import Model
+  from distillspec_jax.evaluation.pinning import machine_info
+  from distillspec_jax.evaluation.speed import per_call_function, window_seconds
 
   if args.max_width < 2:
     raise ValueError(f"--max_width={args.max_width}: a verification scores at least 2 tokens "

@@ -34,12 +34,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax import convert, decoding, hf_t5  # noqa: E402
-from distillspec_jax.config import TransformerConfig  # noqa: E402
-from distillspec_jax.models import Model  # noqa: E402
+from distillspec_jax import convert
+from distillspec_jax.decoding import plain as decoding
+from distillspec_jax.interop import hf_t5
+from distillspec_jax.models.config import TransformerConfig  # noqa: E402
+from distillspec_jax.models.model import Model  # noqa: E402
 
 try:  # Written in parallel by the lead; the benchmark needs it.
-  from distillspec_jax.speculative import speculative_decode  # noqa: E402
+  from distillspec_jax.decoding.speculative import speculative_decode  # noqa: E402
 except ImportError as error:  # pragma: no cover
   speculative_decode = None
   _SPECULATIVE_IMPORT_ERROR = error
@@ -91,7 +93,7 @@ def _timed(fn, repeats):
 def _ours(target, target_params, draft, draft_params, prompts, args, batch):
   """Runs our engine over all prompts in chunks of `batch`; returns (seconds, tokens, tau)."""
   if speculative_decode is None:
-    raise SystemExit(f"distillspec_jax.speculative is not available: {_SPECULATIVE_IMPORT_ERROR}")
+    raise SystemExit(f"distillspec_jax.decoding.speculative is not available: {_SPECULATIVE_IMPORT_ERROR}")
   sampling = decoding.SamplingConfig(0.0, eos_id=NO_EOS)
   max_length = args.max_new_tokens + args.gamma + 8
   chunks = [jnp.asarray(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]

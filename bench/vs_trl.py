@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax import pinning  # noqa: E402  (run_pinned; imports no JAX)
+from distillspec_jax.evaluation import pinning
 
 SHAPES = {"vocab_size": 256, "batch_size": 16, "prompt_length": 48, "new_tokens": 48,
           "target": {"d_model": 128, "num_heads": 4, "head_dim": 32, "mlp_dim": 2048,
@@ -64,9 +64,11 @@ def run_ours(steps: int, warmup: int, seed: int) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from distillspec_jax import distillation, partitioning, trainer
-  from distillspec_jax.config import TransformerConfig
-  from distillspec_jax.models import Model
+  from distillspec_jax.distill import objectives as distillation
+  from distillspec_jax.training import partitioning
+  from distillspec_jax.training import trainer
+  from distillspec_jax.models.config import TransformerConfig
+  from distillspec_jax.models.model import Model
 
   def config(side):
     s = SHAPES[side]

@@ -8,7 +8,7 @@ Formats:
         index), or a single .safetensors file (then --model is needed). Pickles are refused.
   t5x   T5X checkpoint: a checkpoint_<step> directory (msgpack + TensorStore) or a MODEL_DIR of
         them, or an orbax checkpoint written by T5X.
-  ours  Our orbax format (`distillspec_jax.checkpoints`): `<path>/params`, or a MODEL_DIR of
+  ours  Our orbax format (`distillspec_jax.training.checkpoints`): `<path>/params`, or a MODEL_DIR of
         `<step>/params`.
 
 Without --model the configuration comes from config.json (hf) or is inferred from the stored
@@ -26,25 +26,26 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
-from distillspec_jax import hf_t5, t5x_checkpoints
-from distillspec_jax.config import TransformerConfig, model_config
+from distillspec_jax.interop import hf_t5
+from distillspec_jax.interop import t5x as t5x_checkpoints
+from distillspec_jax.models.config import TransformerConfig, model_config
 
 Params = Any
 FORMATS = ("hf", "t5x", "ours")
 
 
-# --- our format (delegates to distillspec_jax.checkpoints) ----------------------------------
+# --- our format (delegates to distillspec_jax.training.checkpoints) ----------------------------------
 
 
 def save_ours(params: Params, path: str) -> None:
   """Writes `params` in our orbax format; `checkpoints.restore_params(path, ...)` reads it."""
-  from distillspec_jax import checkpoints
+  from distillspec_jax.training import checkpoints
   checkpoints.save_params(path, jax.tree.map(np.asarray, params))
 
 
 def _ours_params_dir(path: str) -> Optional[str]:
   try:
-    from distillspec_jax import checkpoints
+    from distillspec_jax.training import checkpoints
     return checkpoints._params_dir(path)[0]  # pylint: disable=protected-access
   except FileNotFoundError:
     return None
@@ -52,13 +53,13 @@ def _ours_params_dir(path: str) -> Optional[str]:
 
 def _ours_shapes(path: str) -> Params:
   """Shapes of our checkpoint's params, from orbax metadata (nothing is read)."""
-  from distillspec_jax import checkpoints
+  from distillspec_jax.training import checkpoints
   return checkpoints.params_metadata(_ours_params_dir(path))
 
 
 def load_ours(path: str, config: TransformerConfig) -> Params:
-  from distillspec_jax import checkpoints
-  from distillspec_jax.models import Model
+  from distillspec_jax.training import checkpoints
+  from distillspec_jax.models.model import Model
   params = checkpoints.restore_params(path, Model(config).param_shapes())
   return jax.tree.map(np.asarray, params)
 
@@ -162,7 +163,7 @@ def restore_any(path: str, abstract_params: Params) -> Params:
   `.sharding`); leaves are placed with those shardings.
   """
   if detect_format(os.fspath(path)) == "ours":
-    from distillspec_jax import checkpoints
+    from distillspec_jax.training import checkpoints
     params = checkpoints.restore_params(path, abstract_params)
   else:
     params, _ = load_checkpoint(os.fspath(path), config=config_from_params(abstract_params))
@@ -198,7 +199,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--input", required=True)
   parser.add_argument("--output", required=True)
   parser.add_argument("--model", default=None,
-                      help="preset name from distillspec_jax.config.MODEL_CONFIGS; checks shapes")
+                      help="preset name from distillspec_jax.models.config.MODEL_CONFIGS; checks shapes")
   args = parser.parse_args(argv)
   config = model_config(args.model) if args.model else None
   if os.path.exists(args.output) and (not os.path.isdir(args.output) or os.listdir(args.output)):

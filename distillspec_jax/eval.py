@@ -32,12 +32,17 @@ from typing import Optional, Sequence
 
 import gin
 
-from distillspec_jax import (convert, evaluation, gin_utils, lossy, multihost, pinning,
-                             speed)
-from distillspec_jax.config import TransformerConfig, model_config
-from distillspec_jax.files import write_text_atomic
-from distillspec_jax.models import Model
-from distillspec_jax.speculative import LENIENCE_FUNCTIONS, Lenience
+from distillspec_jax import convert
+from distillspec_jax.evaluation import quality as evaluation
+from distillspec_jax import gin_utils
+from distillspec_jax.evaluation import lossy
+from distillspec_jax.training import multihost
+from distillspec_jax.evaluation import pinning
+from distillspec_jax.evaluation import speed
+from distillspec_jax.models.config import TransformerConfig, model_config
+from distillspec_jax.core.files import write_text_atomic
+from distillspec_jax.models.model import Model
+from distillspec_jax.decoding.speculative import LENIENCE_FUNCTIONS, Lenience
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,8 +200,9 @@ def decode_capacity(config: EvalConfig, target: TransformerConfig, draft: Transf
 def register_tasks(config: EvalConfig) -> None:
   """Registers what the task name needs: the embedded task with VOCABULARY, the file-backed
   tasks of DATA_DIR, the BBH tasks of BBH_DIR."""
-  from distillspec_jax import tasks, vocabularies
-  from distillspec_jax.tasks import transfer_tasks
+  from distillspec_jax.data import tasks
+  from distillspec_jax.data import vocabularies
+  from distillspec_jax.data.tasks import transfer_tasks
   vocabulary = vocabularies.as_vocabulary(config.vocabulary) if config.vocabulary else None
   if config.mixture_or_task_name == tasks.EMBEDDED_TASK_NAME and vocabulary is not None:
     tasks.register_embedded_task(vocabulary=vocabulary)
@@ -218,7 +224,7 @@ def register_tasks(config: EvalConfig) -> None:
 def task_names(name: str) -> list:
   """The tasks of a mixture, or [name]."""
   import seqio
-  from distillspec_jax import data
+  from distillspec_jax.data import batches as data
   task = data.get_task(name)
   if isinstance(task, seqio.Mixture):
     return sorted(t.name for t in task.tasks)
@@ -226,7 +232,7 @@ def task_names(name: str) -> list:
 
 
 def eval_split(task_name: str, split: Optional[str]) -> str:
-  from distillspec_jax import data
+  from distillspec_jax.data import batches as data
   splits = sorted(data.get_task(task_name).splits)
   if split:
     if split not in splits:
@@ -279,7 +285,7 @@ def _scalars(writer, row: dict) -> None:
 def evaluate(config: EvalConfig) -> dict:
   """Runs the evaluation and writes every output; returns the metrics.json object."""
   from tqdm.auto import tqdm
-  from distillspec_jax import data
+  from distillspec_jax.data import batches as data
   # Every process evaluates (the same decodes; no cross-process arrays); process 0 alone
   # writes, and the others wait at a barrier until its files are complete.
   primary = multihost.is_primary()

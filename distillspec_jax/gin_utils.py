@@ -21,10 +21,10 @@ from typing import Sequence
 
 import gin
 
-from distillspec_jax import config as config_lib
-from distillspec_jax.distillation import DistillationConfig
-from distillspec_jax.models import Model
-from distillspec_jax.trainer import SyntheticData, TrainConfig
+from distillspec_jax.models import config as config_lib
+from distillspec_jax.distill.objectives import DistillationConfig
+from distillspec_jax.models.model import Model
+from distillspec_jax.training.trainer import SyntheticData, TrainConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SEARCH_PATHS = (REPO_ROOT, os.path.join(REPO_ROOT, "gin"))

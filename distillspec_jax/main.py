@@ -21,10 +21,11 @@ from typing import Optional, Sequence
 
 import gin
 
-from distillspec_jax import gin_utils, multihost
-from distillspec_jax.garden import GardenConfig
-from distillspec_jax.pipeline import PipelineConfig, check_run_dir, run_pipeline
-from distillspec_jax.recipe_grid import RecipeGridConfig
+from distillspec_jax import gin_utils
+from distillspec_jax.training import multihost
+from distillspec_jax.studies.garden import GardenConfig
+from distillspec_jax.studies.pipeline import PipelineConfig, check_run_dir, run_pipeline
+from distillspec_jax.studies.recipe_grid import RecipeGridConfig
 
 
 @gin.configurable

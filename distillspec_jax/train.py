@@ -17,7 +17,7 @@ The whole configuration is resolved into a `RunSpec` (models built, files checke
 any training, so a bad binding, gin file or model name fails in seconds.
 MIXTURE_OR_TASK_NAME = 'synthetic_reverse' is a built-in procedurally generated task
 (`trainer.SyntheticData`, reversal of random tokens) for tests and CPU smoke runs; every
-other name goes to `distillspec_jax.data.get_dataset` (seqio).
+other name goes to `distillspec_jax.data.batches.get_dataset` (seqio).
 """
 
 from __future__ import annotations
@@ -31,10 +31,14 @@ from typing import Mapping, Optional, Sequence
 import gin
 import jax
 
-from distillspec_jax import (checkpoints, distillation, gin_utils, multihost, partitioning,
-                             trainer)
-from distillspec_jax.distillation import DistillationConfig
-from distillspec_jax.models import Model
+from distillspec_jax.training import checkpoints
+from distillspec_jax.distill import objectives as distillation
+from distillspec_jax import gin_utils
+from distillspec_jax.training import multihost
+from distillspec_jax.training import partitioning
+from distillspec_jax.training import trainer
+from distillspec_jax.distill.objectives import DistillationConfig
+from distillspec_jax.models.model import Model
 
 SYNTHETIC_TASK = "synthetic_reverse"
 
@@ -130,7 +134,7 @@ def make_data(spec: RunSpec, split: str, batch_size: int, seed: int, repeat: boo
                                  vocab_size=spec.model.config.vocab_size,
                                  seed=seed + (0 if split == "train" else 10_000),
                                  decoder_only=decoder_only)
-  from distillspec_jax import data  # seqio/TF only when a real task is used
+  from distillspec_jax.data import batches as data
   converter = "decoder" if decoder_only else "enc_dec"
 
   def factory(shard=None):

@@ -25,9 +25,15 @@ from compilation import set_fast_compilation  # noqa: E402
 set_fast_compilation(True)
 import numpy as np  # noqa: E402
 
-from distillspec_jax import (checkpoints, decoding, distillation, evaluation, multihost,  # noqa
-                             partitioning, speculative, trainer)
-from distillspec_jax.models import Model  # noqa: E402
+from distillspec_jax.training import checkpoints
+from distillspec_jax.decoding import plain as decoding
+from distillspec_jax.distill import objectives as distillation
+from distillspec_jax.evaluation import quality as evaluation
+from distillspec_jax.training import multihost
+from distillspec_jax.training import partitioning
+from distillspec_jax.decoding import speculative
+from distillspec_jax.training import trainer
+from distillspec_jax.models.model import Model  # noqa: E402
 
 # Both axes > 1 once each way; pure data parallelism, (8, 1), is in the checkpoint check.
 MESHES = ((4, 2), (2, 4))

@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax import multihost  # noqa: E402
+from distillspec_jax.training import multihost
 
 REST = multihost.initialize_from_flags(sys.argv[1:])
 
@@ -30,8 +30,10 @@ set_fast_compilation(True)
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from distillspec_jax import distillation, partitioning, trainer  # noqa: E402
-from distillspec_jax.models import Model  # noqa: E402
+from distillspec_jax.distill import objectives as distillation
+from distillspec_jax.training import partitioning
+from distillspec_jax.training import trainer
+from distillspec_jax.models.model import Model  # noqa: E402
 
 BATCH = 8
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distillspec_jax.models import DECODER_START_ID, Model
+from distillspec_jax.models.model import DECODER_START_ID, Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
@@ -216,7 +216,7 @@ def test_encoder_decoder_cache_needs_encoder_inputs():
 @pytest.mark.parametrize("k", [1, 3])
 def test_cache_write_paths_agree(k, length_last):
   """The per-row in-place write (small batches) and the scatter (large ones) store the same."""
-  from distillspec_jax import layers
+  from distillspec_jax.models import layers
   batch, heads, head_dim, max_length = 3, 2, 4, 10
   rng = np.random.default_rng(0)
   shape = (batch * heads,) + ((head_dim, max_length) if length_last else (max_length, head_dim))
@@ -242,7 +242,7 @@ def test_writes_past_the_end_are_clamped_not_dropped():
   """What `DecodingCache` documents: the per-row write path clamps a write that does not fit
   onto the row's last valid slots (3 tokens at slot 5 of 6 land on slots 3-5), so capacity is
   checked before decoding, never left to the cache."""
-  from distillspec_jax import layers
+  from distillspec_jax.models import layers
   heads, head_dim, max_length, k = 1, 2, 6, 3
   cache = jnp.zeros((heads, max_length, head_dim), jnp.float32)
   new = jnp.arange(1, 1 + k * head_dim, dtype=jnp.float32).reshape(1, k, heads, head_dim)

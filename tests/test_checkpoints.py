@@ -7,8 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from distillspec_jax import checkpoints as C
-from distillspec_jax.models import Model
+from distillspec_jax.training import checkpoints as C
+from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

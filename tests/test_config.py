@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from distillspec_jax.config import (MODEL_CONFIGS, TransformerConfig, check_same_vocabulary,
+from distillspec_jax.models.config import (MODEL_CONFIGS, TransformerConfig, check_same_vocabulary,
                                     model_config)
 
 # Published T5 1.1 shapes: (d_model, heads, layers, d_ff); head_dim 64, vocab 32128.

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distillspec_jax import decoding
-from distillspec_jax.decoding import SamplingConfig
-from distillspec_jax.models import DECODER_START_ID, EOS_ID, PAD_ID, Model
+from distillspec_jax.decoding import plain as decoding
+from distillspec_jax.decoding.plain import SamplingConfig
+from distillspec_jax.models.model import DECODER_START_ID, EOS_ID, PAD_ID, Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
@@ -239,7 +239,7 @@ def test_interior_prompt_padding_is_refused():
 
 
 def test_distillation_sampler_refuses_more_tokens_than_the_cache():
-  from distillspec_jax.distillation import sample_batch
+  from distillspec_jax.distill.objectives import sample_batch
   model, params = model_and_params("tiny_encoder_decoder")  # max_decode_length = 128
   batch = {"encoder_input_tokens": inputs_for(model)["encoder_input_tokens"],
            "decoder_target_tokens": jnp.ones((4, 8), jnp.int32)}

@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distillspec_jax import distillation as D
-from distillspec_jax import divergences
-from distillspec_jax.models import Model
-from distillspec_jax.trainer import SyntheticData
+from distillspec_jax.distill import objectives as D
+from distillspec_jax.distill import divergences
+from distillspec_jax.models.model import Model
+from distillspec_jax.training.trainer import SyntheticData
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

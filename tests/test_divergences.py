@@ -1,11 +1,11 @@
-"""Tests for distillspec_jax.divergences against float64 NumPy references."""
+"""Tests for distillspec_jax.distill.divergences against float64 NumPy references."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distillspec_jax import divergences as dv
+from distillspec_jax.distill import divergences as dv
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

@@ -5,9 +5,9 @@ import re
 import numpy as np
 import pytest
 
-from distillspec_jax import data
-from distillspec_jax.tasks import embedded
-from distillspec_jax.tasks import metrics
+from distillspec_jax.data import batches as data
+from distillspec_jax.data.tasks import embedded
+from distillspec_jax.data.tasks import metrics
 
 _WORDS = {"plus": "+", "minus": "-", "times": "*", "over": "/"}
 _STEP_FORMS = (re.compile(r"^(?P<a>\d+) (?P<op>[-+*/]) (?P<b>\d+) = (?P<r>\d+)\.$"),

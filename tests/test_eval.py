@@ -10,12 +10,15 @@ import jax
 import numpy as np
 import pytest
 
-from distillspec_jax import checkpoints, evaluation, gin_utils, lossy
+from distillspec_jax.training import checkpoints
+from distillspec_jax.evaluation import quality as evaluation
+from distillspec_jax import gin_utils
+from distillspec_jax.evaluation import lossy
 from distillspec_jax import eval as eval_lib
-from distillspec_jax.config import model_config
-from distillspec_jax.decoding import SamplingConfig, prompt_inputs
-from distillspec_jax.models import Model
-from distillspec_jax.speculative import Lenience, speculative_decode
+from distillspec_jax.models.config import model_config
+from distillspec_jax.decoding.plain import SamplingConfig, prompt_inputs
+from distillspec_jax.models.model import Model
+from distillspec_jax.decoding.speculative import Lenience, speculative_decode
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
@@ -25,7 +28,7 @@ LENGTHS = {"inputs": 48, "targets": 6}
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   """The embedded vocabulary and tiny target/draft checkpoints in our format."""
-  from distillspec_jax.tasks import embedded
+  from distillspec_jax.data.tasks import embedded
   root = tmp_path_factory.mktemp("eval")
   vocabulary = embedded.build_embedded_vocabulary(str(root / "vocab"))
   paths = {}
@@ -255,7 +258,7 @@ def test_only_process_zero_writes_and_every_process_waits_for_it(setup, tmp_path
   """A process other than 0 evaluates the same grid but writes no file; all processes meet at
   the barrier after process 0's writes (multihost.barrier is a no-op in one process, so it
   is recorded here)."""
-  from distillspec_jax import multihost
+  from distillspec_jax.training import multihost
   met = []
   monkeypatch.setattr(multihost, "is_primary", lambda: False)
   monkeypatch.setattr(multihost, "barrier", lambda name, *a, **k: met.append(name))
@@ -306,7 +309,7 @@ def test_bad_inputs_name_the_value_and_the_fix(setup, tmp_path):
 
 
 def test_task_without_an_evaluation_split_is_refused(tmp_path):
-  from distillspec_jax.tasks import file_tasks
+  from distillspec_jax.data.tasks import file_tasks
   os.makedirs(tmp_path / "gsm8k")
   with open(tmp_path / "gsm8k" / "train.jsonl", "w") as f:
     f.write(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")

@@ -7,8 +7,9 @@ import os
 import gin
 import pytest
 
-from distillspec_jax import gin_utils, train
-from distillspec_jax.config import MODEL_CONFIGS
+from distillspec_jax import gin_utils
+from distillspec_jax import train
+from distillspec_jax.models.config import MODEL_CONFIGS
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

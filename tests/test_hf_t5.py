@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distillspec_jax import hf_t5
-from distillspec_jax.config import TransformerConfig
-from distillspec_jax.models import Model
+from distillspec_jax.interop import hf_t5
+from distillspec_jax.models.config import TransformerConfig
+from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

@@ -3,7 +3,8 @@
 import gin
 import pytest
 
-from distillspec_jax import gin_utils, main
+from distillspec_jax import gin_utils
+from distillspec_jax import main
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

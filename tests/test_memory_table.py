@@ -17,7 +17,7 @@ import memory_table as mt  # sets XLA_FLAGS before JAX starts
 import jax
 import numpy as np
 from distillspec_jax import distillation, partitioning, trainer
-from distillspec_jax.models import Model
+from distillspec_jax.models.model import Model
 
 target = Model.from_name("tiny_encoder_decoder", vocab_size=64)
 draft = Model.from_name("demo_draft", vocab_size=64)

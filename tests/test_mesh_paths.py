@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from distillspec_jax import partitioning
-from distillspec_jax.models import Model
+from distillspec_jax.training import partitioning
+from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
@@ -63,7 +63,7 @@ def test_logical_name_without_a_rule_is_refused():
 
 def test_optimizer_state_follows_the_parameters():
   import jax
-  from distillspec_jax import trainer
+  from distillspec_jax.training import trainer
   model = Model.from_name("demo_draft", vocab_size=64)
   mesh = partitioning.make_mesh()
   shardings = partitioning.param_shardings(model, mesh)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from distillspec_jax.tasks import metrics
+from distillspec_jax.data.tasks import metrics
 
 
 def test_rouge_hand_computed():

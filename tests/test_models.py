@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distillspec_jax.config import MODEL_CONFIGS
-from distillspec_jax.models import Model
+from distillspec_jax.models.config import MODEL_CONFIGS
+from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
@@ -171,7 +171,7 @@ def test_params_are_fp32_and_init_is_seeded():
 def test_relative_position_bias_table_matches_t5_bucketing(bidirectional):
   """The clipped lookup table gives T5's bucket for every (query, key) pair, far beyond
   max_distance too, so decoding at any cache position sees the same bias as the formula."""
-  from distillspec_jax import layers
+  from distillspec_jax.models import layers
   num_buckets, max_distance, heads = 32, 20, 3
   module = layers.RelativePositionBiases(num_buckets, max_distance, heads, bidirectional)
   query = jnp.array([[0, 7, 45, 300], [1, 2, 3, 250]])
@@ -194,7 +194,7 @@ def test_dense_general_is_the_contraction_of_its_stored_kernel(features, num_inp
   # DenseGeneral runs one flattened [rows, in] x [in, out] matmul (its backward pass is about
   # 2x faster on CPU than a dot over several batch axes): values and gradients must equal the
   # contraction of x's last axes with the 2-D kernel read as [*input dims, *features].
-  from distillspec_jax.layers import DenseGeneral
+  from distillspec_jax.models.layers import DenseGeneral
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 4) if num_input_axes == 1 else (2, 3, 2, 2))
   layer = DenseGeneral(features, ("embed", "mlp"), num_input_axes=num_input_axes)
   params = nn.meta.unbox(layer.init(jax.random.PRNGKey(1), x)["params"])

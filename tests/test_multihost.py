@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from distillspec_jax import multihost
+from distillspec_jax.training import multihost
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
@@ -165,7 +165,7 @@ def test_flags_are_split_out_of_argv_and_single_process_is_a_no_op():
 
 
 def test_data_shard_of_one_process_is_the_whole_batch():
-  from distillspec_jax import partitioning
+  from distillspec_jax.training import partitioning
   shard = multihost.data_shard(partitioning.make_mesh(), 8)
   assert (shard.index, shard.num_shards, shard.local_batch_size, shard.rows) == (0, 1, 8,
                                                                                   slice(0, 8))

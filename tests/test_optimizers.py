@@ -1,4 +1,4 @@
-"""Tests for distillspec_jax.optimizers."""
+"""Tests for distillspec_jax.training.optimizers."""
 
 import math
 
@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from distillspec_jax import optimizers as opt
+from distillspec_jax.training import optimizers as opt
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

@@ -13,8 +13,8 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from distillspec_jax import partitioning
-from distillspec_jax.models import Model
+from distillspec_jax.training import partitioning
+from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent("""
     import jax, numpy as np, tempfile
     from jax.sharding import PartitionSpec as P
     from distillspec_jax import partitioning, trainer, distillation
-    from distillspec_jax.models import Model
+    from distillspec_jax.models.model import Model
     assert jax.device_count() == 8, jax.devices()
     mesh = partitioning.make_mesh(data=4, model=2)
     assert dict(mesh.shape) == {"data": 4, "model": 2}

@@ -9,8 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from distillspec_jax import pipeline
-from distillspec_jax.pipeline import PipelineConfig, required_stages, run_pipeline
+from distillspec_jax.studies import pipeline
+from distillspec_jax.studies.pipeline import PipelineConfig, required_stages, run_pipeline
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

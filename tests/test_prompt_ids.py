@@ -4,9 +4,9 @@ import jax
 import numpy as np
 import pytest
 
-from distillspec_jax.decoding import decode, prompt_inputs
-from distillspec_jax.models import Model
-from distillspec_jax.speculative import speculative_decode
+from distillspec_jax.decoding.plain import decode, prompt_inputs
+from distillspec_jax.models.model import Model
+from distillspec_jax.decoding.speculative import speculative_decode
 
 
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])

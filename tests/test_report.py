@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from distillspec_jax import report as report_lib
-from distillspec_jax.pipeline import PipelineConfig
+from distillspec_jax.evaluation import report as report_lib
+from distillspec_jax.studies.pipeline import PipelineConfig
 
 
 def _row(draft, temperature, gamma, tau, speedup):

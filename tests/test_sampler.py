@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from distillspec_jax import decoding
+from distillspec_jax.decoding import plain as decoding
 
 T5_VOCAB = 32128
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from distillspec_jax import speculative
-from distillspec_jax.config import TransformerConfig
-from distillspec_jax.decoding import SamplingConfig, decode
-from distillspec_jax.divergences import expected_acceptance
-from distillspec_jax.models import Model
-from distillspec_jax.speculative import Lenience, acceptance_probability, speculative_decode
+from distillspec_jax.decoding import speculative
+from distillspec_jax.models.config import TransformerConfig
+from distillspec_jax.decoding.plain import SamplingConfig, decode
+from distillspec_jax.distill.divergences import expected_acceptance
+from distillspec_jax.models.model import Model
+from distillspec_jax.decoding.speculative import Lenience, acceptance_probability, speculative_decode
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

@@ -10,10 +10,12 @@ import jax
 import numpy as np
 import pytest
 
-from distillspec_jax import evaluation, pinning, speed
-from distillspec_jax.decoding import SamplingConfig, prompt_inputs
-from distillspec_jax.models import Model
-from distillspec_jax.speculative import Lenience, speculative_decode
+from distillspec_jax.evaluation import quality as evaluation
+from distillspec_jax.evaluation import pinning
+from distillspec_jax.evaluation import speed
+from distillspec_jax.decoding.plain import SamplingConfig, prompt_inputs
+from distillspec_jax.models.model import Model
+from distillspec_jax.decoding.speculative import Lenience, speculative_decode
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

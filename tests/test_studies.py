@@ -8,10 +8,13 @@ import os
 
 import pytest
 
-from distillspec_jax import garden, main, pipeline, recipe_grid
-from distillspec_jax.garden import GardenConfig, pareto
-from distillspec_jax.pipeline import PipelineConfig, run_pipeline
-from distillspec_jax.recipe_grid import RecipeGridConfig
+from distillspec_jax.studies import garden
+from distillspec_jax import main
+from distillspec_jax.studies import pipeline
+from distillspec_jax.studies import recipe_grid
+from distillspec_jax.studies.garden import GardenConfig, pareto
+from distillspec_jax.studies.pipeline import PipelineConfig, run_pipeline
+from distillspec_jax.studies.recipe_grid import RecipeGridConfig
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

@@ -6,9 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from distillspec_jax import t5x_checkpoints
-from distillspec_jax.config import TransformerConfig
-from distillspec_jax.models import Model
+from distillspec_jax.interop import t5x as t5x_checkpoints
+from distillspec_jax.models.config import TransformerConfig
+from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

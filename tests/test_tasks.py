@@ -9,10 +9,10 @@ import pytest
 import seqio
 import tensorflow_datasets as tfds
 
-from distillspec_jax import data
-from distillspec_jax import vocabularies
-from distillspec_jax import tasks
-from distillspec_jax.tasks import embedded
+from distillspec_jax.data import batches as data
+from distillspec_jax.data import vocabularies
+from distillspec_jax.data import tasks
+from distillspec_jax.data.tasks import embedded
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = (REPO_ROOT / ".." / "shared" / "data").resolve()

@@ -13,10 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distillspec_jax import divergences, teacher_cache, trainer
-from distillspec_jax.distillation import DistillationConfig
-from distillspec_jax.models import Model
-from distillspec_jax.pipeline import InMemoryData
+from distillspec_jax.distill import divergences
+from distillspec_jax.distill import teacher_cache
+from distillspec_jax.training import trainer
+from distillspec_jax.distill.objectives import DistillationConfig
+from distillspec_jax.models.model import Model
+from distillspec_jax.studies.pipeline import InMemoryData
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from distillspec_jax import main as main_binary
-from distillspec_jax import pipeline, teacher_cache
-from distillspec_jax.pipeline import PipelineConfig
+from distillspec_jax.studies import pipeline
+from distillspec_jax.distill import teacher_cache
+from distillspec_jax.studies.pipeline import PipelineConfig
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

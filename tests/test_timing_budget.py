@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "bench"))
 import timing_budget  # noqa: E402
 
-from distillspec_jax.speculative import Lenience  # noqa: E402
+from distillspec_jax.decoding.speculative import Lenience  # noqa: E402
 
 
 def test_speedups_and_summary_from_each_repeats_first_calls():

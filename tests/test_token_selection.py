@@ -1,4 +1,4 @@
-"""Tests for distillspec_jax.token_selection (AdaSPEC)."""
+"""Tests for distillspec_jax.distill.token_selection (AdaSPEC)."""
 
 import math
 
@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distillspec_jax import divergences as dv
-from distillspec_jax import token_selection as ts
+from distillspec_jax.distill import divergences as dv
+from distillspec_jax.distill import token_selection as ts
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

@@ -7,9 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from distillspec_jax import distillation as D
-from distillspec_jax import trainer as T
-from distillspec_jax.models import Model
+from distillspec_jax.distill import objectives as D
+from distillspec_jax.training import trainer as T
+from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
@@ -127,7 +127,7 @@ def test_initial_checkpoint_path_and_restore_hook(tmp_path):
 
   def restore_fn(path, abstract):
     seen.append(path)
-    from distillspec_jax.checkpoints import restore_params
+    from distillspec_jax.training.checkpoints import restore_params
     return restore_params(path, abstract)
 
   config = _config(tmp_path / "b", 0, initial_checkpoint_path=str(tmp_path / "a"))

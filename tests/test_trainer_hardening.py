@@ -8,10 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from distillspec_jax import distillation as D
-from distillspec_jax import metrics_log
-from distillspec_jax import trainer as T
-from distillspec_jax.models import Model
+from distillspec_jax.distill import objectives as D
+from distillspec_jax.training import metrics_log
+from distillspec_jax.training import trainer as T
+from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from distillspec_jax import vocabularies
-from distillspec_jax.tasks import embedded
+from distillspec_jax.data import vocabularies
+from distillspec_jax.data.tasks import embedded
 
 _WORDS = ("the quick brown fox jumps over the lazy dog while seven wizards quietly "
           "judge boxing matches and many people read books about history science and art").split()
@@ -53,7 +53,7 @@ def test_missing_vocabulary_file_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError) as e:
     vocabularies.get_vocabulary(missing)
   assert str(missing) in str(e.value)
-  assert "python -m distillspec_jax.vocabularies" in str(e.value)
+  assert "python -m distillspec_jax.data.vocabularies" in str(e.value)
 
 
 def test_t5_default_path_is_lazy_and_has_extra_ids():

@@ -1,0 +1,1 @@
+"""Lowest layer: atomic files and the one validation module every config uses. Imports nothing of ours."""

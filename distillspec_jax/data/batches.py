@@ -1,0 +1,315 @@
+"""Bridge from seqio tasks to the JAX side: NumPy batches with T5X feature names.
+
+    from distillspec_jax import data
+    it = data.get_dataset("embedded_arithmetic", "train", {"inputs": 48, "targets": 48},
+                          batch_size=32, shuffle=True, seed=0, num_epochs=None)
+    batch = next(it)   # encoder_input_tokens, decoder_input_tokens,
+                       # decoder_target_tokens, decoder_loss_weights: int32 [32, L]
+
+feature_converter:
+  'enc_dec'  seqio.EncDecFeatureConverter; needs lengths for 'inputs' and 'targets'.
+  'decoder'  seqio.DecoderFeatureConverter: with 'inputs' and 'targets' lengths a
+             prefix LM (inputs+targets concatenated into decoder_* features of length
+             inputs+targets, plus decoder_causal_attention; loss on targets only);
+             with only 'targets' (e.g. lm1b) a plain LM.
+Both default to pack=False (fixed [batch, length] shapes, one example a row).
+
+TensorFlow runs only here (the input pipeline); callers get NumPy arrays.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import seqio
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from distillspec_jax.data import tasks as _tasks
+
+FEATURE_CONVERTERS = ("enc_dec", "decoder")
+
+
+def _registered_names() -> List[str]:
+  return sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
+
+
+def get_task(task_name: str) -> Union[seqio.Task, seqio.Mixture]:
+  """The registered seqio Task or Mixture; ValueError with close names if unknown."""
+  if not isinstance(task_name, str):
+    raise TypeError(f"task_name must be a string, got {type(task_name).__name__}: {task_name!r}")
+  if task_name in seqio.MixtureRegistry.names():
+    return seqio.MixtureRegistry.get(task_name)
+  if task_name in seqio.TaskRegistry.names():
+    return seqio.TaskRegistry.get(task_name)
+  names = _registered_names()
+  close = difflib.get_close_matches(task_name, names, n=5, cutoff=0.5)
+  hint = ""
+  if task_name.endswith("_files") or task_name.startswith("bbh"):
+    hint = (" File-backed and BBH tasks exist only after "
+            "distillspec_jax.data.tasks.register_file_tasks(data_dir) (or register_bbh_tasks(dir)).")
+  raise ValueError(
+      f"Task {task_name!r} is not registered."
+      + (f" Did you mean {close}?" if close else "")
+      + f" Registered: {names}." + hint)
+
+
+def get_vocabulary(task_name: str) -> seqio.Vocabulary:
+  """The vocabulary of a task's 'targets' feature (draft and target must share it)."""
+  task = get_task(task_name)
+  return task.output_features["targets"].vocabulary
+
+
+def _subtasks(task) -> List[seqio.Task]:
+  return list(seqio.get_subtasks(task))
+
+
+def _check_split(task, split: str) -> None:
+  for t in _subtasks(task):
+    if split not in t.splits:
+      raise ValueError(f"Task {t.name!r} has no split {split!r}; available splits: "
+                       f"{sorted(t.splits)}.")
+
+
+def _check_lengths(task, sequence_lengths: Mapping[str, int], feature_converter: str) -> None:
+  if not isinstance(sequence_lengths, Mapping) or not sequence_lengths:
+    raise ValueError(f"sequence_lengths must be a dict like {{'inputs': 512, 'targets': 128}}, "
+                     f"got {sequence_lengths!r}.")
+  for k, v in sequence_lengths.items():
+    if not isinstance(v, (int, np.integer)) or v <= 0:
+      raise ValueError(f"sequence_lengths[{k!r}]={v!r} must be a positive int.")
+  features = set(task.output_features)
+  if feature_converter == "enc_dec" and "inputs" not in features:
+    raise ValueError(
+        f"Task {task.name!r} is decoder-only (features {sorted(features)}); pass "
+        "feature_converter='decoder' with sequence_lengths={'targets': N}.")
+  unknown = set(sequence_lengths) - features
+  if unknown:
+    raise ValueError(f"sequence_lengths has {sorted(unknown)} but task {task.name!r} has only "
+                     f"the features {sorted(features)}.")
+  if feature_converter == "enc_dec":
+    missing = {"inputs", "targets"} - set(sequence_lengths)
+    if missing:
+      raise ValueError(f"feature_converter='enc_dec' needs lengths for 'inputs' and 'targets'; "
+                       f"missing {sorted(missing)} in {dict(sequence_lengths)}.")
+  else:
+    if "targets" not in sequence_lengths:
+      raise ValueError(f"feature_converter='decoder' needs sequence_lengths['targets']; got "
+                       f"{dict(sequence_lengths)}.")
+    if "inputs" in features and "inputs" not in sequence_lengths:
+      raise ValueError(
+          f"Task {task.name!r} has 'inputs' (prompts); for decoder-only use pass lengths for "
+          "both 'inputs' and 'targets' (a prefix LM), e.g. {'inputs': 48, 'targets': 48}.")
+
+
+def _make_converter(feature_converter, pack: bool) -> seqio.FeatureConverter:
+  if isinstance(feature_converter, seqio.FeatureConverter):
+    return feature_converter
+  if feature_converter == "enc_dec":
+    return seqio.EncDecFeatureConverter(pack=pack)
+  if feature_converter in ("decoder", "lm", "prefix_lm"):
+    return seqio.DecoderFeatureConverter(pack=pack)
+  raise ValueError(f"feature_converter={feature_converter!r} is not one of "
+                   f"{FEATURE_CONVERTERS} (or a seqio.FeatureConverter instance).")
+
+
+def _untrimmed_examples(task: seqio.Task, split: str, num: int, shuffle: bool = False,
+                        seed: Optional[int] = None) -> tf.data.Dataset:
+  ds = task.get_dataset(sequence_length=None, split=split, shuffle=shuffle, seed=seed,
+                        trim_output_features=False, num_epochs=1)
+  return ds.take(num) if num is not None and num >= 0 else ds
+
+
+def check_prompt_lengths(task_name: str, split: str, sequence_lengths: Mapping[str, int],
+                         num_examples: int = 64, max_truncated_fraction: float = 0.5) -> None:
+  """Raises ValueError if sequence_lengths['inputs'] is too small for the prompts.
+
+  Looks at the first `num_examples` prompts ('inputs', with EOS).  Error when
+  more than `max_truncated_fraction` of them are longer than the length; for
+  document tasks (summarization, where truncating the article is the norm) only
+  when more than that fraction would lose over half of their tokens.
+  """
+  if "inputs" not in sequence_lengths:
+    return
+  length = int(sequence_lengths["inputs"])
+  for task in _subtasks(get_task(task_name)):
+    lens = [int(len(ex["inputs"])) for ex in
+            tfds.as_numpy(_untrimmed_examples(task, split, num_examples))]
+    if not lens:
+      continue
+    lens = np.asarray(lens)
+    too_long = int((lens > length).sum())
+    lenient = task.name in _tasks.tfds_tasks.TRUNCATABLE_INPUT_TASKS
+    bad = int((lens > 2 * length).sum()) if lenient else too_long
+    if bad / len(lens) > max_truncated_fraction:
+      what = "would lose over half of their tokens" if lenient else "are longer"
+      raise ValueError(
+          f"sequence_lengths['inputs']={length} is too small for task {task.name!r} "
+          f"(split {split!r}): {bad} of the first {len(lens)} prompts {what} "
+          f"(longest {lens.max()} tokens incl. EOS, median {int(np.median(lens))}). Pass "
+          f"sequence_lengths['inputs'] >= {int(np.percentile(lens, 95))} (95th percentile), or "
+          f"{lens.max()} to keep every prompt whole.")
+    if too_long:
+      logging.warning("Task %s: %d of %d sampled prompts exceed %d tokens and are truncated.",
+                      task.name, too_long, len(lens), length)
+
+
+def get_tf_dataset(task_name: str, split: str, sequence_lengths: Mapping[str, int],
+                   batch_size: int, feature_converter: Any = "enc_dec", shuffle: bool = False,
+                   seed: Optional[int] = None, num_epochs: Optional[int] = 1,
+                   pack: bool = False, drop_remainder: bool = False,
+                   max_truncated_fraction: Optional[float] = 0.5,
+                   shard_info: Optional[seqio.ShardInfo] = None) -> tf.data.Dataset:
+  """Like get_dataset, but returns the batched tf.data.Dataset."""
+  task = get_task(task_name)
+  if not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+    raise ValueError(f"batch_size={batch_size!r} must be a positive int.")
+  kind = feature_converter if isinstance(feature_converter, str) else (
+      "enc_dec" if isinstance(feature_converter, seqio.EncDecFeatureConverter) else "decoder")
+  converter = _make_converter(feature_converter, pack)
+  for t in _subtasks(task):
+    _check_lengths(t, sequence_lengths, "enc_dec" if kind == "enc_dec" else "decoder")
+  _check_split(task, split)
+  if max_truncated_fraction is not None:
+    check_prompt_lengths(task_name, split, sequence_lengths,
+                         max_truncated_fraction=max_truncated_fraction)
+  ds = seqio.get_dataset(task_name, task_feature_lengths=dict(sequence_lengths),
+                         feature_converter=converter, dataset_split=split, shuffle=shuffle,
+                         num_epochs=num_epochs, seed=seed, shard_info=shard_info,
+                         verbose=False)
+  ds = ds.batch(int(batch_size), drop_remainder=drop_remainder)
+  return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def get_dataset(task_name: str, split: str, sequence_lengths: Mapping[str, int],
+                batch_size: int, feature_converter: Any = "enc_dec", shuffle: bool = False,
+                seed: Optional[int] = None, num_epochs: Optional[int] = 1, pack: bool = False,
+                drop_remainder: bool = False, max_truncated_fraction: Optional[float] = 0.5,
+                shard_info: Optional[seqio.ShardInfo] = None
+                ) -> Iterator[Dict[str, np.ndarray]]:
+  """Iterator of batches (dicts of int32 NumPy arrays) with T5X feature names.
+
+  Args:
+    task_name: registered task or mixture, e.g. 'embedded_arithmetic'.
+    split: 'train', 'validation' or 'test' (what the task has).
+    sequence_lengths: task feature lengths, e.g. {'inputs': 48, 'targets': 48};
+      {'targets': N} for LM tasks.
+    batch_size: examples per batch.
+    feature_converter: 'enc_dec' (encoder_input_tokens, decoder_input_tokens,
+      decoder_target_tokens, decoder_loss_weights), 'decoder' (decoder_* of
+      length inputs+targets, + decoder_causal_attention for a prefix LM), or a
+      seqio.FeatureConverter.
+    shuffle, seed: example shuffling (seeded: reproducible order).
+    num_epochs: passes over the data; None repeats forever (training).
+    pack: pack several examples a row (seqio packing; adds segment ids/positions).
+    drop_remainder: drop the last partial batch (fixed shapes for jit).
+    max_truncated_fraction: error if more than this fraction of sampled prompts
+      would be truncated (None disables the check).
+  """
+  ds = get_tf_dataset(task_name, split, sequence_lengths, batch_size,
+                      feature_converter=feature_converter, shuffle=shuffle, seed=seed,
+                      num_epochs=num_epochs, pack=pack, drop_remainder=drop_remainder,
+                      max_truncated_fraction=max_truncated_fraction, shard_info=shard_info)
+  return iter(tfds.as_numpy(ds))
+
+
+def _pad(rows: Sequence[np.ndarray], width: int) -> np.ndarray:
+  out = np.zeros((len(rows), width), dtype=np.int32)
+  for i, r in enumerate(rows):
+    out[i, : len(r)] = r[:width]
+  return out
+
+
+def get_prompts_and_targets(task_name: str, split: str,
+                            sequence_lengths: Optional[Mapping[str, int]] = None,
+                            num_examples: Optional[int] = None, shuffle: bool = False,
+                            seed: Optional[int] = None, on_long_prompt: str = "error",
+                            lm_prompt_length: Optional[int] = None) -> Dict[str, Any]:
+  """Prompts and references, tokenized, for decoding evaluation.
+
+  Returns a dict:
+    prompts [N, P] int32: the task's 'inputs' tokens (ending in EOS, exactly as
+      the models see them in training), zero-padded;
+    prompt_lengths [N] int32;
+    targets [N, T] int32: reference 'targets' tokens (ending in EOS), zero-padded
+      (longer ones are cut to T-1 tokens + EOS);
+    target_lengths [N] int32;
+    prompt_texts, target_texts: lists of the raw strings (for metrics).
+  P and T come from sequence_lengths ('inputs', 'targets') or are the longest
+  lengths present.  A prompt longer than P raises ValueError naming the example,
+  its length and P (on_long_prompt='error'); 'truncate' keeps its first P-1
+  tokens + EOS, 'skip' drops it.  For LM tasks (no 'inputs') the first
+  `lm_prompt_length` target tokens form the prompt.
+  """
+  if on_long_prompt not in ("error", "truncate", "skip"):
+    raise ValueError(f"on_long_prompt={on_long_prompt!r}; pass 'error', 'truncate' or 'skip'.")
+  task = get_task(task_name)
+  if isinstance(task, seqio.Mixture):
+    raise ValueError(f"{task_name!r} is a mixture; call get_prompts_and_targets per task: "
+                     f"{[t.name for t in task.tasks]}.")
+  _check_split(task, split)
+  has_inputs = "inputs" in task.output_features
+  if not has_inputs and not lm_prompt_length:
+    raise ValueError(f"Task {task_name!r} has no 'inputs'; pass lm_prompt_length=K to use the "
+                     "first K target tokens as the prompt.")
+  sequence_lengths = dict(sequence_lengths or {})
+  max_p, max_t = sequence_lengths.get("inputs"), sequence_lengths.get("targets")
+  eos = task.output_features["targets"].vocabulary.eos_id
+  ds = _untrimmed_examples(task, split, -1 if num_examples is None else num_examples,
+                           shuffle=shuffle, seed=seed)
+  prompts, targets, p_texts, t_texts = [], [], [], []
+  for i, ex in enumerate(tfds.as_numpy(ds)):
+    tgt = np.asarray(ex["targets"], dtype=np.int32)
+    t_text = ex.get("targets_pretokenized", b"")
+    t_text = t_text.decode("utf-8") if isinstance(t_text, bytes) else str(t_text)
+    if has_inputs:
+      prm = np.asarray(ex["inputs"], dtype=np.int32)
+      p_text = ex.get("inputs_pretokenized", b"")
+      p_text = p_text.decode("utf-8") if isinstance(p_text, bytes) else str(p_text)
+    else:
+      prm, tgt = tgt[:lm_prompt_length], tgt[lm_prompt_length:]
+      vocab = task.output_features["targets"].vocabulary
+      p_text, t_text = vocab.decode(prm.tolist()), vocab.decode(tgt.tolist())
+      if len(tgt) == 0:
+        continue
+    if max_p is not None and len(prm) > max_p:
+      if on_long_prompt == "error":
+        raise ValueError(
+            f"Prompt {i} of task {task_name!r} (split {split!r}) has {len(prm)} tokens but "
+            f"sequence_lengths['inputs']={max_p}. Pass sequence_lengths['inputs'] >= "
+            f"{len(prm)}, or on_long_prompt='truncate' / 'skip'.")
+      if on_long_prompt == "skip":
+        continue
+      prm = np.concatenate([prm[: max_p - 1], [eos]]) if has_inputs else prm[-max_p:]
+    if max_t is not None and len(tgt) > max_t:
+      tgt = np.concatenate([tgt[: max_t - 1], [eos]])
+    prompts.append(prm)
+    targets.append(tgt)
+    p_texts.append(p_text)
+    t_texts.append(t_text)
+  if not prompts:
+    raise ValueError(f"No examples left for task {task_name!r} split {split!r} "
+                     f"(num_examples={num_examples}, on_long_prompt={on_long_prompt!r}).")
+  p_width = max_p if max_p is not None else max(len(p) for p in prompts)
+  t_width = max_t if max_t is not None else max(len(t) for t in targets)
+  return {
+      "prompts": _pad(prompts, p_width),
+      "prompt_lengths": np.asarray([len(p) for p in prompts], dtype=np.int32),
+      "targets": _pad(targets, t_width),
+      "target_lengths": np.asarray([len(t) for t in targets], dtype=np.int32),
+      "prompt_texts": p_texts,
+      "target_texts": t_texts,
+  }
+
+
+def compute_metrics(task_name: str, targets: Sequence[str], predictions: Sequence[str]
+                    ) -> Dict[str, float]:
+  """Runs a task's (targets, predictions) metric functions on decoded strings."""
+  task = get_task(task_name)
+  out: Dict[str, float] = {}
+  for fn in task.predict_metric_fns:
+    out.update(fn(list(targets), list(predictions)))
+  return out

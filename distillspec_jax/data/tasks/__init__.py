@@ -1,0 +1,43 @@
+"""seqio tasks of distillspec_jax; importing this package registers them.
+
+Registered on import (cheap: no file reads, no vocabulary loads):
+  * TFDS-backed: xsum, cnn_dailymail, gsm8k, wmt14_en_de, lm1b (T5's public
+    SentencePiece vocabulary), see tfds_tasks.py;
+  * embedded_arithmetic: procedurally generated arithmetic word problems, the
+    demo's default, with its own small vocabulary (embedded.py).
+Registered on request, with a data directory (the binaries pass gin's DATA_DIR):
+  * register_file_tasks(data_dir) -> gsm8k_files, xsum_files,
+    cnn_dailymail_files, wmt_en_de_files, lm1b_files (+ BBH if data_dir/bbh);
+  * register_bbh_tasks(bbh_dir) -> bbh_<subtask> tasks and the 'bbh' mixture.
+
+Decoder-only use: tasks with 'inputs' and 'targets' become a prefix LM with
+seqio.DecoderFeatureConverter(pack=False) and lengths for both features
+(distillspec_jax.data.batches.get_dataset(..., feature_converter='decoder')).
+"""
+
+from distillspec_jax.data.tasks import metrics
+from distillspec_jax.data.tasks import preprocessors
+from distillspec_jax.data.tasks import tfds_tasks
+from distillspec_jax.data.tasks import embedded
+from distillspec_jax.data.tasks import file_tasks
+from distillspec_jax.data.tasks import bbh
+
+from distillspec_jax.data.tasks.bbh import register_bbh_tasks
+from distillspec_jax.data.tasks.embedded import (DEFAULT_SEQUENCE_LENGTHS as EMBEDDED_SEQUENCE_LENGTHS,
+                                            TASK_NAME as EMBEDDED_TASK_NAME,
+                                            build_embedded_vocabulary, embedded_vocabulary,
+                                            generate_examples as generate_embedded_examples,
+                                            register_embedded_task)
+from distillspec_jax.data.tasks.file_tasks import (register_cnn_dailymail_files, register_file_tasks,
+                                              register_gsm8k_files, register_lm1b_files,
+                                              register_wmt_files, register_xsum_files)
+from distillspec_jax.data.tasks.tfds_tasks import TFDS_TASK_NAMES, register_tfds_tasks
+
+
+def register_default_tasks() -> None:
+  """(Re-)registers the TFDS tasks and the embedded task with their defaults."""
+  register_tfds_tasks()
+  register_embedded_task()
+
+
+register_default_tasks()

@@ -1,0 +1,413 @@
+"""Speculative decoding (Leviathan et al. 2023; DistillSpec Knowl 5) as one jitted while_loop.
+
+Each round, per batch row: the draft proposes `gamma` tokens, the target scores them all in
+one (gamma + 1)-token call, the row accepts a prefix of n <= gamma draft tokens and appends one
+more token from the target (the correction at the first rejection, or the bonus token when all
+gamma were accepted). Rows advance by their own n + 1; both caches are rolled back per row by
+lowering positions, never copied.
+
+Cache invariant at the start of a round (n committed decoder tokens, the last one `pending`):
+the target cache holds the n - 1 tokens before `pending`; the draft cache holds the n - 2 tokens
+before `previous, pending`. The draft's first step feeds [previous, pending] (rewriting
+`previous` where it was already cached gives identical keys/values), so a fully accepted block
+never needs an extra draft call to catch up on its last token.
+
+Statistics (per row, counted only while the row is unfinished; the first generated token comes
+from the prompt's prefill in both plain and speculative decoding and is not counted):
+  target_calls: verification calls.   draft_calls: draft forward calls (gamma per round).
+  drafted: draft tokens proposed (gamma per round, the last round's included in full).
+  accepted: accepted draft tokens that reach the output. A round accepts n <= gamma draft
+            tokens, but an accepted EOS ends the row after itself and the length limit keeps
+            only max_new_tokens tokens, so the round keeps min(n, produced) of them.
+  accepted_proposed: accepted draft tokens before that cut (n summed over rounds); differs
+            from `accepted` only in a row's last round.
+  produced: tokens appended to the output by verification rounds (min(n, first EOS) + 1 per
+            round, less what the length limit cut off); accepted <= produced.
+  block efficiency tau = sum(produced) / sum(target_calls)   (the bonus/correction token counts)
+  acceptance rate alpha = sum(accepted) / sum(drafted): the fraction of drafted tokens that
+            were accepted and reached the output (`acceptance_rate`). The rate of the
+            acceptance test itself, sum(accepted_proposed) / sum(drafted), is
+            `proposed_acceptance_rate`; it counts accepted tokens past EOS or the length limit.
+
+Cache capacity: both caches need `max_length >= prompt width + max_new_tokens + gamma - 1`,
+where prompt width = 1 + prompt_tokens' width (1 for encoder-decoders). That is exactly the
+most this engine writes: a row's last round starts with max_new_tokens - 1 tokens generated
+and writes its (gamma + 1)-token verification block after the prompt and the
+max_new_tokens - 2 generated tokens before `pending`; a row that finishes returns its caches
+to where its last round began, so the rounds other rows still run stay inside that bound.
+With max_new_tokens = 1 no round runs and the prompt width suffices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from distillspec_jax.models.config import check_same_vocabulary
+from distillspec_jax.decoding.plain import (UNIFORMS_PER_DRAW, SamplingConfig, cache_capacity,
+                                      check_capacity, check_positive_int, check_prompts,
+                                      check_rng, probabilities, sample_from_probabilities,
+                                      sample_tokens)
+from distillspec_jax.models.model import PAD_ID, Model, decoder_prompt
+
+Array = jax.Array
+
+LENIENCE_FUNCTIONS = ("lin", "sq", "exp")
+
+# Columns of the engine's per-row state `rows: [batch, 7]` (see _speculative_jit).
+_GENERATED, _TARGET_CALLS, _ACCEPTED, _PROPOSED, _PREVIOUS, _PENDING, _DONE = range(7)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lenience:
+  """Lossy acceptance f(p, eps) (DistillSpec Knowl 5): lin p/eps, sq p/eps^2, exp p^eps.
+
+  eps = 1 is lossless speculative sampling; smaller eps accepts more draft tokens.
+  """
+
+  kind: str = "lin"
+  epsilon: float = 1.0
+
+  def __post_init__(self):
+    if self.kind not in LENIENCE_FUNCTIONS:
+      raise ValueError(f"Unknown lenience function {self.kind!r}; use one of "
+                       f"{LENIENCE_FUNCTIONS}.")
+    if not 0.0 < self.epsilon <= 1.0:
+      raise ValueError(f"lenience epsilon={self.epsilon} must be in (0, 1]; 1 is lossless.")
+
+  def __call__(self, p: Array) -> Array:
+    if self.kind == "lin":
+      return p / self.epsilon
+    if self.kind == "sq":
+      return p / self.epsilon ** 2
+    return jnp.power(p, self.epsilon)
+
+
+def acceptance_probability(p_token: Array, q_token: Array, lenience: Lenience = Lenience()) -> Array:
+  """min(1, f(p(y), eps) / q(y)) for the drafted token y; shapes broadcast."""
+  ratio = lenience(p_token) / jnp.maximum(q_token, jnp.finfo(jnp.float32).tiny)
+  return jnp.minimum(1.0, ratio)
+
+
+def accepted_prefix_length(accepted: Array) -> Array:
+  """Leading run of True per row: `accepted: [batch, gamma]` bool -> [batch] int32 in [0, gamma]."""
+  # The index of the first rejection, with a rejection appended after the last draft token.
+  rejected = jnp.concatenate([~accepted, jnp.ones_like(accepted[:, :1])], axis=1)
+  return jnp.argmax(rejected, axis=1).astype(jnp.int32)
+
+
+def verify_block(target_logits: Array, draft_logits: Array, draft_tokens: Array, rng: Array,
+                 temperature: float, lenience: Lenience = Lenience()):
+  """Accepts a prefix of the drafted block and picks the next target token, per row.
+
+  Args:
+    target_logits: [batch, gamma + 1, vocab], the target's logits before each draft token and
+      after the last one.
+    draft_logits: [batch, gamma, vocab], the draft's logits each draft token was drawn from.
+    draft_tokens: [batch, gamma].
+    temperature: 0 = greedy (accept while the draft token is the target's argmax).
+  Returns:
+    (num_accepted [batch] in [0, gamma], next_token [batch]): the correction token sampled from
+    normalize(max(0, p - q)) at the first rejection, or a bonus token from p when all
+    gamma draft tokens are accepted.
+  """
+  batch, gamma = draft_tokens.shape
+  if temperature == 0.0:
+    target_argmax = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)
+    num_accepted = accepted_prefix_length(draft_tokens == target_argmax[:, :gamma])
+    next_token = jnp.take_along_axis(target_argmax, num_accepted[:, None], axis=1)[:, 0]
+    return num_accepted, next_token
+  # One draw per round: gamma acceptance tests and the residual/bonus sample's uniforms.
+  uniform = jax.random.uniform(rng, (batch, gamma + UNIFORMS_PER_DRAW))
+  p = probabilities(target_logits, temperature)                    # [b, g+1, V]
+  q = probabilities(draft_logits, temperature)                     # [b, g, V]
+  p_token = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
+  q_token = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
+  accepted = uniform[:, :gamma] < acceptance_probability(p_token, q_token, lenience)
+  num_accepted = accepted_prefix_length(accepted)
+  # A zero draft row at index gamma turns the residual into p itself: the bonus token.
+  q_padded = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
+  index = num_accepted[:, None, None]
+  p_next = jnp.take_along_axis(p, index, axis=1)[:, 0]
+  residual = jnp.maximum(p_next - jnp.take_along_axis(q_padded, index, axis=1)[:, 0], 0.0)
+  # p == q up to rounding leaves no residual mass; p is then the exact answer.
+  residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, p_next)
+  next_token = sample_from_probabilities(residual, uniform[:, gamma:])
+  return num_accepted, next_token
+
+
+@flax.struct.dataclass
+class SpeculativeResult:
+  """Output tokens and per-row statistics (see the module docstring for definitions).
+
+  tokens: [batch, max_new_tokens] (EOS included, PAD after).
+  accepted: [batch], accepted draft tokens that reach the output; accepted_proposed: [batch],
+    accepted by the acceptance test, including those an EOS or the length limit cut off.
+  accepted_per_round: [batch, max_new_tokens], accepted draft tokens that reach the output in
+    each of the row's rounds (only a row's last round can be cut), -1 where the row had no
+    such round (lets tests rebuild every round's context).
+  Every other field: [batch] int32.
+  """
+
+  tokens: Array
+  lengths: Array
+  target_calls: Array
+  draft_calls: Array
+  drafted: Array
+  accepted: Array
+  accepted_proposed: Array
+  produced: Array
+  accepted_per_round: Array
+
+  @property
+  def block_efficiency(self) -> Array:
+    """tau = tokens produced by verification rounds / target verification calls."""
+    return jnp.sum(self.produced) / jnp.maximum(jnp.sum(self.target_calls), 1)
+
+  @property
+  def acceptance_rate(self) -> Array:
+    """alpha = accepted draft tokens that reach the output / drafted tokens."""
+    return jnp.sum(self.accepted) / jnp.maximum(jnp.sum(self.drafted), 1)
+
+  @property
+  def proposed_acceptance_rate(self) -> Array:
+    """Accepted draft tokens, including those EOS or the length limit cut off / drafted."""
+    return jnp.sum(self.accepted_proposed) / jnp.maximum(jnp.sum(self.drafted), 1)
+
+
+def expected_block_efficiency(alpha, gamma: int):
+  """tau for i.i.d. per-token acceptance alpha (Leviathan et al.): (1 - a^(g+1)) / (1 - a)."""
+  alpha = jnp.minimum(jnp.asarray(alpha, jnp.float32), 1.0 - 1e-7)
+  return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def cost_model_speedup(plain_time: float, draft_steps: float, draft_step_time: float,
+                       verifications: float, verification_time: float) -> float:
+  """Speedup predicted from separately measured per-call costs:
+  plain decoding time / (draft steps x draft step time + verifications x verification time)."""
+  return plain_time / (draft_steps * draft_step_time + verifications * verification_time)
+
+
+def _validate(target: Model, draft: Model, gamma: int, lenience: Lenience) -> int:
+  """Checks the pair and the lenience; returns gamma as an int >= 1."""
+  gamma = check_positive_int(gamma, "gamma")
+  check_same_vocabulary(target.config, draft.config)
+  if target.config.kind != draft.config.kind:
+    raise ValueError(f"The target is {target.config.kind} but the draft is {draft.config.kind}; "
+                     "pair models of the same kind.")
+  if not isinstance(lenience, Lenience):
+    raise TypeError(f"lenience must be a Lenience, got {lenience!r}.")
+  return gamma
+
+
+def speculative_decode(target: Model, target_params, draft: Model, draft_params, *,
+                       encoder_input_tokens: Optional[Array] = None,
+                       prompt_tokens: Optional[Array] = None, max_new_tokens: int,
+                       gamma: int, sampling: SamplingConfig = SamplingConfig(),
+                       lenience: Lenience = Lenience(), rng: Optional[Array] = None,
+                       max_length: Optional[int] = None) -> SpeculativeResult:
+  """Speculative decoding of up to `max_new_tokens` per row (see the module docstring).
+
+  Args:
+    encoder_input_tokens: [batch, input_len] prompts of encoder-decoder pairs (0 = padding).
+    prompt_tokens: [batch, P] right-padded prompts of decoder-only pairs (padding trailing
+      only: interior padding is refused).
+    max_new_tokens: int >= 1, tokens per row (EOS included).
+    gamma: draft tokens per block, int >= 1 (NumPy integers accepted, bools refused).
+    sampling: temperature 0 = greedy; the draft samples at the same temperature.
+    lenience: lossy acceptance (eps = 1, the default, is exact).
+    rng: PRNG key, required when temperature > 0 (optional when greedy).
+    max_length: cache capacity of both models (default: the target's max_decode_length); needs
+      P + max_new_tokens + gamma where P is prompt_tokens' width (0 for encoder-decoders), or
+      1 + P when max_new_tokens = 1 (see the module docstring).
+  Returns:
+    SpeculativeResult, tokens [batch, max_new_tokens].
+  """
+  gamma = _validate(target, draft, gamma, lenience)
+  max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
+  if target.is_encoder_decoder and encoder_input_tokens is None:
+    raise ValueError("These models are encoder-decoders: pass encoder_input_tokens.")
+  source = encoder_input_tokens if target.is_encoder_decoder else prompt_tokens
+  if source is None:
+    raise ValueError("Decoder-only models need prompt_tokens [batch, P].")
+  max_length = cache_capacity(target, max_length)
+  check_prompts(target, encoder_input_tokens, prompt_tokens)
+  prompt_width = 1 if target.is_encoder_decoder else 1 + prompt_tokens.shape[1]
+  if max_new_tokens > 1:
+    check_capacity(prompt_width, max_new_tokens + gamma - 1, max_length,
+                   "prompt + max_new_tokens + gamma - 1: the last round's verification block")
+  else:
+    check_capacity(prompt_width, 0, max_length, "the prompt; max_new_tokens=1 runs no round")
+  rng = check_rng(rng, sampling)
+  return _speculative_jit(target, target_params, draft, draft_params, encoder_input_tokens,
+                          prompt_tokens, rng, max_new_tokens=max_new_tokens, gamma=gamma,
+                          sampling=sampling, lenience=lenience, max_length=max_length)
+
+
+@functools.partial(jax.jit, static_argnames=("target", "draft", "max_new_tokens", "gamma",
+                                             "sampling", "lenience", "max_length"))
+def _speculative_jit(target, target_params, draft, draft_params, encoder_input_tokens,
+                     prompt_tokens, rng, *, max_new_tokens, gamma, sampling, lenience,
+                     max_length):
+  state = speculative_start(target, target_params, draft, draft_params, encoder_input_tokens,
+                            prompt_tokens, rng, max_new_tokens=max_new_tokens, gamma=gamma,
+                            sampling=sampling, max_length=max_length)
+  return speculative_rounds(target, target_params, draft, draft_params, state,
+                            max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
+                            lenience=lenience)
+
+
+def speculative_start(target, target_params, draft, draft_params, encoder_input_tokens,
+                      prompt_tokens, rng, *, max_new_tokens, gamma, sampling, max_length) -> dict:
+  """The rounds' initial state (traceable; `speculative_decode` checks the arguments): both
+  caches after the prefill, the first token, the output buffer and the per-row counters.
+
+  `speculative_rounds(..., speculative_start(...), ...)` is `speculative_decode`; the split
+  lets speed.py time the rounds apart from the encoders and the prefill.
+  """
+  source = encoder_input_tokens if target.is_encoder_decoder else prompt_tokens
+  batch = source.shape[0]
+  eos = sampling.eos_id
+  first_rng, loop_rng = jax.random.split(rng)
+
+  # Prefill: the target holds the decoder prompt and gives the first token; the draft holds
+  # the prompt minus its last token (`previous`).
+  prompt, prompt_lengths = decoder_prompt(target, prompt_tokens, batch)
+  target_cache = target.init_cache(target_params, batch, max_length, encoder_input_tokens)
+  first_logits, target_cache = target.prefill(target_params, target_cache, prompt,
+                                              prompt_lengths)
+  draft_cache = draft.init_cache(draft_params, batch, max_length, encoder_input_tokens)
+  if prompt.shape[1] > 1:  # a one-token prompt (encoder-decoders) leaves the draft empty
+    _, draft_cache = draft.extend(draft_params, draft_cache, prompt)
+    draft_cache = draft_cache.rollback(prompt.shape[1] - (prompt_lengths - 1))
+  previous = jnp.take_along_axis(prompt, (prompt_lengths - 1)[:, None], axis=1)[:, 0]
+  pending = sample_tokens(first_logits, first_rng, sampling.temperature)
+
+  # One spare block at the end so a round's writes never fall off the buffer.
+  out = jnp.full((batch, max_new_tokens + gamma + 1), PAD_ID, jnp.int32).at[:, 0].set(pending)
+  # Every per-row scalar of the loop lives in one int32 array, `rows: [batch, 7]`, so that a
+  # round updates them all in one fused op: on CPU each separate small op (and the copy XLA
+  # adds for each loop-carried value read after it is overwritten) costs about a microsecond.
+  # Columns: tokens generated (the prefill's included), verification calls, accepted draft
+  # tokens that reach the output, accepted draft tokens before EOS / the length limit cut,
+  # the draft's next input [previous, pending], and done (0/1). draft_calls, drafted and
+  # produced follow from them.
+  zeros = jnp.zeros_like(pending)
+  rows = jnp.stack([jnp.ones_like(pending), zeros, zeros, zeros, previous, pending,
+                    ((pending == eos) | (max_new_tokens <= 1)).astype(jnp.int32)], axis=1)
+  return dict(round=jnp.int32(0), target_cache=target_cache, draft_cache=draft_cache,
+              rows=rows, out=out,
+              accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32),
+              loop_rng=loop_rng)
+
+
+def start_state_for_gamma(state: dict, *, gamma: int, max_new_tokens: int) -> dict:
+  """`speculative_start`'s state (any leading axes) as `speculative_start` makes it with
+  `gamma`: only the output buffer's width, `out: [..., max_new_tokens + gamma + 1]` (PAD_ID
+  after the first token), depends on gamma, so cutting or padding it is exact. Lets one
+  compiled start serve every gamma (speed.py). Refuses a state whose rounds have begun."""
+  gamma = check_positive_int(gamma, "gamma")
+  rounds = np.asarray(state["round"])
+  if np.any(rounds != 0):
+    raise ValueError(f"start_state_for_gamma takes a state fresh from speculative_start, but "
+                     f"its round is {rounds.max()}; resize before running any rounds.")
+  out = state["out"]
+  width = max_new_tokens + gamma + 1
+  if out.shape[-1] >= width:
+    out = out[..., :width]
+  else:
+    pad = jnp.full(out.shape[:-1] + (width - out.shape[-1],), PAD_ID, out.dtype)
+    out = jnp.concatenate([out, pad], axis=-1)
+  return {**state, "out": out}
+
+
+def speculative_rounds(target, target_params, draft, draft_params, state: dict, *,
+                       max_new_tokens, gamma, sampling, lenience) -> SpeculativeResult:
+  """Runs the rounds from `speculative_start`'s state until every row is done."""
+  batch = state["rows"].shape[0]
+  temperature, eos = sampling.temperature, sampling.eos_id
+  state = dict(state)
+  loop_rng = state.pop("loop_rng")
+
+  def draft_block(draft_cache, context, round_rng):
+    """gamma draft steps; the first feeds context = [previous, pending].
+    Returns tokens/logits [b, g(, V)]."""
+    uniform = jax.random.uniform(round_rng, (batch, gamma, UNIFORMS_PER_DRAW))
+    logits, draft_cache = draft.extend(draft_params, draft_cache, context)
+    step_logits = logits[:, 1]
+    tokens, all_logits = [], []
+    for i in range(gamma):
+      if i > 0:
+        logits, draft_cache = draft.extend(draft_params, draft_cache, tokens[-1][:, None])
+        step_logits = logits[:, 0]
+      all_logits.append(step_logits)
+      tokens.append(sample_tokens(step_logits, None, temperature, uniform[:, i]))
+    return jnp.stack(tokens, 1), jnp.stack(all_logits, 1), draft_cache
+
+  def cond(state):
+    return jnp.any(state["rows"][:, _DONE] == 0)
+
+  def body(state):
+    round_rng = jax.random.fold_in(loop_rng, state["round"])
+    draft_rng, verify_rng = jax.random.split(round_rng)
+    rows = state["rows"]
+    active = rows[:, _DONE] == 0
+    generated, target_calls = rows[:, _GENERATED], rows[:, _TARGET_CALLS]
+    context = rows[:, _PREVIOUS:_PENDING + 1]
+    draft_tokens, draft_logits, draft_cache = draft_block(state["draft_cache"], context,
+                                                          draft_rng)
+    block = jnp.concatenate([context[:, 1:], draft_tokens], axis=1)  # [b, g + 1]
+    target_logits, target_cache = target.extend(target_params, state["target_cache"], block)
+    num_accepted, next_token = verify_block(target_logits, draft_logits, draft_tokens,
+                                            verify_rng, temperature, lenience)
+    # New tokens of this round: the accepted draft tokens, then the target's token (what
+    # follows is cut off by `produced` below).
+    offsets = jnp.arange(gamma + 1)[None, :]
+    new_tokens = jnp.where(offsets < num_accepted[:, None], jnp.roll(block, -1, axis=1),
+                           next_token[:, None])
+    # Keep tokens up to the first EOS and within the length budget.
+    is_eos = (new_tokens == eos) & (offsets <= num_accepted[:, None])
+    first_eos = accepted_prefix_length(~is_eos)  # gamma + 1 where there is none
+    produced = jnp.minimum(jnp.minimum(num_accepted, first_eos) + 1,
+                           max_new_tokens - generated) * active
+    # Elementwise select instead of a scatter: XLA fuses it, and small scatters dominate the
+    # per-round cost of tiny models.
+    relative = jnp.arange(state["out"].shape[1])[None, :] - generated[:, None]
+    shifted = jnp.take_along_axis(new_tokens, jnp.clip(relative, 0, gamma), axis=1)
+    out = jnp.where((relative >= 0) & (relative < produced[:, None]), shifted, state["out"])
+    # Accepted draft tokens that reach the output: all n, unless EOS or the length limit cut
+    # the round at produced <= n tokens, all of them draft tokens.
+    kept = jnp.minimum(num_accepted, produced)
+    # Finished rows keep their row as it is.
+    last_accepted = jnp.take_along_axis(block, num_accepted[:, None], axis=1)[:, 0]
+    finished = (first_eos <= num_accepted) | (generated + produced >= max_new_tokens)
+    rows = jnp.where(active[:, None], jnp.stack(
+        [generated + produced, target_calls + 1, rows[:, _ACCEPTED] + kept,
+         rows[:, _PROPOSED] + num_accepted, last_accepted, next_token,
+         finished.astype(jnp.int32)], axis=1), rows)
+    # Roll back what was not accepted. Rows finished before or in this round return to where
+    # the round began, so later rounds' writes stay within the capacity check's bound.
+    rollback = jnp.where(active & ~finished, gamma - num_accepted, gamma + 1)
+    target_cache = target_cache.rollback(rollback)
+    draft_cache = draft_cache.rollback(rollback)
+    accepted_per_round = jnp.where(
+        active[:, None] & (jnp.arange(max_new_tokens)[None, :] == target_calls[:, None]),
+        kept[:, None], state["accepted_per_round"])
+    return dict(round=state["round"] + 1, target_cache=target_cache, draft_cache=draft_cache,
+                rows=rows, out=out, accepted_per_round=accepted_per_round)
+
+  state = jax.lax.while_loop(cond, body, state)
+  generated, target_calls, accepted, proposed = (state["rows"][:, i] for i in
+                                                 (_GENERATED, _TARGET_CALLS, _ACCEPTED,
+                                                  _PROPOSED))
+  return SpeculativeResult(tokens=state["out"][:, :max_new_tokens], lengths=generated,
+                           target_calls=target_calls, draft_calls=gamma * target_calls,
+                           drafted=gamma * target_calls, accepted=accepted,
+                           accepted_proposed=proposed, produced=generated - 1,
+                           accepted_per_round=state["accepted_per_round"])

@@ -1,0 +1,402 @@
+"""DistillSpec objectives: the data-source mixture and the distillation loss (Knowl 4).
+
+Every training step draws u1, u2 ~ U(0, 1) from the step's key:
+
+    u1 < lambda1             -> the fixed batch (x, y) of the dataset         (source 0, "fixed")
+    else u2 < lambda2        -> y ~ draft(. | x), on-policy                  (source 1, "draft")
+    else                     -> y ~ target(. | x)                            (source 2, "target")
+
+Sampled sequences become a teacher-forced batch (targets = tokens, inputs = shift-right with
+start token 0, loss weight 1 up to and including EOS), and the loss is
+`divergences.sequence_divergence(divergence, target_logits, draft_logits, weights)`: gradients
+flow to the draft only; the target (and the optional AdaSPEC reference) are frozen.
+
+The objectives here are frozen (hashable) dataclasses so the trainer can close over them in
+one jitted step. Library code: no gin here (gin_utils registers these classes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from distillspec_jax.decoding import plain as decoding
+from distillspec_jax.distill import divergences
+from distillspec_jax.distill import token_selection
+from distillspec_jax.core import validation
+from distillspec_jax.models.config import check_same_vocabulary
+from distillspec_jax.models.model import EOS_ID, PAD_ID, Model
+
+Array = jax.Array
+Params = Any
+
+SOURCES = ("fixed", "draft", "target")
+FIXED, DRAFT, TARGET = 0, 1, 2
+
+# Gin-facing recipe names (gin/recipes/*.gin) -> (lambda1, lambda2, default divergence).
+RECIPES = {
+    "supervised_kd": (1.0, 0.0, "fkl"),
+    "seqkd": (0.0, 0.0, "fkl"),
+    "imitkd": (0.5, 1.0, "fkl"),
+    "fdistill": (0.0, 0.5, "tvd"),
+    "gkd": (0.0, 1.0, "fkl"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillationConfig:
+  """What a DistillSpec step trains on and with which divergence.
+
+  Attributes:
+    lambda1: probability of the fixed dataset batch (Knowl 4), in [0, 1].
+    lambda2: probability of draft (on-policy) samples given the batch is generated, in [0, 1];
+      the rest are target samples.
+    divergence: "fkl", "rkl", "jsd" or "tvd" (Knowl 6).
+    beta: JSD mixing weight in (0, 1).
+    target_temperature / draft_temperature: T_p, T_q applied inside the divergence.
+    sampling_temperature: temperature of the draft/target samples (0 = greedy).
+    max_new_tokens: sample length; None = the width of the batch's decoder_target_tokens.
+    top_k_fraction: AdaSPEC token selection (needs a reference model); None = off.
+    selection_normalization: AdaSPEC loss normalisation, "all" or "kept".
+  """
+
+  lambda1: float = 0.0
+  lambda2: float = 1.0
+  divergence: str = "fkl"
+  beta: float = 0.5
+  target_temperature: float = 1.0
+  draft_temperature: float = 1.0
+  sampling_temperature: float = 1.0
+  max_new_tokens: Optional[int] = None
+  top_k_fraction: Optional[float] = None
+  selection_normalization: str = "all"
+
+  def __post_init__(self):
+    validation.check_field_types(self)  # lambda1="0.5", beta=True, ... are refused here
+    for name in ("lambda1", "lambda2"):
+      value = getattr(self, name)
+      if not 0.0 <= float(value) <= 1.0:
+        raise ValueError(
+            f"{name}={value!r} is outside [0, 1]; it is a probability (Knowl 4: lambda1 = "
+            "fixed-data fraction, lambda2 = on-policy fraction of generated batches). Set "
+            f"DistillationConfig.{name} (gin: {name.upper()}) to a value in [0, 1].")
+    if self.divergence not in divergences.DIVERGENCES:
+      raise ValueError(
+          f"Unknown divergence {self.divergence!r}; set DistillationConfig.divergence "
+          f"(gin: DIVERGENCE) to one of {divergences.DIVERGENCES}.")
+    if not 0.0 < float(self.beta) < 1.0:
+      raise ValueError(f"beta={self.beta!r} must lie in the open interval (0, 1) (JSD mixing "
+                       "weight; 0.5 is the symmetric JSD). Set DistillationConfig.beta.")
+    for name in ("target_temperature", "draft_temperature"):
+      if not float(getattr(self, name)) > 0.0:
+        raise ValueError(f"{name}={getattr(self, name)!r} must be > 0 (1.0 in the paper).")
+    if not float(self.sampling_temperature) >= 0.0:
+      raise ValueError(f"sampling_temperature={self.sampling_temperature!r} must be >= 0 "
+                       "(0 = greedy samples).")
+    if self.max_new_tokens is not None and int(self.max_new_tokens) < 1:
+      raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be >= 1 or None.")
+    if self.top_k_fraction is not None and not 0.0 < float(self.top_k_fraction) <= 1.0:
+      raise ValueError(f"top_k_fraction={self.top_k_fraction!r} must lie in (0, 1] "
+                       "(AdaSPEC keeps this fraction of tokens), or None to disable selection.")
+    if self.selection_normalization not in token_selection.NORMALIZATIONS:
+      raise ValueError(f"selection_normalization={self.selection_normalization!r}; use one of "
+                       f"{token_selection.NORMALIZATIONS}.")
+
+  @classmethod
+  def from_recipe(cls, recipe: str, **overrides) -> "DistillationConfig":
+    if recipe not in RECIPES:
+      raise ValueError(f"Unknown recipe {recipe!r}; known recipes: {sorted(RECIPES)}.")
+    lambda1, lambda2, divergence = RECIPES[recipe]
+    kwargs = dict(lambda1=lambda1, lambda2=lambda2, divergence=divergence)
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+  @property
+  def divergence_kwargs(self) -> dict:
+    return dict(target_temperature=self.target_temperature,
+                draft_temperature=self.draft_temperature, beta=self.beta)
+
+
+# --- the data-source mixture ----------------------------------------------------------------
+
+
+def select_source(rng: Array, lambda1, lambda2) -> Array:
+  """Knowl 4's two coin flips: int32 scalar, 0 = fixed data, 1 = draft samples, 2 = target."""
+  u1, u2 = jax.random.uniform(rng, (2,))
+  # Strict '<' on U[0, 1): P(u < lam) = lam exactly, so lam = 0 / 1 never / always fire.
+  return jnp.where(u1 < lambda1, FIXED, jnp.where(u2 < lambda2, DRAFT, TARGET)).astype(
+      jnp.int32)
+
+
+def shift_right(tokens: Array) -> Array:
+  """[b, L] -> [b, L] decoder inputs: start token 0, then tokens[:, :-1]."""
+  return jnp.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
+
+
+def prompt_tokens_from_batch(batch: dict) -> Array:
+  """Decoder-only prompts [b, L] right-padded: `prompt_tokens` if present, else the prefix of a
+  prefix-LM batch (target tokens before the first position with loss weight > 0)."""
+  if "prompt_tokens" in batch:
+    return jnp.asarray(batch["prompt_tokens"], jnp.int32)
+  targets = jnp.asarray(batch["decoder_target_tokens"], jnp.int32)
+  in_prefix = jnp.cumsum(jnp.asarray(batch["decoder_loss_weights"]) > 0, axis=1) == 0
+  return jnp.where(in_prefix, targets, PAD_ID)
+
+
+def samples_to_batch(tokens: Array, lengths: Array, batch: dict, model: Model,
+                     prompt_tokens: Optional[Array] = None) -> dict:
+  """Teacher-forced training batch from sampled continuations.
+
+  Args:
+    tokens: [b, N] samples (EOS included, 0 after); lengths: [b] tokens up to and incl. EOS.
+    batch: the fixed batch the prompts came from (its shapes are kept: width L of
+      decoder_target_tokens).
+    prompt_tokens: decoder-only prompts [b, P] right-padded (their tokens get weight 0).
+  Returns:
+    dict with encoder_input_tokens (enc-dec), decoder_input_tokens, decoder_target_tokens,
+    decoder_loss_weights, all [b, L] (the sequence is cut at L).
+  """
+  width = batch["decoder_target_tokens"].shape[1]
+  b, n = tokens.shape
+  positions = jnp.arange(n)[None, :]
+  sample_weights = (positions < lengths[:, None]).astype(jnp.float32)
+  if model.is_encoder_decoder:
+    if n < width:
+      tokens = jnp.pad(tokens, ((0, 0), (0, width - n)))
+      sample_weights = jnp.pad(sample_weights, ((0, 0), (0, width - n)))
+    targets, weights = tokens[:, :width], sample_weights[:, :width]
+    out = {"encoder_input_tokens": jnp.asarray(batch["encoder_input_tokens"], jnp.int32)}
+  else:
+    # Each row: its prompt, then its sample right after the prompt's last real token.
+    prompt_len = jnp.sum(prompt_tokens != PAD_ID, axis=1)
+    rows = jnp.arange(b)[:, None]
+    columns = prompt_len[:, None] + positions
+    targets = jnp.zeros((b, width), jnp.int32)
+    targets = targets.at[:, :prompt_tokens.shape[1]].set(prompt_tokens[:, :width])
+    targets = targets.at[rows, columns].set(tokens, mode="drop")
+    weights = jnp.zeros((b, width), jnp.float32).at[rows, columns].set(sample_weights,
+                                                                       mode="drop")
+    out = {}
+  out.update(decoder_target_tokens=targets, decoder_input_tokens=shift_right(targets),
+             decoder_loss_weights=weights)
+  return out
+
+
+def sample_batch(model: Model, params: Params, batch: dict, rng: Array, *,
+                 max_new_tokens: int, temperature: float, eos_id: int = EOS_ID) -> dict:
+  """y ~ model(. | x) for the batch's prompts (jitted `decoding.decode`), as a training batch.
+
+  The decode cache holds exactly the request (1 start token + prompt width + max_new_tokens);
+  a request past the model's cache capacity (`max_decode_length`) is refused."""
+  sampling = decoding.SamplingConfig(temperature=temperature, eos_id=eos_id)
+  max_new_tokens = decoding.check_positive_int(max_new_tokens, "max_new_tokens")
+  prompt_width = 0 if model.is_encoder_decoder else prompt_tokens_from_batch(batch).shape[1]
+  decoding.check_capacity(1 + prompt_width, max_new_tokens, model.config.max_decode_length,
+                          f"the sampler's max_new_tokens={max_new_tokens} after the prompt")
+  if model.is_encoder_decoder:
+    result = decoding.decode(model, params, encoder_input_tokens=batch["encoder_input_tokens"],
+                             max_new_tokens=max_new_tokens, sampling=sampling, rng=rng,
+                             max_length=1 + max_new_tokens)
+    return samples_to_batch(result.tokens, result.lengths, batch, model)
+  prompts = prompt_tokens_from_batch(batch)
+  result = decoding.decode(model, params, prompt_tokens=prompts, max_new_tokens=max_new_tokens,
+                           sampling=sampling, rng=rng,
+                           max_length=1 + prompts.shape[1] + max_new_tokens)
+  return samples_to_batch(result.tokens, result.lengths, batch, model, prompts)
+
+
+def _training_features(batch: dict, model: Model) -> dict:
+  keys = ["decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights"]
+  if model.is_encoder_decoder:
+    keys.append("encoder_input_tokens")
+  out = {k: jnp.asarray(batch[k]) for k in keys}
+  out["decoder_loss_weights"] = out["decoder_loss_weights"].astype(jnp.float32)
+  for k in keys:
+    if k != "decoder_loss_weights":
+      out[k] = out[k].astype(jnp.int32)
+  return out
+
+
+# --- objectives -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneObjective:
+  """Supervised fine-tuning with token cross-entropy (to make "raw" targets and drafts)."""
+
+  model: Model
+  name = "finetune"
+  frozen_names = ()
+
+  def make_batch(self, params, frozen, batch, rng):
+    return _training_features(batch, self.model), jnp.int32(FIXED)
+
+  def loss(self, params, frozen, batch, dropout_rng=None):
+    """Mean cross-entropy per loss-weighted token; metrics: loss, accuracy, num_tokens."""
+    weights = batch["decoder_loss_weights"]
+    logits = self.model.logits(params, batch, dropout_rng=dropout_rng)
+    nll = divergences.cross_entropy(logits, batch["decoder_target_tokens"], weights)
+    num_tokens = jnp.sum(weights)
+    loss = jnp.sum(nll) / jnp.maximum(num_tokens, 1.0)
+    correct = (jnp.argmax(logits, -1) == batch["decoder_target_tokens"]) * weights
+    return loss, {"loss": loss, "cross_entropy": loss,
+                  "accuracy": jnp.sum(correct) / jnp.maximum(num_tokens, 1.0),
+                  "num_tokens": num_tokens}
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillationObjective:
+  """DistillSpec: train `draft` towards the frozen `target` (and optional AdaSPEC reference).
+
+  frozen params are passed to the step as {"target": ..., "reference": ...}.
+  """
+
+  target: Model
+  draft: Model
+  config: DistillationConfig = DistillationConfig()
+  reference: Optional[Model] = None
+  name = "distill"
+
+  def __post_init__(self):
+    check_same_vocabulary(self.target.config, self.draft.config)
+    if self.target.config.kind != self.draft.config.kind:
+      raise ValueError(f"The target is {self.target.config.kind} but the draft is "
+                       f"{self.draft.config.kind}; distil between models of the same kind.")
+    if (self.reference is None) != (self.config.top_k_fraction is None):
+      raise ValueError("AdaSPEC token selection needs both a reference model and "
+                       "top_k_fraction; set both (reference = a FKL-distilled copy of the draft) "
+                       "or neither.")
+    if self.reference is not None:
+      check_same_vocabulary(self.target.config, self.reference.config)
+
+  @property
+  def model(self) -> Model:
+    return self.draft
+
+  @property
+  def frozen_names(self) -> tuple:
+    return ("target",) if self.reference is None else ("target", "reference")
+
+  def make_batch(self, params, frozen, batch, rng):
+    """(training batch, source int32): the fixed batch or samples, chosen per Knowl 4."""
+    c = self.config
+    source_rng, sample_rng = jax.random.split(rng)
+    source = select_source(source_rng, c.lambda1, c.lambda2)
+    fixed = _training_features(batch, self.draft)
+    max_new = c.max_new_tokens or fixed["decoder_target_tokens"].shape[1]
+    sample = lambda model, p: sample_batch(model, p, fixed, sample_rng, max_new_tokens=max_new,
+                                           temperature=c.sampling_temperature)
+    # Only the chosen branch runs (lax.switch is a real conditional when not vmapped), so a
+    # fixed-data step costs no sampling. Branches whose lambda is 0 are never compiled in.
+    branches = [lambda: fixed]
+    if c.lambda1 < 1.0 and c.lambda2 > 0.0:
+      branches.append(lambda: sample(self.draft, params))
+    if c.lambda1 < 1.0 and c.lambda2 < 1.0:
+      branches.append(lambda: sample(self.target, frozen["target"]))
+    if len(branches) == 1:
+      return fixed, source
+    index = {FIXED: 0}
+    index[DRAFT] = 1 if c.lambda2 > 0.0 else 0
+    index[TARGET] = len(branches) - 1
+    branch = jnp.asarray([index[FIXED], index[DRAFT], index[TARGET]], jnp.int32)[source]
+    out = jax.lax.switch(branch, branches)
+    return jax.lax.stop_gradient(out), source
+
+  def loss(self, params, frozen, batch, dropout_rng=None):
+    """Scalar loss and metrics (loss, divergence, tvd, predicted_acceptance, num_tokens, ...)."""
+    c = self.config
+    weights = batch["decoder_loss_weights"]
+    target_logits = jax.lax.stop_gradient(self.target.logits(frozen["target"], batch))
+    draft_logits = self.draft.logits(params, batch, dropout_rng=dropout_rng)
+    per_token = divergences.token_divergence(c.divergence, target_logits, draft_logits,
+                                             **c.divergence_kwargs)
+    divergence = jnp.mean(divergences.masked_sequence_mean(per_token, weights))
+    metrics = {"divergence": divergence}
+    if self.reference is None:
+      loss = divergence
+    else:
+      reference_logits = jax.lax.stop_gradient(
+          self.reference.logits(frozen["reference"], batch))
+      margin = token_selection.token_margin(target_logits, draft_logits, reference_logits)
+      keep = token_selection.select_tokens(margin, weights, c.top_k_fraction)
+      loss = token_selection.selective_loss(per_token, keep, weights,
+                                            c.selection_normalization)
+      metrics.update(token_selection.selection_stats(margin, keep, weights))
+    # TVD is tracked whatever is trained: 1 - TVD is the expected acceptance (Knowl 2).
+    tvd = jnp.mean(divergences.per_sequence_divergence(
+        "tvd", target_logits, jax.lax.stop_gradient(draft_logits), weights))
+    metrics.update(loss=loss, tvd=tvd, predicted_acceptance=1.0 - tvd,
+                   num_tokens=jnp.sum(weights))
+    return loss, metrics
+
+
+def mean_tvd(target: Model, target_params, draft: Model, draft_params, batch: dict) -> Array:
+  """Mean per-sequence TVD(p || q) on a teacher-forced batch (scalar)."""
+  features = _training_features(batch, draft)
+  return jnp.mean(divergences.per_sequence_divergence(
+      "tvd", target.logits(target_params, features), draft.logits(draft_params, features),
+      features["decoder_loss_weights"]))
+
+
+# --- periodic evaluation (trainer eval_fn builders) ------------------------------------------
+
+
+def _prompt_kwargs(model: Model, batch: dict) -> dict:
+  prompts = (batch["encoder_input_tokens"] if model.is_encoder_decoder
+             else prompt_tokens_from_batch(batch))
+  return decoding.prompt_inputs(model, prompts)
+
+
+def make_tvd_eval_fn(target: Model, target_params, draft: Model, batch: dict, *,
+                     max_new_tokens: int, temperature: float = 1.0, seed: int = 0):
+  """eval_fn(draft_params, step) -> {"tvd_on_target_samples", "tvd_on_draft_samples"}.
+
+  Held-out prompts `batch` are continued once by the target (fixed samples, Knowl 2's
+  acceptance is measured under the target's sequences) and, at every call, by the current
+  draft (on-policy); the mean per-sequence TVD(p || q) is reported on both.
+  """
+  rng_target, rng_draft = jax.random.split(jax.random.PRNGKey(seed))
+  features = _training_features(batch, draft) if "decoder_target_tokens" in batch else batch
+  target_batch = sample_batch(target, target_params, features, rng_target,
+                              max_new_tokens=max_new_tokens, temperature=temperature)
+  tvd = jax.jit(functools.partial(mean_tvd, target, target_params, draft))
+
+  def eval_fn(draft_params, step):
+    draft_batch = sample_batch(draft, draft_params, features, rng_draft,
+                               max_new_tokens=max_new_tokens, temperature=temperature)
+    return {"tvd_on_target_samples": float(tvd(draft_params, target_batch)),
+            "tvd_on_draft_samples": float(tvd(draft_params, draft_batch))}
+
+  return eval_fn
+
+
+def make_speculative_eval_fn(target: Model, target_params, draft: Model, batch: dict, *,
+                             max_new_tokens: int, gamma: int = 4,
+                             temperature: float = 1.0, seed: int = 0,
+                             speculative_decode=None):
+  """eval_fn(draft_params, step) -> {"tau": block efficiency, "tau_stderr": its standard error
+  over prompts, "alpha": acceptance rate}.
+
+  Runs `speculative.speculative_decode` on the held-out prompts of `batch` (fixed rng, so
+  successive evaluations differ only through the draft). `speculative_decode` may be injected
+  (tests, other implementations); default: distillspec_jax.decoding.speculative.speculative_decode.
+  """
+  if speculative_decode is None:
+    from distillspec_jax.decoding.speculative import speculative_decode  # built by another module
+  sampling = decoding.SamplingConfig(temperature=temperature)
+  prompts = _prompt_kwargs(draft, batch)
+  rng = jax.random.PRNGKey(seed)
+
+  def eval_fn(draft_params, step):
+    result = speculative_decode(target, target_params, draft, draft_params,
+                                max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
+                                rng=rng, **prompts)
+    from distillspec_jax.evaluation.quality import block_efficiency_stats  # imports the engine
+    stats = block_efficiency_stats(result)
+    return {"tau": stats["tau"], "tau_stderr": stats["tau_stderr"], "alpha": stats["alpha"]}
+
+  return eval_fn

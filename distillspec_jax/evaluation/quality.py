@@ -1,0 +1,307 @@
+"""Evaluation of a target and its drafts: task quality, and speculative decoding measured.
+
+Quality: the task metric of greedy decodes (decoded to text, scored by the task's metric
+function) and the per-token cross-entropy on the references. Speculative decoding: block
+efficiency tau with its standard error over prompts, and acceptance alpha, from running the
+engine on the test prompts. Wall-clock speed is measured by `speed.py`.
+
+For the evaluation binary (`eval.py`): `target_alone` (plain decoding's quality, and the
+predicted alpha, the mean of 1 - TVD(p, q) along its samples), `speculative_run` (quality,
+tau, alpha and acceptance by draft position of speculative decoding at one gamma,
+temperature and lenience), `speed_fields` (a row's speedups from `speed.measure_speed`) and
+`mixture_mean` (a mixture's rows as the mean of its tasks').
+
+The functions take models, params, token arrays and callables (detokenize, metric_fn), not a
+pipeline (`pipeline.stage_evaluate` is the main job's glue).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from distillspec_jax.decoding.plain import SamplingConfig, decode, prompt_inputs
+from distillspec_jax.distill.divergences import cross_entropy, expected_acceptance
+from distillspec_jax.models.model import EOS_ID, Model
+from distillspec_jax.decoding.speculative import Lenience, speculative_decode
+
+
+def _teacher_forcing(model: Model, prompts: np.ndarray, targets: np.ndarray):
+  """(batch, decoder targets, loss mask) scoring `targets` after `prompts`: encoder inputs for
+  an encoder-decoder; [prompt, target] with loss on the target part for a decoder-only model."""
+  if model.is_encoder_decoder:
+    sequence, mask = targets, targets > 0
+    batch = {"encoder_input_tokens": jnp.asarray(prompts, jnp.int32)}
+  else:
+    width = prompts.shape[1] + targets.shape[1]
+    sequence = np.zeros((len(prompts), width), np.int32)
+    mask = np.zeros((len(prompts), width), bool)
+    for i, (prompt, target) in enumerate(zip(prompts, targets)):
+      p, t = prompt[prompt > 0], target[target > 0]
+      sequence[i, :len(p) + len(t)] = np.concatenate([p, t])
+      mask[i, len(p):len(p) + len(t)] = True
+    batch = {}
+  sequence = jnp.asarray(sequence, jnp.int32)
+  batch["decoder_input_tokens"] = jnp.pad(sequence, ((0, 0), (1, 0)))[:, :-1]
+  return batch, sequence, jnp.asarray(mask, jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(model: Model, params, batch: dict):
+  # One compiled function per model config, shared by every model evaluated with it.
+  return model.logits(params, batch)
+
+
+def per_token_loss(model: Model, params, prompts: np.ndarray, targets: np.ndarray) -> float:
+  """Mean cross-entropy (nats) of the reference `targets: [N, T]` given `prompts: [N, P]`."""
+  batch, targets, mask = _teacher_forcing(model, np.asarray(prompts), np.asarray(targets))
+  logits = _logits(model, params, batch)
+  losses = cross_entropy(logits, targets, mask)
+  return float(jnp.sum(losses) / jnp.sum(mask))
+
+
+def greedy_predictions(model: Model, params, prompts: np.ndarray, max_new_tokens: int,
+                       detokenize: Callable[[Sequence[int]], str]) -> list:
+  result = decode(model, params, max_new_tokens=max_new_tokens, **prompt_inputs(model, prompts))
+  tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
+  return [detokenize([t for t in row[:n] if t != EOS_ID]) for row, n in zip(tokens, lengths)]
+
+
+def quality(model: Model, params, prompts, targets, target_texts, max_new_tokens, detokenize,
+            metric_fn) -> dict:
+  """Task metric of greedy decodes plus per-token loss on the references."""
+  predictions = greedy_predictions(model, params, prompts, max_new_tokens, detokenize)
+  metrics = {k: float(v) for k, v in metric_fn(list(target_texts), predictions).items()}
+  metrics["per_token_loss"] = per_token_loss(model, params, prompts, targets)
+  metrics["example_prediction"] = predictions[0]
+  return metrics
+
+
+def ratio_stderr(numerators, denominators) -> float:
+  """Standard error over items of the ratio estimate sum(num) / sum(den) (delta method),
+  e.g. tau = sum(produced) / sum(target calls) over prompts. 0 for fewer than two items."""
+  num = np.asarray(numerators, np.float64)
+  den = np.asarray(denominators, np.float64)
+  n = len(num)
+  if n < 2 or den.sum() <= 0:
+    return 0.0
+  residual = num - num.sum() / den.sum() * den
+  return float(np.sqrt(np.sum(residual ** 2) / (n * (n - 1))) / den.mean())
+
+
+def block_efficiency_stats(result) -> dict:
+  """tau with its standard error over prompts (rows), and alpha, of a SpeculativeResult.
+
+  alpha counts the accepted draft tokens that reach the output (see speculative.py);
+  `alpha_proposed` also counts those an EOS or the length limit cut off."""
+  produced, calls = np.asarray(result.produced), np.asarray(result.target_calls)
+  return {"tau": float(result.block_efficiency), "tau_stderr": ratio_stderr(produced, calls),
+          "alpha": float(result.acceptance_rate),
+          "alpha_proposed": float(result.proposed_acceptance_rate)}
+
+
+def speculative_statistics(target: Model, target_params, draft: Model, draft_params, prompts,
+                           *, gamma: int, temperature: float, max_new_tokens: int,
+                           seed: int = 0, lenience: Lenience = Lenience()) -> dict:
+  """tau (with its standard error over prompts) and alpha of speculative decoding of
+  `prompts: [N, P]` in one batch (the statistics do not depend on the batching)."""
+  result = speculative_decode(target, target_params, draft, draft_params,
+                              max_new_tokens=max_new_tokens, gamma=gamma,
+                              sampling=SamplingConfig(temperature), lenience=lenience,
+                              rng=jax.random.PRNGKey(seed), **prompt_inputs(target, prompts))
+  return block_efficiency_stats(result)
+
+
+# --- the evaluation binary's measurements (distillspec_jax/eval.py) ------------------------------
+
+
+def acceptance_by_position(accepted_per_round, gamma: int) -> list:
+  """Acceptance rate at each draft position 1..gamma, from `accepted_per_round` ([N, R], -1
+  where a row had no round; SpeculativeResult.accepted_per_round, one array or a list of
+  them): among the rounds whose first i - 1 draft tokens were accepted, the fraction that
+  accepted the i-th as well. None where no round reached position i. A round that EOS or the
+  length limit cut counts as accepting only the tokens that reached the output."""
+  if isinstance(accepted_per_round, (list, tuple)):
+    accepted = np.concatenate([np.asarray(a).reshape(-1) for a in accepted_per_round])
+  else:
+    accepted = np.asarray(accepted_per_round).reshape(-1)
+  accepted = accepted[accepted >= 0]
+  rates = []
+  for position in range(1, int(gamma) + 1):
+    reached = int(np.sum(accepted >= position - 1))
+    rates.append(float(np.sum(accepted >= position) / reached) if reached else None)
+  return rates
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 5))
+def _token_acceptance(target: Model, target_params, draft: Model, draft_params, batch: dict,
+                      temperature: float):
+  target_logits = target.logits(target_params, batch)
+  draft_logits = draft.logits(draft_params, batch)
+  if temperature == 0.0:  # greedy: a draft token is accepted iff it is the target's argmax
+    return (jnp.argmax(target_logits, -1) == jnp.argmax(draft_logits, -1)).astype(jnp.float32)
+  return expected_acceptance(target_logits, draft_logits, target_temperature=temperature,
+                             draft_temperature=temperature)
+
+
+def predicted_alpha(target: Model, target_params, draft: Model, draft_params, prompts,
+                    samples, temperature: float) -> float:
+  """Mean of 1 - TVD(p, q) over the tokens of target samples (DistillSpec Knowl 2): the
+  acceptance rate lossless speculative sampling would have along them, predicted without
+  running the speculative engine. `samples: [N, T]` are target decodes at `temperature`
+  (EOS included, 0 after); both models are teacher-forced on [prompt, sample]. At T = 0 the
+  distributions are one-hot and the rate is the fraction of positions where the draft's
+  argmax equals the target's."""
+  batch, sequence, mask = _teacher_forcing(target, np.asarray(prompts), np.asarray(samples))
+  del sequence
+  acceptance = _token_acceptance(target, target_params, draft, draft_params, batch,
+                                 float(temperature))
+  return float(jnp.sum(acceptance * mask) / jnp.maximum(jnp.sum(mask), 1.0))
+
+
+def _batches(prompts: np.ndarray, batch_size: int):
+  """(index, [batch_size, P] prompts, real rows) per batch; the last one is padded with
+  copies of its first row so every batch has one shape (one compilation)."""
+  for index, start in enumerate(range(0, len(prompts), batch_size)):
+    chunk = prompts[start:start + batch_size]
+    real = len(chunk)
+    if real < batch_size:
+      chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch_size - real, axis=0)])
+    yield index, chunk, real
+
+
+def _texts(tokens, lengths, detokenize) -> list:
+  return [detokenize([int(t) for t in row[:n] if t != EOS_ID]) for row, n in
+          zip(np.asarray(tokens), np.asarray(lengths))]
+
+
+def _metrics(metric_fn, references, predictions) -> dict:
+  return {k: float(v) for k, v in metric_fn(list(references), list(predictions)).items()}
+
+
+def target_alone(target: Model, target_params, draft: Model, draft_params, examples: dict, *,
+                 temperature: float, max_new_tokens: int, batch_size: int, detokenize,
+                 metric_fn, seed: int = 0) -> dict:
+  """Plain target decoding of the examples' prompts at `temperature` (batch b samples with
+  fold_in(PRNGKey(seed), b)): {"quality": task metrics, "predictions", "predicted_alpha"
+  (the draft's 1 - TVD along these samples)}."""
+  prompts = np.asarray(examples["prompts"])
+  key = jax.random.PRNGKey(seed)
+  sampling = SamplingConfig(float(temperature))
+  predictions, acceptance, weights = [], [], []
+  for index, chunk, real in _batches(prompts, batch_size):
+    result = decode(target, target_params, max_new_tokens=max_new_tokens, sampling=sampling,
+                    rng=jax.random.fold_in(key, index), **prompt_inputs(target, chunk))
+    tokens, lengths = np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real]
+    predictions += _texts(tokens, lengths, detokenize)
+    acceptance.append(predicted_alpha(target, target_params, draft, draft_params,
+                                      chunk[:real], tokens, temperature))
+    weights.append(float(np.sum(lengths)))
+  return {"quality": _metrics(metric_fn, examples["target_texts"], predictions),
+          "predictions": predictions,
+          "predicted_alpha": float(np.average(acceptance, weights=weights))}
+
+
+def speculative_run(target: Model, target_params, draft: Model, draft_params, examples: dict,
+                    *, gamma: int, temperature: float, lenience: Lenience,
+                    max_new_tokens: int, batch_size: int, detokenize, metric_fn,
+                    seed: int = 0) -> dict:
+  """Speculative decoding of the examples' prompts in batches of `batch_size` (batch b with
+  fold_in(PRNGKey(seed), b), the keys `target_alone` uses): the task metric of its outputs,
+  tau with its standard error over prompts, alpha, acceptance by draft position, and per
+  prompt the prediction and the accepted draft tokens of each round."""
+  prompts = np.asarray(examples["prompts"])
+  key = jax.random.PRNGKey(seed)
+  sampling = SamplingConfig(float(temperature))
+  predictions, rounds, tokens_out = [], [], []
+  produced, calls, accepted, drafted = [], [], [], []
+  for index, chunk, real in _batches(prompts, batch_size):
+    result = speculative_decode(target, target_params, draft, draft_params,
+                                max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
+                                lenience=lenience, rng=jax.random.fold_in(key, index),
+                                **prompt_inputs(target, chunk))
+    result = jax.device_get(result)
+    tokens, lengths = np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real]
+    predictions += _texts(tokens, lengths, detokenize)
+    tokens_out.append(tokens)
+    per_round = np.asarray(result.accepted_per_round)[:real]
+    rounds += [[int(n) for n in row if n >= 0] for row in per_round]
+    for name, store in (("produced", produced), ("target_calls", calls),
+                        ("accepted", accepted), ("drafted", drafted)):
+      store.append(np.asarray(getattr(result, name))[:real])
+  produced, calls = np.concatenate(produced), np.concatenate(calls)
+  accepted, drafted = np.concatenate(accepted), np.concatenate(drafted)
+  return {"quality": _metrics(metric_fn, examples["target_texts"], predictions),
+          "tau": float(produced.sum() / max(calls.sum(), 1)),
+          "tau_stderr": ratio_stderr(produced, calls),
+          "alpha": float(accepted.sum() / max(drafted.sum(), 1)),
+          "acceptance_by_position": acceptance_by_position(
+              [np.asarray(r, np.int64) for r in rounds] or [np.zeros(0)], gamma),
+          "predictions": predictions, "accepted_per_round": rounds,
+          "tokens": np.concatenate(tokens_out)}
+
+
+# Fields of a metrics.json row (the evaluation binary's interface).
+ROW_FIELDS = ("task", "temperature", "gamma", "lenience", "epsilon", "quality", "tau",
+              "tau_stderr", "alpha", "predicted_alpha", "acceptance_by_position", "speedup",
+              "speedup_range", "cost_model_speedup")
+
+
+def speed_fields(timing: Optional[dict], gamma: int, temperature: float,
+                 lenience: Optional[Lenience] = None) -> dict:
+  """speedup, speedup_range and cost_model_speedup of one (gamma, temperature, lenience) from
+  a speed.measure_speed result with one draft (None fields when `timing` is None; lenience
+  None: the timing's only one)."""
+  if timing is None:
+    return {"speedup": None, "speedup_range": None, "cost_model_speedup": None}
+  for row in timing["rows"]:
+    if (row["gamma"] == int(gamma) and row["temperature"] == float(temperature) and (
+        lenience is None or (row["lenience"], row["epsilon"]) == (lenience.kind,
+                                                                  float(lenience.epsilon)))):
+      return {"speedup": row["speedup"], "speedup_range": list(row["speedup_range"]),
+              "cost_model_speedup": row["cost_model_speedup"]}
+  raise KeyError(f"The timing has no row for gamma={gamma}, temperature={temperature}, "
+                 f"lenience={lenience}.")
+
+
+def _mean(values):
+  values = [v for v in values if v is not None]
+  return float(np.mean(values)) if values else None
+
+
+def mixture_mean(name: str, rows_by_task: dict, target_alone_by_task: dict) -> tuple:
+  """(rows, target_alone) of a mixture: every number the mean over its tasks of the same
+  (temperature, gamma, lenience, epsilon) row; tau_stderr is the standard error of that mean
+  (sqrt(sum se^2) / n, tasks independent); speedup_range the mean of the ranges' ends; an
+  acceptance position or metric missing in some task is averaged over the tasks that have it.
+  """
+  tasks = list(rows_by_task)
+  keyed = [{(r["temperature"], r["gamma"], r["lenience"], r["epsilon"]): r
+            for r in rows_by_task[t]} for t in tasks]
+  rows = []
+  for key in keyed[0]:
+    group = [k[key] for k in keyed if key in k]
+    metric_names = sorted({m for r in group for m in r["quality"]})
+    gamma = key[1]
+    se = [r["tau_stderr"] for r in group]
+    ranges = [r["speedup_range"] for r in group if r["speedup_range"] is not None]
+    rows.append(dict(
+        task=name, temperature=key[0], gamma=gamma, lenience=key[2], epsilon=key[3],
+        quality={m: _mean(r["quality"].get(m) for r in group) for m in metric_names},
+        tau=_mean(r["tau"] for r in group),
+        tau_stderr=float(np.sqrt(np.sum(np.square(se)))) / len(se),
+        alpha=_mean(r["alpha"] for r in group),
+        predicted_alpha=_mean(r["predicted_alpha"] for r in group),
+        acceptance_by_position=[_mean(r["acceptance_by_position"][i] for r in group)
+                                for i in range(gamma)],
+        speedup=_mean(r["speedup"] for r in group),
+        speedup_range=([_mean(x[0] for x in ranges), _mean(x[1] for x in ranges)]
+                       if ranges else None),
+        cost_model_speedup=_mean(r["cost_model_speedup"] for r in group)))
+  metric_names = sorted({m for t in tasks for m in target_alone_by_task[t]})
+  alone = {m: _mean(target_alone_by_task[t].get(m) for t in tasks) for m in metric_names}
+  return rows, alone

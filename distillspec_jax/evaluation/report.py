@@ -1,0 +1,282 @@
+"""The main job's report: report.json, report.md (the paper's table form) and PNG plots.
+
+report.json:
+  rows / paired_rows: one per (recipe, temperature, gamma), raw draft against distilled draft:
+    task, temperature, gamma, recipe, tau_raw, tau_distilled (+ _stderr), tau_gain,
+    alpha_raw, alpha_distilled, speedup_raw, speedup_distilled (measured medians),
+    speedup_raw_range, speedup_distilled_range ([min, max] over timing repeats),
+    cost_model_speedup_raw, cost_model_speedup_distilled, delta_speedup.
+  draft_rows: one per (draft, temperature, gamma): recipe, alpha, tau, tau_stderr, speedup,
+    speedup_range, cost_model_speedup, end_to_end_speedup (+ _range, cost_model_), setup_s.
+  Speedups are the decoding phase's, timed apart from each prompt's setup (encoders,
+  prefill); end_to_end_ ones add it back (speed.py).
+  target_quality, plain_tokens_per_s, machine ({"cpus", "pinned"}), speed_protocol,
+  wall_clock_s (per stage) and wall_clock_total_s, tau_curves.
+For an AdaSPEC comparison "rows" is the per-draft form (recipe in raw / distillspec /
+adaspec). Pure functions of the evaluation results: the stage glue is pipeline.stage_report.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from distillspec_jax.core.files import write_json_atomic, write_text_atomic
+
+
+def _paired_row(task, recipe, raw: dict, distilled: dict) -> dict:
+  return dict(
+      task=task, temperature=raw["temperature"], gamma=raw["gamma"], recipe=recipe,
+      tau_raw=raw["tau"], tau_distilled=distilled["tau"],
+      tau_raw_stderr=raw["tau_stderr"], tau_distilled_stderr=distilled["tau_stderr"],
+      tau_gain=distilled["tau"] / raw["tau"] - 1.0,
+      alpha_raw=raw["alpha"], alpha_distilled=distilled["alpha"],
+      speedup_raw=raw["speedup"], speedup_distilled=distilled["speedup"],
+      speedup_raw_range=raw["speedup_range"],
+      speedup_distilled_range=distilled["speedup_range"],
+      cost_model_speedup_raw=raw["cost_model_speedup"],
+      cost_model_speedup_distilled=distilled["cost_model_speedup"],
+      delta_speedup=distilled["speedup"] - raw["speedup"])
+
+
+def build_rows(config, evaluation: dict) -> list:
+  """One row per (recipe, temperature, gamma): raw draft versus distilled draft."""
+  by_key = {(r["draft"], r["temperature"], r["gamma"]): r for r in evaluation["speculative"]}
+  rows = []
+  for stage in config.distill_stages:
+    for temperature in config.temperatures:
+      for gamma in config.gammas:
+        rows.append(_paired_row(config.task, stage[len("distill_"):],
+                                by_key[("draft_raw", temperature, gamma)],
+                                by_key[(stage, temperature, gamma)]))
+  return rows
+
+
+def draft_names(config) -> dict:
+  """Evaluation draft name -> report recipe name. In an AdaSPEC comparison the reference
+  recipe's draft is "distillspec" (AdaSPEC's baseline) and the raw draft is "raw"."""
+  names = {"draft_raw": "raw"}
+  for stage in config.distill_stages:
+    names[stage] = stage[len("distill_"):]
+  if "adaspec" in config.recipes:
+    names[f"distill_{config.adaspec_reference}"] = "distillspec"
+  return names
+
+
+def build_draft_rows(config, evaluation: dict) -> list:
+  """One row per (draft, temperature, gamma)."""
+  names = draft_names(config)
+  return [dict(task=config.task, temperature=r["temperature"], gamma=r["gamma"],
+               recipe=names[r["draft"]], alpha=r["alpha"], tau=r["tau"],
+               tau_stderr=r["tau_stderr"], speedup=r["speedup"],
+               speedup_range=r["speedup_range"], cost_model_speedup=r["cost_model_speedup"],
+               end_to_end_speedup=r["end_to_end_speedup"],
+               end_to_end_speedup_range=r["end_to_end_speedup_range"],
+               cost_model_end_to_end_speedup=r["cost_model_end_to_end_speedup"],
+               setup_s=r["setup_s"])
+          for r in evaluation["speculative"]]
+
+
+def measurement_sentence(report: dict) -> str:
+  """One sentence saying what the speedups measure and on what machine."""
+  machine, protocol = report["machine"], report["speed_protocol"]
+  pinned = machine["pinned"]
+  cores = (f"pinned to core{'s' if len(pinned) > 1 else ''} {', '.join(map(str, pinned))}"
+           if len(pinned) < machine["cpus"] else "on all cores, unpinned")
+  calls = protocol.get("timed_per_repeat")
+  calls = f"{calls} calls" if calls else "its calls"
+  if protocol.get("budget_s"):
+    calls += f" (as many as fit in {protocol['budget_s']:g} s of timing)"
+  plain_calls = protocol.get("plain_calls_per_cycle", 1)
+  if plain_calls > 1 and protocol.get("timed_per_repeat"):
+    calls += (f", {plain_calls * protocol['timed_per_repeat']} for plain decoding (the "
+              f"denominator of every row: {plain_calls} calls per cycle)")
+  return (f"Speedup: tokens per second of speculative over plain target decoding at batch 1, "
+          f"{protocol['num_prompts']} test prompts each decoded alone (up to "
+          f"{protocol['max_new_tokens']} new tokens) in one compiled loop per measurement "
+          f"that reads the clock between prompts, compiled once and timed warm in "
+          f"interleaved cycles; each of {protocol['repeats']} repeats sums each prompt's "
+          f"fastest time among {calls} spread over the run; median and [min, max] over "
+          f"the repeats, on a {machine['cpus']}-core CPU {cores}; each prompt's setup "
+          f"(encoders and prefill) is timed apart from the decoding that follows it and "
+          f"reported beside it, with the end-to-end speedup that adds it back; the cost "
+          f"model predicts both times from per-call costs timed in the same cycles."
+          + _interference_clause(report.get("interference"))
+          + _quiet_clause(report.get("quiet_timeline"))
+          + _verification_clause(report.get("per_call_s") or {}))
+
+
+def _quiet_clause(timeline) -> str:
+  """' Windows within 3% of their fastest, by tenth of the timing: plain decoding 9 0 16 ...%;
+  ...': when the host was quiet enough for the minima (speed.quiet_timeline)."""
+  if not timeline:
+    return ""
+  parts = [f"{'plain decoding' if name == 'plain' else name.replace('_', ' ')} "
+           + " ".join(f"{100 * share:.0f}" for share in shares) + "%"
+           for name, shares in timeline.items()]
+  return (" Windows within 3% of their fastest time, by tenth of the timing (the quiet "
+          f"moments the minima come from): {'; '.join(parts)}.")
+
+
+def _verification_clause(per_call: dict) -> str:
+  """' The verification of k tokens cost R target steps ...': the largest verification's
+  cost in target steps. Contention slows the compute-bound verification more than the step, so for
+  the same models a higher ratio marks a contended timing (docs/speed.md)."""
+  widths = [int(name.split("_")[1]) for name in per_call if name.startswith("verification_")]
+  if not widths or not per_call.get("target_step"):
+    return ""
+  gamma = max(widths)
+  ratio = per_call[f"verification_{gamma}"] / per_call["target_step"]
+  return (f" The verification of {gamma + 1} tokens cost {ratio:.2f} target steps (contention "
+          "raises this ratio: it slows the compute-bound verification more than the step).")
+
+
+def _interference_clause(interference) -> str:
+  """' A typical call ran X% (step) and Y% (verification) slower than its fastest windows.'"""
+  if not interference:
+    return ""
+  parts = [f"{value:.0%} ({name.replace('_', ' ')})" for name, value in interference.items()]
+  return (" The host's contention during the timing: a typical call ran "
+          f"{' and '.join(parts)} slower than its fastest windows.")
+
+
+def build_report(config, evaluation: dict, wall_clock: dict, curves: dict) -> dict:
+  quality = {name: {k: v for k, v in q.items() if k != "example_prediction"}
+             for name, q in evaluation["quality"].items()}
+  paired, per_draft = build_rows(config, evaluation), build_draft_rows(config, evaluation)
+  report = {"rows": per_draft if "adaspec" in config.recipes else paired,
+            "paired_rows": paired, "draft_rows": per_draft, "target_quality": quality,
+            "plain_tokens_per_s": {t: p["tokens_per_s"] for t, p in evaluation["plain"].items()},
+            "plain": evaluation["plain"], "per_call_s": evaluation["per_call_s"],
+            "machine": evaluation["machine"], "speed_protocol": evaluation["speed_protocol"],
+            "interference": evaluation.get("interference"),
+            "quiet_timeline": evaluation.get("quiet_timeline"),
+            "wall_clock_s": wall_clock,
+            "wall_clock_total_s": sum(v for v in wall_clock.values() if v is not None),
+            "tau_curves": curves}
+  report["measurement"] = measurement_sentence(report)
+  _check_finite(report)
+  return report
+
+
+def _range(values) -> str:
+  return f"[{values[0]:.2f}, {values[1]:.2f}]"
+
+
+def render_markdown(config, report: dict) -> str:
+  quality = report["target_quality"]
+  lines = [f"# DistillSpec demo report: {config.task}", "",
+           f"Target `{config.target_model}`, draft `{config.draft_model}`; "
+           f"{config.eval_examples} test prompts for quality and tau (with its standard error "
+           f"over prompts).", "", report["measurement"], "",
+           "## Quality (greedy decoding, test split)", "",
+           "| model | accuracy | per-token loss |", "|---|---|---|"]
+  for name, q in quality.items():
+    lines.append(f"| {name} | {q.get('accuracy', float('nan')):.3f} | "
+                 f"{q['per_token_loss']:.4f} |")
+  lines += ["", "## Speculative decoding (tau = tokens per target call; speedup = measured "
+            "median [min, max] over repeats, cost model in parentheses)", "",
+            "| T | gamma | recipe | tau w/o distill | tau DistillSpec | tau gain | speedup w/o | "
+            "speedup DistillSpec | delta |", "|---|---|---|---|---|---|---|---|---|"]
+  for r in report["paired_rows"]:
+    lines.append(
+        f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | "
+        f"{r['tau_raw']:.2f} ± {r['tau_raw_stderr']:.2f} | "
+        f"{r['tau_distilled']:.2f} ± {r['tau_distilled_stderr']:.2f} | {r['tau_gain']:+.1%} | "
+        f"{r['speedup_raw']:.2f}x "
+        f"{_range(r['speedup_raw_range'])} "
+        f"({r['cost_model_speedup_raw']:.2f}x) | "
+        f"{r['speedup_distilled']:.2f}x "
+        f"{_range(r['speedup_distilled_range'])} "
+        f"({r['cost_model_speedup_distilled']:.2f}x) | {r['delta_speedup']:+.2f}x |")
+  lines += ["", "## Every draft", "",
+            "| T | gamma | recipe | alpha | tau | speedup | cost model | end to end (cost "
+            "model) |", "|---|---|---|---|---|---|---|---|"]
+  for r in report["draft_rows"]:
+    lines.append(f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | {r['alpha']:.3f} | "
+                 f"{r['tau']:.2f} ± {r['tau_stderr']:.2f} | {r['speedup']:.2f}x "
+                 f"{_range(r['speedup_range'])} | {r['cost_model_speedup']:.2f}x | "
+                 f"{r['end_to_end_speedup']:.2f}x {_range(r['end_to_end_speedup_range'])} "
+                 f"({r['cost_model_end_to_end_speedup']:.2f}x) |")
+  lines += ["", "## Wall clock per stage (s)", "", "| stage | seconds |", "|---|---|"]
+  for stage, seconds in report["wall_clock_s"].items():
+    lines.append(f"| {stage} | {seconds:.0f} |")
+  lines += [f"| **total** | **{report['wall_clock_total_s']:.0f}** |", "",
+            "Plots: `tau_over_steps.png`, `speedup_vs_gamma.png` (error bars: tau's standard "
+            "error; speedup's [min, max] over timing repeats).", ""]
+  return "\n".join(lines)
+
+
+def _error_bar(value: float, value_range) -> list:
+  return [value - value_range[0], value_range[1] - value]
+
+
+def plot(config, report: dict, curves: dict, out_dir: str) -> list:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  paths = []
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for recipe, curve in curves.items():
+    ax.errorbar([p["step"] for p in curve], [p["tau"] for p in curve],
+                yerr=[p.get("tau_stderr") or 0.0 for p in curve], marker="o", capsize=3,
+                label=recipe)
+  ax.set_xlabel("distillation step")
+  ax.set_ylabel("tau (gamma=5, T=0, held-out prompts)")
+  ax.set_title("Block efficiency during distillation (± standard error)")
+  ax.legend()
+  fig.tight_layout()
+  paths.append(os.path.join(out_dir, "tau_over_steps.png"))
+  fig.savefig(paths[-1], dpi=120)
+  plt.close(fig)
+
+  temperatures = sorted({r["temperature"] for r in report["paired_rows"]})
+  fig, axes = plt.subplots(2, len(temperatures), figsize=(5 * len(temperatures), 7),
+                           squeeze=False, sharex=True)
+  for column, temperature in enumerate(temperatures):
+    rows = [r for r in report["paired_rows"] if r["temperature"] == temperature]
+    first_recipe = rows[0]["recipe"]
+    series = [("raw draft", [r for r in rows if r["recipe"] == first_recipe], "raw")]
+    series += [(f"distilled ({recipe})", [r for r in rows if r["recipe"] == recipe],
+                "distilled") for recipe in dict.fromkeys(r["recipe"] for r in rows)]
+    speed_ax, tau_ax = axes[0][column], axes[1][column]
+    for label, mine, kind in series:
+      gammas = [r["gamma"] for r in mine]
+      speed_ax.errorbar(gammas, [r[f"speedup_{kind}"] for r in mine],
+                        yerr=list(zip(*[_error_bar(r[f"speedup_{kind}"],
+                                                   r[f"speedup_{kind}_range"])
+                                        for r in mine])),
+                        marker="o", capsize=3, label=label)
+      tau_ax.errorbar(gammas, [r[f"tau_{kind}"] for r in mine],
+                      yerr=[r[f"tau_{kind}_stderr"] for r in mine], marker="o", capsize=3,
+                      label=label)
+    speed_ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    speed_ax.set_ylabel("measured speedup over plain decoding")
+    speed_ax.set_title(f"T = {temperature:g} (bars: [min, max] over repeats)")
+    speed_ax.legend()
+    tau_ax.set_xlabel("gamma")
+    tau_ax.set_ylabel("tau (± standard error)")
+  fig.tight_layout()
+  paths.append(os.path.join(out_dir, "speedup_vs_gamma.png"))
+  fig.savefig(paths[-1], dpi=120)
+  plt.close(fig)
+  return paths
+
+
+def _check_finite(report: dict) -> None:
+  for row in report["paired_rows"] + report["draft_rows"]:
+    for key, value in row.items():
+      values = value if isinstance(value, list) else [value]
+      if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+        raise ValueError(f"report row {row} has a non-finite {key}.")
+
+
+def write_report(config, report: dict, out_dir: str) -> list:
+  """Writes report.json, report.md and the plots into `out_dir`; returns the plot paths."""
+  write_json_atomic(os.path.join(out_dir, "report.json"), report)
+  markdown = render_markdown(config, report)
+  write_text_atomic(os.path.join(out_dir, "report.md"), markdown)
+  paths = plot(config, report, report["tau_curves"], out_dir)
+  print(markdown)
+  return paths

@@ -1,0 +1,620 @@
+"""Wall-clock speed of speculative decoding against plain target decoding.
+
+One measurement protocol, used by the main job's evaluation and by `bench/`:
+
+- Batch 1, as in the paper: every prompt is decoded alone. All prompts of one measurement run
+  in one compiled device loop over the prompts, so dispatch and the call's fixed costs are
+  paid once per measurement; they are reported apart (`call_overhead_s`). Each decoder is two
+  such loops: the setup (every prompt's encoders and prefill, timed and reported as
+  `setup_s`) and the decoding from the setup's states, made once and passed in; `speedup`
+  compares the decoding loops, `end_to_end_speedup` adds the setup back.
+- One window per prompt: the loop reads the host clock between prompts (`_stamped_scan`), so
+  a call of N prompts gives N windows of a few milliseconds each.
+- Compiled once, timed warm, interleaved: after one untimed call of every function, timed
+  cycles each call every function once (plain decoding `plain_calls_per_cycle` times, spread
+  over the cycle, since it is the denominator of every row; every speculative configuration
+  (draft, gamma, temperature and lenience: a lossy trade-off is timed in the same cycles);
+  both setups; every per-call cost), `repeats * timed_per_turn` cycles in all; cycle c
+  belongs to repeat c % repeats. A repeat's time of a function is the sum over its windows
+  of each window's fastest time among the repeat's calls. Interference only ever adds time:
+  on the shared 2-core VMs this project runs on, other tenants slow a pinned core by
+  10-200% in bursts of milliseconds and in slow periods of seconds, compute-bound calls (a
+  verification) more than memory-bound ones (a step) (docs/speed.md). A window of one
+  prompt is far more often free of it than a call of all prompts, and the fastest of a
+  window's times spread over the measurement is the machine's own cost.
+- The speedup of a repeat is the ratio of tokens per second against plain decoding in the
+  same repeat (fair at T > 0, where the two decoders' samples differ in length); we report
+  its median and [min, max] over repeats.
+- The cost-model speedup predicts both times from per-call costs measured in the same cycles
+  and windows: plain = (tokens - 1) target steps per prompt; speculative = per round one
+  2-token and gamma - 1 one-token draft calls and one (gamma + 1)-token verification. Model
+  calls are timed in jitted loops fed the previous call's outputs (see `_repeated_extend`).
+- Pinning (`pinning.py`): the process is restricted to some cores before JAX creates its
+  thread pools, or the measurement runs in a fresh process pinned that way (the training
+  stages of the main job keep every core).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import statistics
+import time
+from typing import Callable, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from distillspec_jax.decoding.plain import (SamplingConfig, cache_capacity, check_positive_int,
+                                      decode_start, decode_steps, prompt_inputs)
+from distillspec_jax.models.model import Model
+from distillspec_jax.evaluation.pinning import machine_info
+from distillspec_jax.decoding.speculative import (Lenience, speculative_rounds, speculative_start,
+                                         start_state_for_gamma)
+
+
+_CLOCK_ORIGIN_NS = time.perf_counter_ns()
+_CLOCK_WRAP = 1 << 31
+
+
+def _clock_us(dependency) -> np.ndarray:
+  del dependency
+  return np.int32(((time.perf_counter_ns() - _CLOCK_ORIGIN_NS) // 1000) % _CLOCK_WRAP)
+
+
+def _stamp(dependency):
+  """The host clock (int32 microseconds, wrapping every 35 minutes) read once `dependency`
+  (a scalar) is computed."""
+  return io_callback(_clock_us, jax.ShapeDtypeStruct((), jnp.int32), dependency)
+
+
+def _done(result) -> jax.Array:
+  """A float32 scalar that exists only once every leaf of `result` is computed."""
+  return sum(jnp.ravel(leaf)[0].astype(jnp.float32) for leaf in jax.tree.leaves(result))
+
+
+def _stamped_scan(step: Callable, init, xs, length: int):
+  """lax.scan of `step(state, x) -> (state, result)` over `xs` (leading axis `length`; None
+  for no inputs) that reads the host clock between items: returns (final state, results,
+  stamps [length + 1]); window i = stamps[i + 1] - stamps[i] is item i's time.
+
+  The barrier makes each item's work wait for its start stamp, and each stamp takes the
+  previous item's state and result as an argument, so no work moves across a stamp. A window
+  holds its item's work and one clock read (`measure_speed`'s `per_call_s["stamp"]`).
+  """
+  def body(carry, x):
+    state, previous = carry
+    start = _stamp(previous)
+    start, state, x = jax.lax.optimization_barrier((start, state, x))
+    state, result = step(state, x)
+    return (state, _done((state, result))), (result, start)
+
+  (state, last), (results, starts) = jax.lax.scan(body, (init, jnp.float32(0)), xs,
+                                                  length=length)
+  return state, results, jnp.concatenate([starts, _stamp(last)[None]])
+
+
+def window_seconds(stamps) -> np.ndarray:
+  """Seconds of each window between consecutive `stamps` (from `_stamped_scan`)."""
+  return np.diff(np.asarray(stamps, np.int64)) % _CLOCK_WRAP * 1e-6
+
+
+def repeat_times(windows_log: Sequence[tuple], repeats: int,
+                 calls: Optional[int] = None,
+                 calls_per_cycle: Optional[Mapping[object, int]] = None) -> dict:
+  """key -> [repeat r's time]: the sum over a function's windows of each window's fastest
+  time among repeat r's timed calls of its first `calls` cycles (None: all), from
+  `windows_log` entries (key, repeat, window seconds [W]) in the order they were timed.
+  `calls_per_cycle`: key -> its calls per cycle where that is not 1 (`interleaved_times`'s
+  `order`)."""
+  calls_per_cycle = calls_per_cycle or {}
+  best, seen = {}, {}
+  for key, repeat, windows in windows_log:
+    count = seen.setdefault(key, [0] * repeats)
+    if calls is not None and count[repeat] >= calls * calls_per_cycle.get(key, 1):
+      continue
+    count[repeat] += 1
+    per_repeat = best.setdefault(key, [None] * repeats)
+    previous = per_repeat[repeat]
+    per_repeat[repeat] = windows if previous is None else np.minimum(previous, windows)
+  return {key: [float(np.sum(w)) for w in per_repeat] for key, per_repeat in best.items()}
+
+
+def quiet_timeline(windows_log: Sequence[tuple], key, parts: int = 10,
+                   within: float = 0.03) -> list:
+  """When the host was quiet for function `key`: in each of `parts` consecutive groups of its
+  timed calls in `windows_log` (entries (key, repeat, window seconds [W])), the share of
+  (call, window) pairs within `within` of that window's fastest time over all calls. The
+  repeats' minima come from these moments; on a shared host they come in stretches of tens
+  of seconds between minutes of contention (docs/speed.md)."""
+  windows = np.array([w for k, _, w in windows_log if k == key])
+  check_positive_int(parts, "parts")
+  if len(windows) < parts:
+    raise ValueError(f"{key} has {len(windows)} timed calls; a timeline of parts={parts} "
+                     "needs at least as many.")
+  near = windows <= (1 + within) * windows.min(axis=0)
+  return [float(group.mean()) for group in np.array_split(near, parts)]
+
+
+def interleaved_times(functions: Mapping[object, Callable], repeats: int,
+                      timed_per_turn: int = 5, progress: Optional[Callable] = None,
+                      budget_s: float = 0.0, windows_log: Optional[list] = None,
+                      order: Optional[Sequence] = None) -> tuple:
+  """(windows, calls, typical, calls_per_repeat) of `functions` (key -> callable returning
+  (result, stamps [W + 1]), e.g. a `_stamped_scan` over W prompts).
+
+  windows[key][r]: the sum over the function's W windows of each window's fastest time among
+  repeat r's calls; calls[key][r]: repeat r's fastest whole call, as the host saw it
+  (dispatch and the call's fixed costs included); typical[key]: the median over all timed
+  calls of a call's windows' sum (what a single call costs on the host as it was);
+  calls_per_repeat: how many cycles each repeat got (a key `order` holds k times got k
+  calls in each).
+
+  After one untimed cycle (compiled code and weights warm), timed cycles each call the
+  functions in `order` (below; default every function once); cycle c belongs to repeat
+  c % repeats, so every repeat's calls are
+  spread over the whole measurement. Cycles run in rounds of `repeats` (one more call for
+  every repeat): at least `timed_per_turn` rounds, then more while, at the pace so far, the
+  next round would end within `budget_s` seconds of the first timed cycle (0: exactly
+  `timed_per_turn`). Why the
+  fastest, and why per window: on a shared VM the host's interference comes and goes within
+  milliseconds and in slow periods of seconds to minutes; it only ever adds time, and a
+  window of a few milliseconds (one prompt) is far more often free of it than a call of a
+  hundred, and more calls make it likelier that every window met a quiet moment
+  (docs/speed.md). `progress(seconds since the first timed cycle)` is called after each
+  cycle. `windows_log`, if given, gets (key, repeat, window seconds [W]) of every timed call
+  (`repeat_times` turns it into `windows`, also for fewer calls). `order`: the keys one
+  cycle calls, in order (default: each function once); a key may come more than once, and
+  every call of it counts toward its repeat's fastest windows.
+  """
+  check_positive_int(timed_per_turn, "timed_per_turn")
+  check_budget(budget_s)
+  order = list(functions) if order is None else list(order)
+  if set(order) != set(functions):
+    raise ValueError(f"order must call every function: it misses "
+                     f"{sorted(map(str, set(functions) - set(order)))} and has unknown "
+                     f"{sorted(map(str, set(order) - set(functions)))}.")
+  for fn in functions.values():
+    jax.block_until_ready(fn())
+  log = []
+  calls = {key: [math.inf] * repeats for key in functions}
+  first = time.perf_counter()
+  rounds = 0
+  # After the minimum, a round starts only if it should end within the budget at the pace
+  # so far: the timing never runs a round past `budget_s` (the main job plans on it).
+  while rounds < timed_per_turn or budget_s > 0 and (
+      (time.perf_counter() - first) * (rounds + 1) / rounds <= budget_s):
+    for repeat in range(repeats):
+      for key in order:
+        start = time.perf_counter()
+        _, stamps = jax.block_until_ready(functions[key]())
+        calls[key][repeat] = min(calls[key][repeat], time.perf_counter() - start)
+        log.append((key, repeat, window_seconds(stamps)))
+      if progress is not None:
+        progress(time.perf_counter() - first)
+    rounds += 1
+  typical = {key: statistics.median(float(np.sum(w)) for k, _, w in log if k == key)
+             for key in functions}
+  windows = repeat_times(log, repeats)
+  if windows_log is not None:
+    windows_log.extend(log)
+  return windows, calls, typical, rounds
+
+
+def cycle_order(functions: Mapping, often: Sequence, times: int) -> list:
+  """The keys of one timing cycle: every key of `functions` once, except the keys in `often`,
+  which come `times` times each, before each of `times` equal parts of the others (so their
+  calls are spread evenly over the cycle)."""
+  others = [key for key in functions if key not in often]
+  order = []
+  for part in range(times):
+    order += list(often) + others[part * len(others) // times:(part + 1) * len(others) // times]
+  return order
+
+
+@functools.partial(jax.jit, static_argnames=("model", "width", "steps", "windows"))
+def _repeated_extend(model, params, cache, tokens, passes, *, width, steps, windows):
+  """`windows` x `passes` x `steps` calls of `model.extend` on `width` tokens per row, each
+  pass filling the cache from its start, each window of `passes` passes timed apart. Returns
+  (the last call's tokens [batch, width], stamps [windows + 1]).
+
+  Each call is fed the argmax of the previous call's logits, as in decoding: with inputs that
+  do not depend on the previous call XLA hoists the embedding lookup and the first layer's
+  projections out of the loop, and with only part of the logits used it drops the rest as
+  dead code; either way a call would be timed cheaper than it is.
+  """
+  start_positions = cache.positions
+
+  def one_pass(pass_index, carry):
+    def body(step, carry):
+      cache, tokens = carry
+      logits, cache = model.extend(params, cache, tokens)
+      return cache, jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    cache, tokens = carry
+    return jax.lax.fori_loop(0, steps, body, (cache.replace(positions=start_positions), tokens))
+
+  window = lambda carry, _: (jax.lax.fori_loop(0, passes, one_pass, carry), None)
+  (_, tokens), _, stamps = _stamped_scan(window, (cache, tokens), None, windows)
+  return tokens, stamps
+
+
+@functools.partial(jax.jit, static_argnames=("model", "batch", "capacity"))
+def _empty_cache(model, params, batch, capacity, encoder_inputs):
+  # One program: run eagerly, the encoder compiles each of its operations on its own.
+  return model.init_cache(params, batch, capacity, encoder_inputs)
+
+
+def per_call_function(model: Model, params, inputs: dict, batch: int, width: int,
+                      duration: float, capacity: Optional[int] = None, windows: int = 4):
+  """(callable making `calls` extends of `width` tokens per row, returning (tokens, stamps)
+  with `windows` windows, calls), for per-call costs.
+
+  The callable runs about `duration` seconds; a window is a whole number of passes over the
+  cache (at least one). `capacity`: cache slots (default the model's max_decode_length); one
+  pass fills them.
+  """
+  encoder_inputs = inputs.get("encoder_input_tokens")
+  capacity = capacity or model.config.max_decode_length
+  steps = max(1, capacity // width)
+  cache = _empty_cache(model, params, batch, capacity, encoder_inputs)
+  tokens = jnp.full((batch, width), 5, jnp.int32)
+  run = functools.partial(_repeated_extend, model, params, cache, tokens, width=width,
+                          steps=steps, windows=windows)
+  jax.block_until_ready(run(1))  # compiles (once per model, width and batch: passes is traced)
+  start = time.perf_counter()
+  jax.block_until_ready(run(1))
+  passes = max(1, round(duration / (time.perf_counter() - start)))
+  return functools.partial(run, passes), steps * passes * windows
+
+
+def _map_prompts(run_one: Callable) -> Callable:
+  """jit(params, per-prompt inputs (leading axis N), rng) -> (per-prompt results, stamps
+  [N + 1]), each prompt alone (batch 1) in one `_stamped_scan`; prompt i uses
+  fold_in(rng, i)."""
+
+  def run(model_params, inputs, rng):
+    count = jax.tree.leaves(inputs)[0].shape[0]
+    one = lambda state, args: (state, run_one(model_params, args[1],
+                                              jax.random.fold_in(rng, args[0])))
+    _, results, stamps = _stamped_scan(one, None, (jnp.arange(count), inputs), count)
+    return results, stamps
+
+  return jax.jit(run)
+
+
+def _plain_decoder(target: Model, max_new_tokens: int, sampling: SamplingConfig):
+  """(start, steps): start(params, prompts [N, P], rng) -> per-prompt states after the
+  encoder and the prefill; steps(params, states, rng) -> {"lengths": [N]} from them. Both
+  decode each prompt alone; together they are `decoding.decode` of each prompt."""
+  capacity = cache_capacity(target, None)
+
+  def start_one(params, prompt, rng):
+    del rng
+    return decode_start(target, params["target"], max_length=capacity,
+                        **prompt_inputs(target, prompt[None]))
+
+  def steps_one(params, state, rng):
+    logits, cache = state
+    result = decode_steps(target, params["target"], logits, cache, rng,
+                          max_new_tokens=max_new_tokens, sampling=sampling)
+    return {"lengths": result.lengths[0]}
+
+  return _map_prompts(start_one), _map_prompts(steps_one)
+
+
+def _speculative_decoder(target: Model, draft: Model, max_new_tokens: int, gamma: int,
+                         sampling: SamplingConfig, lenience: Lenience):
+  """(start, rounds) of speculative decoding, as `_plain_decoder`'s (start, steps)."""
+  capacity = cache_capacity(target, None)
+
+  def start_one(params, prompt, rng):
+    inputs = prompt_inputs(target, prompt[None])
+    return speculative_start(target, params["target"], draft, params["draft"],
+                             inputs.get("encoder_input_tokens"), inputs.get("prompt_tokens"),
+                             rng, max_new_tokens=max_new_tokens, gamma=gamma,
+                             sampling=sampling, max_length=capacity)
+
+  def rounds_one(params, state, rng):
+    del rng  # the state holds the prompt's key
+    result = speculative_rounds(target, params["target"], draft, params["draft"], state,
+                                max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
+                                lenience=lenience)
+    return {"lengths": result.lengths[0], "target_calls": result.target_calls[0],
+            "produced": result.produced[0]}
+
+  return _map_prompts(start_one), _map_prompts(rounds_one)
+
+
+def paired_speedups(tokens: int, seconds: Sequence[float], plain_tokens: int,
+                    plain_seconds: Sequence[float]) -> list:
+  """Each repeat's speedup: its tokens per second over plain decoding's in the same repeat."""
+  return [(tokens / s) / (plain_tokens / p) for s, p in zip(seconds, plain_seconds)]
+
+
+def _spread(values: Sequence[float]) -> float:
+  """(max - min) / median."""
+  return (max(values) - min(values)) / statistics.median(values)
+
+
+def check_grid(gammas, temperatures) -> None:
+  """Refuses an empty gamma or temperature grid and gammas that are not integers >= 1."""
+  if not len(gammas):
+    raise ValueError(f"gammas={tuple(gammas)!r} is empty; pass at least one gamma, "
+                     "e.g. (3, 5, 7).")
+  for gamma in gammas:
+    check_positive_int(gamma, "gamma")
+  if not len(temperatures):
+    raise ValueError(f"temperatures={tuple(temperatures)!r} is empty; pass e.g. (0.0, 1.0).")
+
+
+def check_budget(budget_s, name: str = "budget_s") -> float:
+  """`budget_s` (seconds of timing) as a float >= 0, or a ValueError naming it."""
+  if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float, np.number)) or not (
+      math.isfinite(budget_s) and budget_s >= 0):
+    raise ValueError(f"{name}={budget_s!r}: pass the seconds to keep timing for, a finite "
+                     "number >= 0 (0: exactly the minimum calls per repeat).")
+  return float(budget_s)
+
+
+def timed_lenience(lenience: Lenience) -> Lenience:
+  """The rule timed for `lenience`: every kind at epsilon 1 is lossless sampling, one rule."""
+  return Lenience() if lenience.epsilon == 1.0 else lenience
+
+
+def check_leniences(leniences) -> tuple:
+  """`leniences` as a tuple of distinct speculative.Lenience, or a ValueError naming it."""
+  leniences = (leniences,) if isinstance(leniences, Lenience) else tuple(leniences)
+  if not leniences:
+    raise ValueError("leniences=() is empty; pass at least one speculative.Lenience, e.g. "
+                     "(Lenience(),) for lossless decoding.")
+  for lenience in leniences:
+    if not isinstance(lenience, Lenience):
+      raise ValueError(f"leniences has {lenience!r}; pass speculative.Lenience(kind, epsilon) "
+                       "values.")
+  return tuple(dict.fromkeys(leniences))
+
+
+def check_speed_arguments(gammas, temperatures, repeats, prompts) -> None:
+  """check_grid, and refuses repeats < 1 and an empty prompt set."""
+  check_grid(gammas, temperatures)
+  check_positive_int(repeats, "speed repeats (timing turns)")
+  if len(prompts) < 1:
+    raise ValueError("No prompts to time: pass at least one speed prompt.")
+
+
+def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], prompts,
+                  *, gammas: Sequence[int], temperatures: Sequence[float],
+                  max_new_tokens: int, repeats: int = 7, seed: int = 0,
+                  leniences: Sequence[Lenience] = (Lenience(),),
+                  eos_id: Optional[int] = None,
+                  timed_per_turn: int = 6, budget_s: float = 0.0,
+                  plain_calls_per_cycle: int = 3,
+                  before_timing: Optional[Callable] = None,
+                  windows_log: Optional[list] = None, progress: bool = True) -> dict:
+  """Measured and cost-model speedups of every (draft, gamma, temperature) over plain decoding.
+
+  Args:
+    drafts: name -> (draft Model, draft params); drafts of one Model share compiled code.
+    prompts: [N, P] right-padded prompts (encoder inputs of an encoder-decoder), each decoded
+      alone.
+    repeats: timing repeats (>= 1); medians and ranges are over them.
+    leniences: the acceptance rules to time (speculative.Lenience); every one is timed in the
+      same interleaved cycles, against the same plain decoding, so a lossy trade-off's
+      speedups share their machine. Lossless rules (epsilon 1: every kind is the same rule)
+      are timed once.
+    eos_id: None = the sampling default (EOS stops a row); -1 disables EOS (fixed lengths).
+    timed_per_turn: timed calls of each function per repeat, at least; a repeat's time sums
+      each window's fastest (`interleaved_times`).
+    budget_s: seconds of timing: after `timed_per_turn` calls per repeat, every repeat gets
+      one more call at a time while the next round would end within this many seconds of
+      timing (0: no more calls). The number each repeat got is `timed_per_repeat`.
+    plain_calls_per_cycle: calls of each plain decoding per cycle, spread evenly over it.
+      Plain decoding is the denominator of every row at its temperature, so its noise is in
+      all of their ratios: for a ratio whose denominator n rows share, about sqrt(n x the
+      numerator's cost / the denominator's) denominator calls per numerator call give the
+      smallest variance per second of timing; 3 for the demo's grid (9 rows per
+      temperature, a speculative call about 0.8x a plain one).
+    before_timing: called once everything is compiled and warm, just before the timed
+      cycles (e.g. `wait_for_release`, so that the caller's other work is done by then).
+    windows_log: if given, gets (key, repeat, window seconds) of every timed call, in order;
+      keys are ("plain", T), (draft, gamma, T, timed Lenience), ("setup_plain", T),
+      ("setup_speculative", T, draft), ("per_call", name) and ("stamp",).
+  Returns:
+    {"rows": [{draft, gamma, temperature, lenience, epsilon, speedup, speedup_range,
+    speedup_spread, speedup_repeats, cost_model_speedup, end_to_end_speedup,
+    end_to_end_speedup_range, cost_model_end_to_end_speedup, tokens_per_s,
+    plain_tokens_per_s, tau, rounds, tokens, seconds, setup_s}], "plain": {temperature:
+    {...}}, "per_call_s": {...}, "interference": {"target_step": x, "verification_<max
+    gamma>": y}, "quiet_timeline": {...}, "machine": machine_info(), "num_prompts",
+    "repeats", "timed_per_repeat" (cycles each repeat got: one call of each function per
+    cycle, `plain_calls_per_cycle` of each plain decoding), "plain_calls_per_cycle",
+    "budget_s", "max_new_tokens"}.
+
+    `speedup` is the decoding phase's: each decoder runs as two compiled loops over the
+    prompts, the setup (encoders and prefill; `setup_s`, the median over repeats) and the
+    decoding from the setup's states, made once and passed in. Only the second is compared:
+    the setup is a fixed cost per prompt that speculative decoding cannot shorten, and
+    timing it apart (instead of subtracting it from a whole run) keeps its noise out of the
+    ratio. `end_to_end_speedup` adds each repeat's setup back.
+
+    Fixed costs reported apart: `plain[T]["call_overhead_s"]`, the fastest whole call less
+    its windows (dispatch and the call's own fixed work: paid once per call of N prompts,
+    outside every window); `per_call_s["stamp"]`, the clock read each window holds (a loop
+    over the prompts that does nothing; it is in both decoders' windows, once per prompt).
+    `interference`: how much slower a typical call was than its fastest windows (median over
+    all timed calls / the cost, less 1): the host's contention during the measurement.
+    `quiet_timeline`: {"plain" (the first temperature's plain decoding), "verification_<max
+    gamma>"}: `quiet_timeline` of each over (at most) ten tenths of the timing.
+  """
+  check_speed_arguments(gammas, temperatures, repeats, prompts)
+  check_positive_int(timed_per_turn, "timed_per_turn")
+  check_positive_int(plain_calls_per_cycle, "plain_calls_per_cycle")
+  leniences = check_leniences(leniences)
+  timed_leniences = list(dict.fromkeys(timed_lenience(lenience) for lenience in leniences))
+  budget_s = check_budget(budget_s)
+  prompts = jnp.asarray(np.asarray(prompts), jnp.int32)
+  num_prompts = int(prompts.shape[0])
+  model_of = {}
+  for name, (draft, _) in drafts.items():
+    model_of.setdefault(draft, []).append(name)
+  rng = jax.random.PRNGKey(seed)
+  eos = {} if eos_id is None else {"eos_id": eos_id}
+  one_prompt = {k: v[:1] for k, v in prompt_inputs(target, prompts).items()}
+
+  # Per-call costs (temperature-independent).
+  capacity = target.config.max_decode_length
+  per_call, extends = {}, {}
+  per_call["target_step"], extends["target_step"] = per_call_function(
+      target, target_params, one_prompt, 1, 1, 0.03, capacity)
+  for gamma in gammas:
+    per_call[f"verification_{gamma}"], extends[f"verification_{gamma}"] = per_call_function(
+        target, target_params, one_prompt, 1, gamma + 1, 0.03, capacity)
+  for draft, names in model_of.items():
+    params = drafts[names[0]][1]
+    for width in (1, 2):
+      key = f"{names[0]}:draft_step_{width}"
+      per_call[key], extends[key] = per_call_function(draft, params, one_prompt, 1, width,
+                                                      0.03, capacity)
+
+  # Each decoder is (start, steps): the encoders and the prefill of every prompt ("setup"),
+  # timed alone, and the decoding from their states, timed alone on states made once.
+  # Compiling is most of this function's time (on one pinned core, before timing can start),
+  # so the setups are compiled once where their programs would be the same: the plain start
+  # ignores the sampling rule, and a speculative start depends on gamma only through its
+  # output buffer's width (`start_state_for_gamma`).
+  rows, plain_info, functions, runs = [], {}, {}, {}
+  plain_start = None
+  for temperature in temperatures:
+    sampling = SamplingConfig(float(temperature), **eos)
+    start, steps = _plain_decoder(target, max_new_tokens, sampling)
+    if plain_start is None:
+      plain_start = start
+    start = plain_start
+    params = {"target": target_params}
+    states, _ = jax.block_until_ready(start(params, prompts, rng))
+    key = ("plain", temperature)
+    runs[key] = jax.device_get(steps(params, states, rng)[0])
+    functions[key] = functools.partial(steps, params, states, rng)
+    functions[("setup_plain", temperature)] = functools.partial(start, params, prompts, rng)
+    for draft, names in model_of.items():
+      first_states = {}  # draft name -> the start's states at gammas[0]
+      for gamma in gammas:
+        # Compiled once per draft Model (drafts of one Model differ in parameters only); the
+        # setup does not depend on the lenience (the first rule's is used), the rounds do.
+        decoders = {lenience: _speculative_decoder(target, draft, max_new_tokens, gamma,
+                                                   sampling, lenience)
+                    for lenience in timed_leniences}
+        for name in names:
+          params = {"target": target_params, "draft": drafts[name][1]}
+          if name not in first_states:
+            start = decoders[timed_leniences[0]][0]
+            first_states[name] = jax.block_until_ready(start(params, prompts, rng))[0]
+            if name == names[0]:
+              functions[("setup_speculative", temperature, name)] = functools.partial(
+                  start, params, prompts, rng)
+          states = jax.block_until_ready(start_state_for_gamma(
+              first_states[name], gamma=gamma, max_new_tokens=max_new_tokens))
+          for lenience, (_, rounds) in decoders.items():
+            key = (name, gamma, temperature, lenience)
+            runs[key] = jax.device_get(rounds(params, states, rng)[0])
+            functions[key] = functools.partial(rounds, params, states, rng)
+  for name, fn in per_call.items():
+    functions[("per_call", name)] = fn
+  # The clock read each window holds: windows of a loop over the prompts that does nothing.
+  functions[("stamp",)] = functools.partial(
+      _map_prompts(lambda params, prompt, rng: jnp.sum(prompt)), None, prompts, rng)
+  for fn in functions.values():  # compiles what the runs above did not
+    jax.block_until_ready(fn())
+  if before_timing is not None:
+    before_timing()
+
+  from tqdm.auto import tqdm
+  minimum = repeats * timed_per_turn
+  log = []
+  with tqdm(total=minimum, desc="speed (timing cycles)", disable=not progress,
+            dynamic_ncols=True) as bar:
+    def advance(elapsed):
+      # With a budget the cycles' count is known only as they go: the total is the whole
+      # rounds of `repeats` that fit in the budget at the rate so far, or the minimum.
+      bar.update(1)
+      if budget_s > 0:
+        expected = math.floor(bar.n * budget_s / max(elapsed, 1e-9) / repeats) * repeats
+        bar.total = max(minimum, expected, bar.n)
+        bar.refresh()
+
+    times, whole_calls, typical, timed_per_repeat = interleaved_times(
+        functions, repeats, timed_per_turn=timed_per_turn, progress=advance,
+        budget_s=budget_s, windows_log=log,
+        order=cycle_order(functions, [("plain", t) for t in temperatures],
+                          plain_calls_per_cycle))
+  if windows_log is not None:
+    windows_log.extend(log)
+  largest = f"verification_{max(gammas)}"
+  parts = min(10, repeats * timed_per_repeat)
+  timeline = {"plain": quiet_timeline(log, ("plain", temperatures[0]), parts),
+              largest: quiet_timeline(log, ("per_call", largest), parts)}
+  cost = {name: statistics.median(times[("per_call", name)]) / extends[name]
+          for name in per_call}
+  cost["stamp"] = statistics.median(times[("stamp",)]) / num_prompts
+  # How much the host slowed a typical call: median call over the fastest windows, less 1.
+  interference = {
+      name: typical[("per_call", name)] / statistics.median(times[("per_call", name)]) - 1
+      for name in ("target_step", f"verification_{max(gammas)}")}
+
+  for temperature in temperatures:
+    plain_lengths = np.asarray(runs[("plain", temperature)]["lengths"])
+    plain_tokens = int(plain_lengths.sum())
+    predicted_plain = float(np.sum(plain_lengths - 1)) * cost["target_step"]
+    plain_decode = times[("plain", temperature)]
+    plain_setups = times[("setup_plain", temperature)]
+    plain_total = [d + u for d, u in zip(plain_decode, plain_setups)]
+    setup_plain = statistics.median(plain_setups)
+    plain_info[str(float(temperature))] = dict(
+        tokens=plain_tokens, seconds=statistics.median(plain_total),
+        seconds_range=[min(plain_total), max(plain_total)],
+        decode_seconds=statistics.median(plain_decode),
+        tokens_per_s=plain_tokens / statistics.median(plain_decode),
+        setup_s=setup_plain, cost_model_decode_seconds=predicted_plain,
+        call_overhead_s=statistics.median(
+            c - w for c, w in zip(whole_calls[("plain", temperature)], plain_decode)))
+    for draft, names in model_of.items():
+      draft_one, draft_two = (cost[f"{names[0]}:draft_step_{w}"] for w in (1, 2))
+      spec_setups = times[("setup_speculative", temperature, names[0])]
+      setup_spec = statistics.median(spec_setups)
+      for name, gamma, lenience in itertools.product(names, gammas, leniences):
+        key = (name, gamma, temperature, timed_lenience(lenience))
+        result = runs[key]
+        tokens = int(np.sum(result["lengths"]))
+        rounds = int(np.sum(result["target_calls"]))
+        spec_decode = times[key]
+        spec_total = [d + u for d, u in zip(spec_decode, spec_setups)]
+        per_repeat = paired_speedups(tokens, spec_decode, plain_tokens, plain_decode)
+        end_to_end = paired_speedups(tokens, spec_total, plain_tokens, plain_total)
+        predicted = rounds * (draft_two + (gamma - 1) * draft_one
+                              + cost[f"verification_{gamma}"])
+        rows.append(dict(
+            draft=name, gamma=int(gamma), temperature=float(temperature),
+            lenience=lenience.kind, epsilon=float(lenience.epsilon),
+            speedup=statistics.median(per_repeat),
+            speedup_range=[min(per_repeat), max(per_repeat)],
+            speedup_spread=_spread(per_repeat), speedup_repeats=per_repeat,
+            cost_model_speedup=(tokens / predicted) / (plain_tokens / predicted_plain),
+            end_to_end_speedup=statistics.median(end_to_end),
+            end_to_end_speedup_range=[min(end_to_end), max(end_to_end)],
+            cost_model_end_to_end_speedup=(tokens / (setup_spec + predicted)) / (
+                plain_tokens / (setup_plain + predicted_plain)),
+            tokens_per_s=tokens / statistics.median(spec_decode),
+            plain_tokens_per_s=plain_tokens / statistics.median(plain_decode),
+            tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
+            tokens=tokens, seconds=statistics.median(spec_total), setup_s=setup_spec))
+  return dict(rows=rows, plain=plain_info, per_call_s=cost, interference=interference,
+              quiet_timeline=timeline, machine=machine_info(),
+              num_prompts=num_prompts, repeats=int(repeats),
+              timed_per_repeat=int(timed_per_repeat),
+              plain_calls_per_cycle=int(plain_calls_per_cycle), budget_s=float(budget_s),
+              max_new_tokens=int(max_new_tokens))
+

@@ -1,0 +1,518 @@
+"""The main job: train a target, a raw draft and DistillSpec drafts, then measure them.
+
+Stages (each writes `<run_dir>/<stage>/` and a `DONE.json` marker last, atomically):
+  vocab            SentencePiece vocabulary + tokenized train split (NumPy, no TF afterwards)
+  target           fine-tune the target with cross-entropy
+  draft_raw        fine-tune the draft with cross-entropy (the "w/o distillation" draft)
+  teacher_cache    (only with teacher_cache_k) the target's top-k log-probs over the train split
+  distill_<recipe> distil the raw draft toward the target with each recipe (GKD, SupervisedKD..)
+  evaluate         task quality of every model; tau, alpha and speedup of every draft with the
+                   target at each gamma and temperature, by running the speculative engine
+  report           report.md, report.json and the PNG plots
+
+A stage whose marker exists and is newer than its inputs' markers is skipped; a stage that was
+interrupted resumes from its checkpoints; a stage whose inputs changed starts over. So running
+the job twice reuses everything, and deleting one stage's folder reruns that stage and what
+depends on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import time
+from typing import Optional
+
+import numpy as np
+
+from distillspec_jax.training import checkpoints
+from distillspec_jax.training import multihost
+from distillspec_jax.core.files import read_json, write_json_atomic
+from distillspec_jax.models.config import model_config
+from distillspec_jax.decoding.plain import prompt_inputs
+from distillspec_jax.distill.objectives import make_speculative_eval_fn
+from distillspec_jax.models.model import Model
+from distillspec_jax.distill.teacher_cache import (CachedTeacherObjective, check_k, open_cache,
+                                           with_cache, write_cache)
+from distillspec_jax.training.trainer import TrainConfig, distill, finetune, train
+# Re-exported: pipeline.PipelineConfig, pipeline.distillation_config.
+from distillspec_jax.studies.pipeline_config import PipelineConfig, distillation_config
+
+DONE = "DONE.json"
+# Stages that only process 0 runs (host-side files, evaluation, report); the training stages
+# run on every process (SPMD). The others wait for them at a barrier this long.
+PRIMARY_ONLY_STAGES = ("vocab", "teacher_cache", "evaluate", "report")
+STAGE_BARRIER_TIMEOUT_S = 7 * 24 * 3600
+
+
+# --- stage bookkeeping ---------------------------------------------------------------------------
+
+
+def _marker(config: PipelineConfig, stage: str) -> str:
+  return os.path.join(config.stage_dir(stage), DONE)
+
+
+def stage_status(config: PipelineConfig, stage: str) -> str:
+  """'done', 'stale' (an input finished after it) or 'todo'."""
+  marker = _marker(config, stage)
+  if not os.path.exists(marker):
+    return "todo"
+  mtime = os.path.getmtime(marker)
+  for dependency in config.dependencies(stage):
+    dep_marker = _marker(config, dependency)
+    if not os.path.exists(dep_marker) or os.path.getmtime(dep_marker) > mtime:
+      return "stale"
+  return "done"
+
+
+def check_run_dir(run_dir: str) -> None:
+  """Fails before any training when the run directory cannot be written."""
+  try:
+    os.makedirs(run_dir, exist_ok=True)
+    probe = os.path.join(run_dir, f".write-probe-{os.getpid()}")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as error:
+    raise ValueError(f"MODEL_DIR={run_dir!r} is not writable ({error}); pass a directory you "
+                     "can write to with --gin.MODEL_DIR=...") from error
+
+
+def required_stages(config: PipelineConfig, requested: Optional[tuple] = None) -> tuple:
+  """The requested stages and everything they depend on, in run order (None = all)."""
+  if requested is None:
+    return config.stages
+  unknown = [s for s in requested if s not in config.stages]
+  if unknown:
+    raise ValueError(f"Unknown stage(s) {unknown}; this job's stages are {config.stages}.")
+  needed, frontier = set(), list(requested)
+  while frontier:
+    stage = frontier.pop()
+    if stage not in needed:
+      needed.add(stage)
+      frontier.extend(config.dependencies(stage))
+  return tuple(s for s in config.stages if s in needed)
+
+
+def run_pipeline(config: PipelineConfig, stage_fns: Optional[dict] = None,
+                 stages: Optional[tuple] = None) -> dict:
+  """Runs the `stages` (default all) and their inputs that are not done.
+
+  Returns {stage: "ran" | "skipped"}.
+  """
+  check_run_dir(config.run_dir)
+  stage_fns = stage_fns or default_stage_functions()
+  outcome = {}
+  for stage in required_stages(config, stages):
+    status = stage_status(config, stage)
+    if status == "done":
+      logging.info("Stage %s: done, skipped.", stage)
+      outcome[stage] = "skipped"
+      continue
+    stage_dir = config.stage_dir(stage)
+    primary = multihost.is_primary()  # the one writer of markers (multihost.py)
+    if status == "stale" and os.path.exists(stage_dir) and primary:
+      logging.info("Stage %s: inputs changed, starting over.", stage)
+      shutil.rmtree(stage_dir)
+    multihost.barrier(f"stage_start:{stage}")
+    os.makedirs(stage_dir, exist_ok=True)
+    print(f"=== stage {stage} ===", flush=True)
+    start = time.time()
+    fn = stage_fns["distill"] if stage.startswith("distill_") else stage_fns[stage]
+    if primary or stage not in PRIMARY_ONLY_STAGES:
+      summary = fn(config, stage) or {}
+      summary["wall_clock_s"] = time.time() - start
+      if primary:
+        write_json_atomic(_marker(config, stage), summary)
+    # The next stage reads this one's outputs: every process waits for the marker.
+    multihost.barrier(f"stage_done:{stage}", timeout_s=STAGE_BARRIER_TIMEOUT_S)
+    outcome[stage] = "ran"
+  return outcome
+
+
+def default_stage_functions() -> dict:
+  return {"vocab": stage_vocab, "target": stage_finetune, "draft_raw": stage_finetune,
+          "distill": stage_distill, "evaluate": stage_evaluate, "report": stage_report,
+          "teacher_cache": stage_teacher_cache}
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class InMemoryData:
+  """An indexed, reshuffled-every-epoch data source over tokenized arrays (no TF per step).
+
+  `batch_at(step)` depends on (seed, step) only, so a resumed run sees the same batches.
+  """
+
+  arrays: dict
+  batch_size: int
+  seed: int = 0
+
+  @property
+  def num_examples(self) -> int:
+    return len(next(iter(self.arrays.values())))
+
+  def _rows(self, step: int) -> np.ndarray:
+    per_epoch = self.num_examples // self.batch_size
+    epoch, index = divmod(step, per_epoch)
+    order = np.random.default_rng((self.seed, epoch)).permutation(self.num_examples)
+    return order[index * self.batch_size:(index + 1) * self.batch_size]
+
+  def batch_at(self, step: int) -> dict:
+    rows = self._rows(step)
+    return {k: v[rows] for k, v in self.arrays.items()}
+
+  def local_batch_at(self, step: int, shard) -> dict:
+    """This process's rows (`multihost.DataShard`) of the global batch of `step`."""
+    rows = self._rows(step)[shard.rows]
+    return {k: v[rows] for k, v in self.arrays.items()}
+
+
+def _trained_vocabulary_path(config: PipelineConfig) -> str:
+  return os.path.join(config.stage_dir("vocab"), "sentencepiece.model")
+
+
+def _register_task(config: PipelineConfig, vocabulary=None):
+  """Registers the task with the job's vocabulary (the embedded task's own, or the one the
+  vocab stage trained, or the task's default)."""
+  from distillspec_jax.data import batches as data_lib
+  from distillspec_jax.data import tasks
+  if config.task == tasks.EMBEDDED_TASK_NAME:
+    vocabulary = tasks.embedded.embedded_vocabulary(config.stage_dir("vocab"), config.vocab_size)
+    tasks.register_embedded_task(vocabulary=vocabulary)
+  elif config.data_dir:
+    if vocabulary is None and config.train_vocabulary:
+      vocabulary = _trained_vocabulary_path(config)
+    tasks.register_file_tasks(config.data_dir, vocabulary=vocabulary)
+  return data_lib.get_task(config.task)
+
+
+def stage_vocab(config: PipelineConfig, stage: str) -> dict:
+  """Builds the vocabulary and tokenizes the train split once into train.npz."""
+  from distillspec_jax.data import batches as data_lib
+  from distillspec_jax.data.tasks import embedded
+  if config.task == embedded.TASK_NAME:
+    embedded.build_embedded_vocabulary(config.stage_dir(stage), config.vocab_size)
+  elif config.train_vocabulary:
+    from distillspec_jax.data import vocabularies
+    _register_task(config, vocabulary=vocabularies.T5_DEFAULT_SPM_PATH)  # texts only
+    vocabularies.train_vocabulary_for_task(config.task, _trained_vocabulary_path(config),
+                                           vocab_size=config.vocab_size)
+  task = _register_task(config)
+  vocabulary = task.output_features["targets"].vocabulary
+  summary = {"vocab_size": int(config.model_vocab_size or vocabulary.vocab_size)}
+  if not config.in_memory_data:
+    return summary
+  from tqdm.auto import tqdm
+  try:
+    total = task.num_input_examples("train") or None
+  except Exception:  # pylint: disable=broad-except  # only the progress bar's length
+    total = None
+  if config.train_examples and total:
+    total = min(total, config.train_examples)
+  arrays, count = {}, 0
+  batches = data_lib.get_dataset(config.task, "train", config.task_feature_lengths,
+                                 batch_size=1024, feature_converter=config.feature_converter)
+  progress = tqdm(batches, desc="tokenize train split", unit="batch", dynamic_ncols=True,
+                  total=-(-total // 1024) if total else None, disable=not config.progress_bar)
+  for batch in progress:
+    for key, value in batch.items():
+      arrays.setdefault(key, []).append(value)
+    count += len(value)
+    if config.train_examples and count >= config.train_examples:
+      break
+  arrays = {k: np.concatenate(v)[:config.train_examples] for k, v in arrays.items()}
+  if len(arrays["decoder_target_tokens"]) < config.batch_size:
+    raise ValueError(f"The train split has {len(arrays['decoder_target_tokens'])} examples, "
+                     f"fewer than batch_size={config.batch_size}; lower BATCH_SIZE.")
+  path = os.path.join(config.stage_dir(stage), "train.npz")
+  np.savez(path + ".tmp.npz", **arrays)
+  os.replace(path + ".tmp.npz", path)
+  summary["train_examples"] = int(len(arrays["decoder_target_tokens"]))
+  return summary
+
+
+def vocab_size(config: PipelineConfig) -> int:
+  return int(read_json(_marker(config, "vocab"))["vocab_size"])
+
+
+def train_data(config: PipelineConfig):
+  """The training data source: indexed in-memory arrays, or a deterministic seqio stream
+  factory (the trainer re-creates it and skips the consumed batches on resume)."""
+  if not config.in_memory_data:
+    from distillspec_jax.data import batches as data_lib
+    _register_task(config)
+    # Each process streams its own seqio shard (multihost.DataShard.shard_info()).
+    return lambda shard=None: data_lib.get_dataset(
+        config.task, "train", config.task_feature_lengths,
+        shard.local_batch_size if shard else config.batch_size, shuffle=True,
+        seed=config.seed, num_epochs=None, drop_remainder=True,
+        feature_converter=config.feature_converter,
+        shard_info=shard.shard_info() if shard and shard.num_shards > 1 else None)
+  with np.load(os.path.join(config.stage_dir("vocab"), "train.npz")) as arrays:
+    return InMemoryData({k: arrays[k] for k in arrays.files}, config.batch_size, config.seed)
+
+
+def models(config: PipelineConfig) -> tuple:
+  """(target, draft) Models with the vocabulary's size."""
+  overrides = {"vocab_size": vocab_size(config)}
+  if config.max_decode_length:
+    overrides["max_decode_length"] = config.max_decode_length
+  return (Model(model_config(config.target_model, **overrides)),
+          Model(model_config(config.draft_model, **overrides)))
+
+
+def load_params(config: PipelineConfig, stage: str, model: Model):
+  """The final parameters a training stage saved in its folder."""
+  return checkpoints.restore_params(config.stage_dir(stage), model.param_shapes())
+
+
+# --- training stages -------------------------------------------------------------------------
+
+
+def _train_config(config: PipelineConfig, stage: str, steps: int, learning_rate: float,
+                  eval_every: int = 0) -> TrainConfig:
+  return TrainConfig(model_dir=config.stage_dir(stage), train_steps=steps,
+                     batch_size=config.batch_size, seed=config.seed, optimizer=config.optimizer,
+                     learning_rate=learning_rate, warmup_steps=config.warmup_steps,
+                     decay_steps=config.decay_steps or steps, final_fraction=0.1,
+                     save_every=config.save_every or max(steps // 4, 1),
+                     keep_checkpoints=1, log_every=max(min(50, steps // 10), 1),
+                     eval_every=eval_every, progress_bar=config.progress_bar)
+
+
+def _last_loss(history: list) -> float:
+  losses = [r["loss"] for r in history if "loss" in r]
+  return float(losses[-1]) if losses else float("nan")
+
+
+def stage_finetune(config: PipelineConfig, stage: str) -> dict:
+  """Cross-entropy fine-tuning of the target ("target") or the raw draft ("draft_raw")."""
+  target, draft = models(config)
+  model = target if stage == "target" else draft
+  steps = config.target_steps if stage == "target" else config.draft_steps
+  learning_rate = config.learning_rate
+  if stage == "target" and config.target_learning_rate is not None:
+    learning_rate = config.target_learning_rate
+  result = finetune(_train_config(config, stage, steps, learning_rate), model,
+                    train_data(config))
+  return {"final_loss": _last_loss(result.history), "num_params": model.num_params()}
+
+
+def heldout_prompts(config: PipelineConfig, num_examples: int, split: str = "validation",
+                    task: Optional[str] = None):
+  """Prompt/target token arrays and texts of held-out examples (data.get_prompts_and_targets).
+
+  Prompts longer than the input length are truncated (as in training).
+  """
+  from distillspec_jax.data import batches as data_lib
+  _register_task(config)
+  task = task or config.task
+  split = split if split in data_lib.get_task(task).splits else "test"
+  return data_lib.get_prompts_and_targets(task, split, config.task_feature_lengths,
+                                          num_examples=num_examples, on_long_prompt="truncate",
+                                          lm_prompt_length=config.lm_prompt_length)
+
+
+
+def stage_distill(config: PipelineConfig, stage: str) -> dict:
+  """Distils the raw draft toward the target with the stage's recipe."""
+  recipe = stage[len("distill_"):]
+  distillation = distillation_config(config, recipe)
+  target, draft = models(config)
+  target_params = load_params(config, "target", target)
+  draft_params = load_params(config, "draft_raw", draft)
+  reference = {}
+  if recipe == "adaspec":
+    reference = dict(reference=draft, reference_params=load_params(
+        config, f"distill_{config.adaspec_reference}", draft))
+  prompts = heldout_prompts(config, 32)["prompts"]
+  eval_fn = make_speculative_eval_fn(target, target_params, draft,
+                                     prompt_inputs(draft, prompts),
+                                     max_new_tokens=config.max_new_tokens, gamma=5,
+                                     temperature=0.0, seed=config.seed)
+  train_config = _train_config(config, stage, config.distill_steps_of(recipe),
+                               config.distill_learning_rate, eval_every=config.eval_every)
+  start = eval_fn(draft_params, 0)
+  if recipe in config.cached_recipes:
+    cache = _open_teacher_cache(config, target, target_params, distillation)
+    result = train(train_config, CachedTeacherObjective(draft, distillation),
+                   _cached_train_data(config, cache), init_params=draft_params, eval_fn=eval_fn)
+  else:
+    result = distill(train_config, target, target_params, draft, train_data(config),
+                     distillation, init_params=draft_params, eval_fn=eval_fn, **reference)
+  curve = [{"step": 0, "tau": start["tau"], "tau_stderr": start["tau_stderr"],
+            "alpha": start["alpha"]}]
+  curve += [{"step": r["step"], "tau": r["eval/tau"], "tau_stderr": r.get("eval/tau_stderr"),
+             "alpha": r["eval/alpha"]} for r in result.full_history if "eval/tau" in r]
+  kept = [r["kept_fraction"] for r in result.history if "kept_fraction" in r]
+  return {"recipe": recipe, "divergence": distillation.divergence,
+          "lambda1": distillation.lambda1, "lambda2": distillation.lambda2,
+          "top_k_fraction": distillation.top_k_fraction,
+          "teacher_cache_k": config.teacher_cache_k if recipe in config.cached_recipes else None,
+          "kept_fraction_last": kept[-1] if kept else None,
+          "final_loss": _last_loss(result.history), "tau_curve": curve}
+
+
+def _train_arrays(config: PipelineConfig) -> dict:
+  if not config.in_memory_data:
+    raise ValueError("teacher_cache_k needs in_memory_data=True: the cache is row-aligned with "
+                     "the tokenized train split (train.npz); set in_memory_data=True or turn "
+                     "the cache off (teacher_cache_k=None).")
+  with np.load(os.path.join(config.stage_dir("vocab"), "train.npz")) as arrays:
+    return {k: arrays[k] for k in arrays.files}
+
+
+def stage_teacher_cache(config: PipelineConfig, stage: str) -> dict:
+  """Runs the target once over the train split; writes `<run_dir>/teacher_cache/` (resumed
+  shard by shard after a kill: teacher_cache.write_cache)."""
+  target, _ = models(config)
+  manifest = write_cache(
+      target, load_params(config, "target", target), _train_arrays(config),
+      config.stage_dir(stage), k=check_k(config.teacher_cache_k, target.config.vocab_size),
+      task=config.task, lengths=config.task_feature_lengths,
+      temperature=distillation_config(config, config.cached_recipes[0]).target_temperature,
+      progress=config.progress_bar)
+  return {k: manifest[k] for k in ("bytes_per_token", "total_bytes", "reused_shards")} | {
+      "k": config.teacher_cache_k}
+
+
+def _open_teacher_cache(config: PipelineConfig, target: Model, target_params, distillation):
+  return open_cache(config.stage_dir("teacher_cache"), target=target,
+                    target_params=target_params, arrays=_train_arrays(config),
+                    k=config.teacher_cache_k, task=config.task,
+                    lengths=config.task_feature_lengths,
+                    temperature=distillation.target_temperature,
+                    write_command="run the main job's teacher_cache stage")
+
+
+def _cached_train_data(config: PipelineConfig, cache) -> "InMemoryData":
+  """The train split with the cache's rows beside it (same order: row i is example i)."""
+  return InMemoryData(with_cache(_train_arrays(config), cache), config.batch_size, config.seed)
+
+
+# --- evaluation and report -----------------------------------------------------------------------
+
+
+def _eval_models_and_params(config: PipelineConfig) -> tuple:
+  """(target, draft, {stage name: params}) of every trained model of the job."""
+  target, draft = models(config)
+  params = {"target": load_params(config, "target", target),
+            "draft_raw": load_params(config, "draft_raw", draft)}
+  for name in config.distill_stages:
+    params[name] = load_params(config, name, draft)
+  return target, draft, params
+
+
+def check_speed_prompts(config: PipelineConfig, examples: dict) -> None:
+  """Refuses more timed prompts (`speed_examples`) than the test examples hold."""
+  if len(examples["prompts"]) < config.speed_examples:
+    raise ValueError(f"speed_examples={config.speed_examples} but the test split of "
+                     f"{config.eval_task or config.task!r} holds {len(examples['prompts'])} "
+                     "prompts; lower speed_examples.")
+
+
+def _test_examples(config: PipelineConfig) -> dict:
+  examples = heldout_prompts(config, config.eval_examples, split="test",
+                             task=config.eval_task or config.task)
+  check_speed_prompts(config, examples)
+  return examples
+
+
+def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None) -> dict:
+  """speed.measure_speed of every draft of the job with its target, on the first
+  `speed_examples` test prompts. Loads what it needs, so it can run in a pinned process.
+  `windows_log`: as measure_speed's (in this process only)."""
+  from distillspec_jax.evaluation import pinning
+  from distillspec_jax.evaluation import speed
+  target, draft, params = _eval_models_and_params(config)
+  prompts = _test_examples(config)["prompts"][:config.speed_examples]
+  drafts = {name: (draft, p) for name, p in params.items() if name != "target"}
+  return speed.measure_speed(target, params["target"], drafts, prompts, gammas=config.gammas,
+                             temperatures=config.temperatures,
+                             max_new_tokens=config.max_new_tokens,
+                             repeats=config.speed_repeats,
+                             timed_per_turn=config.speed_calls,
+                             budget_s=config.speed_budget_s,
+                             before_timing=pinning.wait_for_release,
+                             windows_log=windows_log, seed=config.seed,
+                             progress=config.progress_bar)
+
+
+_SPEED_KEYS = ("speedup", "speedup_range", "speedup_spread", "speedup_repeats",
+               "cost_model_speedup", "end_to_end_speedup", "end_to_end_speedup_range",
+               "cost_model_end_to_end_speedup", "tokens_per_s", "plain_tokens_per_s", "setup_s")
+
+
+def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
+  """Quality of every model; tau, alpha and measured speedup of every draft with the target
+  at each gamma and temperature. Writes `<run_dir>/evaluate/eval.json`."""
+  from tqdm.auto import tqdm
+  from distillspec_jax.data import batches as data_lib
+  from distillspec_jax.evaluation import quality as evaluation
+  from distillspec_jax.evaluation import pinning
+  target, draft, params = _eval_models_and_params(config)
+  eval_task = config.eval_task or config.task
+  examples = _test_examples(config)
+  prompts, targets = examples["prompts"], examples["targets"]
+  metric_fn = lambda refs, predictions: data_lib.compute_metrics(eval_task, refs, predictions)
+  vocabulary = _register_task(config).output_features["targets"].vocabulary
+  detokenize = lambda ids: vocabulary.decode([int(i) for i in ids])
+  drafts = ("draft_raw",) + config.distill_stages
+  total = len(params) + len(config.temperatures) * len(drafts) * len(config.gammas)
+  results = {"quality": {}, "speculative": []}
+  # The timing process loads and compiles on its pinned core while this one evaluates; it
+  # starts timing only once released, when nothing else runs.
+  with pinning.start_pinned(config.speed_cpus, measure_run_speed, config) as timing_run, \
+      tqdm(total=total, desc="evaluate (quality, tau)", dynamic_ncols=True,
+           disable=not config.progress_bar) as bar:
+    for name in params:
+      results["quality"][name] = evaluation.quality(
+          target if name == "target" else draft, params[name], prompts, targets,
+          examples["target_texts"], config.max_new_tokens, detokenize, metric_fn)
+      bar.update(1)
+    for temperature in config.temperatures:
+      for name in drafts:
+        for gamma in config.gammas:
+          stats = evaluation.speculative_statistics(
+              target, params["target"], draft, params[name], prompts, gamma=gamma,
+              temperature=temperature, max_new_tokens=config.max_new_tokens, seed=config.seed)
+          results["speculative"].append(dict(draft=name, gamma=gamma, temperature=temperature,
+                                             **stats))
+          bar.update(1)
+    bar.close()
+    del params  # the timing process loads its own copy
+    timing = timing_run.result()
+  by_key = {(r["draft"], r["gamma"], r["temperature"]): r for r in timing["rows"]}
+  for row in results["speculative"]:
+    timed = by_key[(row["draft"], row["gamma"], row["temperature"])]
+    row.update({k: timed[k] for k in _SPEED_KEYS})
+    row["speed_prompts_tau"] = timed["tau"]
+  results.update(plain=timing["plain"], per_call_s=timing["per_call_s"],
+                 machine=timing["machine"], interference=timing["interference"],
+                 quiet_timeline=timing["quiet_timeline"],
+                 speed_protocol={k: timing[k] for k in ("num_prompts", "repeats",
+                                                        "timed_per_repeat",
+                                                        "plain_calls_per_cycle", "budget_s",
+                                                        "max_new_tokens")})
+  write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
+  return {"num_test_prompts": int(len(prompts))}
+
+
+def stage_report(config: PipelineConfig, stage: str) -> dict:
+  """report.json, report.md and the PNG plots in `run_dir`, from the evaluation and the
+  stages' markers."""
+  from distillspec_jax.evaluation import report as report_lib
+  evaluation = read_json(os.path.join(config.stage_dir("evaluate"), "eval.json"))
+  wall_clock, curves = {}, {}
+  for name in config.stages:
+    if os.path.exists(_marker(config, name)):
+      wall_clock[name] = read_json(_marker(config, name)).get("wall_clock_s")
+  for name in config.distill_stages:
+    curves[name[len("distill_"):]] = read_json(_marker(config, name)).get("tau_curve", [])
+  report = report_lib.build_report(config, evaluation, wall_clock, curves)
+  return {"plots": report_lib.write_report(config, report, config.run_dir)}

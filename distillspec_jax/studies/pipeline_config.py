@@ -1,0 +1,221 @@
+"""The main job's configuration: one frozen dataclass that gin's run files bind
+(`PipelineConfig.<field> = ...`), checked when it is made. The stages are pipeline.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+from distillspec_jax.models.config import model_config
+from distillspec_jax.decoding.plain import check_positive_int
+from distillspec_jax.evaluation.speed import check_budget, check_grid
+from distillspec_jax.distill.objectives import DistillationConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+  """Everything the main job needs; the gin run files bind these fields.
+
+  Attributes:
+    run_dir: MODEL_DIR of the whole job; each stage writes a subfolder.
+    task: seqio task name (MIXTURE_OR_TASK_NAME).
+    task_feature_lengths: TASK_FEATURE_LENGTHS, {"inputs": ..., "targets": ...}.
+    target_model / draft_model: preset names from config.MODEL_CONFIGS (vocab_size is set from
+      the vocabulary).
+    target_steps / draft_steps / distill_steps: TRAIN_STEPS of each stage.
+    recipe_steps: {recipe: steps} overriding distill_steps for the named recipes (e.g. a
+      SupervisedKD stage on the teacher cache, whose steps cost a fraction of a live one's).
+    batch_size: BATCH_SIZE of every stage.
+    optimizer / learning_rate / warmup_steps: the demo's optimiser (the paper's Adafactor
+      defaults live in the trainer; the CPU demo uses AdamW with a short warm-up);
+      target_learning_rate: the target's fine-tuning rate (None = learning_rate; wider models
+      need a lower one).
+    decay_steps: cosine decay length (None = each stage's own number of steps; the paper's
+      runs use 300k).
+    in_memory_data: tokenize the train split once into train.npz (small tasks, the demo);
+      False streams batches from seqio (large tasks), resumed by skipping consumed batches.
+    model_vocab_size: rows of the models' embeddings (None = the vocabulary's size; T5's
+      32,000-piece vocabulary with 100 extra ids is padded to 32128).
+    max_decode_length: decoding cache capacity of both models (None = the presets').
+    save_every: checkpoint period of the training stages (None = a quarter of the steps).
+    data_dir: DATA_DIR of the file-backed tasks (`gsm8k_files`, `xsum_files`, ...; see
+      tasks.register_file_tasks), None for TFDS and the embedded task.
+    train_vocabulary: train a `vocab_size`-piece SentencePiece model on the task's training
+      text in the vocab stage (offline use of file-backed tasks) instead of T5's vocabulary.
+    lm_prompt_length: for tasks without inputs (LM1B), the first tokens of each held-out
+      example that form the decoding prompt.
+    eval_task: the task evaluated (None = `task`; e.g. BBH for a draft distilled on GSM8K,
+      the paper's cross-task transfer).
+    recipes: distillation recipes to run (distillation.RECIPES names); divergence: their
+      divergence (None = each recipe's default).
+    gammas / temperatures: the speculative decoding grid of the evaluation.
+    eval_examples: test prompts for quality and tau; speed_examples: the first test prompts,
+      each decoded alone (batch 1, as in the paper) for the wall-clock speedup (speed.py);
+      speed_repeats: interleaved timing turns (medians and ranges are over them);
+      speed_calls: timed calls of each decoder per repeat, at least (a repeat sums each
+      prompt's fastest window among them); speed_budget_s: seconds of timing: after
+      speed_calls, every repeat gets one more call at a time while another round fits in
+      this many seconds (0 = exactly speed_calls);
+      speed_cpus: cores the timing process is pinned to (a fresh process, so that XLA sizes
+      its thread pools to them; 0 = time in this process, unpinned).
+    max_new_tokens: decoding budget in evaluation and on-policy sampling.
+    eval_every: distillation steps between in-training tau evaluations (the tau curve).
+    vocab_size: SentencePiece pieces of the embedded vocabulary.
+    train_examples: keep only this many training examples (None = the whole split; smoke
+      tests use a few).
+    adaspec_reference / adaspec_top_k / adaspec_normalization: the recipe "adaspec" (AdaSPEC,
+      Hu et al. 2025) distils the raw draft with token selection against a reference model:
+      the draft distilled by the `adaspec_reference` recipe (which must also be in `recipes`,
+      and whose data source and divergence AdaSPEC reuses); keeps the top `adaspec_top_k`
+      fraction of tokens by loss margin; normalises the loss by "all" valid tokens (as the
+      public AdaSPEC code) or by the "kept" ones.
+    teacher_cache_k: the teacher cache switch (teacher_cache.py; None = off): the stage
+      teacher_cache stores the target's top-k log-probabilities over the train split once,
+      and the `teacher_cache_recipes` (fixed-data recipes only) train on them with the
+      (k + 1)-bin divergence instead of running the target; the other recipes run it live.
+    seed: the one seed of the job.
+  """
+
+  run_dir: str = "runs/demo"
+  task: str = "embedded_arithmetic"
+  task_feature_lengths: dict = dataclasses.field(
+      default_factory=lambda: {"inputs": 40, "targets": 44})
+  target_model: str = "demo_target"
+  draft_model: str = "demo_draft"
+  target_steps: int = 1500
+  draft_steps: int = 1500
+  distill_steps: int = 600
+  recipe_steps: Optional[dict] = None
+  batch_size: int = 32
+  optimizer: str = "adamw"
+  learning_rate: float = 2e-3
+  target_learning_rate: Optional[float] = None
+  distill_learning_rate: float = 1e-3
+  warmup_steps: int = 100
+  decay_steps: Optional[int] = None
+  in_memory_data: bool = True
+  model_vocab_size: Optional[int] = None
+  save_every: Optional[int] = None
+  max_decode_length: Optional[int] = None
+  eval_task: Optional[str] = None
+  lm_prompt_length: int = 8
+  data_dir: Optional[str] = None
+  train_vocabulary: bool = False
+  recipes: tuple = ("gkd", "supervised_kd")
+  divergence: Optional[str] = None
+  gammas: tuple = (3, 5, 7)
+  temperatures: tuple = (0.0, 1.0)
+  eval_examples: int = 128
+  speed_examples: int = 16
+  speed_repeats: int = 7
+  speed_calls: int = 6
+  speed_budget_s: float = 0.0
+  speed_cpus: int = 1
+  max_new_tokens: int = 44
+  eval_every: int = 100
+  vocab_size: int = 256
+  train_examples: Optional[int] = None
+  adaspec_reference: str = "supervised_kd"
+  adaspec_top_k: float = 0.4
+  adaspec_normalization: str = "all"
+  teacher_cache_k: Optional[int] = None
+  teacher_cache_recipes: tuple = ("supervised_kd",)
+  seed: int = 0
+  progress_bar: bool = True
+
+  def __post_init__(self):
+    for name in ("target_steps", "draft_steps", "distill_steps", "batch_size", "eval_examples",
+                 "speed_examples", "max_new_tokens"):
+      if int(getattr(self, name)) < 1:
+        raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1.")
+    if not self.recipes:
+      raise ValueError("recipes is empty; name at least one of distillation.RECIPES.")
+    for recipe, steps in (self.recipe_steps or {}).items():
+      if recipe not in self.recipes:
+        raise ValueError(f"recipe_steps names {recipe!r}, which is not in "
+                         f"recipes={self.recipes}; list only recipes the job runs.")
+      check_positive_int(steps, f"recipe_steps[{recipe!r}]")
+    if "adaspec" in self.recipes and self.adaspec_reference not in self.recipes:
+      raise ValueError(f"The recipe 'adaspec' needs its reference recipe "
+                       f"adaspec_reference={self.adaspec_reference!r} in recipes={self.recipes}.")
+    for recipe in self.recipes:
+      distillation_config(self, recipe)  # raises on an unknown name or bad value
+    check_grid(self.gammas, self.temperatures)
+    if self.teacher_cache_k is not None:
+      from distillspec_jax.distill import teacher_cache
+      check_positive_int(self.teacher_cache_k, "teacher_cache_k")
+      for recipe in self.cached_recipes:
+        if recipe not in self.recipes:
+          raise ValueError(f"teacher_cache_recipes names {recipe!r}, which is not in "
+                           f"recipes={self.recipes}; list only recipes the job runs.")
+        try:
+          teacher_cache.check_fixed_data(distillation_config(self, recipe))
+        except ValueError as error:
+          raise ValueError(f"teacher_cache_recipes: recipe {recipe!r}: {error}") from error
+    check_positive_int(self.speed_repeats, "speed_repeats")
+    check_positive_int(self.speed_calls, "speed_calls")
+    check_budget(self.speed_budget_s, "speed_budget_s")
+    if self.speed_examples > self.eval_examples:
+      raise ValueError(f"speed_examples={self.speed_examples} exceeds eval_examples="
+                       f"{self.eval_examples}: the timed prompts are the first test prompts; "
+                       "lower speed_examples or raise eval_examples.")
+    if isinstance(self.speed_cpus, bool) or not isinstance(self.speed_cpus, int) \
+        or self.speed_cpus < 0:
+      raise ValueError(f"speed_cpus={self.speed_cpus!r} must be an integer >= 0 (0: time in "
+                       "this process, unpinned).")
+
+  @property
+  def feature_converter(self) -> str:
+    """'enc_dec' for encoder-decoder models, 'decoder' (prefix LM / LM) for decoder-only."""
+    return "enc_dec" if model_config(self.target_model).kind == "encoder_decoder" else "decoder"
+
+  def stage_dir(self, stage: str) -> str:
+    return os.path.join(self.run_dir, stage)
+
+  @property
+  def cached_recipes(self) -> tuple:
+    """The recipes that read the teacher cache (none when it is off)."""
+    return tuple(self.teacher_cache_recipes) if self.teacher_cache_k is not None else ()
+
+  def distill_steps_of(self, recipe: str) -> int:
+    """Training steps of the recipe's distillation stage."""
+    return int((self.recipe_steps or {}).get(recipe, self.distill_steps))
+
+  @property
+  def distill_stages(self) -> tuple:
+    return tuple(f"distill_{r}" for r in self.recipes)
+
+  @property
+  def stages(self) -> tuple:
+    cache = ("teacher_cache",) if self.cached_recipes else ()
+    return ("vocab", "target", "draft_raw") + cache + self.distill_stages + ("evaluate",
+                                                                              "report")
+
+  def dependencies(self, stage: str) -> tuple:
+    if stage in ("target", "draft_raw"):
+      return ("vocab",)
+    if stage == "distill_adaspec":
+      return ("target", "draft_raw", f"distill_{self.adaspec_reference}")
+    if stage == "teacher_cache":
+      return ("vocab", "target")
+    if stage.startswith("distill_"):
+      cache = ("teacher_cache",) if stage[len("distill_"):] in self.cached_recipes else ()
+      return ("target", "draft_raw") + cache
+    if stage == "evaluate":
+      return ("target", "draft_raw") + self.distill_stages
+    if stage == "report":
+      return ("evaluate",)
+    return ()
+
+
+def distillation_config(config: PipelineConfig, recipe: str) -> DistillationConfig:
+  """The DistillationConfig of a recipe name (distillation.RECIPES, or "adaspec")."""
+  overrides = {"max_new_tokens": config.task_feature_lengths["targets"]}
+  if config.divergence:
+    overrides["divergence"] = config.divergence
+  if recipe == "adaspec":
+    return DistillationConfig.from_recipe(
+        config.adaspec_reference, top_k_fraction=config.adaspec_top_k,
+        selection_normalization=config.adaspec_normalization, **overrides)
+  return DistillationConfig.from_recipe(recipe, **overrides)
