@@ -37,7 +37,7 @@ def load_pair(args):
   target = Model.from_name(args.target_model, **overrides)
   draft = Model.from_name(args.draft_model, **overrides)
   if args.target_checkpoint:
-    from distillspec_jax.convert import load_initial_params
+    from distillspec_jax.interop.importer import load_initial_params
     target_params = load_initial_params(args.target_checkpoint, target)
     draft_params = load_initial_params(args.draft_checkpoint, draft)
   else:

@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax import convert
+from distillspec_jax.interop import importer as convert
 from distillspec_jax.decoding import plain as decoding
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.models.config import TransformerConfig  # noqa: E402

@@ -5,7 +5,7 @@ r"""The evaluation binary, T5X style: quality next to latency for a target and a
 
 Macros (T5X names): MODEL_DIR, MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, BATCH_SIZE,
 TARGET_CHECKPOINT_PATH and DRAFT_CHECKPOINT_PATH (our orbax format, T5X or Hugging Face,
-autodetected by `convert.detect_format`), plus VOCABULARY (the SentencePiece model the
+autodetected by `importer.detect_format`), plus VOCABULARY (the SentencePiece model the
 checkpoints were trained with), DATA_DIR (file-backed tasks), BBH_DIR (the public BBH bbh/
 folder) and the grid: GAMMAS, TEMPERATURES, LENIENCE_KINDS, EPSILONS.
 
@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 import gin
 
-from distillspec_jax import convert
+from distillspec_jax.interop import importer
 from distillspec_jax.evaluation import quality as evaluation
 from distillspec_jax import gin_utils
 from distillspec_jax.evaluation import lossy
@@ -167,7 +167,7 @@ def _checkpoint_format(path: str, macro: str) -> str:
                      "MODEL_DIR (<step>/params), a T5X checkpoint_<step> directory or a "
                      "Hugging Face directory (config.json + model.safetensors).")
   try:
-    return convert.detect_format(path)
+    return importer.detect_format(path)
   except ValueError as error:
     raise ValueError(f"{macro}={path!r}: {error} Point {macro} at one of those.") from None
 
@@ -178,7 +178,7 @@ def load_model(path: str, macro: str, preset: Optional[str],
   `preset`, the checkpoint's shapes are checked against it."""
   fmt = _checkpoint_format(path, macro)
   config = model_config(preset) if preset else None
-  params, config = convert.load_checkpoint(path, fmt, config)
+  params, config = importer.load_checkpoint(path, config, fmt=fmt)
   if max_decode_length:
     config = config.replace(max_decode_length=int(max_decode_length))
   return Model(config), params

@@ -25,6 +25,7 @@ from compilation import set_fast_compilation  # noqa: E402
 set_fast_compilation(True)
 import numpy as np  # noqa: E402
 
+from distillspec_jax.decoding import stats as stats_lib
 from distillspec_jax.training import checkpoints
 from distillspec_jax.decoding import plain as decoding
 from distillspec_jax.distill import objectives as distillation
@@ -179,7 +180,7 @@ def check_decode():
       check_param_shardings(compiled.input_shardings[0][0], DRAFT, mesh, shape)
       check_no_param_gather(compiled, shapes, f"on-policy sampling {shape}")
       samples = compiled(draft_params, batch, key)
-    stats = evaluation.block_efficiency_stats(spec)  # the evaluation's tau / alpha
+    stats = stats_lib.block_efficiency_stats(spec)  # the evaluation's tau / alpha
     tvd = float(jax.jit(distillation.mean_tvd, static_argnums=(0, 2))(
         TARGET, target_params, DRAFT, draft_params, batch))
     results[shape] = dict(samples=jax.device_get(samples), tokens=np.asarray(spec.tokens),

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from distillspec_jax import convert
+from distillspec_jax.interop import importer
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.interop import t5x as t5x_checkpoints
 from distillspec_jax.models.config import TransformerConfig
@@ -59,17 +60,17 @@ def test_load_initial_params_autodetects_every_format(tmp_path, params):
   model = Model(TINY)
   hf_t5.save_hf(params, TINY, str(tmp_path / "hf"))
   t5x_checkpoints.save_t5x(params, str(tmp_path / "t5x_model_dir"), step=3)
-  convert.save_ours(params, str(tmp_path / "ours"))
+  importer.save_ours(params, str(tmp_path / "ours"))
   paths = {"hf": tmp_path / "hf", "t5x": tmp_path / "t5x_model_dir", "ours": tmp_path / "ours",
            "safetensors_file": tmp_path / "hf" / "model.safetensors"}
   for name, path in paths.items():
     expected = "hf" if name == "safetensors_file" else name
-    assert convert.detect_format(str(path)) == expected, name
-    _assert_identical(params, convert.load_initial_params(str(path), model))
+    assert importer.detect_format(str(path)) == expected, name
+    _assert_identical(params, importer.load_initial_params(str(path), model))
   # The trainer's restore_fn hook: (path, abstract_params) -> params.
   abstract = model.param_shapes()
   for path in paths.values():
-    restored = convert.restore_any(str(path), abstract)
+    restored = importer.restore_any(str(path), abstract)
     assert isinstance(jax.tree.leaves(restored)[0], jax.Array)
     _assert_identical(params, restored)
 
@@ -77,18 +78,18 @@ def test_load_initial_params_autodetects_every_format(tmp_path, params):
 def test_load_initial_params_refuses_wrong_model_and_pickles(tmp_path, params):
   hf_t5.save_hf(params, TINY, str(tmp_path / "hf"))
   with pytest.raises(ValueError, match=r"mlp/wi_0/kernel: expected \(64, 128\), found \(64, 96\)"):
-    convert.load_initial_params(str(tmp_path / "hf"), Model(TINY.replace(mlp_dim=128)))
+    importer.load_initial_params(str(tmp_path / "hf"), Model(TINY.replace(mlp_dim=128)))
   os.makedirs(tmp_path / "torch")
   (tmp_path / "torch" / "pytorch_model.bin").write_bytes(b"\x80\x04not loaded")
   with pytest.raises(ValueError, match="safetensors"):
-    convert.load_initial_params(str(tmp_path / "torch"), Model(TINY))
+    importer.load_initial_params(str(tmp_path / "torch"), Model(TINY))
   with pytest.raises(ValueError, match="Cannot tell the checkpoint format"):
-    convert.load_initial_params(str(tmp_path), Model(TINY))
+    importer.load_initial_params(str(tmp_path), Model(TINY))
 
 
 def test_config_inference_decoder_only():
   config = TINY.replace(kind="decoder_only", num_encoder_layers=0)
-  inferred = convert.config_from_params(Model(config).param_shapes(), dropout_rate=0.0,
+  inferred = importer.config_from_params(Model(config).param_shapes(), dropout_rate=0.0,
                                         max_decode_length=32)
   assert inferred == config
 
@@ -98,9 +99,9 @@ def test_config_inference_keeps_a_narrower_encoder_mlp():
   shapes = Model(narrow).param_shapes()
   assert shapes["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"].shape == (64, 32)
   assert shapes["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"].shape == (64, 96)
-  assert convert.config_from_params(shapes, dropout_rate=0.0, max_decode_length=32) == narrow
+  assert importer.config_from_params(shapes, dropout_rate=0.0, max_decode_length=32) == narrow
   # Same width in both stacks: inferred as None, the T5 1.1 default.
-  assert convert.config_from_params(Model(TINY).param_shapes(), dropout_rate=0.0,
+  assert importer.config_from_params(Model(TINY).param_shapes(), dropout_rate=0.0,
                                     max_decode_length=32).encoder_mlp_dim is None
 
 

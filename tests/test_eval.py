@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from distillspec_jax.decoding import stats
 from distillspec_jax.training import checkpoints
 from distillspec_jax.evaluation import quality as evaluation
 from distillspec_jax import gin_utils
@@ -234,10 +235,10 @@ def test_mixture_mean_is_the_mean_of_speed_numbers_too():
 
 
 def test_acceptance_by_position_and_predicted_alpha(setup):
-  rates = evaluation.acceptance_by_position(np.array([[2, 0, -1], [1, 2, -1]]), 2)
+  rates = stats.acceptance_by_position(np.array([[2, 0, -1], [1, 2, -1]]), 2)
   # Rounds accepting 2, 0, 1, 2: position 1 accepted in 3 of 4, position 2 in 2 of those 3.
   assert rates == [0.75, pytest.approx(2 / 3)]
-  assert evaluation.acceptance_by_position(np.array([[0, -1]]), 2) == [0.0, None]
+  assert stats.acceptance_by_position(np.array([[0, -1]]), 2) == [0.0, None]
   target = Model(model_config("tiny_encoder_decoder", vocab_size=256, max_decode_length=32))
   params = checkpoints.restore_params(setup["target"], target.param_shapes())
   prompts = np.random.default_rng(1).integers(2, 256, (3, 8)).astype(np.int32)

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from distillspec_jax.decoding import stats
 from distillspec_jax.evaluation import quality as evaluation
 from distillspec_jax.evaluation import pinning
 from distillspec_jax.evaluation import speed
@@ -179,10 +180,10 @@ def test_ratio_stderr_against_direct_formulas():
   # standard error the usual one of a mean.
   values = np.array([2.0, 3.0, 5.0, 4.0])
   expected = np.std(values, ddof=1) / math.sqrt(len(values))
-  assert evaluation.ratio_stderr(values * 3, np.full(4, 3.0)) == pytest.approx(expected)
+  assert stats.ratio_stderr(values * 3, np.full(4, 3.0)) == pytest.approx(expected)
   # Every item with the same ratio: no uncertainty left.
-  assert evaluation.ratio_stderr([2.0, 4.0, 8.0], [1.0, 2.0, 4.0]) == pytest.approx(0.0)
-  assert evaluation.ratio_stderr([3.0], [1.0]) == 0.0
+  assert stats.ratio_stderr([2.0, 4.0, 8.0], [1.0, 2.0, 4.0]) == pytest.approx(0.0)
+  assert stats.ratio_stderr([3.0], [1.0]) == 0.0
 
 
 def _affinity():

@@ -3,9 +3,12 @@
 import json
 import os
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+
 import seqio
 import tensorflow_datasets as tfds
 
@@ -48,7 +51,13 @@ def _dec(vocab, row):
 
 
 # ------------------------------------------------------------------ TFDS
-def test_default_tasks_registered_on_import():
+def test_default_tasks_registered_on_demand_not_on_import():
+  code = ("import seqio\nfrom distillspec_jax.data import batches, tasks\n"
+          "assert 'xsum' not in seqio.TaskRegistry.names()\n"
+          "batches.get_task('embedded_arithmetic')\nassert 'xsum' in seqio.TaskRegistry.names()")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  tasks.ensure_default_tasks()
   for name in tasks.TFDS_TASK_NAMES + (tasks.EMBEDDED_TASK_NAME,):
     assert name in seqio.TaskRegistry.names()
   assert (seqio.TaskRegistry.get("xsum").output_features["targets"].vocabulary

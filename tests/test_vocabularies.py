@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from distillspec_jax.data import vocabularies
+from distillspec_jax.data import train_vocabulary, vocabularies
 from distillspec_jax.data.tasks import embedded
 
 _WORDS = ("the quick brown fox jumps over the lazy dog while seven wizards quietly "
@@ -53,7 +53,7 @@ def test_missing_vocabulary_file_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError) as e:
     vocabularies.get_vocabulary(missing)
   assert str(missing) in str(e.value)
-  assert "python -m distillspec_jax.data.vocabularies" in str(e.value)
+  assert "python -m distillspec_jax.data.train_vocabulary" in str(e.value)
 
 
 def test_t5_default_path_is_lazy_and_has_extra_ids():
@@ -85,7 +85,7 @@ def test_check_same_vocabulary(model_a, tmp_path):
 
 def test_cli_trains_from_a_task(tmp_path, capsys):
   out = tmp_path / "emb.model"
-  rc = vocabularies.main(["--task=embedded_arithmetic", f"--out={out}", "--vocab_size=150",
+  rc = train_vocabulary.main(["--task=embedded_arithmetic", f"--out={out}", "--vocab_size=150",
                           "--max_examples=500", "--model_type=bpe"])
   assert rc == 0 and out.is_file()
   vocab = vocabularies.get_vocabulary(out)
@@ -105,7 +105,7 @@ def test_cli_with_data_dir_for_file_tasks(tmp_path):
                           "answer": f"{i} + {i + 2} = <<{i}+{i+2}={2*i+2}>>{2 * i + 2}\n#### "
                                     f"{2 * i + 2}"}) + "\n")
   out = tmp_path / "g.model"
-  rc = vocabularies.main(["--task=gsm8k_files", f"--data_dir={tmp_path / 'data'}",
+  rc = train_vocabulary.main(["--task=gsm8k_files", f"--data_dir={tmp_path / 'data'}",
                           f"--out={out}", "--vocab_size=80"])
   assert rc == 0 and out.is_file()
   vocab = vocabularies.get_vocabulary(out)

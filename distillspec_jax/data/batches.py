@@ -34,6 +34,7 @@ FEATURE_CONVERTERS = ("enc_dec", "decoder")
 
 
 def _registered_names() -> List[str]:
+  _tasks.ensure_default_tasks()
   return sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
 
 
@@ -41,6 +42,7 @@ def get_task(task_name: str) -> Union[seqio.Task, seqio.Mixture]:
   """The registered seqio Task or Mixture; ValueError with close names if unknown."""
   if not isinstance(task_name, str):
     raise TypeError(f"task_name must be a string, got {type(task_name).__name__}: {task_name!r}")
+  _tasks.ensure_default_tasks()
   if task_name in seqio.MixtureRegistry.names():
     return seqio.MixtureRegistry.get(task_name)
   if task_name in seqio.TaskRegistry.names():

@@ -5,7 +5,7 @@
   as long as nothing tokenizes with it.
 * Offline: train a small model from a task's training text::
 
-    python -m distillspec_jax.data.vocabularies --task=gsm8k_files \\
+    python -m distillspec_jax.data.train_vocabulary --task=gsm8k_files \\
         --data_dir=../shared/data --out=/tmp/gsm8k_spm.model --vocab_size=1000
 
   (``--task=embedded_arithmetic`` needs no data.)  Models use T5's id layout:
@@ -17,11 +17,8 @@ Draft and target models must share one vocabulary; check it with
 
 from __future__ import annotations
 
-import argparse
 import io
-import logging
 import os
-import sys
 import tempfile
 from typing import Iterable, Optional, Sequence, Union
 
@@ -54,7 +51,7 @@ def get_vocabulary(path: Union[str, os.PathLike] = T5_DEFAULT_SPM_PATH,
     raise FileNotFoundError(
         f"SentencePiece vocabulary file {path!r} does not exist. Pass the path "
         f"of an existing .model file: T5's {T5_DEFAULT_SPM_PATH!r} on TPU, or one "
-        "trained offline with `python -m distillspec_jax.data.vocabularies "
+        "trained offline with `python -m distillspec_jax.data.train_vocabulary "
         "--task=<task> --out=<file.model> --vocab_size=<n>`.")
   return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
@@ -116,44 +113,6 @@ def train_sentencepiece(texts: Iterable[str], out_path: Union[str, os.PathLike],
   return out_path
 
 
-def task_texts(task_name: str, split: str = "train",
-               max_examples: Optional[int] = 50000) -> list:
-  """Raw 'inputs'/'targets' strings of a registered seqio task (before tokenizing).
-
-  Runs the task's source and its text preprocessors, skipping the tokenizing
-  steps, so the task's own vocabulary is never loaded.
-  """
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  from distillspec_jax.data import batches as data_lib
-
-  task = data_lib.get_task(task_name)
-  skip = {seqio.preprocessors.tokenize, seqio.preprocessors.tokenize_and_append_eos,
-          seqio.preprocessors.append_eos, seqio.preprocessors.append_eos_after_trim}
-  ds = task.source.get_dataset(split=split, shuffle=False)
-  for p in task.preprocessors:
-    if p in skip or getattr(p, "func", None) in skip:
-      continue
-    ds = p(ds)
-  if max_examples:
-    ds = ds.take(max_examples)
-  texts = []
-  for ex in tfds.as_numpy(ds):
-    for key in ("inputs", "targets"):
-      if key in ex:
-        v = ex[key]
-        texts.append(v.decode("utf-8") if isinstance(v, bytes) else str(v))
-  return texts
-
-
-def train_vocabulary_for_task(task_name: str, out_path: Union[str, os.PathLike],
-                              vocab_size: int = 1000, split: str = "train",
-                              max_examples: Optional[int] = 50000, **kwargs) -> str:
-  """Trains a SentencePiece model on a task's training text; returns its path."""
-  texts = task_texts(task_name, split=split, max_examples=max_examples)
-  return train_sentencepiece(texts, out_path, vocab_size=vocab_size, **kwargs)
-
-
 def _describe(vocab: seqio.Vocabulary) -> str:
   path = getattr(vocab, "sentencepiece_model_file", None)
   return f"{type(vocab).__name__}({path!r}, extra_ids={getattr(vocab, 'extra_ids', '?')})"
@@ -190,33 +149,3 @@ def check_same_vocabulary(a: VocabLike, b: VocabLike) -> bool:
         f"Draft and target vocabularies have the same size ({va.vocab_size}) but different "
         f"SentencePiece models: {_describe(va)} vs {_describe(vb)}. Use the same .model file.")
   return True
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(
-      prog="python -m distillspec_jax.data.vocabularies",
-      description="Train a SentencePiece vocabulary on a seqio task's training text.")
-  parser.add_argument("--task", required=True,
-                      help="registered task name, e.g. embedded_arithmetic, gsm8k_files")
-  parser.add_argument("--out", required=True, help="output .model path")
-  parser.add_argument("--vocab_size", type=int, default=1000)
-  parser.add_argument("--split", default="train")
-  parser.add_argument("--data_dir", default=None,
-                      help="directory for file-backed tasks (registers *_files and bbh tasks)")
-  parser.add_argument("--max_examples", type=int, default=50000)
-  parser.add_argument("--model_type", default="unigram", choices=["unigram", "bpe"])
-  args = parser.parse_args(argv)
-  logging.basicConfig(level=logging.INFO)
-  from distillspec_jax.data import tasks
-  if args.data_dir:
-    tasks.register_file_tasks(args.data_dir)
-  path = train_vocabulary_for_task(args.task, args.out, vocab_size=args.vocab_size,
-                                   split=args.split, max_examples=args.max_examples,
-                                   model_type=args.model_type)
-  vocab = get_vocabulary(path)
-  print(f"Wrote {path} ({vocab.vocab_size} pieces) from task {args.task!r} split {args.split!r}.")
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -181,19 +181,6 @@ class SpeculativeResult:
     return jnp.sum(self.accepted_proposed) / jnp.maximum(jnp.sum(self.drafted), 1)
 
 
-def expected_block_efficiency(alpha, gamma: int):
-  """tau for i.i.d. per-token acceptance alpha (Leviathan et al.): (1 - a^(g+1)) / (1 - a)."""
-  alpha = jnp.minimum(jnp.asarray(alpha, jnp.float32), 1.0 - 1e-7)
-  return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
-def cost_model_speedup(plain_time: float, draft_steps: float, draft_step_time: float,
-                       verifications: float, verification_time: float) -> float:
-  """Speedup predicted from separately measured per-call costs:
-  plain decoding time / (draft steps x draft step time + verifications x verification time)."""
-  return plain_time / (draft_steps * draft_step_time + verifications * verification_time)
-
-
 def _validate(target: Model, draft: Model, gamma: int, lenience: Lenience) -> int:
   """Checks the pair and the lenience; returns gamma as an int >= 1."""
   gamma = check_positive_int(gamma, "gamma")

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from distillspec_jax.decoding import plain as decoding
+from distillspec_jax.decoding import speculative
+from distillspec_jax.decoding.stats import block_efficiency_stats
 from distillspec_jax.distill import divergences
 from distillspec_jax.distill import token_selection
 from distillspec_jax.core import validation
@@ -386,7 +388,7 @@ def make_speculative_eval_fn(target: Model, target_params, draft: Model, batch: 
   (tests, other implementations); default: distillspec_jax.decoding.speculative.speculative_decode.
   """
   if speculative_decode is None:
-    from distillspec_jax.decoding.speculative import speculative_decode  # built by another module
+    speculative_decode = speculative.speculative_decode
   sampling = decoding.SamplingConfig(temperature=temperature)
   prompts = _prompt_kwargs(draft, batch)
   rng = jax.random.PRNGKey(seed)
@@ -395,7 +397,6 @@ def make_speculative_eval_fn(target: Model, target_params, draft: Model, batch: 
     result = speculative_decode(target, target_params, draft, draft_params,
                                 max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
                                 rng=rng, **prompts)
-    from distillspec_jax.evaluation.quality import block_efficiency_stats  # imports the engine
     stats = block_efficiency_stats(result)
     return {"tau": stats["tau"], "tau_stderr": stats["tau_stderr"], "alpha": stats["alpha"]}
 

@@ -28,6 +28,8 @@ from distillspec_jax.decoding.plain import SamplingConfig, decode, prompt_inputs
 from distillspec_jax.distill.divergences import cross_entropy, expected_acceptance
 from distillspec_jax.models.model import EOS_ID, Model
 from distillspec_jax.decoding.speculative import Lenience, speculative_decode
+from distillspec_jax.decoding.stats import (acceptance_by_position, block_efficiency_stats,
+                                            block_statistics, ratio_stderr)
 
 
 def _teacher_forcing(model: Model, prompts: np.ndarray, targets: np.ndarray):
@@ -81,29 +83,6 @@ def quality(model: Model, params, prompts, targets, target_texts, max_new_tokens
   return metrics
 
 
-def ratio_stderr(numerators, denominators) -> float:
-  """Standard error over items of the ratio estimate sum(num) / sum(den) (delta method),
-  e.g. tau = sum(produced) / sum(target calls) over prompts. 0 for fewer than two items."""
-  num = np.asarray(numerators, np.float64)
-  den = np.asarray(denominators, np.float64)
-  n = len(num)
-  if n < 2 or den.sum() <= 0:
-    return 0.0
-  residual = num - num.sum() / den.sum() * den
-  return float(np.sqrt(np.sum(residual ** 2) / (n * (n - 1))) / den.mean())
-
-
-def block_efficiency_stats(result) -> dict:
-  """tau with its standard error over prompts (rows), and alpha, of a SpeculativeResult.
-
-  alpha counts the accepted draft tokens that reach the output (see speculative.py);
-  `alpha_proposed` also counts those an EOS or the length limit cut off."""
-  produced, calls = np.asarray(result.produced), np.asarray(result.target_calls)
-  return {"tau": float(result.block_efficiency), "tau_stderr": ratio_stderr(produced, calls),
-          "alpha": float(result.acceptance_rate),
-          "alpha_proposed": float(result.proposed_acceptance_rate)}
-
-
 def speculative_statistics(target: Model, target_params, draft: Model, draft_params, prompts,
                            *, gamma: int, temperature: float, max_new_tokens: int,
                            seed: int = 0, lenience: Lenience = Lenience()) -> dict:
@@ -117,24 +96,6 @@ def speculative_statistics(target: Model, target_params, draft: Model, draft_par
 
 
 # --- the evaluation binary's measurements (distillspec_jax/eval.py) ------------------------------
-
-
-def acceptance_by_position(accepted_per_round, gamma: int) -> list:
-  """Acceptance rate at each draft position 1..gamma, from `accepted_per_round` ([N, R], -1
-  where a row had no round; SpeculativeResult.accepted_per_round, one array or a list of
-  them): among the rounds whose first i - 1 draft tokens were accepted, the fraction that
-  accepted the i-th as well. None where no round reached position i. A round that EOS or the
-  length limit cut counts as accepting only the tokens that reached the output."""
-  if isinstance(accepted_per_round, (list, tuple)):
-    accepted = np.concatenate([np.asarray(a).reshape(-1) for a in accepted_per_round])
-  else:
-    accepted = np.asarray(accepted_per_round).reshape(-1)
-  accepted = accepted[accepted >= 0]
-  rates = []
-  for position in range(1, int(gamma) + 1):
-    reached = int(np.sum(accepted >= position - 1))
-    rates.append(float(np.sum(accepted >= position) / reached) if reached else None)
-  return rates
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 5))
@@ -236,9 +197,7 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
   produced, calls = np.concatenate(produced), np.concatenate(calls)
   accepted, drafted = np.concatenate(accepted), np.concatenate(drafted)
   return {"quality": _metrics(metric_fn, examples["target_texts"], predictions),
-          "tau": float(produced.sum() / max(calls.sum(), 1)),
-          "tau_stderr": ratio_stderr(produced, calls),
-          "alpha": float(accepted.sum() / max(drafted.sum(), 1)),
+          **block_statistics(produced, calls, accepted, drafted),
           "acceptance_by_position": acceptance_by_position(
               [np.asarray(r, np.int64) for r in rounds] or [np.zeros(0)], gamma),
           "predictions": predictions, "accepted_per_round": rounds,

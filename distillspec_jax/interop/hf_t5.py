@@ -41,6 +41,7 @@ import jax
 import numpy as np
 
 from distillspec_jax.models.config import TransformerConfig
+from distillspec_jax.models.model import Model
 
 Params = Any
 
@@ -267,7 +268,6 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig)
 
 def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
   """{'encoder/layers_0/attention/query/kernel': shape, ...} of a model built from `config`."""
-  from distillspec_jax.models.model import Model  # Local: models imports jax/flax machinery.
   shapes = Model(config).param_shapes()
   flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
   return {_path_str(p): tuple(x.shape) for p, x in flat}

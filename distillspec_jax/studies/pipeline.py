@@ -198,10 +198,10 @@ def stage_vocab(config: PipelineConfig, stage: str) -> dict:
   if config.task == embedded.TASK_NAME:
     embedded.build_embedded_vocabulary(config.stage_dir(stage), config.vocab_size)
   elif config.train_vocabulary:
-    from distillspec_jax.data import vocabularies
+    from distillspec_jax.data import train_vocabulary, vocabularies
     _register_task(config, vocabulary=vocabularies.T5_DEFAULT_SPM_PATH)  # texts only
-    vocabularies.train_vocabulary_for_task(config.task, _trained_vocabulary_path(config),
-                                           vocab_size=config.vocab_size)
+    train_vocabulary.train_vocabulary_for_task(config.task, _trained_vocabulary_path(config),
+                                               vocab_size=config.vocab_size)
   task = _register_task(config)
   vocabulary = task.output_features["targets"].vocabulary
   summary = {"vocab_size": int(config.model_vocab_size or vocabulary.vocab_size)}

@@ -36,6 +36,8 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
+from distillspec_jax.training import partitioning
+
 DEFAULT_INITIALIZATION_TIMEOUT_S = 300
 DEFAULT_HEARTBEAT_TIMEOUT_S = 100
 DEFAULT_BARRIER_TIMEOUT_S = 3600
@@ -267,7 +269,6 @@ class DataShard:
 
 def data_shard(mesh: jax.sharding.Mesh, batch_size: int) -> DataShard:
   """This process's shard of a [batch_size, ...] batch split over the mesh's 'data' axis."""
-  from distillspec_jax.training import partitioning
   partitioning.check_batch_size(batch_size, mesh)
   sharding = partitioning.batch_sharding(mesh)
   slices = sharding.addressable_devices_indices_map((batch_size,)).values()
@@ -297,7 +298,6 @@ def process_shard_info(mesh: Optional[jax.sharding.Mesh] = None,
 
 def global_batch(local_batch: dict, mesh: jax.sharding.Mesh, shard: DataShard) -> dict:
   """Global arrays [global_batch_size, ...] split over 'data' from this process's rows."""
-  from distillspec_jax.training import partitioning
   sharding = partitioning.batch_sharding(mesh)
   out = {}
   for key, value in local_batch.items():

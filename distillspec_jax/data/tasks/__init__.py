@@ -1,6 +1,7 @@
-"""seqio tasks of distillspec_jax; importing this package registers them.
+"""seqio tasks of distillspec_jax, registered on demand (importing registers nothing).
 
-Registered on import (cheap: no file reads, no vocabulary loads):
+`ensure_default_tasks()` registers these once (cheap: no file reads, no vocabulary loads;
+`batches.get_task` calls it):
   * TFDS-backed: xsum, cnn_dailymail, gsm8k, wmt14_en_de, lm1b (T5's public
     SentencePiece vocabulary), see tfds_tasks.py;
   * embedded_arithmetic: procedurally generated arithmetic word problems, the
@@ -14,6 +15,8 @@ Decoder-only use: tasks with 'inputs' and 'targets' become a prefix LM with
 seqio.DecoderFeatureConverter(pack=False) and lengths for both features
 (distillspec_jax.data.batches.get_dataset(..., feature_converter='decoder')).
 """
+
+import seqio
 
 from distillspec_jax.data.tasks import metrics
 from distillspec_jax.data.tasks import preprocessors
@@ -34,10 +37,26 @@ from distillspec_jax.data.tasks.file_tasks import (register_cnn_dailymail_files,
 from distillspec_jax.data.tasks.tfds_tasks import TFDS_TASK_NAMES, register_tfds_tasks
 
 
+_DEFAULTS_REGISTERED = False
+
+
 def register_default_tasks() -> None:
   """(Re-)registers the TFDS tasks and the embedded task with their defaults."""
+  global _DEFAULTS_REGISTERED
   register_tfds_tasks()
   register_embedded_task()
+  _DEFAULTS_REGISTERED = True
 
 
-register_default_tasks()
+def ensure_default_tasks() -> None:
+  """Registers the default tasks once per process, leaving any registered under the same
+  name before (say, the embedded task with a run's own vocabulary) as they are."""
+  global _DEFAULTS_REGISTERED
+  if _DEFAULTS_REGISTERED:
+    return
+  registered = set(seqio.TaskRegistry.names())
+  if not registered & set(TFDS_TASK_NAMES):
+    register_tfds_tasks()
+  if EMBEDDED_TASK_NAME not in registered:
+    register_embedded_task()
+  _DEFAULTS_REGISTERED = True

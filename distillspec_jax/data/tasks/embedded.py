@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Tuple
 import seqio
 import tensorflow as tf
 
+from distillspec_jax.data import vocabularies
 from distillspec_jax.data.tasks import metrics
 from distillspec_jax.data.tasks import tfds_tasks
 
@@ -162,7 +163,6 @@ def build_embedded_vocabulary(directory: Optional[str] = None,
   train-split text (seed 0): BPE (unigram stops at ~95 pieces on this
   repetitive text), digits split into single pieces, '####' one piece.
   """
-  from distillspec_jax.data import vocabularies
 
   path = embedded_vocabulary_path(directory, vocab_size)
   if os.path.exists(path) and not overwrite:

@@ -35,6 +35,7 @@ import seqio
 import tensorflow as tf
 
 from distillspec_jax.data import vocabularies
+from distillspec_jax.data.tasks import bbh
 from distillspec_jax.data.tasks import metrics
 from distillspec_jax.data.tasks import preprocessors as prep
 from distillspec_jax.data.tasks import tfds_tasks
@@ -369,7 +370,6 @@ def register_file_tasks(data_dir: str, vocabulary: Optional[vocabularies.VocabLi
         names.append(fn(path, vocabulary=vocab).name)
         break
   if include_bbh and os.path.isdir(os.path.join(data_dir, "bbh")):
-    from distillspec_jax.data.tasks import bbh  # pylint: disable=g-import-not-at-top
     names.extend(bbh.register_bbh_tasks(os.path.join(data_dir, "bbh"), vocabulary=vocab))
   if not names:
     raise FileNotFoundError(
