@@ -30,6 +30,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from distillspec_jax.core.validation import check_positive_int
 from distillspec_jax.evaluation.pinning import pin_cores  # noqa: E402  (no JAX computation yet)
 
 
@@ -57,7 +58,6 @@ def run(args) -> dict:
   import numpy as np
   from tqdm import tqdm
 
-  from distillspec_jax.decoding.plain import check_positive_int
   from distillspec_jax.models.model import Model
   from distillspec_jax.evaluation.pinning import machine_info
   from distillspec_jax.evaluation.speed import per_call_function, window_seconds

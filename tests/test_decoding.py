@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from distillspec_jax.core import validation
 from distillspec_jax.decoding import plain as decoding
 from distillspec_jax.decoding.plain import SamplingConfig
 from distillspec_jax.models.model import DECODER_START_ID, EOS_ID, PAD_ID, Model
@@ -208,13 +209,13 @@ def test_decode_arguments_are_checked():
 
 
 def test_check_positive_int():
-  assert decoding.check_positive_int(np.int64(3), "n") == 3
-  assert type(decoding.check_positive_int(np.int32(2), "n")) is int
+  assert validation.check_positive_int(np.int64(3), "n") == 3
+  assert type(validation.check_positive_int(np.int32(2), "n")) is int
   for bad, message in [(0, "n=0 must"), (-1, "n=-1 must"), (True, "n=True is a bool"),
                        (np.bool_(True), "is a bool"), (2.0, "n=2.0 must be an integer"),
                        ("3", "n='3' must be an integer")]:
     with pytest.raises(ValueError, match=message):
-      decoding.check_positive_int(bad, "n")
+      validation.check_positive_int(bad, "n")
 
 
 def test_sampling_needs_a_key_greedy_does_not():

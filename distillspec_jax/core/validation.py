@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
+import operator
 import types
 import typing
 from typing import Any
@@ -83,3 +84,21 @@ def check_field_types(config) -> None:
   owner = type(config).__name__
   for name, hint in _field_hints(type(config)).items():
     check_value_type(owner, name, getattr(config, name), hint)
+
+
+def check_positive_int(value, name: str) -> int:
+  """`value` as a Python int >= 1, or a ValueError naming it.
+
+  Accepts Python and NumPy integers (via `operator.index`); refuses bools, floats and
+  strings, which are not counts.
+  """
+  if isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name}={value!r} is a bool; pass an integer >= 1.")
+  try:
+    number = operator.index(value)
+  except TypeError:
+    raise ValueError(f"{name}={value!r} must be an integer >= 1 (got "
+                     f"{type(value).__name__}); pass an int.") from None
+  if number < 1:
+    raise ValueError(f"{name}={number} must be an integer >= 1.")
+  return number

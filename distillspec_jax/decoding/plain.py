@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
 from typing import Optional
 
 import flax.struct
@@ -21,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distillspec_jax.core.validation import check_positive_int
 from distillspec_jax.models.config import check_token_ids
 from distillspec_jax.models.model import EOS_ID, PAD_ID, Model, decoder_prompt
 
@@ -39,24 +39,6 @@ def default_rng() -> Array:
   """PRNGKey(0), made once: building a key costs ~0.2 ms of Python, as much as a few decoding
   steps of a small model. Only for greedy decoding, which draws nothing (see `check_rng`)."""
   return jax.random.PRNGKey(0)
-
-
-def check_positive_int(value, name: str) -> int:
-  """`value` as a Python int >= 1, or a ValueError naming it.
-
-  Accepts Python and NumPy integers (via `operator.index`); refuses bools, floats and
-  strings, which are not counts.
-  """
-  if isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"{name}={value!r} is a bool; pass an integer >= 1.")
-  try:
-    number = operator.index(value)
-  except TypeError:
-    raise ValueError(f"{name}={value!r} must be an integer >= 1 (got "
-                     f"{type(value).__name__}); pass an int.") from None
-  if number < 1:
-    raise ValueError(f"{name}={number} must be an integer >= 1.")
-  return number
 
 
 def check_rng(rng: Optional[Array], sampling: "SamplingConfig") -> Array:

@@ -49,9 +49,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distillspec_jax.core.validation import check_positive_int
 from distillspec_jax.models.config import check_same_vocabulary
 from distillspec_jax.decoding.plain import (UNIFORMS_PER_DRAW, SamplingConfig, cache_capacity,
-                                      check_capacity, check_positive_int, check_prompts,
+                                      check_capacity, check_prompts,
                                       check_rng, probabilities, sample_from_probabilities,
                                       sample_tokens)
 from distillspec_jax.models.model import PAD_ID, Model, decoder_prompt

@@ -195,7 +195,7 @@ def sample_batch(model: Model, params: Params, batch: dict, rng: Array, *,
   The decode cache holds exactly the request (1 start token + prompt width + max_new_tokens);
   a request past the model's cache capacity (`max_decode_length`) is refused."""
   sampling = decoding.SamplingConfig(temperature=temperature, eos_id=eos_id)
-  max_new_tokens = decoding.check_positive_int(max_new_tokens, "max_new_tokens")
+  max_new_tokens = validation.check_positive_int(max_new_tokens, "max_new_tokens")
   prompt_width = 0 if model.is_encoder_decoder else prompt_tokens_from_batch(batch).shape[1]
   decoding.check_capacity(1 + prompt_width, max_new_tokens, model.config.max_decode_length,
                           f"the sampler's max_new_tokens={max_new_tokens} after the prompt")

@@ -41,8 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distillspec_jax.core.validation import check_positive_int
 from distillspec_jax.distill import divergences
-from distillspec_jax.decoding.plain import check_positive_int
 from distillspec_jax.distill.objectives import FIXED, DistillationConfig, _training_features
 from distillspec_jax.core.files import read_json, write_json_atomic
 from distillspec_jax.models.model import Model

@@ -48,8 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from distillspec_jax.decoding.plain import (SamplingConfig, cache_capacity, check_positive_int,
-                                      decode_start, decode_steps, prompt_inputs)
+from distillspec_jax.core.validation import check_positive_int
+from distillspec_jax.decoding.plain import (SamplingConfig, cache_capacity, decode_start, decode_steps, prompt_inputs)
 from distillspec_jax.models.model import Model
 from distillspec_jax.evaluation.pinning import machine_info
 from distillspec_jax.decoding.speculative import (Lenience, speculative_rounds, speculative_start,

@@ -36,11 +36,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from distillspec_jax.core.validation import check_positive_int
 from distillspec_jax.evaluation import quality as evaluation
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies import common as studies
 from distillspec_jax.models.config import model_config
-from distillspec_jax.decoding.plain import check_positive_int
 from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.core.files import read_json, write_json_atomic, write_text_atomic
 from distillspec_jax.models.model import Model

@@ -7,8 +7,8 @@ import dataclasses
 import os
 from typing import Optional
 
+from distillspec_jax.core.validation import check_positive_int
 from distillspec_jax.models.config import model_config
-from distillspec_jax.decoding.plain import check_positive_int
 from distillspec_jax.evaluation.speed import check_budget, check_grid
 from distillspec_jax.distill.objectives import DistillationConfig
 
