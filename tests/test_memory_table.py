@@ -16,7 +16,9 @@ sys.path.insert(0, "bench")
 import memory_table as mt  # sets XLA_FLAGS before JAX starts
 import jax
 import numpy as np
-from distillspec_jax import distillation, partitioning, trainer
+from distillspec_jax.distill import objectives as distillation
+from distillspec_jax.training import partitioning
+from distillspec_jax.training import trainer
 from distillspec_jax.models.model import Model
 
 target = Model.from_name("tiny_encoder_decoder", vocab_size=64)

@@ -42,7 +42,9 @@ SCRIPT = textwrap.dedent("""
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     import jax, numpy as np, tempfile
     from jax.sharding import PartitionSpec as P
-    from distillspec_jax import partitioning, trainer, distillation
+    from distillspec_jax.training import partitioning
+    from distillspec_jax.training import trainer
+    from distillspec_jax.distill import objectives as distillation
     from distillspec_jax.models.model import Model
     assert jax.device_count() == 8, jax.devices()
     mesh = partitioning.make_mesh(data=4, model=2)

@@ -214,7 +214,7 @@ _WRITER = textwrap.dedent("""
     # Compiled as this module's tests are (compilation.py): the cache it writes is compared
     # bit for bit with one written in the test process.
     set_fast_compilation(True)
-    from distillspec_jax import teacher_cache
+    from distillspec_jax.distill import teacher_cache
     import test_teacher_cache as t
     target, _ = t._models()
     params = pickle.load(open({params!r}, "rb"))
