@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 import jax
 import numpy as np
 
+from distillspec_jax.core.validation import check_positive_int
 from distillspec_jax.interop.importer import FORMATS, load_checkpoint, save_checkpoint
 from distillspec_jax.models.config import model_config
 
@@ -35,11 +36,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--output", required=True)
   parser.add_argument("--model", default=None,
                       help="preset name from distillspec_jax.models.config.MODEL_CONFIGS; checks shapes")
+  parser.add_argument("--vocab_size", type=int, default=None,
+                      help="overrides the --model preset's vocabulary size")
   args = parser.parse_args(argv)
-  config = model_config(args.model) if args.model else None
+  config = None
+  if args.vocab_size is not None and not args.model:
+    parser.error(f"--vocab_size={args.vocab_size} overrides a preset's vocabulary, so it needs "
+                 "--model=<preset>; without --model the vocabulary comes from the checkpoint.")
+  try:
+    if args.vocab_size is not None:
+      check_positive_int(args.vocab_size, "--vocab_size")
+    if args.model:
+      overrides = {} if args.vocab_size is None else {"vocab_size": args.vocab_size}
+      config = model_config(args.model, **overrides)
+  except ValueError as error:
+    parser.error(str(error))
   if os.path.exists(args.output) and (not os.path.isdir(args.output) or os.listdir(args.output)):
     parser.error(f"--output={args.output} exists and is not empty; choose a new path.")
-  params, config = load_checkpoint(args.input, config, fmt=args.source)
+  try:
+    params, config = load_checkpoint(args.input, config, fmt=args.source)
+  except (ValueError, OSError) as error:
+    parser.error(f"--input={args.input} (--from={args.source}) cannot be read: "
+                 f"{' '.join(str(error).split())} Fix: check --from, and --model/--vocab_size "
+                 "against the checkpoint (or leave --model out to infer the model from it).")
   save_checkpoint(params, config, args.output, args.dest)
   count = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(params))
   print(json.dumps({"from": args.source, "to": args.dest, "output": args.output,

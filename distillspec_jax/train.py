@@ -15,6 +15,10 @@ where jax.distributed.initialize() finds the hosts itself.
 
 The whole configuration is resolved into a `RunSpec` (models built, files checked) before
 any training, so a bad binding, gin file or model name fails in seconds.
+INITIAL_CHECKPOINT_PATH and TARGET_CHECKPOINT_PATH accept our orbax format, T5X and Hugging
+Face (detected; `interop.importer`); both are checked against their models from stored shapes
+(`importer.check_checkpoint`, no weight read) before MODEL_DIR/config.gin is written, and a
+bad one exits with status 2 and a message naming the macro and the fix.
 MIXTURE_OR_TASK_NAME = 'synthetic_reverse' is a built-in procedurally generated task
 (`trainer.SyntheticData`, reversal of random tokens) for tests and CPU smoke runs; every
 other name goes to `distillspec_jax.data.batches.get_dataset` (seqio).
@@ -38,6 +42,7 @@ from distillspec_jax.training import multihost
 from distillspec_jax.training import partitioning
 from distillspec_jax.training import trainer
 from distillspec_jax.distill.objectives import DistillationConfig
+from distillspec_jax.interop import importer
 from distillspec_jax.models.model import Model
 
 SYNTHETIC_TASK = "synthetic_reverse"
@@ -162,14 +167,15 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
   train_data = make_data(spec, spec.split, config.batch_size, config.seed, repeat=True)
   data_name = f"task {spec.mixture_or_task_name!r}, split {spec.split!r}"
   if spec.mode == "finetune":
-    return trainer.finetune(config, spec.model, train_data, data_name=data_name)
+    return trainer.finetune(config, spec.model, train_data, data_name=data_name,
+                            restore_fn=importer.restore_any)
   if not spec.target_checkpoint_path:
     raise gin_utils.GinConfigError("Distillation needs the frozen target's parameters: pass "
                                    "--gin.TARGET_CHECKPOINT_PATH=/path/to/target/MODEL_DIR.")
-  # Restored straight into the mesh's shards (each host reads its own; no device holds the
-  # whole target).
+  # Restored into the mesh's shards: no device holds the whole target (our format: each host
+  # reads its own shards; T5X / HF: each host reads the file and keeps its shards).
   mesh = partitioning.make_mesh(config.data_parallel, config.model_parallel)
-  target_params = checkpoints.restore_params(
+  target_params = importer.restore_any(
       spec.target_checkpoint_path, checkpoints.abstract_like(
           spec.target.param_shapes(), partitioning.param_shardings(spec.target, mesh)))
   eval_fn = None
@@ -182,13 +188,15 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
         gamma=spec.eval_gamma, temperature=spec.eval_temperature, seed=config.seed)
   return trainer.distill(config, spec.target, target_params, spec.model, train_data,
                          spec.distillation_config, eval_fn=eval_fn, data_name=data_name,
-                         mesh=mesh)
+                         mesh=mesh, restore_fn=importer.restore_any)
 
 
 def main(argv: Sequence[str]) -> trainer.TrainResult:
+  gin_utils.exit_on_help(argv, "distillspec_jax.train", __doc__)
   argv = multihost.initialize_from_flags(argv)  # first: before any JAX backend starts
   gin_utils.parse_binary_flags(argv)
   spec = resolve()
+  check_checkpoint_paths(spec)
   print(f"distillspec_jax.train: {spec.mode} of {spec.model.config.kind} model "
         f"({spec.model.num_params():,} params) for {spec.train_config.train_steps} steps "
         f"in {spec.train_config.model_dir}; devices: {jax.devices()}", flush=True)
@@ -200,6 +208,39 @@ def main(argv: Sequence[str]) -> trainer.TrainResult:
   if last is not None:
     print(json.dumps(last), flush=True)
   return result
+
+
+def check_checkpoint_paths(spec: RunSpec) -> None:
+  """Refuses a missing, unreadable or mis-shaped INITIAL/TARGET_CHECKPOINT_PATH up front.
+
+  Checked from stored shapes only (`importer.check_checkpoint`), before MODEL_DIR is touched;
+  raises GinConfigError (exit status 2) naming the macro, the value and the fix.
+  """
+  checks = [("INITIAL_CHECKPOINT_PATH", spec.train_config.initial_checkpoint_path, spec.model,
+             "run.model", "trained")]
+  if spec.mode == "distill":
+    if not spec.target_checkpoint_path:
+      raise gin_utils.GinConfigError(
+          "Distillation needs the frozen target's parameters: pass "
+          "--gin.TARGET_CHECKPOINT_PATH=/path/to/target (our MODEL_DIR, a T5X checkpoint or a "
+          "Hugging Face folder).")
+    checks.append(("TARGET_CHECKPOINT_PATH", spec.target_checkpoint_path, spec.target,
+                   "run.target", "target"))
+  for macro, path, model, binding, role in checks:
+    if path is None or (macro == "INITIAL_CHECKPOINT_PATH" and path == ""):
+      continue  # no initial checkpoint: random initialisation
+    try:
+      if not isinstance(path, str):
+        raise ValueError(f"its type is {type(path).__name__}, not str (a path).")
+      importer.check_checkpoint(path, model.config)
+    except (ValueError, OSError) as error:
+      reason = " ".join(str(error).split())  # one paragraph
+      raise gin_utils.GinConfigError(
+          f"{macro}={path!r} cannot start this run: {reason} Fix: point --gin.{macro} at a "
+          f"checkpoint of the {role} model ({binding}) in one of the accepted formats (our "
+          "MODEL_DIR or <step> directory, a T5X checkpoint_<step> directory or MODEL_DIR, a "
+          "Hugging Face folder with config.json + model.safetensors), or configure "
+          f"{binding} as the model that wrote it.") from None
 
 
 def _config_path(model_dir: str) -> str:

@@ -110,3 +110,50 @@ def test_hf_export_refuses_a_narrower_encoder_mlp(tmp_path):
   with pytest.raises(ValueError, match=r"encoder_mlp_dim=32 differs from mlp_dim=96"):
     hf_t5.save_hf(Model(narrow).init(jax.random.PRNGKey(0)), narrow, str(tmp_path / "hf"))
   assert not (tmp_path / "hf").exists()
+
+
+def test_cli_vocab_size_overrides_the_preset(tmp_path, capsys):
+  """`--model=tiny_encoder_decoder` alone expects vocab 512; `--vocab_size=64` fits a vocab-64
+  checkpoint, and the shapes are still checked against the overridden preset."""
+  small_vocab = Model.from_name("tiny_encoder_decoder", vocab_size=64)
+  params = small_vocab.init(jax.random.PRNGKey(1))
+  hf_t5.save_hf(params, small_vocab.config, str(tmp_path / "hf"))
+  common = ["--from=hf", "--to=ours", f"--input={tmp_path / 'hf'}",
+            "--model=tiny_encoder_decoder"]
+  with pytest.raises(SystemExit) as exit_info:
+    convert.main(common + [f"--output={tmp_path / 'refused'}"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert "--input=" in err and "expected (512, 64), found (64, 64)" in err
+  assert convert.main(common + ["--vocab_size=64", f"--output={tmp_path / 'ours'}"]) == 0
+  _assert_identical(params, importer.load_checkpoint(str(tmp_path / "ours"),
+                                                     small_vocab.config)[0])
+  for bad, needle in ((["--vocab_size=0"], "--vocab_size=0 must be an integer >= 1"),
+                      (["--vocab_size=64.5"], "invalid int value")):
+    with pytest.raises(SystemExit):
+      convert.main(common + bad + [f"--output={tmp_path / 'bad'}"])
+    assert needle in capsys.readouterr().err
+  with pytest.raises(SystemExit):  # no preset to override: the checkpoint gives the vocabulary
+    convert.main(["--from=hf", "--to=ours", f"--input={tmp_path / 'hf'}", "--vocab_size=64",
+                  f"--output={tmp_path / 'bad'}"])
+  assert "needs --model" in capsys.readouterr().err
+
+
+def test_check_checkpoint_reads_shapes_for_every_format(tmp_path, params):
+  """The train binary's up-front check: the format back, or one paragraph naming the first
+  mismatching parameters (from stored shapes; nothing is loaded)."""
+  hf_t5.save_hf(params, TINY, str(tmp_path / "hf"))
+  t5x_checkpoints.save_t5x(params, str(tmp_path / "t5x"), step=1)
+  importer.save_ours(params, str(tmp_path / "ours"))
+  wider = TINY.replace(mlp_dim=128)
+  for fmt in ("hf", "t5x", "ours"):
+    assert importer.check_checkpoint(str(tmp_path / fmt), TINY) == fmt
+    with pytest.raises(ValueError) as info:
+      importer.check_checkpoint(str(tmp_path / fmt), wider)
+    message = str(info.value)
+    assert f"({fmt} checkpoint) does not hold the configured encoder_decoder model" in message
+    assert "decoder/layers_0/mlp/wi_0/kernel: checkpoint shape (64, 96) vs model shape " \
+           "(64, 128)" in message
+    assert "\n" not in message
+  with pytest.raises(ValueError, match="does not exist"):
+    importer.check_checkpoint(str(tmp_path / "nowhere"), TINY)

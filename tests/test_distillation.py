@@ -63,6 +63,16 @@ def test_different_vocabularies_rejected():
     D.DistillationObjective(target, draft)
 
 
+def test_reference_with_another_vocabulary_is_reported_as_the_reference():
+  target, draft = _models()
+  reference = Model.from_name("demo_draft", vocab_size=128)
+  with pytest.raises(ValueError) as error:
+    D.DistillationObjective(target, draft, D.DistillationConfig(top_k_fraction=0.5), reference)
+  message = str(error.value)
+  assert "The reference's vocab_size=128 differs from the target's vocab_size=64" in message
+  assert "draft" not in message
+
+
 def test_adaspec_needs_reference_and_fraction():
   target, draft = _models()
   with pytest.raises(ValueError, match="reference"):

@@ -191,3 +191,29 @@ def test_relu_t5_is_refused():
   with pytest.raises(ValueError, match="gated-gelu"):
     hf_t5.config_from_hf({"model_type": "t5", "vocab_size": 8, "d_model": 4, "d_kv": 2,
                           "d_ff": 8, "num_heads": 2, "feed_forward_proj": "relu"})
+
+
+def test_shapes_come_from_the_safetensors_header_only(tmp_path):
+  """`read_hf_shapes` parses the header: it works with the tensor data cut off, and
+  `shapes_from_hf` maps the names (and transposes) onto our tree."""
+  params = Model(TINY).init(jax.random.PRNGKey(6))
+  hf_t5.save_hf(params, TINY, str(tmp_path))
+  file = tmp_path / hf_t5.SAFETENSORS_NAME
+  full = file.read_bytes()
+  header_end = 8 + int.from_bytes(full[:8], "little")
+  file.write_bytes(full[:header_end])  # no tensor data left
+  with pytest.raises(Exception):
+    hf_t5.read_hf_tensors(str(tmp_path))
+  shapes = hf_t5.shapes_from_hf(hf_t5.read_hf_shapes(str(tmp_path)), TINY)
+  want = jax.tree_util.tree_flatten_with_path(Model(TINY).param_shapes())[0]
+  got = dict(jax.tree_util.tree_flatten_with_path(shapes)[0])
+  assert len(got) == len(want)
+  for path, leaf in want:
+    assert got[path].shape == leaf.shape, path
+  # A third decoder layer: its 14 tensors are missing.
+  with pytest.raises(ValueError, match=r"missing 14 tensors \[.decoder\.block\.2\."):
+    hf_t5.shapes_from_hf(hf_t5.read_hf_shapes(str(tmp_path)),
+                         TINY.replace(num_decoder_layers=3))
+  (tmp_path / "garbage.safetensors").write_bytes(b"\xff" * 16)
+  with pytest.raises(ValueError, match="header cannot be read"):
+    hf_t5.read_hf_shapes(str(tmp_path / "garbage.safetensors"))

@@ -124,3 +124,52 @@ def test_save_t5x_round_trip_and_orbax_written_checkpoint(tmp_path):
   loaded = t5x_checkpoints.load_t5x(str(tmp_path / "orbax"), TINY)
   for key, value in _flat(params).items():
     np.testing.assert_array_equal(_flat(loaded)[key], value)
+
+
+def _shapes(tree):
+  return {jax.tree_util.keystr(p): tuple(x.shape)
+          for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _remove_chunks(directory):
+  """Deletes every zarr chunk (array data), keeping the .zarray headers."""
+  removed = 0
+  for root, _, files in os.walk(directory):
+    for name in files:
+      if not name.startswith(".") and name != "checkpoint" and "." in name:
+        os.remove(os.path.join(root, name))
+        removed += 1
+  return removed
+
+
+def test_shapes_come_from_metadata_without_reading_arrays(tmp_path):
+  """`read_t5x_shapes` reads the msgpack specs (or, without a shape in the spec, the zarr
+  header) and orbax metadata: it still works with every array's data deleted."""
+  import orbax.checkpoint as ocp
+  params = Model(TINY).init(jax.random.PRNGKey(4))
+  want = _shapes(params)
+  public = str(tmp_path / "public")
+  _write_t5x_like_public(params, public)
+  t5x_checkpoints.save_t5x(params, str(tmp_path / "ours_writer"), step=2)
+  assert _remove_chunks(public) > 0 and _remove_chunks(str(tmp_path / "ours_writer")) > 0
+  # The data is really gone: TensorStore reads missing chunks as the fill value.
+  gone = t5x_checkpoints.load_t5x(public, TINY)["token_embedder"]["embedding"]
+  assert not np.any(gone) and np.any(np.asarray(params["token_embedder"]["embedding"]))
+  orbax_dir = str(tmp_path / "orbax" / "checkpoint_7")
+  ocp.PyTreeCheckpointer().save(orbax_dir, {"target": params, "state": {"step": np.int32(7)}})
+  for path in (public, str(tmp_path / "ours_writer"), str(tmp_path / "orbax")):
+    assert _shapes(t5x_checkpoints.read_t5x_shapes(path)) == want, path
+
+
+def test_shapes_from_the_zarr_header_when_the_spec_has_none(tmp_path):
+  from flax import serialization
+  params = Model(TINY).init(jax.random.PRNGKey(5))
+  directory = t5x_checkpoints.save_t5x(params, str(tmp_path / "t5x"))
+  with open(os.path.join(directory, "checkpoint"), "rb") as f:
+    tree = serialization.msgpack_restore(f.read())
+  strip = lambda t: ({k: strip(v) for k, v in t.items() if k != "metadata"}  # noqa: E731
+                     if isinstance(t, dict) else t)
+  with open(os.path.join(directory, "checkpoint"), "wb") as f:
+    f.write(serialization.msgpack_serialize(strip(tree)))
+  _remove_chunks(directory)
+  assert _shapes(t5x_checkpoints.read_t5x_shapes(directory)) == _shapes(params)

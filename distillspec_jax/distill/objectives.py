@@ -273,7 +273,8 @@ class DistillationObjective:
                        "top_k_fraction; set both (reference = a FKL-distilled copy of the draft) "
                        "or neither.")
     if self.reference is not None:
-      check_same_vocabulary(self.target.config, self.reference.config)
+      check_same_vocabulary(self.target.config, self.reference.config,
+                            roles=("target", "reference"))
 
   @property
   def model(self) -> Model:

@@ -226,10 +226,12 @@ _IGNORED = ("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.wei
             "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 
 
-def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> Params:
-  """{HF name: array} -> our params (fp32 nested dict), checked against `config`'s shapes.
+def _match_names(tensors: Mapping[str, Any], config: TransformerConfig) -> dict[str, Any]:
+  """{HF name: value} -> {HF name: value} for exactly the names `param_mapping(config)` uses.
 
-  Raises ValueError listing missing tensors, unexpected tensors and the first shape mismatches.
+  Values may be arrays or shapes: only names are looked at. Resolves the embedding aliases and
+  transformers >= 5's lm_head tied to `shared`; raises ValueError listing missing and
+  unexpected tensors.
   """
   tensors = dict(tensors)
   if "shared.weight" not in tensors:
@@ -237,13 +239,12 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig)
       if alias in tensors:
         tensors["shared.weight"] = tensors[alias]
         break
-  mapping = param_mapping(config)
   if (not config.logits_via_embedding and "lm_head.weight" not in tensors
       and "shared.weight" in tensors):
     # transformers >= 5 ties lm_head to `shared` and may save only `shared.weight`; the model it
     # describes then really computes logits with the embedding (without rescaling).
     tensors["lm_head.weight"] = tensors["shared.weight"]
-  expected = {name for _, name, _ in mapping}
+  expected = {name for _, name, _ in param_mapping(config)}
   ignored = set(_IGNORED)
   if config.logits_via_embedding:
     ignored.add("lm_head.weight")  # tied: a stored copy of the embedding, unused
@@ -254,13 +255,36 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig)
         f"The checkpoint does not match a {config.kind} model with {config.num_encoder_layers}+"
         f"{config.num_decoder_layers} layers: missing {len(missing)} tensors {missing[:5]}, "
         f"unexpected {len(unexpected)} tensors {unexpected[:5]}. Check --model / config.json.")
+  return {name: tensors[name] for name in expected}
+
+
+def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> Params:
+  """{HF name: array} -> our params (fp32 nested dict), checked against `config`'s shapes.
+
+  Raises ValueError listing missing tensors, unexpected tensors and the first shape mismatches.
+  """
+  tensors = _match_names(tensors, config)
   params: dict = {}
-  for path, name, transpose in mapping:
+  for path, name, transpose in param_mapping(config):
     value = np.asarray(tensors[name])
     value = value.T if transpose else value
     _set(params, path, np.ascontiguousarray(value.astype(np.float32)))
   check_param_shapes(params, config)
   return params
+
+
+def shapes_from_hf(shapes: Mapping[str, tuple], config: TransformerConfig) -> Params:
+  """{HF name: stored shape} -> our tree of `jax.ShapeDtypeStruct` (fp32) for `config`'s names.
+
+  The shapes-only twin of `params_from_hf`, for checks that must not read the weights
+  (`read_hf_shapes` gives the stored shapes). Names are checked here; shapes are not.
+  """
+  shapes = _match_names(shapes, config)
+  tree: dict = {}
+  for path, name, transpose in param_mapping(config):
+    shape = tuple(shapes[name])
+    _set(tree, path, jax.ShapeDtypeStruct(shape[::-1] if transpose else shape, np.float32))
+  return tree
 
 
 # --- shape checks (shared by every importer) --------------------------------------------------
@@ -334,26 +358,67 @@ def _read_safetensors(file: str) -> dict[str, np.ndarray]:
       return {k: np.asarray(f.get_tensor(k)) for k in f.keys()}
 
 
-def read_hf_tensors(path: str) -> dict[str, np.ndarray]:
-  """All tensors of an HF checkpoint: a `.safetensors` file, or a directory holding
-  `model.safetensors` or a sharded `model.safetensors.index.json`."""
+def _safetensors_files(path: str) -> list[str]:
+  """The safetensors files of an HF checkpoint: the file itself, a directory's
+  `model.safetensors`, or the shards its `model.safetensors.index.json` lists."""
   refuse_pickle(path)
   if os.path.isfile(path):
     if not path.endswith(".safetensors"):
       raise ValueError(f"{path} is not a .safetensors file.")
-    return _read_safetensors(path)
+    return [path]
   index = os.path.join(path, SAFETENSORS_INDEX_NAME)
   if os.path.exists(index):
     with open(index) as f:
       shards = sorted(set(json.load(f)["weight_map"].values()))
-    tensors = {}
-    for shard in shards:
-      tensors.update(_read_safetensors(os.path.join(path, shard)))
-    return tensors
+    return [os.path.join(path, shard) for shard in shards]
   single = os.path.join(path, SAFETENSORS_NAME)
   if os.path.exists(single):
-    return _read_safetensors(single)
+    return [single]
   raise FileNotFoundError(f"No {SAFETENSORS_NAME} or {SAFETENSORS_INDEX_NAME} in {path}.")
+
+
+def read_hf_tensors(path: str) -> dict[str, np.ndarray]:
+  """All tensors of an HF checkpoint: a `.safetensors` file, or a directory holding
+  `model.safetensors` or a sharded `model.safetensors.index.json`."""
+  tensors = {}
+  for file in _safetensors_files(path):
+    tensors.update(_read_safetensors(file))
+  return tensors
+
+
+def read_hf_shapes(path: str) -> dict[str, tuple[int, ...]]:
+  """{tensor name: shape} of an HF checkpoint, from the safetensors headers only.
+
+  A safetensors file starts with an 8-byte little-endian header length and a JSON header
+  {name: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}; no tensor is read.
+  """
+  shapes = {}
+  for file in _safetensors_files(path):
+    with open(file, "rb") as f:
+      size = int.from_bytes(f.read(8), "little")
+      header = None
+      if 0 < size <= os.path.getsize(file) - 8:
+        try:
+          header = json.loads(f.read(size))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+          pass
+    if not isinstance(header, dict):
+      raise ValueError(f"{file} is not a safetensors file: its header cannot be read. Re-save "
+                       "it with `safetensors` (or transformers' save_pretrained).")
+    shapes.update({name: tuple(entry["shape"]) for name, entry in header.items()
+                   if name != "__metadata__"})
+  return shapes
+
+
+def read_hf_config(path: str) -> Optional[dict]:
+  """The checkpoint's `config.json` as a dict (next to a .safetensors file, or in the
+  directory), or None when there is none."""
+  directory = path if os.path.isdir(path) else os.path.dirname(path)
+  config_file = os.path.join(directory, CONFIG_NAME)
+  if not os.path.exists(config_file):
+    return None
+  with open(config_file) as f:
+    return json.load(f)
 
 
 def load_hf(path: str, config: Optional[TransformerConfig] = None):
@@ -363,12 +428,12 @@ def load_hf(path: str, config: Optional[TransformerConfig] = None):
   Returns (params, config).
   """
   if config is None:
-    directory = path if os.path.isdir(path) else os.path.dirname(path)
-    config_file = os.path.join(directory, CONFIG_NAME)
-    if not os.path.exists(config_file):
-      raise FileNotFoundError(f"{config_file} not found: pass a model config (--model=...).")
-    with open(config_file) as f:
-      config = config_from_hf(json.load(f))
+    hf_config = read_hf_config(path)
+    if hf_config is None:
+      directory = path if os.path.isdir(path) else os.path.dirname(path)
+      raise FileNotFoundError(f"{os.path.join(directory, CONFIG_NAME)} not found: pass a model "
+                              "config (--model=...).")
+    config = config_from_hf(hf_config)
   return params_from_hf(read_hf_tensors(path), config), config
 
 

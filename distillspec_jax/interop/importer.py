@@ -12,7 +12,9 @@ Formats:
         `<step>/params`.
 
 `restore_any(path, abstract_params)` is the trainer's `restore_fn` for INITIAL_CHECKPOINT_PATH
-and the target: the binaries pass it, so every path that names a checkpoint accepts all three.
+and the target: the binaries pass it (the training layer never imports this one), so every
+path that names a checkpoint accepts all three. `check_checkpoint(path, config)` checks a path
+against a model before any work starts, from stored shapes only (`stored_shapes`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from distillspec_jax.interop import t5x as t5x_checkpoints
 from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.model import Model
 from distillspec_jax.training import checkpoints
+from distillspec_jax.training import multihost
 
 Params = Any
 FORMATS = ("hf", "t5x", "ours")
@@ -43,7 +46,7 @@ def save_ours(params: Params, path: str) -> None:
 
 def _ours_params_dir(path: str) -> Optional[str]:
   try:
-      return checkpoints._params_dir(path)[0]  # pylint: disable=protected-access
+    return checkpoints._params_dir(path)[0]  # pylint: disable=protected-access
   except FileNotFoundError:
     return None
 
@@ -153,24 +156,80 @@ def load_initial_params(path: str, model) -> Params:
   return params
 
 
+def stored_shapes(path: str, config: TransformerConfig, fmt: Optional[str] = None) -> Params:
+  """The parameter shapes a checkpoint holds, in our tree (leaves have `.shape`).
+
+  Cheap: orbax metadata (ours, T5X orbax), msgpack specs / zarr headers (T5X), safetensors
+  headers (hf); no weight is read. `config` is needed for hf only, to map the names (missing
+  or unexpected tensors raise ValueError there).
+  """
+  fmt = fmt or detect_format(path)
+  if fmt == "hf":
+    return hf_t5.shapes_from_hf(hf_t5.read_hf_shapes(path), config)
+  if fmt == "t5x":
+    return t5x_checkpoints.read_t5x_shapes(path)
+  if fmt == "ours":
+    return _ours_shapes(path)
+  raise ValueError(f"Unknown format {fmt!r}; use one of {FORMATS}.")
+
+
+def _hf_config_mismatches(path: str, config: TransformerConfig) -> list[str]:
+  """Fields of an HF config.json that change the computation but not the stored shapes."""
+  hf = hf_t5.read_hf_config(path)
+  if hf is None:
+    return []
+  stored = hf_t5.config_from_hf(hf)  # refuses what the network does not implement
+  return [f"config.json gives {name}={getattr(stored, name)!r}, the model "
+          f"{getattr(config, name)!r}"
+          for name in ("kind", "relative_attention_max_distance", "logits_via_embedding")
+          if getattr(stored, name) != getattr(config, name)]
+
+
+def check_checkpoint(path: str, config: TransformerConfig) -> str:
+  """Checks, cheaply, that `path` holds a checkpoint of the model `config` describes.
+
+  Existence, format (`detect_format`), every stored parameter shape (`stored_shapes`: no
+  weight is read) and, for hf, config.json's non-shape fields. Returns the format; raises
+  ValueError with a one-paragraph reason (first mismatches joined by '; ').
+  """
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    raise ValueError(f"{path!r} does not exist.")
+  fmt = detect_format(path)
+  model = (f"the configured {config.kind} model (emb_dim={config.emb_dim}, vocab_size="
+           f"{config.vocab_size}, layers={config.num_encoder_layers}+"
+           f"{config.num_decoder_layers})")
+  try:
+    shapes = stored_shapes(path, config, fmt)
+    lines = checkpoints.shape_mismatches(Model(config).param_shapes(), shapes)
+    if fmt == "hf":
+      lines += _hf_config_mismatches(path, config)
+  except (ValueError, KeyError, FileNotFoundError) as error:
+    raise ValueError(f"{path!r} ({fmt} checkpoint) cannot be read as {model}: "
+                     f"{' '.join(str(error).split())}") from error
+  if lines:
+    raise ValueError(f"{path!r} ({fmt} checkpoint) does not hold {model}; first mismatches: "
+                     + "; ".join(lines) + ".")
+  return fmt
+
+
 def restore_any(path: str, abstract_params: Params) -> Params:
   """`checkpoints.RestoreFn`-compatible importer: `restore_fn(path, abstract_params)`.
 
   The model shape comes from `abstract_params` (ShapeDtypeStructs, optionally with
-  `.sharding`); leaves are placed with those shardings.
+  `.sharding`); leaves are placed with those shardings (each process its own shards).
   """
   if detect_format(os.fspath(path)) == "ours":
-      params = checkpoints.restore_params(path, abstract_params)
+    params = checkpoints.restore_params(path, abstract_params)
+    if all(isinstance(x, jax.Array) for x in jax.tree.leaves(params)):
+      return params  # restored straight into the asked shardings
   else:
     params, _ = load_checkpoint(path, config=config_from_params(abstract_params))
-
-  def place(x, abstract):
-    if not isinstance(x, jax.Array):
-      x = np.asarray(x, abstract.dtype)
-    sharding = getattr(abstract, "sharding", None)
-    return jax.device_put(x, sharding) if sharding is not None else jax.numpy.asarray(x)
-
-  return jax.tree.map(place, params, abstract_params)
+  params = jax.tree.map(lambda x, a: np.asarray(x, a.dtype), params, abstract_params)
+  shardings = [getattr(a, "sharding", None) for a in jax.tree.leaves(abstract_params)]
+  if any(s is None for s in shardings):
+    return jax.tree.map(jax.numpy.asarray, params)
+  return multihost.put_global(params, jax.tree.map(lambda a: a.sharding, abstract_params))
 
 
 def save_checkpoint(params: Params, config: TransformerConfig, path: str, fmt: str) -> None:

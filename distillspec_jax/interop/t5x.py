@@ -160,23 +160,70 @@ def _find_params_subtree(tree: dict, directory: str) -> dict:
                    f"its top-level keys are {keys}.")
 
 
+def _locate(path: str) -> tuple[str, str]:
+  """('msgpack' | 'orbax', the directory to read) of a T5X checkpoint path."""
+  directory = resolve_checkpoint_dir(path)
+  if not _is_orbax_dir(directory) and os.path.isfile(os.path.join(directory,
+                                                                  T5X_CHECKPOINT_FILE)):
+    return "msgpack", directory
+  if not _is_orbax_dir(directory):
+    # T5X's orbax mode nests the PyTree one level down (e.g. checkpoint_N/state).
+    subdirs = [os.path.join(directory, d) for d in sorted(os.listdir(directory))
+               if _is_orbax_dir(os.path.join(directory, d))]
+    if not subdirs:
+      raise FileNotFoundError(f"{directory} holds neither a T5X msgpack nor an orbax tree.")
+    directory = subdirs[0]
+  return "orbax", directory
+
+
 def read_t5x_params(path: str) -> dict:
   """The model parameters (`target` subtree) of a T5X checkpoint, as stored (numpy)."""
-  directory = resolve_checkpoint_dir(path)
-  msgpack_file = os.path.join(directory, T5X_CHECKPOINT_FILE)
-  if _is_orbax_dir(directory) or not os.path.isfile(msgpack_file):
-    if not _is_orbax_dir(directory):
-      # T5X's orbax mode nests the PyTree one level down (e.g. checkpoint_N/state).
-      subdirs = [os.path.join(directory, d) for d in sorted(os.listdir(directory))
-                 if _is_orbax_dir(os.path.join(directory, d))]
-      if not subdirs:
-        raise FileNotFoundError(f"{directory} holds neither a T5X msgpack nor an orbax tree.")
-      directory = subdirs[0]
+  layout, directory = _locate(path)
+  if layout == "orbax":
     return _find_params_subtree(_restore_orbax(directory), directory)
   state, version = _read_msgpack_tree(directory)
   target = _find_params_subtree(state, directory)
   # Only the parameters are read; optimizer slots (state.param_states.*) stay on disk.
   return _materialize(target, directory, "target", version)
+
+
+def _stored_shape(leaf, directory: str, prefix: str) -> tuple:
+  """A msgpack leaf's shape: the TensorStore spec's metadata, else the zarr header."""
+  if _is_ts_spec(leaf) and "shape" in (leaf.get("metadata") or {}):
+    return tuple(leaf["metadata"]["shape"])
+  if isinstance(leaf, str) and leaf.startswith(_ORBAX_PLACEHOLDER):
+    name = leaf[len(_ORBAX_PLACEHOLDER):]
+    leaf = {"driver": "zarr", "kvstore": {"driver": "file", "path": name}}
+  if _is_ts_spec(leaf):
+    import tensorstore as ts
+    return tuple(ts.open(_local_spec(leaf, directory, prefix), read=True).result().shape)
+  return np.shape(leaf)
+
+
+def read_t5x_shapes(path: str) -> dict:
+  """The parameter shapes of a T5X checkpoint (tree of `jax.ShapeDtypeStruct`, fp32), from
+  the msgpack specs / zarr headers or the orbax metadata: no array is read."""
+  import jax
+  layout, directory = _locate(path)
+  if layout == "orbax":
+    import orbax.checkpoint as ocp
+    metadata = ocp.PyTreeCheckpointer().metadata(directory)
+    metadata = getattr(metadata, "item_metadata", metadata)
+    metadata = getattr(metadata, "tree", metadata)
+    shapes = jax.tree.map(lambda x: tuple(getattr(x, "shape", ())),
+                          _find_params_subtree(metadata, directory),
+                          is_leaf=lambda x: hasattr(x, "shape"))
+  else:
+    state, _ = _read_msgpack_tree(directory)
+
+    def walk(tree, prefix):
+      if isinstance(tree, dict) and not _is_ts_spec(tree):
+        return {k: walk(v, f"{prefix}.{k}") for k, v in tree.items()}
+      return _stored_shape(tree, directory, prefix)
+
+    shapes = walk(_find_params_subtree(state, directory), "target")
+  return jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, np.float32), shapes,
+                      is_leaf=lambda x: isinstance(x, tuple))
 
 
 def load_t5x(path: str, config: TransformerConfig, dtype=np.float32) -> Params:

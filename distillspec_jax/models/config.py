@@ -152,12 +152,18 @@ def model_config(name: str, **overrides) -> TransformerConfig:
   return config.replace(**overrides) if overrides else config
 
 
-def check_same_vocabulary(target: TransformerConfig, draft: TransformerConfig) -> None:
-  """Speculative decoding and distillation compare distributions token by token."""
+def check_same_vocabulary(target: TransformerConfig, draft: TransformerConfig,
+                          roles: tuple[str, str] = ("target", "draft")) -> None:
+  """Speculative decoding and distillation compare distributions token by token.
+
+  `roles` names the two models in the message, e.g. ("target", "reference") for AdaSPEC's
+  reference model.
+  """
   if target.vocab_size != draft.vocab_size:
+    first, second = roles
     raise ValueError(
-        f"The draft's vocab_size={draft.vocab_size} differs from the target's "
-        f"vocab_size={target.vocab_size}; draft and target must share one vocabulary "
+        f"The {second}'s vocab_size={draft.vocab_size} differs from the {first}'s "
+        f"vocab_size={target.vocab_size}; {second} and {first} must share one vocabulary "
         "(build both with the same SentencePiece model and the same vocab_size).")
 
 

@@ -31,7 +31,8 @@ from etils import epath
 from distillspec_jax.training import multihost
 
 Params = Any
-# restore_fn(path, abstract_params) -> params: a hook for importers of other formats (T5X, HF).
+# restore_fn(path, abstract_params) -> params: a hook for importers of other formats (T5X, HF);
+# the binaries pass `interop.importer.restore_any` (this layer never imports interop).
 RestoreFn = Callable[[str, Params], Params]
 
 
@@ -206,7 +207,8 @@ def _params_dir(path: str) -> tuple[str, str]:
   raise FileNotFoundError(
       f"No distillspec-jax checkpoint at {path!r}: expected a MODEL_DIR with <step>/params "
       "subdirectories or a <step> directory with a params subdirectory. For T5X or Hugging Face "
-      "checkpoints pass an importer as restore_fn.")
+      "checkpoints pass restore_fn=distillspec_jax.interop.importer.restore_any (the train "
+      "binary does).")
 
 
 def restore_params(path: str, abstract_params: Params) -> Params:
