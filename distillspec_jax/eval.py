@@ -16,33 +16,37 @@ target alone and with speculative decoding at every (temperature, gamma, lenienc
   MODEL_DIR/tensorboard/            the rows' scalars
   MODEL_DIR/lossy_tradeoff.{md,png} when the lenience grid has more than one point
   MODEL_DIR/config.gin              the configuration used
-The evaluation itself is `evaluation.py` (models, params, prompts, callables); wall-clock
-speed is `speed.measure_speed`, one measurement per task for the whole grid (its leniences
-timed in the same interleaved cycles), in a process pinned to SPEED_CPUS cores.
+The decodes are the one evaluation path, `evaluation/evaluate.py` (`speculative_grid`; the
+target alone is `quality.target_alone`); wall-clock speed is `speed.measure_speed` with the
+run's `SpeedConfig`, one measurement per task for the whole grid (its leniences timed in the
+same interleaved cycles), in a process pinned to SPEED_CPUS cores. Every value and input path
+is checked before work starts; a mistake exits with status 2 and the message naming the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 from typing import Optional, Sequence
 
 import gin
 
-from distillspec_jax.interop import importer
-from distillspec_jax.evaluation import quality as evaluation
 from distillspec_jax import gin_utils
-from distillspec_jax.evaluation import lossy
-from distillspec_jax.training import multihost
-from distillspec_jax.evaluation import pinning
-from distillspec_jax.evaluation import speed
-from distillspec_jax.models.config import TransformerConfig, model_config
 from distillspec_jax.core.files import write_text_atomic
+from distillspec_jax.core.validation import check_field_types, check_path, check_positive_int
+from distillspec_jax.decoding.speculative import Lenience, check_pair
+from distillspec_jax.evaluation import evaluate as evaluate_lib
+from distillspec_jax.evaluation import lossy
+from distillspec_jax.evaluation import pinning
+from distillspec_jax.evaluation import quality
+from distillspec_jax.evaluation import speed
+from distillspec_jax.evaluation.evaluate import SpeedConfig, check_checkpoint
+from distillspec_jax.interop import importer
+from distillspec_jax.models.config import TransformerConfig, model_config
 from distillspec_jax.models.model import Model
-from distillspec_jax.decoding.speculative import LENIENCE_FUNCTIONS, Lenience
+from distillspec_jax.training import multihost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,12 +72,12 @@ class EvalConfig:
     lenience_kinds / epsilons: the lenience grid, every kind at every epsilon
       (speculative.Lenience; epsilon 1 is lossless).
     max_new_tokens: decoding budget (None: task_feature_lengths["targets"]).
-    speed_examples: the first test prompts timed one at a time (0: no timing, speed fields
-      null); speed_repeats: interleaved timing turns; speed_calls: timed calls per repeat,
-      at least; speed_budget_s: seconds of timing per task, the whole lenience grid timed
-      together (more calls while another round fits; 0 = exactly speed_calls;
-      speed.measure_speed); speed_cpus: cores of the timing process
-      (0: this process, unpinned).
+    speed_examples / speed_repeats / speed_calls / speed_budget_s / speed_cpus: the timing's
+      settings, the fields of `self.speed` (evaluation.evaluate.SpeedConfig, shared with the
+      main job): the first evaluation prompts timed one at a time (0: no timing, speed
+      fields null); interleaved timing turns; timed calls per repeat, at least; seconds of
+      timing per task, the whole lenience grid timed together (0 = exactly speed_calls);
+      cores of the timing process (0: this process, unpinned).
     max_decode_length: cache capacity of both models (None: what the grid needs, rounded up to
       a multiple of 16, or the presets' when larger).
     seed: one key for every decode: batch b of every configuration uses fold_in(seed key, b).
@@ -107,80 +111,92 @@ class EvalConfig:
   progress_bar: bool = True
 
   def __post_init__(self):
-    if not self.model_dir:
-      raise ValueError("MODEL_DIR is not set; pass --gin.MODEL_DIR=<directory>.")
-    if not self.mixture_or_task_name:
-      raise ValueError("MIXTURE_OR_TASK_NAME is not set; pass e.g. "
-                       "--gin.MIXTURE_OR_TASK_NAME=embedded_arithmetic.")
-    for name in ("target_checkpoint_path", "draft_checkpoint_path"):
-      if not getattr(self, name):
-        raise ValueError(f"{name.upper()} is not set; pass --gin.{name.upper()}=<path> (our "
-                         "MODEL_DIR, a T5X checkpoint or a Hugging Face directory).")
-    try:  # the engine's grid check (one rule for the binaries and speed.measure_speed)
-      speed.check_grid(self.gammas, self.temperatures)
-    except ValueError as error:
-      macro = "TEMPERATURES" if str(error).startswith("temperatures") else "GAMMAS"
+    for name, macro, example in (
+        ("model_dir", "MODEL_DIR", "<directory>"),
+        ("mixture_or_task_name", "MIXTURE_OR_TASK_NAME", "embedded_arithmetic"),
+        ("target_checkpoint_path", "TARGET_CHECKPOINT_PATH", "<checkpoint>"),
+        ("draft_checkpoint_path", "DRAFT_CHECKPOINT_PATH", "<checkpoint>")):
+      if not getattr(self, name):  # gin's unset macro is None: say which, not the type
+        raise ValueError(f"{macro} is not set; pass --gin.{macro}={example}.")
+    check_field_types(self)
+    try:  # the one grid check and the engine's SamplingConfig, early
+      evaluate_lib.check_decoding_grid(self.gammas, self.temperatures)
+    except (TypeError, ValueError) as error:
+      macro = "TEMPERATURES" if "temperature" in str(error) else "GAMMAS"
       value = tuple(self.temperatures if macro == "TEMPERATURES" else self.gammas)
       raise ValueError(f"{macro}={value} (--gin.{macro}): {error}") from None
     if not self.epsilons:
       raise ValueError("EPSILONS=() is empty; pass at least one epsilon in (0, 1], e.g. "
                        "--gin.EPSILONS=(1.0,) for lossless decoding.")
     if not self.lenience_kinds:
-      raise ValueError(f"LENIENCE_KINDS=() is empty; pass some of {LENIENCE_FUNCTIONS}.")
-    for kind in self.lenience_kinds:
-      if kind not in LENIENCE_FUNCTIONS:
-        raise ValueError(f"LENIENCE_KINDS has {kind!r}; use some of {LENIENCE_FUNCTIONS}.")
-    for eps in self.epsilons:
-      if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps <= 1:
-        raise ValueError(f"EPSILONS has {eps!r}; every epsilon must lie in (0, 1] "
-                         "(1 is lossless).")
-    speed.check_budget(self.speed_budget_s, "speed_budget_s")
-    for name in ("batch_size", "eval_examples", "speed_repeats", "speed_calls"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be an integer >= 1.")
-    if self.speed_examples > self.eval_examples:
-      raise ValueError(f"speed_examples={self.speed_examples} exceeds eval_examples="
-                       f"{self.eval_examples}: the timed prompts are the first evaluation "
-                       "prompts; lower speed_examples or raise eval_examples.")
+      raise ValueError("LENIENCE_KINDS=() is empty; pass e.g. --gin.LENIENCE_KINDS=('lin',).")
+    _ = self.leniences  # the engine's Lenience refuses a bad kind or epsilon now
+    for name in ("batch_size", "eval_examples"):
+      check_positive_int(getattr(self, name), name)
+    if self.max_decode_length is not None:
+      check_positive_int(self.max_decode_length, "max_decode_length")
+    if self.max_new_tokens is None:
+      check_positive_int(self.task_feature_lengths.get("targets"),
+                         "TASK_FEATURE_LENGTHS['targets'] (the decoding budget when "
+                         "EvalConfig.max_new_tokens is None)")
+    self.speed.check_prompts(self.eval_examples)
+
+  @property
+  def speed(self) -> SpeedConfig:
+    """The timing's settings (checked when the config is made)."""
+    return SpeedConfig.of(self)
 
   @property
   def leniences(self) -> list:
-    return [Lenience(kind, float(eps)) for kind in self.lenience_kinds for eps in self.epsilons]
+    """Every kind at every epsilon, as the engine's Lenience objects (their own checks)."""
+    for kind in self.lenience_kinds:
+      _lenience("LENIENCE_KINDS", kind, kind)
+    return [_lenience("EPSILONS", epsilon, kind, epsilon) for kind in self.lenience_kinds
+            for epsilon in self.epsilons]
 
   @property
   def new_tokens(self) -> int:
-    if self.max_new_tokens:
-      return int(self.max_new_tokens)
-    if "targets" not in self.task_feature_lengths:
-      raise ValueError("TASK_FEATURE_LENGTHS has no 'targets' length; pass e.g. "
-                       "{'inputs': 40, 'targets': 44}, or set EvalConfig.max_new_tokens.")
-    return int(self.task_feature_lengths["targets"])
+    if self.max_new_tokens is not None:
+      return self.max_new_tokens
+    return self.task_feature_lengths["targets"]
+
+  def check_inputs(self) -> None:
+    """Refuses, before work starts, input paths that do not exist or hold no checkpoint."""
+    if self.vocabulary is not None:
+      check_path(self.vocabulary, "VOCABULARY", kind="file",
+                 fix="pass the SentencePiece .model the checkpoints were trained with (e.g. "
+                     "runs/demo/vocab/embedded_arithmetic_v2_bpe256.model), or None for the "
+                     "task's own.")
+    if self.data_dir is not None:
+      check_path(self.data_dir, "DATA_DIR", kind="dir",
+                 fix="pass the folder with gsm8k/, mbpp/, alpaca/, ... (e.g. ../shared/data).")
+    if self.bbh_dir is not None:
+      from distillspec_jax.data.tasks import transfer_tasks
+      transfer_tasks.check_bbh_dir(self.bbh_dir)
+    check_checkpoint(self.target_checkpoint_path, "TARGET_CHECKPOINT_PATH")
+    check_checkpoint(self.draft_checkpoint_path, "DRAFT_CHECKPOINT_PATH")
+
+
+def _lenience(macro: str, value, *args) -> Lenience:
+  """Lenience(*args), its error naming the macro and the value that made it."""
+  try:
+    return Lenience(*args)
+  except (TypeError, ValueError) as error:
+    raise ValueError(f"{macro} has {value!r}: {error}") from None
 
 
 # --- checkpoints and tasks -------------------------------------------------------------------
-
-
-def _checkpoint_format(path: str, macro: str) -> str:
-  if not os.path.exists(path):
-    raise ValueError(f"{macro}={path!r} does not exist; pass an existing checkpoint: our "
-                     "MODEL_DIR (<step>/params), a T5X checkpoint_<step> directory or a "
-                     "Hugging Face directory (config.json + model.safetensors).")
-  try:
-    return importer.detect_format(path)
-  except ValueError as error:
-    raise ValueError(f"{macro}={path!r}: {error} Point {macro} at one of those.") from None
 
 
 def load_model(path: str, macro: str, preset: Optional[str],
                max_decode_length: Optional[int]) -> tuple:
   """(Model, fp32 params) of a checkpoint in any supported format (autodetected); with
   `preset`, the checkpoint's shapes are checked against it."""
-  fmt = _checkpoint_format(path, macro)
+  fmt = check_checkpoint(path, macro)
   config = model_config(preset) if preset else None
   params, config = importer.load_checkpoint(path, config, fmt=fmt)
   if max_decode_length:
-    config = config.replace(max_decode_length=int(max_decode_length))
+    config = config.replace(max_decode_length=max_decode_length)
   return Model(config), params
 
 
@@ -188,7 +204,7 @@ def decode_capacity(config: EvalConfig, target: TransformerConfig, draft: Transf
                     prompt_width: int) -> int:
   """Cache slots both models need for the grid (see speculative.py), at least the presets'."""
   if config.max_decode_length:
-    return int(config.max_decode_length)
+    return config.max_decode_length
   width = 1 if target.kind == "encoder_decoder" else 1 + prompt_width
   needed = width + config.new_tokens + max(config.gammas)
   rounded = -(-needed // 16) * 16
@@ -206,10 +222,7 @@ def register_tasks(config: EvalConfig) -> None:
   vocabulary = vocabularies.as_vocabulary(config.vocabulary) if config.vocabulary else None
   if config.mixture_or_task_name == tasks.EMBEDDED_TASK_NAME and vocabulary is not None:
     tasks.register_embedded_task(vocabulary=vocabulary)
-  if config.data_dir:
-    if not os.path.isdir(config.data_dir):
-      raise ValueError(f"DATA_DIR={config.data_dir!r} is not a directory; pass the folder "
-                       "with gsm8k/, mbpp/, alpaca/, ... (e.g. ../shared/data).")
+  if config.data_dir:  # its path was checked by EvalConfig.check_inputs
     found = transfer_tasks.register_prompt_tasks(config.data_dir, vocabulary)
     try:
       tasks.register_file_tasks(config.data_dir, vocabulary=vocabulary)
@@ -217,7 +230,6 @@ def register_tasks(config: EvalConfig) -> None:
       if not found:
         raise
   if config.bbh_dir:
-    transfer_tasks.check_bbh_dir(config.bbh_dir)
     tasks.register_bbh_tasks(config.bbh_dir, vocabulary=vocabulary)
 
 
@@ -258,17 +270,12 @@ def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalC
   draft, draft_params = load_model(paths[1], "DRAFT_CHECKPOINT_PATH", presets[1], capacity)
   return speed.measure_speed(target, target_params, {"draft": (draft, draft_params)},
                              prompts, gammas=config.gammas, temperatures=config.temperatures,
-                             max_new_tokens=config.new_tokens, repeats=config.speed_repeats,
-                             timed_per_turn=config.speed_calls,
-                             budget_s=config.speed_budget_s, seed=config.seed,
+                             max_new_tokens=config.new_tokens,
+                             **config.speed.measure_kwargs(), seed=config.seed,
                              leniences=config.leniences, progress=config.progress_bar)
 
 
 # --- the run -------------------------------------------------------------------------------
-
-
-def _finite(value) -> bool:
-  return value is None or (isinstance(value, (int, float)) and math.isfinite(value))
 
 
 def _scalars(writer, row: dict) -> None:
@@ -282,10 +289,97 @@ def _scalars(writer, row: dict) -> None:
       writer.add_scalar(f"{tag}/{name}", value, 0)
 
 
+def _load_pair(config: EvalConfig) -> tuple:
+  """(target, target params, draft, draft params), checked as a pair by the engine now."""
+  target, target_params = load_model(config.target_checkpoint_path, "TARGET_CHECKPOINT_PATH",
+                                     config.target_model, None)
+  draft, draft_params = load_model(config.draft_checkpoint_path, "DRAFT_CHECKPOINT_PATH",
+                                   config.draft_model, None)
+  try:
+    check_pair(target, draft)
+  except ValueError as error:
+    raise ValueError(f"TARGET_CHECKPOINT_PATH={config.target_checkpoint_path!r} and "
+                     f"DRAFT_CHECKPOINT_PATH={config.draft_checkpoint_path!r} do not make a "
+                     f"pair: {error}") from None
+  return target, target_params, draft, draft_params
+
+
+# A metrics.json row's fields that come from the speculative_grid row as they are.
+_RUN_FIELDS = ("temperature", "gamma", "lenience", "epsilon", "quality", "tau", "tau_stderr",
+               "alpha", "acceptance_by_position")
+
+
+def _evaluate_task(config: EvalConfig, name: str, examples: dict, pair: tuple,
+                   scorer: evaluate_lib.TaskScorer, bar) -> tuple:
+  """(rows, the target alone's quality at the lowest temperature, inference lines) of one
+  task: the target alone and speculative_grid at each temperature."""
+  target, target_params, draft, draft_params = pair
+  common = dict(max_new_tokens=config.new_tokens, batch_size=config.batch_size,
+                seed=config.seed)
+  texts = list(zip(examples["prompt_texts"], examples["target_texts"]))
+  rows, lines, alone_quality = [], [], None
+  for temperature in config.temperatures:
+    alone = quality.target_alone(target, target_params, draft, draft_params, examples,
+                                 temperature=temperature, detokenize=scorer.detokenize,
+                                 metric_fn=scorer.metrics, **common)
+    if temperature == min(config.temperatures):
+      alone_quality = alone["quality"]
+    lines += [dict(decoder="target", temperature=float(temperature), input=i, reference=r,
+                   prediction=p, accepted_per_round=None)
+              for (i, r), p in zip(texts, alone["predictions"])]
+    bar.update(1)
+    for run in evaluate_lib.speculative_grid(
+        target, target_params, {"draft": (draft, draft_params)}, examples, scorer,
+        gammas=config.gammas, temperatures=(temperature,), leniences=config.leniences,
+        on_done=bar.update, **common):
+      rows.append(dict(task=name, **{k: run[k] for k in _RUN_FIELDS},
+                       predicted_alpha=alone["predicted_alpha"]))
+      settings = {k: run[k] for k in ("temperature", "gamma", "lenience", "epsilon")}
+      lines += [dict(decoder="speculative", **settings, input=i, reference=r, prediction=p,
+                     accepted_per_round=a)
+                for (i, r), p, a in zip(texts, run["predictions"], run["accepted_per_round"])]
+  return rows, alone_quality, lines
+
+
+def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
+                 rows_by_task: dict) -> None:
+  """Times each task's grid in a pinned process (loading the checkpoints itself) and adds
+  the speed fields to its rows (None when speed_examples is 0)."""
+  for name in names:
+    timing = None
+    if config.speed.examples:
+      timing = pinning.run_pinned(
+          config.speed.cpus, _timings,
+          (config.target_checkpoint_path, config.draft_checkpoint_path),
+          (config.target_model, config.draft_model), capacity,
+          examples[name]["prompts"][:config.speed.examples], config)
+    for row in rows_by_task[name]:
+      row.update(quality.speed_fields(timing, row["gamma"], row["temperature"],
+                                      Lenience(row["lenience"], row["epsilon"])))
+
+
+def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict) -> None:
+  """metrics.json, inferences/<task>.jsonl, the TensorBoard scalars, the lossy trade-off."""
+  for name, lines in lines_by_task.items():
+    with open(os.path.join(config.model_dir, "inferences", f"{name}.jsonl"), "w") as f:
+      for line in lines:
+        f.write(json.dumps(line) + "\n")
+  write_text_atomic(os.path.join(config.model_dir, "metrics.json"),
+                    json.dumps(metrics, indent=1) + "\n")  # rows keep the interface's order
+  from tensorboardX import SummaryWriter
+  writer = SummaryWriter(os.path.join(config.model_dir, "tensorboard"))
+  for row in metrics["rows"]:
+    _scalars(writer, row)
+  writer.close()
+  if len(config.leniences) > 1:
+    lossy.write_tradeoff(metrics, config.model_dir)
+
+
 def evaluate(config: EvalConfig) -> dict:
   """Runs the evaluation and writes every output; returns the metrics.json object."""
   from tqdm.auto import tqdm
   from distillspec_jax.data import batches as data
+  config.check_inputs()
   # Every process evaluates (the same decodes; no cross-process arrays); process 0 alone
   # writes, and the others wait at a barrier until its files are complete.
   primary = multihost.is_primary()
@@ -294,27 +388,11 @@ def evaluate(config: EvalConfig) -> dict:
   register_tasks(config)
   names = task_names(config.mixture_or_task_name)
   splits = {name: eval_split(name, config.split) for name in names}
-  for path, macro in ((config.target_checkpoint_path, "TARGET_CHECKPOINT_PATH"),
-                      (config.draft_checkpoint_path, "DRAFT_CHECKPOINT_PATH")):
-    _checkpoint_format(path, macro)
   examples = {name: data.get_prompts_and_targets(
       name, splits[name], config.task_feature_lengths, num_examples=config.eval_examples,
       on_long_prompt="truncate") for name in names}
   width = max(e["prompts"].shape[1] for e in examples.values())
-  target, target_params = load_model(config.target_checkpoint_path, "TARGET_CHECKPOINT_PATH",
-                                     config.target_model, None)
-  draft, draft_params = load_model(config.draft_checkpoint_path, "DRAFT_CHECKPOINT_PATH",
-                                   config.draft_model, None)
-  if target.config.vocab_size != draft.config.vocab_size:
-    raise ValueError(
-        f"DRAFT_CHECKPOINT_PATH={config.draft_checkpoint_path!r} has vocab_size="
-        f"{draft.config.vocab_size} but TARGET_CHECKPOINT_PATH="
-        f"{config.target_checkpoint_path!r} has vocab_size={target.config.vocab_size}; "
-        "speculative decoding needs one vocabulary: pass a draft trained with the target's "
-        "SentencePiece model (and vocab_size).")
-  if target.config.kind != draft.config.kind:
-    raise ValueError(f"The target checkpoint is {target.config.kind} but the draft is "
-                     f"{draft.config.kind}; pass a pair of the same kind.")
+  target, target_params, draft, draft_params = _load_pair(config)
   capacity = decode_capacity(config, target.config, draft.config, width)
   target = Model(target.config.replace(max_decode_length=capacity))
   draft = Model(draft.config.replace(max_decode_length=capacity))
@@ -323,82 +401,27 @@ def evaluate(config: EvalConfig) -> dict:
     raise ValueError(f"The task's vocabulary has {vocabulary.vocab_size} pieces but the models "
                      f"have vocab_size={target.config.vocab_size}; pass the checkpoints' "
                      "SentencePiece model as --gin.VOCABULARY=<path.model>.")
-  detokenize = lambda ids: vocabulary.decode([int(i) for i in ids])
-  leniences = config.leniences
-  total = len(names) * len(config.temperatures) * (1 + len(config.gammas) * len(leniences))
-  rows_by_task, alone_by_task = {}, {}
-  common = dict(max_new_tokens=config.new_tokens, batch_size=config.batch_size,
-                detokenize=detokenize, seed=config.seed)
+  total = len(names) * len(config.temperatures) * (
+      1 + len(config.gammas) * len(config.leniences))
+  rows_by_task, alone_by_task, lines_by_task = {}, {}, {}
   with tqdm(total=total, desc="evaluate", dynamic_ncols=True,
             disable=not config.progress_bar) as bar:
     for name in names:
-      metric_fn = lambda refs, predictions, name=name: data.compute_metrics(name, refs,
-                                                                            predictions)
-      ex = examples[name]
-      rows, lines = [], []
-      for temperature in config.temperatures:
-        alone = evaluation.target_alone(target, target_params, draft, draft_params, ex,
-                                        temperature=temperature, metric_fn=metric_fn, **common)
-        if temperature == min(config.temperatures):
-          alone_by_task[name] = alone["quality"]
-        lines += [dict(decoder="target", temperature=float(temperature), input=i,
-                       reference=r, prediction=p, accepted_per_round=None)
-                  for i, r, p in zip(ex["prompt_texts"], ex["target_texts"],
-                                     alone["predictions"])]
-        bar.update(1)
-        for gamma in config.gammas:
-          for lenience in leniences:
-            run = evaluation.speculative_run(target, target_params, draft, draft_params, ex,
-                                             gamma=gamma, temperature=temperature,
-                                             lenience=lenience, metric_fn=metric_fn, **common)
-            rows.append(dict(task=name, temperature=float(temperature), gamma=int(gamma),
-                             lenience=lenience.kind, epsilon=lenience.epsilon,
-                             quality=run["quality"], tau=run["tau"],
-                             tau_stderr=run["tau_stderr"], alpha=run["alpha"],
-                             predicted_alpha=alone["predicted_alpha"],
-                             acceptance_by_position=run["acceptance_by_position"]))
-            lines += [dict(decoder="speculative", temperature=float(temperature),
-                           gamma=int(gamma), lenience=lenience.kind,
-                           epsilon=lenience.epsilon, input=i, reference=r, prediction=p,
-                           accepted_per_round=a)
-                      for i, r, p, a in zip(ex["prompt_texts"], ex["target_texts"],
-                                            run["predictions"], run["accepted_per_round"])]
-            bar.update(1)
-      if primary:
-        with open(os.path.join(config.model_dir, "inferences", f"{name}.jsonl"), "w") as f:
-          for line in lines:
-            f.write(json.dumps(line) + "\n")
-      rows_by_task[name] = rows
+      rows_by_task[name], alone_by_task[name], lines_by_task[name] = _evaluate_task(
+          config, name, examples[name], (target, target_params, draft, draft_params),
+          evaluate_lib.TaskScorer(name, vocabulary), bar)
   del target_params, draft_params
-  for name in names:
-    timing = None
-    if config.speed_examples:
-      timing = pinning.run_pinned(
-          config.speed_cpus, _timings,
-          (config.target_checkpoint_path, config.draft_checkpoint_path),
-          (config.target_model, config.draft_model), capacity,
-          examples[name]["prompts"][:config.speed_examples], config)
-    for row in rows_by_task[name]:
-      row.update(evaluation.speed_fields(timing, row["gamma"], row["temperature"],
-                                         Lenience(row["lenience"], row["epsilon"])))
+  _add_timings(config, names, examples, capacity, rows_by_task)
   rows = [r for name in names for r in rows_by_task[name]]
   if len(names) > 1:
-    mixture_rows, mixture_alone = evaluation.mixture_mean(config.mixture_or_task_name,
-                                                          rows_by_task, alone_by_task)
+    mixture_rows, mixture_alone = quality.mixture_mean(config.mixture_or_task_name,
+                                                       rows_by_task, alone_by_task)
     rows += mixture_rows
     alone_by_task[config.mixture_or_task_name] = mixture_alone
-  rows = [{k: row[k] for k in evaluation.ROW_FIELDS} for row in rows]
-  metrics = {"rows": rows, "target_alone": alone_by_task}
+  metrics = {"rows": [{k: row[k] for k in quality.ROW_FIELDS} for row in rows],
+             "target_alone": alone_by_task}
   if primary:
-    write_text_atomic(os.path.join(config.model_dir, "metrics.json"),
-                      json.dumps(metrics, indent=1) + "\n")  # rows keep the interface's order
-    from tensorboardX import SummaryWriter
-    writer = SummaryWriter(os.path.join(config.model_dir, "tensorboard"))
-    for row in rows:
-      _scalars(writer, row)
-    writer.close()
-    if len(leniences) > 1:
-      lossy.write_tradeoff(metrics, config.model_dir)
+    _write_outputs(config, metrics, lines_by_task)
   multihost.barrier("eval_outputs_written")
   return metrics
 
@@ -435,11 +458,16 @@ def load_config(argv: Sequence[str]) -> EvalConfig:
     raise gin_utils.GinConfigError(f"Invalid evaluation configuration: {error}") from error
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
+def prepare(argv: Sequence[str]) -> EvalConfig:
+  """Everything checked before work starts: flags, run file, values, input paths."""
   # --coordinator_address / --process_count / --process_index (multihost.py), before JAX starts.
   argv = multihost.initialize_from_flags(argv)
   config = load_config(argv)
+  config.check_inputs()
+  return config
+
+
+def run(config: EvalConfig) -> int:
   os.makedirs(config.model_dir, exist_ok=True)
   if multihost.is_primary():  # process 0 is the one writer
     with open(os.path.join(config.model_dir, "config.gin"), "w") as f:
@@ -451,12 +479,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   return 0
 
 
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  gin_utils.exit_on_help(argv, "distillspec_jax.eval", __doc__)
+  return run(prepare(argv))
+
+
 if __name__ == "__main__":
   # Through the imported module, so that the timing process (spawned) unpickles EvalConfig
-  # and _timings from distillspec_jax.eval, not from __main__.
+  # and _timings from distillspec_jax.eval, not from __main__. The evaluation's own refusals
+  # (a split the task lacks, checkpoints that do not pair) come before its decodes: every
+  # user error exits 2 with its message.
   from distillspec_jax import eval as _eval_module
-  try:
-    sys.exit(_eval_module.main())
-  except (gin_utils.GinConfigError, ValueError, FileNotFoundError) as error:
-    print(f"Error: {error}", file=sys.stderr)
-    sys.exit(2)
+  sys.exit(gin_utils.exit_on_user_error(_eval_module.main))

@@ -8,6 +8,9 @@
   string, so `--gin.MODEL_DIR=/tmp/run` works as well as `--gin.MODEL_DIR="'/tmp/run'"`),
   `--gin_bindings=...` and `--gin_search_paths=...`. Unknown gin files and bad bindings raise
   `GinConfigError` naming the culprit and the fix, before anything is trained.
+* `exit_on_help(argv, binary, doc)`: every binary's --help (its doc, its flags, its run files
+  and the macros they set, read from gin/runs and gin/recipes); `exit_on_user_error(fn, ...)`:
+  a user's mistake ends a binary with status 2 and the message, no traceback.
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ import dataclasses
 import difflib
 import glob
 import os
-from typing import Sequence
+import re
+import sys
+from typing import Any, Callable, Sequence
 
 import gin
 
 from distillspec_jax.models import config as config_lib
 from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.models.model import Model
+from distillspec_jax.training import multihost
 from distillspec_jax.training.trainer import SyntheticData, TrainConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -194,13 +200,105 @@ def write_model_gin_files(directory: str = os.path.join(REPO_ROOT, "gin", "model
       f.write(model_gin_text(name, description))
 
 
+# --- the binaries' --help and exit status ------------------------------------------------------
+
+# What a gin file binds when it is made for a binary (or is included by one that is).
+BINARY_MARKERS = {
+    "distillspec_jax.main": ("main_job.", "PipelineConfig.", "GardenConfig.",
+                             "RecipeGridConfig."),
+    "distillspec_jax.train": ("run.", "TrainConfig.", "DistillationConfig."),
+    "distillspec_jax.eval": ("evaluate_job.", "EvalConfig."),
+}
+HELP_FLAGS = (
+    ("--gin_file=FILE", "a gin file (repeatable, or comma-separated), looked up in the working "
+     "directory, the repository root and gin/"),
+    ("--gin.NAME=VALUE", "one binding: a macro (--gin.MODEL_DIR=/tmp/run) or a parameter "
+     "(--gin.Configurable.field=VALUE); a bare word is taken as a string"),
+    ("--gin_bindings=BINDING", "a binding in gin syntax, e.g. \"MODEL_DIR = '/tmp/run'\" "
+     "(repeatable)"),
+    ("--gin_search_paths=DIRS", "more folders (comma-separated) for gin files and their "
+     "include lines"),
+    ("--coordinator_address=HOST:PORT --process_count=N --process_index=I",
+     "multi-host runs (GPU clusters, localhost tests); none on a TPU VM slice"),
+    ("--help, -h", "this text (nothing runs)"),
+)
+USER_ERRORS = (GinConfigError, ValueError, FileNotFoundError, multihost.MultihostError)
+_MACRO = re.compile(r"^([A-Z][A-Z0-9_]*)\s*=\s*(.*?)\s*(?:#.*)?$", re.MULTILINE)
+_INCLUDE = re.compile(r"^include\s+['\"]([^'\"]+)['\"]", re.MULTILINE)
+
+
+def _gin_texts(path: str, seen: tuple = ()) -> list:
+  """[(path, text)] of a gin file and every file it includes, includes first."""
+  if path in seen:
+    return []
+  text = open(path).read()
+  texts = []
+  for included in _INCLUDE.findall(text):
+    try:
+      texts += _gin_texts(resolve_gin_file(included), seen + (path,))
+    except GinConfigError:
+      continue  # a broken include is the parser's to report, not --help's
+  return texts + [(path, text)]
+
+
+def binary_gin_files(binary: str) -> tuple:
+  """(run files, {macro: (value, file)}) of a binary: the gin/runs files made for it and the
+  UPPER_CASE macros that they, their includes and the gin/recipes files made for it set (the
+  first file's value per macro)."""
+  markers = BINARY_MARKERS[binary]
+  run_files, macros = [], {}
+  for folder in ("runs", "recipes"):
+    for path in sorted(glob.glob(os.path.join(REPO_ROOT, "gin", folder, "*.gin"))):
+      texts = _gin_texts(path)
+      if not any(re.search(rf"^\s*{re.escape(marker)}", text, re.MULTILINE)
+                 for _, text in texts for marker in markers):
+        continue  # not made for this binary (comments do not count)
+      if folder == "runs":
+        run_files.append(os.path.relpath(path, REPO_ROOT))
+      for source, text in texts:
+        for name, value in _MACRO.findall(text):
+          macros.setdefault(name, (value, os.path.relpath(source, REPO_ROOT)))
+  return run_files, macros
+
+
+def binary_help(binary: str, doc: str) -> str:
+  """The --help text of a binary: its module doc, its flags, its run files and macros."""
+  run_files, macros = binary_gin_files(binary)
+  lines = [f"usage: python -m {binary} --gin_file=FILE [--gin_file=FILE ...] "
+           "[--gin.NAME=VALUE ...]", "", (doc or "").strip(), "", "flags:"]
+  lines += [f"  {flag}\n      {text}" for flag, text in HELP_FLAGS]
+  lines += ["", "run files:", "  " + ", ".join(run_files), "",
+            "macros the run files set (override any with --gin.NAME=VALUE), with the first "
+            "value found:"]
+  width = max((len(name) for name in macros), default=0)
+  lines += [f"  {name:<{width}}  {value}   ({source})"
+            for name, (value, source) in sorted(macros.items())]
+  return "\n".join(lines) + "\n"
+
+
+def exit_on_help(argv: Sequence[str], binary: str, doc: str) -> None:
+  """Prints the binary's help and exits 0 when argv asks for it (--help, -h)."""
+  if any(arg in ("--help", "-h", "--helpfull") for arg in argv):
+    print(binary_help(binary, doc))
+    raise SystemExit(0)
+
+
+def exit_on_user_error(fn: Callable, *args) -> Any:
+  """fn(*args); a user's mistake (USER_ERRORS: bad flags, bindings, values or paths, each
+  naming the fix) ends the process with status 2 and the message, no traceback."""
+  try:
+    return fn(*args)
+  except USER_ERRORS as error:
+    print(f"Error: {error}", file=sys.stderr)
+    raise SystemExit(2) from None
+
+
 def clear() -> None:
   """Forgets all bindings (tests parse several configs in one process)."""
   gin.clear_config()
 
 
 if __name__ == "__main__":
-  import sys
   if sys.argv[1:] == ["--write_model_gin"]:
     write_model_gin_files()
   else:

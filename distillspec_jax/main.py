@@ -4,9 +4,11 @@
       [--gin.TRAIN_STEPS=...] [--gin.main_job.stages="('evaluate',)"]
 
 The run file binds a `PipelineConfig` (pipeline_config.py) through the T5X macros MODEL_DIR,
-MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, TRAIN_STEPS, BATCH_SIZE; `main_job.stages` picks
-what to make (their inputs are made first when missing). Every bad run file, binding or
-MODEL_DIR fails here, before any training starts.
+MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, TRAIN_STEPS, BATCH_SIZE (and, where the run file
+has them, TARGET_CHECKPOINT_PATH / DRAFT_CHECKPOINT_PATH: starting weights, any format);
+`main_job.stages` picks what to make (their inputs are made first when missing). Every bad
+run file, binding, value, input path or MODEL_DIR fails here, before any training starts:
+exit status 2 and the message naming the fix.
 
 Multi-host: the flags --coordinator_address, --process_count, --process_index (multihost.py;
 none on a TPU VM slice). Training stages run on every process; vocab, evaluate and report on
@@ -48,28 +50,43 @@ def load_pipeline(argv: Sequence[str]) -> PipelineConfig:
     _REGISTERED.append(True)
   gin_utils.parse_binary_flags(argv)
   try:
-    pipeline = gin.query_parameter("main_job.pipeline").scoped_configurable_fn()
+    reference = gin.query_parameter("main_job.pipeline")
   except ValueError as error:
     raise gin_utils.GinConfigError(
         "The run file does not bind main_job.pipeline; use a gin/runs/ file made for "
         "distillspec_jax.main, e.g. gin/runs/demo.gin.") from error
-  if not pipeline.run_dir:
-    raise gin_utils.GinConfigError("MODEL_DIR is not set; pass --gin.MODEL_DIR=<directory> "
-                                   "(a gs:// path on a TPU slice).")
+  try:
+    return reference.scoped_configurable_fn()
+  except (TypeError, ValueError) as error:
+    raise gin_utils.GinConfigError(f"Invalid main job configuration: {error}") from error
+
+
+def prepare(argv: Sequence[str]) -> PipelineConfig:
+  """Everything checked before work starts: flags, run file, values, input paths, MODEL_DIR."""
+  argv = multihost.initialize_from_flags(argv)  # first: before any JAX backend starts
+  pipeline = load_pipeline(argv)
+  pipeline.check_inputs()
+  if multihost.is_primary():
+    check_run_dir(pipeline.run_dir)
   return pipeline
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  argv = multihost.initialize_from_flags(argv)  # first: before any JAX backend starts
-  pipeline = load_pipeline(argv)
+def run(pipeline: PipelineConfig) -> int:
   logging.basicConfig(level=logging.INFO, format="%(message)s")
-  if multihost.is_primary():
-    check_run_dir(pipeline.run_dir)
   outcome = main_job(pipeline=pipeline)
   print("stages:", ", ".join(f"{k}={v}" for k, v in outcome.items()))
   return 0
 
 
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  gin_utils.exit_on_help(argv, "distillspec_jax.main", __doc__)
+  return run(prepare(argv))
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  # A mistake found before work starts exits 2 with its message; the stages' own errors
+  # (hours in) keep their tracebacks.
+  _argv = sys.argv[1:]
+  gin_utils.exit_on_help(_argv, "distillspec_jax.main", __doc__)
+  sys.exit(run(gin_utils.exit_on_user_error(prepare, _argv)))

@@ -1,4 +1,16 @@
-"""One type check for the config dataclasses (TrainConfig, DistillationConfig, ...).
+"""The one validation module: every config dataclass and binary checks its input here.
+
+* `check_field_types(config)`: each field against its annotation (first in `__post_init__`);
+* `check_int(value, name, minimum)` / `check_positive_int(value, name)`: counts;
+* `check_probability(value, name, ...)`: a number in [0, 1] (ends open on request);
+* `check_grid(gammas, temperatures)`: a speculative-decoding grid;
+* `check_budget(budget_s, name)`: seconds of timing;
+* `check_path(path, name, kind, fix)`: an input path that must exist before work starts;
+* `check_finite(rows, where)`: a report's rows hold finite numbers only.
+
+Every error names the value and the fix. Nothing here coerces: "3" and True are not 3.
+
+The type check:
 
 `check_field_types(config)` compares every field's value with its annotation, so that a
 quoted gin value (`LAMBDA1 = "0.5"`) or a bool where a number belongs fails when the config
@@ -18,8 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import numbers
 import operator
+import os
 import types
 import typing
 from typing import Any
@@ -86,19 +100,107 @@ def check_field_types(config) -> None:
     check_value_type(owner, name, getattr(config, name), hint)
 
 
-def check_positive_int(value, name: str) -> int:
-  """`value` as a Python int >= 1, or a ValueError naming it.
+def check_int(value, name: str, minimum: int) -> int:
+  """`value` as a Python int >= `minimum`, or a ValueError naming it.
 
   Accepts Python and NumPy integers (via `operator.index`); refuses bools, floats and
   strings, which are not counts.
   """
   if isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"{name}={value!r} is a bool; pass an integer >= 1.")
+    raise ValueError(f"{name}={value!r} is a bool; pass an integer >= {minimum}.")
   try:
     number = operator.index(value)
   except TypeError:
-    raise ValueError(f"{name}={value!r} must be an integer >= 1 (got "
+    raise ValueError(f"{name}={value!r} must be an integer >= {minimum} (got "
                      f"{type(value).__name__}); pass an int.") from None
-  if number < 1:
-    raise ValueError(f"{name}={number} must be an integer >= 1.")
+  if number < minimum:
+    raise ValueError(f"{name}={number} must be an integer >= {minimum}.")
   return number
+
+
+def check_positive_int(value, name: str) -> int:
+  """`value` as a Python int >= 1 (a count), or a ValueError naming it (`check_int`)."""
+  return check_int(value, name, 1)
+
+
+def _real(value, name: str, fix: str) -> float:
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    raise ValueError(f"{name}={value!r} is not a number (got {type(value).__name__}); {fix}")
+  if not math.isfinite(value):
+    raise ValueError(f"{name}={value!r} is not finite; {fix}")
+  return float(value)
+
+
+def check_probability(value, name: str, *, zero: bool = True, one: bool = True,
+                      fix: str = "") -> float:
+  """`value` as a float in [0, 1] (without 0 when `zero` is False, without 1 when `one` is
+  False), or a ValueError naming it, the interval and `fix`."""
+  interval = ("[" if zero else "(") + "0, 1" + ("]" if one else ")")
+  fix = fix or f"pass a number in {interval}."
+  number = _real(value, name, fix)
+  if not ((number >= 0.0 if zero else number > 0.0) and (number <= 1.0 if one else
+                                                          number < 1.0)):
+    raise ValueError(f"{name}={value!r} must lie in {interval}; {fix}")
+  return number
+
+
+def check_grid(gammas, temperatures) -> None:
+  """Refuses an empty gamma or temperature grid and gammas that are not integers >= 1 (the
+  engine's own count check). Temperatures are checked by the engine's SamplingConfig."""
+  if not len(gammas):
+    raise ValueError(f"gammas={tuple(gammas)!r} is empty; pass at least one gamma, "
+                     "e.g. (3, 5, 7).")
+  for gamma in gammas:
+    check_positive_int(gamma, "gamma")
+  if not len(temperatures):
+    raise ValueError(f"temperatures={tuple(temperatures)!r} is empty; pass e.g. (0.0, 1.0).")
+
+
+def check_budget(budget_s, name: str = "budget_s") -> float:
+  """`budget_s` (seconds of timing) as a float >= 0, or a ValueError naming it."""
+  fix = ("pass the seconds to keep timing for, a finite number >= 0 (0: exactly the minimum "
+         "calls per repeat).")
+  if isinstance(budget_s, (bool, np.bool_)) or not isinstance(budget_s, numbers.Real) or not (
+      math.isfinite(budget_s) and budget_s >= 0):
+    raise ValueError(f"{name}={budget_s!r}: {fix}")
+  return float(budget_s)
+
+
+PATH_KINDS = ("any", "file", "dir")
+
+
+def is_remote(path: str) -> bool:
+  """True for URLs (gs://, s3://, ...), which only the reading library can check."""
+  return "://" in str(path)
+
+
+def check_path(path, name: str, *, kind: str = "any", fix: str = "") -> str:
+  """`path` as a string when it exists locally as `kind` ("any", "file" or "dir"), else a
+  ValueError naming `name`, the path and `fix`. URLs (gs://...) are passed through: their
+  reader checks them."""
+  if kind not in PATH_KINDS:
+    raise ValueError(f"kind={kind!r}; use one of {PATH_KINDS}.")
+  if not isinstance(path, (str, os.PathLike)) or not str(path):
+    raise ValueError(f"{name}={path!r} is not a path; {fix or 'pass a path.'}")
+  path = os.fspath(path)
+  if is_remote(path):
+    return path
+  exists = {"any": os.path.exists, "file": os.path.isfile, "dir": os.path.isdir}[kind](path)
+  if not exists:
+    what = {"any": "does not exist", "file": "is not a file",
+            "dir": "is not a directory"}[kind]
+    if kind != "any" and not os.path.exists(path):
+      what = "does not exist"
+    raise ValueError(f"{name}={path!r} {what}; {fix or 'pass an existing path.'}")
+  return path
+
+
+def check_finite(rows: list, where: str) -> None:
+  """Refuses a row (a dict) with a non-finite float, also inside a list value (a diverged
+  model or a broken measurement), naming `where`, the row and the key."""
+  for row in rows:
+    for key, value in row.items():
+      values = value if isinstance(value, list) else [value]
+      if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+        raise ValueError(f"{where}: the row {row} has a non-finite {key}; the model of that "
+                         "row diverged or its measurement failed: rerun its stage.")

@@ -12,7 +12,8 @@ temperature and lenience), `speed_fields` (a row's speedups from `speed.measure_
 `mixture_mean` (a mixture's rows as the mean of its tasks').
 
 The functions take models, params, token arrays and callables (detokenize, metric_fn), not a
-pipeline (`pipeline.stage_evaluate` is the main job's glue).
+pipeline. The jobs and the eval binary reach them through one path, `evaluate.py`
+(`quality_alone`, `speculative_grid`, one `TaskScorer` per task).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from distillspec_jax.distill.divergences import cross_entropy, expected_acceptan
 from distillspec_jax.models.model import EOS_ID, Model
 from distillspec_jax.decoding.speculative import Lenience, speculative_decode
 from distillspec_jax.decoding.stats import (acceptance_by_position, block_efficiency_stats,
-                                            block_statistics, ratio_stderr)
+                                            block_statistics)
 
 
 def _teacher_forcing(model: Model, prompts: np.ndarray, targets: np.ndarray):
@@ -169,17 +170,19 @@ def target_alone(target: Model, target_params, draft: Model, draft_params, examp
 
 def speculative_run(target: Model, target_params, draft: Model, draft_params, examples: dict,
                     *, gamma: int, temperature: float, lenience: Lenience,
-                    max_new_tokens: int, batch_size: int, detokenize, metric_fn,
+                    max_new_tokens: int, batch_size: int,
+                    detokenize: Optional[Callable] = None, metric_fn: Optional[Callable] = None,
                     seed: int = 0) -> dict:
   """Speculative decoding of the examples' prompts in batches of `batch_size` (batch b with
   fold_in(PRNGKey(seed), b), the keys `target_alone` uses): the task metric of its outputs,
-  tau with its standard error over prompts, alpha, acceptance by draft position, and per
-  prompt the prediction and the accepted draft tokens of each round."""
+  tau with its standard error over prompts, alpha (and alpha_proposed), acceptance by draft
+  position, and per prompt the prediction and the accepted draft tokens of each round.
+  Without `detokenize` / `metric_fn`, predictions / quality are None."""
   prompts = np.asarray(examples["prompts"])
   key = jax.random.PRNGKey(seed)
   sampling = SamplingConfig(float(temperature))
   predictions, rounds, tokens_out = [], [], []
-  produced, calls, accepted, drafted = [], [], [], []
+  produced, calls, accepted, drafted, proposed = [], [], [], [], []
   for index, chunk, real in _batches(prompts, batch_size):
     result = speculative_decode(target, target_params, draft, draft_params,
                                 max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
@@ -187,21 +190,24 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
                                 **prompt_inputs(target, chunk))
     result = jax.device_get(result)
     tokens, lengths = np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real]
-    predictions += _texts(tokens, lengths, detokenize)
+    if detokenize is not None:
+      predictions += _texts(tokens, lengths, detokenize)
     tokens_out.append(tokens)
     per_round = np.asarray(result.accepted_per_round)[:real]
     rounds += [[int(n) for n in row if n >= 0] for row in per_round]
     for name, store in (("produced", produced), ("target_calls", calls),
-                        ("accepted", accepted), ("drafted", drafted)):
+                        ("accepted", accepted), ("drafted", drafted),
+                        ("accepted_proposed", proposed)):
       store.append(np.asarray(getattr(result, name))[:real])
-  produced, calls = np.concatenate(produced), np.concatenate(calls)
-  accepted, drafted = np.concatenate(accepted), np.concatenate(drafted)
-  return {"quality": _metrics(metric_fn, examples["target_texts"], predictions),
-          **block_statistics(produced, calls, accepted, drafted),
+  scored = detokenize is not None and metric_fn is not None
+  return {"quality": _metrics(metric_fn, examples["target_texts"], predictions) if scored
+                     else None,
+          **block_statistics(*map(np.concatenate, (produced, calls, accepted, drafted)),
+                             accepted_proposed=np.concatenate(proposed)),
           "acceptance_by_position": acceptance_by_position(
               [np.asarray(r, np.int64) for r in rounds] or [np.zeros(0)], gamma),
-          "predictions": predictions, "accepted_per_round": rounds,
-          "tokens": np.concatenate(tokens_out)}
+          "predictions": predictions if detokenize is not None else None,
+          "accepted_per_round": rounds, "tokens": np.concatenate(tokens_out)}
 
 
 # Fields of a metrics.json row (the evaluation binary's interface).

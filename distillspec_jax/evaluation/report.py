@@ -18,10 +18,10 @@ adaspec). Pure functions of the evaluation results: the stage glue is pipeline.s
 
 from __future__ import annotations
 
-import math
 import os
 
 from distillspec_jax.core.files import write_json_atomic, write_text_atomic
+from distillspec_jax.core.validation import check_finite
 
 
 def _paired_row(task, recipe, raw: dict, distilled: dict) -> dict:
@@ -155,7 +155,7 @@ def build_report(config, evaluation: dict, wall_clock: dict, curves: dict) -> di
             "wall_clock_total_s": sum(v for v in wall_clock.values() if v is not None),
             "tau_curves": curves}
   report["measurement"] = measurement_sentence(report)
-  _check_finite(report)
+  check_finite(report["paired_rows"] + report["draft_rows"], "report")
   return report
 
 
@@ -262,14 +262,6 @@ def plot(config, report: dict, curves: dict, out_dir: str) -> list:
   fig.savefig(paths[-1], dpi=120)
   plt.close(fig)
   return paths
-
-
-def _check_finite(report: dict) -> None:
-  for row in report["paired_rows"] + report["draft_rows"]:
-    for key, value in row.items():
-      values = value if isinstance(value, list) else [value]
-      if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-        raise ValueError(f"report row {row} has a non-finite {key}.")
 
 
 def write_report(config, report: dict, out_dir: str) -> list:

@@ -5,7 +5,6 @@
   marker keeps the source's summary and says where it came from).
 - Distilling one student toward one teacher with the study's budget, recording tau over the
   training steps (the same curve as pipeline.stage_distill).
-- Refusing a report with a non-finite number.
 
 Run through the main binary: `python -m distillspec_jax.main --gin_file=gin/runs/<study>.gin`;
 a study config's `stage_functions()` gives run_pipeline its stages.
@@ -13,7 +12,6 @@ a study config's `stage_functions()` gives run_pipeline its stages.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 from typing import Callable, Optional
@@ -22,6 +20,7 @@ from distillspec_jax.studies import pipeline
 from distillspec_jax.decoding.plain import prompt_inputs
 from distillspec_jax.distill.objectives import DistillationConfig, make_speculative_eval_fn
 from distillspec_jax.core.files import read_json
+from distillspec_jax.core.validation import check_path
 from distillspec_jax.training.trainer import distill
 
 REUSABLE_STAGES = ("vocab", "target", "draft_raw")
@@ -54,6 +53,21 @@ def copy_stage(source_run_dir: str, config, stage: str) -> dict:
   summary["source_wall_clock_s"] = summary.pop("wall_clock_s", None)
   summary["copied_from"] = source
   return summary
+
+
+def check_reuse_run_dir(reuse_run_dir: Optional[str]) -> None:
+  """Refuses, before work starts, a `reuse_run_dir` without the finished stages a study
+  copies (REUSABLE_STAGES); None passes."""
+  if reuse_run_dir is None:
+    return
+  check_path(reuse_run_dir, "reuse_run_dir", kind="dir",
+             fix="pass a finished main job's MODEL_DIR (e.g. runs/demo), or None to train "
+                 "the stages here.")
+  for stage in REUSABLE_STAGES:
+    if not os.path.exists(os.path.join(reuse_run_dir, stage, pipeline.DONE)):
+      raise ValueError(f"reuse_run_dir={reuse_run_dir!r} has no finished stage {stage!r} "
+                       f"({os.path.join(reuse_run_dir, stage, pipeline.DONE)} is missing); "
+                       "run that job first, or set reuse_run_dir=None to train it here.")
 
 
 def reusing(stage_fn: Callable, reuse_run_dir: Optional[str]) -> Callable:
@@ -91,13 +105,3 @@ def distill_toward(config, stage: str, teacher, teacher_params, student, student
   return {"divergence": distillation.divergence, "lambda1": distillation.lambda1,
           "lambda2": distillation.lambda2,
           "final_loss": float(losses[-1]) if losses else float("nan"), "tau_curve": curve}
-
-
-def check_finite(rows: list, where: str) -> None:
-  """Refuses a row with a non-finite float (a diverged model or a broken measurement)."""
-  for row in rows:
-    for key, value in row.items():
-      values = value if isinstance(value, list) else [value]
-      if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-        raise ValueError(f"{where}: the row {row} has a non-finite {key}; the model of that "
-                         "row diverged or its measurement failed: rerun its stage.")

@@ -36,8 +36,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from distillspec_jax.core.validation import check_positive_int
-from distillspec_jax.evaluation import quality as evaluation
+from distillspec_jax.core.validation import check_field_types, check_finite, check_positive_int
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies import common as studies
 from distillspec_jax.models.config import model_config
@@ -45,7 +44,6 @@ from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.core.files import read_json, write_json_atomic, write_text_atomic
 from distillspec_jax.models.model import Model
 from distillspec_jax.studies.pipeline import PipelineConfig
-from distillspec_jax.decoding.speculative import Lenience
 
 STRATEGIES = ("raw", "distilled", "speculative", "distillspec")
 
@@ -95,6 +93,7 @@ class GardenConfig(PipelineConfig):
   reuse_run_dir: Optional[str] = None
 
   def __post_init__(self):
+    check_field_types(self)
     sizes = tuple(self.sizes)
     if len(sizes) < 2 or len(set(sizes)) != len(sizes):
       raise ValueError(f"sizes={sizes!r}: a garden needs at least two different model sizes "
@@ -126,6 +125,10 @@ class GardenConfig(PipelineConfig):
     if self.middle_steps is not None:
       check_positive_int(self.middle_steps, "middle_steps")
     super().__post_init__()
+
+  def check_inputs(self) -> None:
+    super().check_inputs()
+    studies.check_reuse_run_dir(self.reuse_run_dir)
 
   @property
   def middle_sizes(self) -> tuple:
@@ -260,7 +263,7 @@ def measure_garden_speed(config: GardenConfig) -> dict:
     timing[target_stage] = speed.measure_speed(
         model_of(config, target_stage), _params(config, target_stage), drafts, prompts,
         gammas=config.gammas, temperatures=(0.0,), max_new_tokens=config.max_new_tokens,
-        repeats=config.speed_repeats, seed=config.seed, progress=False)
+        **config.speed.measure_kwargs(), seed=config.seed, progress=False)
   return timing
 
 
@@ -268,13 +271,12 @@ def stage_evaluate(config: GardenConfig, stage: str) -> dict:
   """Quality of every model alone and of every pair's speculative outputs (T = 0), tau of
   every pair, and the timing; writes `<run_dir>/evaluate/eval.json`."""
   from tqdm.auto import tqdm
-  from distillspec_jax.data import batches as data_lib
+  from distillspec_jax.evaluation import evaluate as evaluate_lib
   from distillspec_jax.evaluation import pinning
   examples = pipeline.heldout_prompts(config, config.eval_examples, split="test")
   pipeline.check_speed_prompts(config, examples)
-  vocabulary = pipeline._register_task(config).output_features["targets"].vocabulary  # pylint: disable=protected-access
-  detokenize = lambda ids: vocabulary.decode([int(i) for i in ids])
-  metric_fn = lambda refs, predictions: data_lib.compute_metrics(config.task, refs, predictions)
+  scorer = evaluate_lib.task_scorer(config.task, pipeline._register_task(  # pylint: disable=protected-access
+      config).output_features["targets"].vocabulary)
   results = {"alone": {}, "pairs": [], "num_params": {}}
   points = config.points()
   with tqdm(total=len(points), desc="garden quality", dynamic_ncols=True,
@@ -284,18 +286,19 @@ def stage_evaluate(config: GardenConfig, stage: str) -> dict:
       target_params = _params(config, target_stage)
       results["num_params"][target_stage] = target.num_params()
       if draft_stage is None:
-        results["alone"][target_stage] = evaluation.quality(
-            target, target_params, examples["prompts"], examples["targets"],
-            examples["target_texts"], config.max_new_tokens, detokenize, metric_fn)
+        results["alone"].update(evaluate_lib.quality_alone(
+            {target_stage: (target, target_params)}, examples, scorer,
+            max_new_tokens=config.max_new_tokens))
       else:
-        run = evaluation.speculative_run(
-            target, target_params, model_of(config, draft_stage), _params(config, draft_stage),
-            examples, gamma=int(config.gammas[0]), temperature=0.0, lenience=Lenience(),
-            max_new_tokens=config.max_new_tokens, batch_size=len(examples["prompts"]),
-            detokenize=detokenize, metric_fn=metric_fn, seed=config.seed)
+        row, = evaluate_lib.speculative_grid(
+            target, target_params, {draft_stage: (model_of(config, draft_stage),
+                                                  _params(config, draft_stage))},
+            examples, scorer, gammas=config.gammas, temperatures=config.temperatures,
+            max_new_tokens=config.max_new_tokens, seed=config.seed)
         results["pairs"].append({"strategy": strategy, "target": target_stage,
-                                 "draft": draft_stage, "quality": run["quality"],
-                                 **{k: run[k] for k in ("tau", "tau_stderr", "alpha")}})
+                                 "draft": draft_stage,
+                                 **{k: row[k] for k in ("quality", "tau", "tau_stderr",
+                                                        "alpha")}})
       bar.update(1)
   results["timing"] = pinning.run_pinned(config.speed_cpus, measure_garden_speed, config)
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
@@ -343,7 +346,7 @@ def build_points(config: GardenConfig, evaluation_result: dict) -> list:
         quality=float(metrics[config.quality_metric]),
         relative_latency=latency / reference,
         relative_latency_range=[v / reference for v in latency_range], **extra))
-  studies.check_finite(points, "garden report")
+  check_finite(points, "garden report")
   front = pareto([p["quality"] for p in points], [p["relative_latency"] for p in points])
   for point, on_front in zip(points, front):
     point["pareto"] = bool(on_front)

@@ -103,6 +103,7 @@ def run_pipeline(config: PipelineConfig, stage_fns: Optional[dict] = None,
   Returns {stage: "ran" | "skipped"}.
   """
   check_run_dir(config.run_dir)
+  config.check_inputs()
   stage_fns = stage_fns or default_stage_functions()
   outcome = {}
   for stage in required_stages(config, stages):
@@ -275,8 +276,10 @@ def load_params(config: PipelineConfig, stage: str, model: Model):
 
 
 def _train_config(config: PipelineConfig, stage: str, steps: int, learning_rate: float,
-                  eval_every: int = 0) -> TrainConfig:
+                  eval_every: int = 0, initial_checkpoint_path: Optional[str] = None
+                  ) -> TrainConfig:
   return TrainConfig(model_dir=config.stage_dir(stage), train_steps=steps,
+                     initial_checkpoint_path=initial_checkpoint_path,
                      batch_size=config.batch_size, seed=config.seed, optimizer=config.optimizer,
                      learning_rate=learning_rate, warmup_steps=config.warmup_steps,
                      decay_steps=config.decay_steps or steps, final_fraction=0.1,
@@ -291,15 +294,20 @@ def _last_loss(history: list) -> float:
 
 
 def stage_finetune(config: PipelineConfig, stage: str) -> dict:
-  """Cross-entropy fine-tuning of the target ("target") or the raw draft ("draft_raw")."""
+  """Cross-entropy fine-tuning of the target ("target") or the raw draft ("draft_raw"),
+  from its starting checkpoint when the config names one (any format: importer.restore_any)."""
+  from distillspec_jax.interop import importer
   target, draft = models(config)
   model = target if stage == "target" else draft
   steps = config.target_steps if stage == "target" else config.draft_steps
+  start = (config.target_checkpoint_path if stage == "target"
+           else config.draft_checkpoint_path)
   learning_rate = config.learning_rate
   if stage == "target" and config.target_learning_rate is not None:
     learning_rate = config.target_learning_rate
-  result = finetune(_train_config(config, stage, steps, learning_rate), model,
-                    train_data(config))
+  result = finetune(_train_config(config, stage, steps, learning_rate,
+                                  initial_checkpoint_path=start), model, train_data(config),
+                    restore_fn=importer.restore_any)
   return {"final_loss": _last_loss(result.history), "num_params": model.num_params()}
 
 
@@ -435,14 +443,15 @@ def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None
   return speed.measure_speed(target, params["target"], drafts, prompts, gammas=config.gammas,
                              temperatures=config.temperatures,
                              max_new_tokens=config.max_new_tokens,
-                             repeats=config.speed_repeats,
-                             timed_per_turn=config.speed_calls,
-                             budget_s=config.speed_budget_s,
+                             **config.speed.measure_kwargs(),
                              before_timing=pinning.wait_for_release,
                              windows_log=windows_log, seed=config.seed,
                              progress=config.progress_bar)
 
 
+# What eval.json keeps of a speculative_grid row (the task metric is of its outputs).
+_SPECULATIVE_KEYS = ("draft", "gamma", "temperature", "tau", "tau_stderr", "alpha",
+                     "alpha_proposed", "quality")
 _SPEED_KEYS = ("speedup", "speedup_range", "speedup_spread", "speedup_repeats",
                "cost_model_speedup", "end_to_end_speedup", "end_to_end_speedup_range",
                "cost_model_end_to_end_speedup", "tokens_per_s", "plain_tokens_per_s", "setup_s")
@@ -450,43 +459,34 @@ _SPEED_KEYS = ("speedup", "speedup_range", "speedup_spread", "speedup_repeats",
 
 def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   """Quality of every model; tau, alpha and measured speedup of every draft with the target
-  at each gamma and temperature. Writes `<run_dir>/evaluate/eval.json`."""
+  at each gamma and temperature (evaluation.evaluate, the one evaluation path). Writes
+  `<run_dir>/evaluate/eval.json`."""
   from tqdm.auto import tqdm
-  from distillspec_jax.data import batches as data_lib
-  from distillspec_jax.evaluation import quality as evaluation
+  from distillspec_jax.evaluation import evaluate as evaluate_lib
   from distillspec_jax.evaluation import pinning
   target, draft, params = _eval_models_and_params(config)
-  eval_task = config.eval_task or config.task
   examples = _test_examples(config)
-  prompts, targets = examples["prompts"], examples["targets"]
-  metric_fn = lambda refs, predictions: data_lib.compute_metrics(eval_task, refs, predictions)
-  vocabulary = _register_task(config).output_features["targets"].vocabulary
-  detokenize = lambda ids: vocabulary.decode([int(i) for i in ids])
-  drafts = ("draft_raw",) + config.distill_stages
+  scorer = evaluate_lib.task_scorer(config.eval_task or config.task, _register_task(
+      config).output_features["targets"].vocabulary)
+  drafts = {name: (draft, params[name]) for name in ("draft_raw",) + config.distill_stages}
   total = len(params) + len(config.temperatures) * len(drafts) * len(config.gammas)
-  results = {"quality": {}, "speculative": []}
   # The timing process loads and compiles on its pinned core while this one evaluates; it
   # starts timing only once released, when nothing else runs.
   with pinning.start_pinned(config.speed_cpus, measure_run_speed, config) as timing_run, \
       tqdm(total=total, desc="evaluate (quality, tau)", dynamic_ncols=True,
            disable=not config.progress_bar) as bar:
-    for name in params:
-      results["quality"][name] = evaluation.quality(
-          target if name == "target" else draft, params[name], prompts, targets,
-          examples["target_texts"], config.max_new_tokens, detokenize, metric_fn)
-      bar.update(1)
-    for temperature in config.temperatures:
-      for name in drafts:
-        for gamma in config.gammas:
-          stats = evaluation.speculative_statistics(
-              target, params["target"], draft, params[name], prompts, gamma=gamma,
-              temperature=temperature, max_new_tokens=config.max_new_tokens, seed=config.seed)
-          results["speculative"].append(dict(draft=name, gamma=gamma, temperature=temperature,
-                                             **stats))
-          bar.update(1)
+    alone = evaluate_lib.quality_alone(
+        {name: (target if name == "target" else draft, p) for name, p in params.items()},
+        examples, scorer, max_new_tokens=config.max_new_tokens, on_done=bar.update)
+    rows = evaluate_lib.speculative_grid(
+        target, params["target"], drafts, examples, scorer, gammas=config.gammas,
+        temperatures=config.temperatures, max_new_tokens=config.max_new_tokens,
+        seed=config.seed, on_done=bar.update)
     bar.close()
-    del params  # the timing process loads its own copy
+    del params, drafts  # the timing process loads its own copy
     timing = timing_run.result()
+  results = {"quality": alone, "speculative": [{k: row[k] for k in _SPECULATIVE_KEYS}
+                                               for row in rows]}
   by_key = {(r["draft"], r["gamma"], r["temperature"]): r for r in timing["rows"]}
   for row in results["speculative"]:
     timed = by_key[(row["draft"], row["gamma"], row["temperature"])]
@@ -500,7 +500,7 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
                                                         "plain_calls_per_cycle", "budget_s",
                                                         "max_new_tokens")})
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
-  return {"num_test_prompts": int(len(prompts))}
+  return {"num_test_prompts": int(len(examples["prompts"]))}
 
 
 def stage_report(config: PipelineConfig, stage: str) -> dict:

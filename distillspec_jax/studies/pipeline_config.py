@@ -7,10 +7,12 @@ import dataclasses
 import os
 from typing import Optional
 
-from distillspec_jax.core.validation import check_positive_int
-from distillspec_jax.models.config import model_config
-from distillspec_jax.evaluation.speed import check_budget, check_grid
+from distillspec_jax.core.validation import (check_field_types, check_int, check_path,
+                                             check_positive_int)
 from distillspec_jax.distill.objectives import DistillationConfig
+from distillspec_jax.evaluation.evaluate import (SpeedConfig, check_checkpoint,
+                                                 check_decoding_grid)
+from distillspec_jax.models.config import model_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,15 +52,13 @@ class PipelineConfig:
     recipes: distillation recipes to run (distillation.RECIPES names); divergence: their
       divergence (None = each recipe's default).
     gammas / temperatures: the speculative decoding grid of the evaluation.
-    eval_examples: test prompts for quality and tau; speed_examples: the first test prompts,
-      each decoded alone (batch 1, as in the paper) for the wall-clock speedup (speed.py);
-      speed_repeats: interleaved timing turns (medians and ranges are over them);
-      speed_calls: timed calls of each decoder per repeat, at least (a repeat sums each
-      prompt's fastest window among them); speed_budget_s: seconds of timing: after
-      speed_calls, every repeat gets one more call at a time while another round fits in
-      this many seconds (0 = exactly speed_calls);
-      speed_cpus: cores the timing process is pinned to (a fresh process, so that XLA sizes
-      its thread pools to them; 0 = time in this process, unpinned).
+    eval_examples: test prompts for quality and tau.
+    speed_examples / speed_repeats / speed_calls / speed_budget_s / speed_cpus: the timing's
+      settings, the fields of `self.speed` (evaluation.evaluate.SpeedConfig, shared with the
+      eval binary): the first test prompts, each decoded alone (batch 1, as in the paper;
+      at least 1 here); interleaved timing turns; timed calls per repeat, at least (a repeat
+      sums each prompt's fastest window among them); seconds of timing (0 = exactly
+      speed_calls); cores of the fresh timing process (0 = this process, unpinned).
     max_new_tokens: decoding budget in evaluation and on-policy sampling.
     eval_every: distillation steps between in-training tau evaluations (the tau curve).
     vocab_size: SentencePiece pieces of the embedded vocabulary.
@@ -74,6 +74,9 @@ class PipelineConfig:
       teacher_cache stores the target's top-k log-probabilities over the train split once,
       and the `teacher_cache_recipes` (fixed-data recipes only) train on them with the
       (k + 1)-bin divergence instead of running the target; the other recipes run it live.
+    target_checkpoint_path / draft_checkpoint_path: starting weights of the target / raw
+      draft fine-tuning (any format: our orbax, T5X, Hugging Face; interop.importer), their
+      shapes those of target_model / draft_model with the vocabulary's size; None = random.
     seed: the one seed of the job.
   """
 
@@ -121,14 +124,25 @@ class PipelineConfig:
   adaspec_normalization: str = "all"
   teacher_cache_k: Optional[int] = None
   teacher_cache_recipes: tuple = ("supervised_kd",)
+  target_checkpoint_path: Optional[str] = None
+  draft_checkpoint_path: Optional[str] = None
   seed: int = 0
   progress_bar: bool = True
 
   def __post_init__(self):
+    if not self.run_dir:  # gin's unset MODEL_DIR is None: say which macro, not the type
+      raise ValueError("MODEL_DIR is not set; pass --gin.MODEL_DIR=<directory> "
+                       "(PipelineConfig.run_dir; a gs:// path on a TPU slice).")
+    check_field_types(self)
     for name in ("target_steps", "draft_steps", "distill_steps", "batch_size", "eval_examples",
-                 "speed_examples", "max_new_tokens"):
-      if int(getattr(self, name)) < 1:
-        raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1.")
+                 "speed_examples", "max_new_tokens", "vocab_size", "lm_prompt_length"):
+      check_positive_int(getattr(self, name), name)
+    for name in ("decay_steps", "save_every", "model_vocab_size", "max_decode_length",
+                 "train_examples"):
+      if getattr(self, name) is not None:
+        check_positive_int(getattr(self, name), name)
+    for name in ("warmup_steps", "eval_every"):
+      check_int(getattr(self, name), name, 0)
     if not self.recipes:
       raise ValueError("recipes is empty; name at least one of distillation.RECIPES.")
     for recipe, steps in (self.recipe_steps or {}).items():
@@ -141,7 +155,7 @@ class PipelineConfig:
                        f"adaspec_reference={self.adaspec_reference!r} in recipes={self.recipes}.")
     for recipe in self.recipes:
       distillation_config(self, recipe)  # raises on an unknown name or bad value
-    check_grid(self.gammas, self.temperatures)
+    check_decoding_grid(self.gammas, self.temperatures)
     if self.teacher_cache_k is not None:
       from distillspec_jax.distill import teacher_cache
       check_positive_int(self.teacher_cache_k, "teacher_cache_k")
@@ -153,17 +167,23 @@ class PipelineConfig:
           teacher_cache.check_fixed_data(distillation_config(self, recipe))
         except ValueError as error:
           raise ValueError(f"teacher_cache_recipes: recipe {recipe!r}: {error}") from error
-    check_positive_int(self.speed_repeats, "speed_repeats")
-    check_positive_int(self.speed_calls, "speed_calls")
-    check_budget(self.speed_budget_s, "speed_budget_s")
-    if self.speed_examples > self.eval_examples:
-      raise ValueError(f"speed_examples={self.speed_examples} exceeds eval_examples="
-                       f"{self.eval_examples}: the timed prompts are the first test prompts; "
-                       "lower speed_examples or raise eval_examples.")
-    if isinstance(self.speed_cpus, bool) or not isinstance(self.speed_cpus, int) \
-        or self.speed_cpus < 0:
-      raise ValueError(f"speed_cpus={self.speed_cpus!r} must be an integer >= 0 (0: time in "
-                       "this process, unpinned).")
+    self.speed.check_prompts(self.eval_examples)
+
+  @property
+  def speed(self) -> SpeedConfig:
+    """The timing's settings (checked when the config is made)."""
+    return SpeedConfig.of(self)
+
+  def check_inputs(self) -> None:
+    """Refuses input paths that do not exist (DATA_DIR, the starting checkpoints) before
+    work starts; the main binary and run_pipeline call it."""
+    if self.data_dir is not None:
+      check_path(self.data_dir, "DATA_DIR (PipelineConfig.data_dir)", kind="dir",
+                 fix="pass the folder holding the task folders (gsm8k/, xsum/, ...), e.g. "
+                     "../shared/data.")
+    for name in ("target_checkpoint_path", "draft_checkpoint_path"):
+      if getattr(self, name) is not None:
+        check_checkpoint(getattr(self, name), f"{name.upper()} (PipelineConfig.{name})")
 
   @property
   def feature_converter(self) -> str:

@@ -26,7 +26,8 @@ from typing import Optional
 
 import numpy as np
 
-from distillspec_jax.evaluation import quality as evaluation
+from distillspec_jax.core.validation import check_field_types, check_finite
+from distillspec_jax.evaluation import evaluate as evaluate_lib
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies import common as studies
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
@@ -64,6 +65,7 @@ class RecipeGridConfig(PipelineConfig):
   reuse_run_dir: Optional[str] = None
 
   def __post_init__(self):
+    check_field_types(self)
     if not len(self.recipes) or not len(self.divergences):
       raise ValueError(f"The recipe grid is empty: recipes={tuple(self.recipes)!r}, "
                        f"divergences={tuple(self.divergences)!r}; name at least one of "
@@ -83,6 +85,10 @@ class RecipeGridConfig(PipelineConfig):
       if divergence not in DIVERGENCES:
         raise ValueError(f"Unknown divergence {divergence!r} in divergences="
                          f"{tuple(self.divergences)!r}; use names from {DIVERGENCES}.")
+
+  def check_inputs(self) -> None:
+    super().check_inputs()
+    studies.check_reuse_run_dir(self.reuse_run_dir)
 
   @property
   def cells(self) -> tuple:
@@ -158,17 +164,13 @@ def stage_cell(config: RecipeGridConfig, stage: str) -> dict:
 def grid_statistics(config: RecipeGridConfig, target, target_params, draft, draft_params) -> list:
   """[{gamma, temperature, tau, tau_stderr, alpha}] of one draft on the first
   `eval_examples` test prompts (fixed seed: every cell sees the same prompts and keys)."""
-  prompts = pipeline.heldout_prompts(config, config.eval_examples, split="test")["prompts"]
-  rows = []
-  for temperature in config.temperatures:
-    for gamma in config.gammas:
-      stats = evaluation.speculative_statistics(
-          target, target_params, draft, draft_params, prompts, gamma=int(gamma),
-          temperature=float(temperature), max_new_tokens=config.max_new_tokens,
-          seed=config.seed)
-      rows.append({"gamma": int(gamma), "temperature": float(temperature),
-                   **{k: stats[k] for k in ("tau", "tau_stderr", "alpha")}})
-  return rows
+  examples = pipeline.heldout_prompts(config, config.eval_examples, split="test")
+  rows = evaluate_lib.speculative_grid(
+      target, target_params, {"draft": (draft, draft_params)}, examples, None,
+      gammas=config.gammas, temperatures=config.temperatures,
+      max_new_tokens=config.max_new_tokens, seed=config.seed)
+  return [{k: row[k] for k in ("gamma", "temperature", "tau", "tau_stderr", "alpha")}
+          for row in rows]
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -241,7 +243,7 @@ def rules(cells: list, gamma: int) -> list:
 
 def build_report(config: RecipeGridConfig, markers: dict, raw_draft: list) -> dict:
   cells = build_cells(config, markers)
-  studies.check_finite(cells + raw_draft, "recipe grid report")
+  check_finite(cells + raw_draft, "recipe grid report")
   curves = {stage: markers[stage]["tau_curve"] for stage in config.distill_stages}
   return {"cells": cells, "raw_draft": raw_draft,
           "rules": rules(cells, int(config.gammas[0])), "tau_curves": curves,

@@ -1,0 +1,198 @@
+"""core/validation.py, the one validation module, and the configs and binaries that use it:
+every refusal names the field or macro and the fix, before work starts; nothing coerces."""
+
+import math
+import os
+
+import gin
+import numpy as np
+import pytest
+
+from distillspec_jax import eval as eval_lib
+from distillspec_jax import gin_utils
+from distillspec_jax import main as main_lib
+from distillspec_jax.core import validation
+from distillspec_jax.decoding.plain import SamplingConfig
+from distillspec_jax.decoding.speculative import Lenience
+from distillspec_jax.evaluation.evaluate import SpeedConfig
+from distillspec_jax.studies.garden import GardenConfig
+from distillspec_jax.studies.pipeline import PipelineConfig
+from distillspec_jax.studies.recipe_grid import RecipeGridConfig
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+# --- the checks themselves ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, message", [
+    ("3", r"n='3' must be an integer >= 0 \(got str\)"), (True, "n=True is a bool"),
+    (2.0, r"n=2.0 must be an integer >= 0 \(got float\)"), (-1, "n=-1 must be an integer >= 0")])
+def test_check_int_refuses_what_is_not_a_count(value, message):
+  with pytest.raises(ValueError, match=message):
+    validation.check_int(value, "n", 0)
+
+
+def test_check_int_takes_numpy_integers():
+  assert validation.check_int(np.int64(3), "n", 1) == 3 and validation.check_positive_int(1, "n")
+
+
+@pytest.mark.parametrize("value, kwargs, message", [
+    (1.5, {}, r"p=1.5 must lie in \[0, 1\]"), (0.0, dict(zero=False), r"must lie in \(0, 1\]"),
+    (1.0, dict(one=False), r"must lie in \[0, 1\)"), (True, {}, "p=True is not a number"),
+    ("0.5", {}, "p='0.5' is not a number"), (math.nan, {}, "p=nan is not finite")])
+def test_check_probability(value, kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    validation.check_probability(value, "p", **kwargs)
+  assert validation.check_probability(1, "p") == 1.0
+
+
+def test_check_grid_and_budget():
+  with pytest.raises(ValueError, match=r"gammas=\(\) is empty"):
+    validation.check_grid((), (0.0,))
+  with pytest.raises(ValueError, match="gamma=True is a bool"):
+    validation.check_grid((True,), (0.0,))
+  with pytest.raises(ValueError, match=r"temperatures=\(\) is empty"):
+    validation.check_grid((3,), ())
+  for bad in (-1, True, "5", math.inf):
+    with pytest.raises(ValueError, match="budget_s=.*: pass the seconds"):
+      validation.check_budget(bad)
+  assert validation.check_budget(np.float32(2)) == 2.0
+
+
+def test_check_path(tmp_path):
+  with pytest.raises(ValueError, match=r"VOCABULARY='.*nope.model' does not exist; pass it"):
+    validation.check_path(str(tmp_path / "nope.model"), "VOCABULARY", kind="file", fix="pass it")
+  with pytest.raises(ValueError, match="DATA_DIR=.* is not a directory"):
+    (tmp_path / "a_file").write_text("x")
+    validation.check_path(str(tmp_path / "a_file"), "DATA_DIR", kind="dir")
+  assert validation.check_path("gs://bucket/model", "X", kind="file") == "gs://bucket/model"
+
+
+def test_check_finite_names_the_row_and_key():
+  validation.check_finite([{"tau": 2.0, "range": [1.0, 3.0]}], "report")
+  with pytest.raises(ValueError, match="report: the row .* has a non-finite range"):
+    validation.check_finite([{"tau": 2.0, "range": [1.0, math.inf]}], "report")
+
+
+# --- every config dataclass --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, fix", [
+    ("3", r"Write the number without quotes"), (True, "A bool is not taken as a number")])
+def test_pipeline_config_refuses_a_quoted_or_bool_count(tmp_path, value, fix):
+  for field in ("speed_calls", "target_steps", "eval_examples"):
+    with pytest.raises(TypeError, match=rf"PipelineConfig.{field}={value!r} .*{fix}.* "
+                                        rf"Set PipelineConfig.{field}"):
+      PipelineConfig(run_dir=str(tmp_path), **{field: value})
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda d: GardenConfig(run_dir=d, middle_steps="2"), "GardenConfig.middle_steps='2'"),
+    (lambda d: RecipeGridConfig(run_dir=d, distill_steps=True),
+     "RecipeGridConfig.distill_steps=True"),
+    (lambda d: eval_lib.EvalConfig(model_dir=d, mixture_or_task_name="t",
+                                   target_checkpoint_path="a", draft_checkpoint_path="b",
+                                   task_feature_lengths={"targets": 4}, speed_cpus=True),
+     "EvalConfig.speed_cpus=True"),
+    (lambda d: Lenience("lin", True), "Lenience.epsilon=True"),
+    (lambda d: SamplingConfig("1.0"), "SamplingConfig.temperature='1.0'"),
+    (lambda d: SpeedConfig(repeats="7"), "SpeedConfig.repeats='7'")])
+def test_every_config_dataclass_checks_its_field_types(tmp_path, make, field):
+  with pytest.raises(TypeError, match=field):
+    make(str(tmp_path))
+
+
+def test_one_speed_config_for_the_main_job_and_the_eval_binary(tmp_path):
+  config = PipelineConfig(run_dir=str(tmp_path), speed_examples=3, speed_repeats=2,
+                          speed_calls=4, speed_budget_s=1.5, speed_cpus=0)
+  assert config.speed == SpeedConfig(examples=3, repeats=2, calls=4, budget_s=1.5, cpus=0)
+  assert config.speed.measure_kwargs() == dict(repeats=2, timed_per_turn=4, budget_s=1.5)
+  assert SpeedConfig.of(eval_lib.EvalConfig(
+      model_dir="m", mixture_or_task_name="t", target_checkpoint_path="a",
+      draft_checkpoint_path="b", task_feature_lengths={"targets": 4},
+      speed_examples=0)).examples == 0  # 0: the eval binary does not time
+  for changes, message in ((dict(calls=0), "speed_calls=0 must be an integer >= 1"),
+                           (dict(cpus=-1), "speed_cpus=-1 must be an integer >= 0"),
+                           (dict(budget_s=math.inf), "speed_budget_s=inf: pass the seconds")):
+    with pytest.raises(ValueError, match=message):
+      SpeedConfig(**changes)
+  with pytest.raises(ValueError, match="speed_examples=0 must be an integer >= 1"):
+    PipelineConfig(run_dir=str(tmp_path), speed_examples=0)  # the main job always times
+
+
+def test_lenience_is_checked_by_the_engine_when_the_eval_config_is_made():
+  with pytest.raises(ValueError, match="EPSILONS has 0: lenience epsilon=0 must lie in"):
+    eval_lib.EvalConfig(model_dir="m", mixture_or_task_name="t", target_checkpoint_path="a",
+                        draft_checkpoint_path="b", task_feature_lengths={"targets": 4},
+                        epsilons=(1.0, 0))
+  with pytest.raises(ValueError, match=r"TASK_FEATURE_LENGTHS\['targets'\].*='44' must be"):
+    eval_lib.EvalConfig(model_dir="m", mixture_or_task_name="t", target_checkpoint_path="a",
+                        draft_checkpoint_path="b", task_feature_lengths={"targets": "44"})
+
+
+# --- paths, before work starts -----------------------------------------------------------------
+
+
+def test_pipeline_paths_are_checked(tmp_path):
+  with pytest.raises(ValueError, match=r"DATA_DIR \(PipelineConfig.data_dir\)=.*nowhere' does "
+                                       "not exist; pass the folder"):
+    PipelineConfig(run_dir=str(tmp_path), data_dir=str(tmp_path / "nowhere")).check_inputs()
+  with pytest.raises(ValueError, match=r"TARGET_CHECKPOINT_PATH .*=.*missing' does not exist; "
+                                       "pass an existing checkpoint"):
+    PipelineConfig(run_dir=str(tmp_path),
+                   target_checkpoint_path=str(tmp_path / "missing")).check_inputs()
+  os.makedirs(tmp_path / "empty")
+  with pytest.raises(ValueError, match="DRAFT_CHECKPOINT_PATH .*Cannot tell the checkpoint "
+                                       "format"):
+    PipelineConfig(run_dir=str(tmp_path),
+                   draft_checkpoint_path=str(tmp_path / "empty")).check_inputs()
+  with pytest.raises(ValueError, match="reuse_run_dir=.* has no finished stage 'vocab'"):
+    RecipeGridConfig(run_dir=str(tmp_path), reuse_run_dir=str(tmp_path)).check_inputs()
+
+
+def _user_error(fn, argv, capsys) -> str:
+  """stderr of `fn(argv)` run as the binaries run it, which must exit with status 2."""
+  with pytest.raises(SystemExit) as exit_info:
+    gin_utils.exit_on_user_error(fn, argv)
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith("Error: ") and "Traceback" not in err
+  return err
+
+
+def test_the_binaries_exit_2_with_the_message(tmp_path, capsys):
+  err = _user_error(eval_lib.main, ["--gin_file=gin/runs/eval_demo.gin",
+                                    f"--gin.MODEL_DIR={tmp_path}/eval",
+                                    f"--gin.VOCABULARY={tmp_path}/missing.model"], capsys)
+  assert f"VOCABULARY='{tmp_path}/missing.model' does not exist" in err
+  assert not os.path.exists(tmp_path / "eval")  # nothing was made
+  demo = ["--gin_file=gin/runs/demo.gin", f"--gin.MODEL_DIR={tmp_path}/main"]
+  err = _user_error(main_lib.prepare, demo + ["--gin.PipelineConfig.speed_calls='3'"], capsys)
+  assert "PipelineConfig.speed_calls='3' is of type str" in err
+  err = _user_error(main_lib.prepare, demo + ["--gin.PipelineConfig.speed_calls=True"], capsys)
+  assert "PipelineConfig.speed_calls=True is of type bool" in err
+  err = _user_error(main_lib.prepare, demo + [f"--gin.DRAFT_CHECKPOINT_PATH={tmp_path}/no"],
+                    capsys)
+  assert f"DRAFT_CHECKPOINT_PATH (PipelineConfig.draft_checkpoint_path)='{tmp_path}/no' " \
+         "does not exist" in err
+  assert not os.path.exists(tmp_path / "main")
+
+
+def test_the_main_binary_run_as_a_module_exits_2_without_a_traceback(tmp_path):
+  import subprocess
+  import sys
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run([sys.executable, "-m", "distillspec_jax.main",
+                         "--gin_file=gin/runs/demo.gin", f"--gin.MODEL_DIR={tmp_path}/run",
+                         f"--gin.PipelineConfig.data_dir={tmp_path}/no_data"],
+                        capture_output=True, text=True, timeout=300, cwd=repo)
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert f"DATA_DIR (PipelineConfig.data_dir)='{tmp_path}/no_data' does not exist" in \
+      done.stderr
+  assert "Traceback" not in done.stderr
