@@ -1,7 +1,6 @@
 """Speculative decoding: exactness (greedy and sampled), statistics, lenience, bad input."""
 
 import dataclasses
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -409,7 +408,7 @@ def test_start_state_for_gamma_equals_the_start_at_that_gamma(kind):
   for gamma in (1, 3, 6):
     resized = speculative.start_state_for_gamma(base, gamma=gamma, max_new_tokens=12)
     expected = start(gamma)
-    assert resized["out"].shape == (4, 12 + gamma + 1)
+    assert resized.out.shape == (4, 12 + gamma + 1)
     jax.tree.map(np.testing.assert_array_equal, resized, expected)
     rounds = lambda state: speculative.speculative_rounds(
         target, tp, draft, dp, state, max_new_tokens=12, gamma=gamma, sampling=sampling,
@@ -425,7 +424,7 @@ def test_start_state_for_gamma_refuses_a_state_past_its_start():
       jax.random.PRNGKey(0), max_new_tokens=8, gamma=2, sampling=SamplingConfig(),
       max_length=64))(tp, dp)
   with pytest.raises(ValueError, match="its round is 2"):
-    speculative.start_state_for_gamma({**state, "round": jnp.int32(2)}, gamma=3,
+    speculative.start_state_for_gamma(state.replace(round=jnp.int32(2)), gamma=3,
                                       max_new_tokens=8)
   with pytest.raises(ValueError, match="gamma"):
     speculative.start_state_for_gamma(state, gamma=0, max_new_tokens=8)

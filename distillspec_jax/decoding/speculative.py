@@ -49,20 +49,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distillspec_jax.core.validation import check_positive_int
+from distillspec_jax.core.validation import (check_field_types, check_positive_int,
+                                             check_probability)
 from distillspec_jax.models.config import check_same_vocabulary
 from distillspec_jax.decoding.plain import (UNIFORMS_PER_DRAW, SamplingConfig, cache_capacity,
                                       check_capacity, check_prompts,
                                       check_rng, probabilities, sample_from_probabilities,
                                       sample_tokens)
+from distillspec_jax.models.cache import DecodingCache
 from distillspec_jax.models.model import PAD_ID, Model, decoder_prompt
 
 Array = jax.Array
 
 LENIENCE_FUNCTIONS = ("lin", "sq", "exp")
-
-# Columns of the engine's per-row state `rows: [batch, 7]` (see _speculative_jit).
-_GENERATED, _TARGET_CALLS, _ACCEPTED, _PROPOSED, _PREVIOUS, _PENDING, _DONE = range(7)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +75,12 @@ class Lenience:
   epsilon: float = 1.0
 
   def __post_init__(self):
+    check_field_types(self)
     if self.kind not in LENIENCE_FUNCTIONS:
       raise ValueError(f"Unknown lenience function {self.kind!r}; use one of "
                        f"{LENIENCE_FUNCTIONS}.")
-    if not 0.0 < self.epsilon <= 1.0:
-      raise ValueError(f"lenience epsilon={self.epsilon} must be in (0, 1]; 1 is lossless.")
+    check_probability(self.epsilon, "lenience epsilon", zero=False,
+                      fix="pass a number in (0, 1]; 1 is lossless.")
 
   def __call__(self, p: Array) -> Array:
     if self.kind == "lin":
@@ -182,6 +182,12 @@ class SpeculativeResult:
     return jnp.sum(self.accepted_proposed) / jnp.maximum(jnp.sum(self.drafted), 1)
 
 
+def check_pair(target: Model, draft: Model) -> None:
+  """The engine's refusals of a (target, draft) pair (vocabulary, kind), for callers that
+  load the models long before they decode."""
+  _validate(target, draft, 1, Lenience())
+
+
 def _validate(target: Model, draft: Model, gamma: int, lenience: Lenience) -> int:
   """Checks the pair and the lenience; returns gamma as an int >= 1."""
   gamma = check_positive_int(gamma, "gamma")
@@ -238,6 +244,46 @@ def speculative_decode(target: Model, target_params, draft: Model, draft_params,
                           sampling=sampling, lenience=lenience, max_length=max_length)
 
 
+@flax.struct.dataclass(kw_only=True)
+class SpeculativeState:
+  """The rounds' loop state: `speculative_start` makes it, `speculative_rounds` runs it.
+
+  Shapes are for one batch of `batch` rows; a state stacked over prompts (speed.py) has the
+  same fields with leading axes added.
+
+  Per-row counters, each [batch] int32, advanced only while the row is unfinished:
+    generated: tokens in the output, the prefill's first token included.
+    target_calls: verification rounds run.
+    accepted: accepted draft tokens that reach the output.
+    accepted_proposed: accepted draft tokens before EOS or the length limit cut them.
+    previous, pending: the decoder sequence's last two tokens (the prompt's last token and
+      the first generated one before the first round): the draft's next input; the target's
+      next block starts with `pending`.
+  done: [batch] bool, the row has its EOS or max_new_tokens tokens.
+  round: [] int32, rounds run (each folds its index into `loop_rng`).
+  target_cache, draft_cache: the models' DecodingCaches over [batch] rows (see the module
+    docstring for what each holds at the start of a round).
+  out: [batch, max_new_tokens + gamma + 1] int32, the output so far, PAD_ID after it (one
+    spare block at the end so that a round's writes never fall off the buffer).
+  accepted_per_round: [batch, max_new_tokens] int32, `SpeculativeResult.accepted_per_round`.
+  loop_rng: the PRNG key the rounds draw from.
+  """
+
+  generated: Array
+  target_calls: Array
+  accepted: Array
+  accepted_proposed: Array
+  previous: Array
+  pending: Array
+  done: Array
+  round: Array
+  target_cache: DecodingCache
+  draft_cache: DecodingCache
+  out: Array
+  accepted_per_round: Array
+  loop_rng: Array
+
+
 @functools.partial(jax.jit, static_argnames=("target", "draft", "max_new_tokens", "gamma",
                                              "sampling", "lenience", "max_length"))
 def _speculative_jit(target, target_params, draft, draft_params, encoder_input_tokens,
@@ -252,7 +298,8 @@ def _speculative_jit(target, target_params, draft, draft_params, encoder_input_t
 
 
 def speculative_start(target, target_params, draft, draft_params, encoder_input_tokens,
-                      prompt_tokens, rng, *, max_new_tokens, gamma, sampling, max_length) -> dict:
+                      prompt_tokens, rng, *, max_new_tokens, gamma, sampling,
+                      max_length) -> SpeculativeState:
   """The rounds' initial state (traceable; `speculative_decode` checks the arguments): both
   caches after the prefill, the first token, the output buffer and the per-row counters.
 
@@ -261,7 +308,6 @@ def speculative_start(target, target_params, draft, draft_params, encoder_input_
   """
   source = encoder_input_tokens if target.is_encoder_decoder else prompt_tokens
   batch = source.shape[0]
-  eos = sampling.eos_id
   first_rng, loop_rng = jax.random.split(rng)
 
   # Prefill: the target holds the decoder prompt and gives the first token; the draft holds
@@ -277,125 +323,134 @@ def speculative_start(target, target_params, draft, draft_params, encoder_input_
   previous = jnp.take_along_axis(prompt, (prompt_lengths - 1)[:, None], axis=1)[:, 0]
   pending = sample_tokens(first_logits, first_rng, sampling.temperature)
 
-  # One spare block at the end so a round's writes never fall off the buffer.
   out = jnp.full((batch, max_new_tokens + gamma + 1), PAD_ID, jnp.int32).at[:, 0].set(pending)
-  # Every per-row scalar of the loop lives in one int32 array, `rows: [batch, 7]`, so that a
-  # round updates them all in one fused op: on CPU each separate small op (and the copy XLA
-  # adds for each loop-carried value read after it is overwritten) costs about a microsecond.
-  # Columns: tokens generated (the prefill's included), verification calls, accepted draft
-  # tokens that reach the output, accepted draft tokens before EOS / the length limit cut,
-  # the draft's next input [previous, pending], and done (0/1). draft_calls, drafted and
-  # produced follow from them.
   zeros = jnp.zeros_like(pending)
-  rows = jnp.stack([jnp.ones_like(pending), zeros, zeros, zeros, previous, pending,
-                    ((pending == eos) | (max_new_tokens <= 1)).astype(jnp.int32)], axis=1)
-  return dict(round=jnp.int32(0), target_cache=target_cache, draft_cache=draft_cache,
-              rows=rows, out=out,
-              accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32),
-              loop_rng=loop_rng)
+  return SpeculativeState(
+      generated=jnp.ones_like(pending), target_calls=zeros, accepted=zeros,
+      accepted_proposed=zeros, previous=previous, pending=pending,
+      done=(pending == sampling.eos_id) | (max_new_tokens <= 1), round=jnp.int32(0),
+      target_cache=target_cache, draft_cache=draft_cache, out=out,
+      accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32), loop_rng=loop_rng)
 
 
-def start_state_for_gamma(state: dict, *, gamma: int, max_new_tokens: int) -> dict:
+def start_state_for_gamma(state: SpeculativeState, *, gamma: int,
+                          max_new_tokens: int) -> SpeculativeState:
   """`speculative_start`'s state (any leading axes) as `speculative_start` makes it with
   `gamma`: only the output buffer's width, `out: [..., max_new_tokens + gamma + 1]` (PAD_ID
   after the first token), depends on gamma, so cutting or padding it is exact. Lets one
   compiled start serve every gamma (speed.py). Refuses a state whose rounds have begun."""
   gamma = check_positive_int(gamma, "gamma")
-  rounds = np.asarray(state["round"])
+  rounds = np.asarray(state.round)
   if np.any(rounds != 0):
     raise ValueError(f"start_state_for_gamma takes a state fresh from speculative_start, but "
                      f"its round is {rounds.max()}; resize before running any rounds.")
-  out = state["out"]
+  out = state.out
   width = max_new_tokens + gamma + 1
   if out.shape[-1] >= width:
     out = out[..., :width]
   else:
     pad = jnp.full(out.shape[:-1] + (width - out.shape[-1],), PAD_ID, out.dtype)
     out = jnp.concatenate([out, pad], axis=-1)
-  return {**state, "out": out}
+  return state.replace(out=out)
 
 
-def speculative_rounds(target, target_params, draft, draft_params, state: dict, *,
+def _draft_block(draft: Model, draft_params, draft_cache, context: Array, rng: Array, *,
+                 gamma: int, temperature: float):
+  """gamma draft steps from `context: [batch, 2]` = [previous, pending] (the first step feeds
+  both). Returns (tokens [batch, gamma], logits [batch, gamma, vocab], draft cache)."""
+  uniform = jax.random.uniform(rng, (context.shape[0], gamma, UNIFORMS_PER_DRAW))
+  logits, draft_cache = draft.extend(draft_params, draft_cache, context)
+  step_logits = logits[:, 1]
+  tokens, all_logits = [], []
+  for i in range(gamma):
+    if i > 0:
+      logits, draft_cache = draft.extend(draft_params, draft_cache, tokens[-1][:, None])
+      step_logits = logits[:, 0]
+    all_logits.append(step_logits)
+    tokens.append(sample_tokens(step_logits, None, temperature, uniform[:, i]))
+  return jnp.stack(tokens, 1), jnp.stack(all_logits, 1), draft_cache
+
+
+def _round_output(state: SpeculativeState, block: Array, num_accepted: Array,
+                  next_token: Array, *, max_new_tokens: int, gamma: int, eos: int):
+  """What a round appends: (out with the round's tokens written, produced [batch] tokens
+  appended (0 for finished rows), first_eos [batch]: the offset of the first EOS among the
+  round's tokens, gamma + 1 where there is none).
+
+  block: [batch, gamma + 1] = [pending, draft tokens]; num_accepted, next_token: [batch]
+  from `verify_block`.
+  """
+  active = ~state.done
+  # New tokens of this round: the accepted draft tokens, then the target's token (what
+  # follows is cut off by `produced` below).
+  offsets = jnp.arange(gamma + 1)[None, :]
+  new_tokens = jnp.where(offsets < num_accepted[:, None], jnp.roll(block, -1, axis=1),
+                         next_token[:, None])
+  # Keep tokens up to the first EOS and within the length budget.
+  is_eos = (new_tokens == eos) & (offsets <= num_accepted[:, None])
+  first_eos = accepted_prefix_length(~is_eos)
+  produced = jnp.minimum(jnp.minimum(num_accepted, first_eos) + 1,
+                         max_new_tokens - state.generated) * active
+  # Elementwise select instead of a scatter: XLA fuses it, and small scatters dominate the
+  # per-round cost of tiny models.
+  relative = jnp.arange(state.out.shape[1])[None, :] - state.generated[:, None]
+  shifted = jnp.take_along_axis(new_tokens, jnp.clip(relative, 0, gamma), axis=1)
+  out = jnp.where((relative >= 0) & (relative < produced[:, None]), shifted, state.out)
+  return out, produced, first_eos
+
+
+def _round(target, target_params, draft, draft_params, state: SpeculativeState, *,
+           max_new_tokens, gamma, sampling, lenience) -> SpeculativeState:
+  """One round for every row: draft gamma tokens, verify them in one target call, commit the
+  accepted prefix and the target's token, roll both caches back. Finished rows keep their
+  counters and output."""
+  round_rng = jax.random.fold_in(state.loop_rng, state.round)
+  draft_rng, verify_rng = jax.random.split(round_rng)
+  active = ~state.done
+  context = jnp.stack([state.previous, state.pending], axis=1)
+  draft_tokens, draft_logits, draft_cache = _draft_block(
+      draft, draft_params, state.draft_cache, context, draft_rng, gamma=gamma,
+      temperature=sampling.temperature)
+  block = jnp.concatenate([context[:, 1:], draft_tokens], axis=1)  # [b, g + 1]
+  target_logits, target_cache = target.extend(target_params, state.target_cache, block)
+  num_accepted, next_token = verify_block(target_logits, draft_logits, draft_tokens,
+                                          verify_rng, sampling.temperature, lenience)
+  out, produced, first_eos = _round_output(state, block, num_accepted, next_token,
+                                           max_new_tokens=max_new_tokens, gamma=gamma,
+                                           eos=sampling.eos_id)
+  # Accepted draft tokens that reach the output: all n, unless EOS or the length limit cut
+  # the round at produced <= n tokens, all of them draft tokens.
+  kept = jnp.minimum(num_accepted, produced)
+  finished = (first_eos <= num_accepted) | (state.generated + produced >= max_new_tokens)
+  # Roll back what was not accepted. Rows finished before or in this round return to where
+  # the round began, so later rounds' writes stay within the capacity check's bound.
+  rollback = jnp.where(active & ~finished, gamma - num_accepted, gamma + 1)
+  accepted_per_round = jnp.where(
+      active[:, None] & (jnp.arange(max_new_tokens)[None, :] == state.target_calls[:, None]),
+      kept[:, None], state.accepted_per_round)
+  keep = lambda new, old: jnp.where(active, new, old)  # finished rows keep their counters
+  last_accepted = jnp.take_along_axis(block, num_accepted[:, None], axis=1)[:, 0]
+  return state.replace(
+      generated=keep(state.generated + produced, state.generated),
+      target_calls=keep(state.target_calls + 1, state.target_calls),
+      accepted=keep(state.accepted + kept, state.accepted),
+      accepted_proposed=keep(state.accepted_proposed + num_accepted, state.accepted_proposed),
+      previous=keep(last_accepted, state.previous), pending=keep(next_token, state.pending),
+      done=keep(finished, state.done), round=state.round + 1,
+      target_cache=target_cache.rollback(rollback), draft_cache=draft_cache.rollback(rollback),
+      out=out, accepted_per_round=accepted_per_round)
+
+
+def speculative_rounds(target, target_params, draft, draft_params, state: SpeculativeState, *,
                        max_new_tokens, gamma, sampling, lenience) -> SpeculativeResult:
   """Runs the rounds from `speculative_start`'s state until every row is done."""
-  batch = state["rows"].shape[0]
-  temperature, eos = sampling.temperature, sampling.eos_id
-  state = dict(state)
-  loop_rng = state.pop("loop_rng")
-
-  def draft_block(draft_cache, context, round_rng):
-    """gamma draft steps; the first feeds context = [previous, pending].
-    Returns tokens/logits [b, g(, V)]."""
-    uniform = jax.random.uniform(round_rng, (batch, gamma, UNIFORMS_PER_DRAW))
-    logits, draft_cache = draft.extend(draft_params, draft_cache, context)
-    step_logits = logits[:, 1]
-    tokens, all_logits = [], []
-    for i in range(gamma):
-      if i > 0:
-        logits, draft_cache = draft.extend(draft_params, draft_cache, tokens[-1][:, None])
-        step_logits = logits[:, 0]
-      all_logits.append(step_logits)
-      tokens.append(sample_tokens(step_logits, None, temperature, uniform[:, i]))
-    return jnp.stack(tokens, 1), jnp.stack(all_logits, 1), draft_cache
-
-  def cond(state):
-    return jnp.any(state["rows"][:, _DONE] == 0)
-
-  def body(state):
-    round_rng = jax.random.fold_in(loop_rng, state["round"])
-    draft_rng, verify_rng = jax.random.split(round_rng)
-    rows = state["rows"]
-    active = rows[:, _DONE] == 0
-    generated, target_calls = rows[:, _GENERATED], rows[:, _TARGET_CALLS]
-    context = rows[:, _PREVIOUS:_PENDING + 1]
-    draft_tokens, draft_logits, draft_cache = draft_block(state["draft_cache"], context,
-                                                          draft_rng)
-    block = jnp.concatenate([context[:, 1:], draft_tokens], axis=1)  # [b, g + 1]
-    target_logits, target_cache = target.extend(target_params, state["target_cache"], block)
-    num_accepted, next_token = verify_block(target_logits, draft_logits, draft_tokens,
-                                            verify_rng, temperature, lenience)
-    # New tokens of this round: the accepted draft tokens, then the target's token (what
-    # follows is cut off by `produced` below).
-    offsets = jnp.arange(gamma + 1)[None, :]
-    new_tokens = jnp.where(offsets < num_accepted[:, None], jnp.roll(block, -1, axis=1),
-                           next_token[:, None])
-    # Keep tokens up to the first EOS and within the length budget.
-    is_eos = (new_tokens == eos) & (offsets <= num_accepted[:, None])
-    first_eos = accepted_prefix_length(~is_eos)  # gamma + 1 where there is none
-    produced = jnp.minimum(jnp.minimum(num_accepted, first_eos) + 1,
-                           max_new_tokens - generated) * active
-    # Elementwise select instead of a scatter: XLA fuses it, and small scatters dominate the
-    # per-round cost of tiny models.
-    relative = jnp.arange(state["out"].shape[1])[None, :] - generated[:, None]
-    shifted = jnp.take_along_axis(new_tokens, jnp.clip(relative, 0, gamma), axis=1)
-    out = jnp.where((relative >= 0) & (relative < produced[:, None]), shifted, state["out"])
-    # Accepted draft tokens that reach the output: all n, unless EOS or the length limit cut
-    # the round at produced <= n tokens, all of them draft tokens.
-    kept = jnp.minimum(num_accepted, produced)
-    # Finished rows keep their row as it is.
-    last_accepted = jnp.take_along_axis(block, num_accepted[:, None], axis=1)[:, 0]
-    finished = (first_eos <= num_accepted) | (generated + produced >= max_new_tokens)
-    rows = jnp.where(active[:, None], jnp.stack(
-        [generated + produced, target_calls + 1, rows[:, _ACCEPTED] + kept,
-         rows[:, _PROPOSED] + num_accepted, last_accepted, next_token,
-         finished.astype(jnp.int32)], axis=1), rows)
-    # Roll back what was not accepted. Rows finished before or in this round return to where
-    # the round began, so later rounds' writes stay within the capacity check's bound.
-    rollback = jnp.where(active & ~finished, gamma - num_accepted, gamma + 1)
-    target_cache = target_cache.rollback(rollback)
-    draft_cache = draft_cache.rollback(rollback)
-    accepted_per_round = jnp.where(
-        active[:, None] & (jnp.arange(max_new_tokens)[None, :] == target_calls[:, None]),
-        kept[:, None], state["accepted_per_round"])
-    return dict(round=state["round"] + 1, target_cache=target_cache, draft_cache=draft_cache,
-                rows=rows, out=out, accepted_per_round=accepted_per_round)
-
-  state = jax.lax.while_loop(cond, body, state)
-  generated, target_calls, accepted, proposed = (state["rows"][:, i] for i in
-                                                 (_GENERATED, _TARGET_CALLS, _ACCEPTED,
-                                                  _PROPOSED))
-  return SpeculativeResult(tokens=state["out"][:, :max_new_tokens], lengths=generated,
-                           target_calls=target_calls, draft_calls=gamma * target_calls,
-                           drafted=gamma * target_calls, accepted=accepted,
-                           accepted_proposed=proposed, produced=generated - 1,
-                           accepted_per_round=state["accepted_per_round"])
+  body = functools.partial(_round, target, target_params, draft, draft_params,
+                           max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
+                           lenience=lenience)
+  state = jax.lax.while_loop(lambda state: jnp.any(~state.done), body, state)
+  return SpeculativeResult(
+      tokens=state.out[:, :max_new_tokens], lengths=state.generated,
+      target_calls=state.target_calls, draft_calls=gamma * state.target_calls,
+      drafted=gamma * state.target_calls, accepted=state.accepted,
+      accepted_proposed=state.accepted_proposed, produced=state.generated - 1,
+      accepted_per_round=state.accepted_per_round)

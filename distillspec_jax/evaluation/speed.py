@@ -29,6 +29,14 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
   and windows: plain = (tokens - 1) target steps per prompt; speculative = per round one
   2-token and gamma - 1 one-token draft calls and one (gamma + 1)-token verification. Model
   calls are timed in jitted loops fed the previous call's outputs (see `_repeated_extend`).
+- Reported apart: `plain[T]["call_overhead_s"]`, the fastest whole call less its windows
+  (dispatch and the call's own fixed work: paid once per call of N prompts, outside every
+  window); `per_call_s["stamp"]`, the clock read each window holds (a loop over the prompts
+  that does nothing; it is in both decoders' windows, once per prompt); `interference`, how
+  much slower a typical call was than its fastest windows (median over all timed calls / the
+  cost, less 1): the host's contention during the measurement; `quiet_timeline`, {"plain"
+  (the first temperature's plain decoding), "verification_<max gamma>"}: `quiet_timeline` of
+  each over (at most) ten tenths of the timing.
 - Pinning (`pinning.py`): the process is restricted to some cores before JAX creates its
   thread pools, or the measurement runs in a fresh process pinned that way (the training
   stages of the main job keep every core).
@@ -48,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from distillspec_jax.core.validation import check_positive_int
+from distillspec_jax.core.validation import check_budget, check_grid, check_positive_int
 from distillspec_jax.decoding.plain import (SamplingConfig, cache_capacity, decode_start, decode_steps, prompt_inputs)
 from distillspec_jax.models.model import Model
 from distillspec_jax.evaluation.pinning import machine_info
@@ -340,26 +348,6 @@ def _spread(values: Sequence[float]) -> float:
   return (max(values) - min(values)) / statistics.median(values)
 
 
-def check_grid(gammas, temperatures) -> None:
-  """Refuses an empty gamma or temperature grid and gammas that are not integers >= 1."""
-  if not len(gammas):
-    raise ValueError(f"gammas={tuple(gammas)!r} is empty; pass at least one gamma, "
-                     "e.g. (3, 5, 7).")
-  for gamma in gammas:
-    check_positive_int(gamma, "gamma")
-  if not len(temperatures):
-    raise ValueError(f"temperatures={tuple(temperatures)!r} is empty; pass e.g. (0.0, 1.0).")
-
-
-def check_budget(budget_s, name: str = "budget_s") -> float:
-  """`budget_s` (seconds of timing) as a float >= 0, or a ValueError naming it."""
-  if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float, np.number)) or not (
-      math.isfinite(budget_s) and budget_s >= 0):
-    raise ValueError(f"{name}={budget_s!r}: pass the seconds to keep timing for, a finite "
-                     "number >= 0 (0: exactly the minimum calls per repeat).")
-  return float(budget_s)
-
-
 def timed_lenience(lenience: Lenience) -> Lenience:
   """The rule timed for `lenience`: every kind at epsilon 1 is lossless sampling, one rule."""
   return Lenience() if lenience.epsilon == 1.0 else lenience
@@ -384,6 +372,201 @@ def check_speed_arguments(gammas, temperatures, repeats, prompts) -> None:
   check_positive_int(repeats, "speed repeats (timing turns)")
   if len(prompts) < 1:
     raise ValueError("No prompts to time: pass at least one speed prompt.")
+
+
+def _drafts_by_model(drafts: Mapping[str, tuple]) -> dict:
+  """draft Model -> the names of the drafts that use it (they share compiled code)."""
+  model_of = {}
+  for name, (draft, _) in drafts.items():
+    model_of.setdefault(draft, []).append(name)
+  return model_of
+
+
+def _per_call_functions(target: Model, target_params, drafts: Mapping[str, tuple],
+                        model_of: dict, prompts, gammas: Sequence[int]) -> tuple:
+  """(name -> timed callable, name -> model calls it makes) of the per-call costs:
+  "target_step", "verification_<gamma>" and "<draft>:draft_step_<1|2>" (one per draft
+  Model, named after its first draft). Temperature-independent."""
+  one_prompt = {k: v[:1] for k, v in prompt_inputs(target, prompts).items()}
+  capacity = target.config.max_decode_length
+  per_call, extends = {}, {}
+  per_call["target_step"], extends["target_step"] = per_call_function(
+      target, target_params, one_prompt, 1, 1, 0.03, capacity)
+  for gamma in gammas:
+    per_call[f"verification_{gamma}"], extends[f"verification_{gamma}"] = per_call_function(
+        target, target_params, one_prompt, 1, gamma + 1, 0.03, capacity)
+  for draft, names in model_of.items():
+    params = drafts[names[0]][1]
+    for width in (1, 2):
+      key = f"{names[0]}:draft_step_{width}"
+      per_call[key], extends[key] = per_call_function(draft, params, one_prompt, 1, width,
+                                                      0.03, capacity)
+  return per_call, extends
+
+
+def _speculative_functions(target: Model, target_params, draft: Model, names: list,
+                           drafts: Mapping[str, tuple], prompts, rng, temperature, *,
+                           gammas: Sequence[int], sampling: SamplingConfig,
+                           leniences: Sequence[Lenience], max_new_tokens: int) -> tuple:
+  """(functions, runs) of the drafts `names` (all of Model `draft`) at one temperature: their
+  setup ("setup_speculative", temperature, names[0]) and every (name, gamma, temperature,
+  lenience)'s rounds, timed on states made once; runs: each rounds call's results."""
+  functions, runs = {}, {}
+  first_states = {}  # draft name -> the start's states at gammas[0]
+  for gamma in gammas:
+    # Compiled once per draft Model (drafts of one Model differ in parameters only); the
+    # setup does not depend on the lenience (the first rule's is used), the rounds do.
+    decoders = {lenience: _speculative_decoder(target, draft, max_new_tokens, gamma,
+                                               sampling, lenience)
+                for lenience in leniences}
+    for name in names:
+      params = {"target": target_params, "draft": drafts[name][1]}
+      if name not in first_states:
+        start = decoders[leniences[0]][0]
+        first_states[name] = jax.block_until_ready(start(params, prompts, rng))[0]
+        if name == names[0]:
+          functions[("setup_speculative", temperature, name)] = functools.partial(
+              start, params, prompts, rng)
+      states = jax.block_until_ready(start_state_for_gamma(
+          first_states[name], gamma=gamma, max_new_tokens=max_new_tokens))
+      for lenience, (_, rounds) in decoders.items():
+        key = (name, gamma, temperature, lenience)
+        runs[key] = jax.device_get(rounds(params, states, rng)[0])
+        functions[key] = functools.partial(rounds, params, states, rng)
+  return functions, runs
+
+
+def _decoding_functions(target: Model, target_params, drafts: Mapping[str, tuple],
+                        model_of: dict, prompts, rng, *, gammas: Sequence[int],
+                        temperatures: Sequence[float], leniences: Sequence[Lenience],
+                        max_new_tokens: int, eos: dict) -> tuple:
+  """(functions, runs): key -> timed callable and key -> its results, of every decoder.
+
+  Each decoder is (start, steps): the encoders and the prefill of every prompt ("setup"),
+  timed alone, and the decoding from their states, timed alone on states made once.
+  Compiling is most of `measure_speed`'s time (on one pinned core, before timing can start),
+  so the setups are compiled once where their programs would be the same: the plain start
+  ignores the sampling rule, and a speculative start depends on gamma only through its
+  output buffer's width (`start_state_for_gamma`).
+  """
+  functions, runs = {}, {}
+  plain_start = None
+  for temperature in temperatures:
+    sampling = SamplingConfig(float(temperature), **eos)
+    start, steps = _plain_decoder(target, max_new_tokens, sampling)
+    if plain_start is None:
+      plain_start = start
+    start = plain_start
+    params = {"target": target_params}
+    states, _ = jax.block_until_ready(start(params, prompts, rng))
+    key = ("plain", temperature)
+    runs[key] = jax.device_get(steps(params, states, rng)[0])
+    functions[key] = functools.partial(steps, params, states, rng)
+    functions[("setup_plain", temperature)] = functools.partial(start, params, prompts, rng)
+    for draft, names in model_of.items():
+      more_functions, more_runs = _speculative_functions(
+          target, target_params, draft, names, drafts, prompts, rng, temperature,
+          gammas=gammas, sampling=sampling, leniences=leniences,
+          max_new_tokens=max_new_tokens)
+      functions.update(more_functions)
+      runs.update(more_runs)
+  return functions, runs
+
+
+def _timed_cycles(functions: dict, repeats: int, *, timed_per_turn: int, budget_s: float,
+                  order: list, progress: bool) -> tuple:
+  """`interleaved_times` of `functions` in cycles of `order`, with a progress bar: returns
+  (windows, calls, typical, calls_per_repeat, the windows log)."""
+  from tqdm.auto import tqdm
+  minimum = repeats * timed_per_turn
+  log = []
+  with tqdm(total=minimum, desc="speed (timing cycles)", disable=not progress,
+            dynamic_ncols=True) as bar:
+    def advance(elapsed):
+      # With a budget the cycles' count is known only as they go: the total is the whole
+      # rounds of `repeats` that fit in the budget at the rate so far, or the minimum.
+      bar.update(1)
+      if budget_s > 0:
+        expected = math.floor(bar.n * budget_s / max(elapsed, 1e-9) / repeats) * repeats
+        bar.total = max(minimum, expected, bar.n)
+        bar.refresh()
+
+    times, whole_calls, typical, timed_per_repeat = interleaved_times(
+        functions, repeats, timed_per_turn=timed_per_turn, progress=advance,
+        budget_s=budget_s, windows_log=log, order=order)
+  return times, whole_calls, typical, timed_per_repeat, log
+
+
+def _per_call_costs(times: dict, typical: dict, extends: dict, num_prompts: int,
+                    largest: str) -> tuple:
+  """(per_call_s, interference): each per-call function's median time per model call (and
+  "stamp": per prompt), and how much the host slowed a typical call of "target_step" and
+  `largest` (median call over the fastest windows, less 1)."""
+  cost = {name: statistics.median(times[("per_call", name)]) / extends[name]
+          for name in extends}
+  cost["stamp"] = statistics.median(times[("stamp",)]) / num_prompts
+  interference = {
+      name: typical[("per_call", name)] / statistics.median(times[("per_call", name)]) - 1
+      for name in ("target_step", largest)}
+  return cost, interference
+
+
+def _plain_summary(runs: dict, times: dict, whole_calls: dict, cost: dict,
+                   temperature) -> dict:
+  """`measure_speed`'s plain[T]: plain decoding's tokens, times and cost model at T."""
+  lengths = np.asarray(runs[("plain", temperature)]["lengths"])
+  tokens = int(lengths.sum())
+  decode = times[("plain", temperature)]
+  total = [d + u for d, u in zip(decode, times[("setup_plain", temperature)])]
+  return dict(
+      tokens=tokens, seconds=statistics.median(total), seconds_range=[min(total), max(total)],
+      decode_seconds=statistics.median(decode),
+      tokens_per_s=tokens / statistics.median(decode),
+      setup_s=statistics.median(times[("setup_plain", temperature)]),
+      cost_model_decode_seconds=float(np.sum(lengths - 1)) * cost["target_step"],
+      call_overhead_s=statistics.median(
+          c - w for c, w in zip(whole_calls[("plain", temperature)], decode)))
+
+
+def _speculative_rows(runs: dict, times: dict, cost: dict, model_of: dict, temperature,
+                      plain: dict, *, gammas: Sequence[int],
+                      leniences: Sequence[Lenience]) -> list:
+  """`measure_speed`'s rows at one temperature, against `plain` (its `_plain_summary`)."""
+  plain_decode = times[("plain", temperature)]
+  plain_total = [d + u for d, u in zip(plain_decode, times[("setup_plain", temperature)])]
+  plain_tokens, predicted_plain = plain["tokens"], plain["cost_model_decode_seconds"]
+  rows = []
+  for draft, names in model_of.items():
+    draft_one, draft_two = (cost[f"{names[0]}:draft_step_{w}"] for w in (1, 2))
+    spec_setups = times[("setup_speculative", temperature, names[0])]
+    setup_spec = statistics.median(spec_setups)
+    for name, gamma, lenience in itertools.product(names, gammas, leniences):
+      key = (name, gamma, temperature, timed_lenience(lenience))
+      result = runs[key]
+      tokens = int(np.sum(result["lengths"]))
+      rounds = int(np.sum(result["target_calls"]))
+      spec_decode = times[key]
+      spec_total = [d + u for d, u in zip(spec_decode, spec_setups)]
+      per_repeat = paired_speedups(tokens, spec_decode, plain_tokens, plain_decode)
+      end_to_end = paired_speedups(tokens, spec_total, plain_tokens, plain_total)
+      predicted = rounds * (draft_two + (gamma - 1) * draft_one
+                            + cost[f"verification_{gamma}"])
+      rows.append(dict(
+          draft=name, gamma=int(gamma), temperature=float(temperature),
+          lenience=lenience.kind, epsilon=float(lenience.epsilon),
+          speedup=statistics.median(per_repeat),
+          speedup_range=[min(per_repeat), max(per_repeat)],
+          speedup_spread=_spread(per_repeat), speedup_repeats=per_repeat,
+          cost_model_speedup=(tokens / predicted) / (plain_tokens / predicted_plain),
+          end_to_end_speedup=statistics.median(end_to_end),
+          end_to_end_speedup_range=[min(end_to_end), max(end_to_end)],
+          cost_model_end_to_end_speedup=(tokens / (setup_spec + predicted)) / (
+              plain_tokens / (plain["setup_s"] + predicted_plain)),
+          tokens_per_s=tokens / statistics.median(spec_decode),
+          plain_tokens_per_s=plain_tokens / statistics.median(plain_decode),
+          tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
+          tokens=tokens, seconds=statistics.median(spec_total), setup_s=setup_spec))
+  return rows
 
 
 def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], prompts,
@@ -434,21 +617,10 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     cycle, `plain_calls_per_cycle` of each plain decoding), "plain_calls_per_cycle",
     "budget_s", "max_new_tokens"}.
 
-    `speedup` is the decoding phase's: each decoder runs as two compiled loops over the
-    prompts, the setup (encoders and prefill; `setup_s`, the median over repeats) and the
-    decoding from the setup's states, made once and passed in. Only the second is compared:
-    the setup is a fixed cost per prompt that speculative decoding cannot shorten, and
-    timing it apart (instead of subtracting it from a whole run) keeps its noise out of the
-    ratio. `end_to_end_speedup` adds each repeat's setup back.
-
-    Fixed costs reported apart: `plain[T]["call_overhead_s"]`, the fastest whole call less
-    its windows (dispatch and the call's own fixed work: paid once per call of N prompts,
-    outside every window); `per_call_s["stamp"]`, the clock read each window holds (a loop
-    over the prompts that does nothing; it is in both decoders' windows, once per prompt).
-    `interference`: how much slower a typical call was than its fastest windows (median over
-    all timed calls / the cost, less 1): the host's contention during the measurement.
-    `quiet_timeline`: {"plain" (the first temperature's plain decoding), "verification_<max
-    gamma>"}: `quiet_timeline` of each over (at most) ten tenths of the timing.
+    `speedup` compares the decoding loops only (the setup is a fixed cost per prompt that
+    speculative decoding cannot shorten; timed apart, its noise stays out of the ratio);
+    `end_to_end_speedup` adds each repeat's setup (`setup_s`, the median) back. The fixed
+    costs, `interference` and `quiet_timeline`: see the module docstring.
   """
   check_speed_arguments(gammas, temperatures, repeats, prompts)
   check_positive_int(timed_per_turn, "timed_per_turn")
@@ -458,70 +630,15 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   budget_s = check_budget(budget_s)
   prompts = jnp.asarray(np.asarray(prompts), jnp.int32)
   num_prompts = int(prompts.shape[0])
-  model_of = {}
-  for name, (draft, _) in drafts.items():
-    model_of.setdefault(draft, []).append(name)
+  model_of = _drafts_by_model(drafts)
   rng = jax.random.PRNGKey(seed)
-  eos = {} if eos_id is None else {"eos_id": eos_id}
-  one_prompt = {k: v[:1] for k, v in prompt_inputs(target, prompts).items()}
 
-  # Per-call costs (temperature-independent).
-  capacity = target.config.max_decode_length
-  per_call, extends = {}, {}
-  per_call["target_step"], extends["target_step"] = per_call_function(
-      target, target_params, one_prompt, 1, 1, 0.03, capacity)
-  for gamma in gammas:
-    per_call[f"verification_{gamma}"], extends[f"verification_{gamma}"] = per_call_function(
-        target, target_params, one_prompt, 1, gamma + 1, 0.03, capacity)
-  for draft, names in model_of.items():
-    params = drafts[names[0]][1]
-    for width in (1, 2):
-      key = f"{names[0]}:draft_step_{width}"
-      per_call[key], extends[key] = per_call_function(draft, params, one_prompt, 1, width,
-                                                      0.03, capacity)
-
-  # Each decoder is (start, steps): the encoders and the prefill of every prompt ("setup"),
-  # timed alone, and the decoding from their states, timed alone on states made once.
-  # Compiling is most of this function's time (on one pinned core, before timing can start),
-  # so the setups are compiled once where their programs would be the same: the plain start
-  # ignores the sampling rule, and a speculative start depends on gamma only through its
-  # output buffer's width (`start_state_for_gamma`).
-  rows, plain_info, functions, runs = [], {}, {}, {}
-  plain_start = None
-  for temperature in temperatures:
-    sampling = SamplingConfig(float(temperature), **eos)
-    start, steps = _plain_decoder(target, max_new_tokens, sampling)
-    if plain_start is None:
-      plain_start = start
-    start = plain_start
-    params = {"target": target_params}
-    states, _ = jax.block_until_ready(start(params, prompts, rng))
-    key = ("plain", temperature)
-    runs[key] = jax.device_get(steps(params, states, rng)[0])
-    functions[key] = functools.partial(steps, params, states, rng)
-    functions[("setup_plain", temperature)] = functools.partial(start, params, prompts, rng)
-    for draft, names in model_of.items():
-      first_states = {}  # draft name -> the start's states at gammas[0]
-      for gamma in gammas:
-        # Compiled once per draft Model (drafts of one Model differ in parameters only); the
-        # setup does not depend on the lenience (the first rule's is used), the rounds do.
-        decoders = {lenience: _speculative_decoder(target, draft, max_new_tokens, gamma,
-                                                   sampling, lenience)
-                    for lenience in timed_leniences}
-        for name in names:
-          params = {"target": target_params, "draft": drafts[name][1]}
-          if name not in first_states:
-            start = decoders[timed_leniences[0]][0]
-            first_states[name] = jax.block_until_ready(start(params, prompts, rng))[0]
-            if name == names[0]:
-              functions[("setup_speculative", temperature, name)] = functools.partial(
-                  start, params, prompts, rng)
-          states = jax.block_until_ready(start_state_for_gamma(
-              first_states[name], gamma=gamma, max_new_tokens=max_new_tokens))
-          for lenience, (_, rounds) in decoders.items():
-            key = (name, gamma, temperature, lenience)
-            runs[key] = jax.device_get(rounds(params, states, rng)[0])
-            functions[key] = functools.partial(rounds, params, states, rng)
+  per_call, extends = _per_call_functions(target, target_params, drafts, model_of, prompts,
+                                          gammas)
+  functions, runs = _decoding_functions(
+      target, target_params, drafts, model_of, prompts, rng, gammas=gammas,
+      temperatures=temperatures, leniences=timed_leniences, max_new_tokens=max_new_tokens,
+      eos={} if eos_id is None else {"eos_id": eos_id})
   for name, fn in per_call.items():
     functions[("per_call", name)] = fn
   # The clock read each window holds: windows of a loop over the prompts that does nothing.
@@ -532,89 +649,27 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   if before_timing is not None:
     before_timing()
 
-  from tqdm.auto import tqdm
-  minimum = repeats * timed_per_turn
-  log = []
-  with tqdm(total=minimum, desc="speed (timing cycles)", disable=not progress,
-            dynamic_ncols=True) as bar:
-    def advance(elapsed):
-      # With a budget the cycles' count is known only as they go: the total is the whole
-      # rounds of `repeats` that fit in the budget at the rate so far, or the minimum.
-      bar.update(1)
-      if budget_s > 0:
-        expected = math.floor(bar.n * budget_s / max(elapsed, 1e-9) / repeats) * repeats
-        bar.total = max(minimum, expected, bar.n)
-        bar.refresh()
-
-    times, whole_calls, typical, timed_per_repeat = interleaved_times(
-        functions, repeats, timed_per_turn=timed_per_turn, progress=advance,
-        budget_s=budget_s, windows_log=log,
-        order=cycle_order(functions, [("plain", t) for t in temperatures],
-                          plain_calls_per_cycle))
+  times, whole_calls, typical, timed_per_repeat, log = _timed_cycles(
+      functions, repeats, timed_per_turn=timed_per_turn, budget_s=budget_s,
+      order=cycle_order(functions, [("plain", t) for t in temperatures],
+                        plain_calls_per_cycle), progress=progress)
   if windows_log is not None:
     windows_log.extend(log)
   largest = f"verification_{max(gammas)}"
   parts = min(10, repeats * timed_per_repeat)
   timeline = {"plain": quiet_timeline(log, ("plain", temperatures[0]), parts),
               largest: quiet_timeline(log, ("per_call", largest), parts)}
-  cost = {name: statistics.median(times[("per_call", name)]) / extends[name]
-          for name in per_call}
-  cost["stamp"] = statistics.median(times[("stamp",)]) / num_prompts
-  # How much the host slowed a typical call: median call over the fastest windows, less 1.
-  interference = {
-      name: typical[("per_call", name)] / statistics.median(times[("per_call", name)]) - 1
-      for name in ("target_step", f"verification_{max(gammas)}")}
+  cost, interference = _per_call_costs(times, typical, extends, num_prompts, largest)
 
+  plain_info, rows = {}, []
   for temperature in temperatures:
-    plain_lengths = np.asarray(runs[("plain", temperature)]["lengths"])
-    plain_tokens = int(plain_lengths.sum())
-    predicted_plain = float(np.sum(plain_lengths - 1)) * cost["target_step"]
-    plain_decode = times[("plain", temperature)]
-    plain_setups = times[("setup_plain", temperature)]
-    plain_total = [d + u for d, u in zip(plain_decode, plain_setups)]
-    setup_plain = statistics.median(plain_setups)
-    plain_info[str(float(temperature))] = dict(
-        tokens=plain_tokens, seconds=statistics.median(plain_total),
-        seconds_range=[min(plain_total), max(plain_total)],
-        decode_seconds=statistics.median(plain_decode),
-        tokens_per_s=plain_tokens / statistics.median(plain_decode),
-        setup_s=setup_plain, cost_model_decode_seconds=predicted_plain,
-        call_overhead_s=statistics.median(
-            c - w for c, w in zip(whole_calls[("plain", temperature)], plain_decode)))
-    for draft, names in model_of.items():
-      draft_one, draft_two = (cost[f"{names[0]}:draft_step_{w}"] for w in (1, 2))
-      spec_setups = times[("setup_speculative", temperature, names[0])]
-      setup_spec = statistics.median(spec_setups)
-      for name, gamma, lenience in itertools.product(names, gammas, leniences):
-        key = (name, gamma, temperature, timed_lenience(lenience))
-        result = runs[key]
-        tokens = int(np.sum(result["lengths"]))
-        rounds = int(np.sum(result["target_calls"]))
-        spec_decode = times[key]
-        spec_total = [d + u for d, u in zip(spec_decode, spec_setups)]
-        per_repeat = paired_speedups(tokens, spec_decode, plain_tokens, plain_decode)
-        end_to_end = paired_speedups(tokens, spec_total, plain_tokens, plain_total)
-        predicted = rounds * (draft_two + (gamma - 1) * draft_one
-                              + cost[f"verification_{gamma}"])
-        rows.append(dict(
-            draft=name, gamma=int(gamma), temperature=float(temperature),
-            lenience=lenience.kind, epsilon=float(lenience.epsilon),
-            speedup=statistics.median(per_repeat),
-            speedup_range=[min(per_repeat), max(per_repeat)],
-            speedup_spread=_spread(per_repeat), speedup_repeats=per_repeat,
-            cost_model_speedup=(tokens / predicted) / (plain_tokens / predicted_plain),
-            end_to_end_speedup=statistics.median(end_to_end),
-            end_to_end_speedup_range=[min(end_to_end), max(end_to_end)],
-            cost_model_end_to_end_speedup=(tokens / (setup_spec + predicted)) / (
-                plain_tokens / (setup_plain + predicted_plain)),
-            tokens_per_s=tokens / statistics.median(spec_decode),
-            plain_tokens_per_s=plain_tokens / statistics.median(plain_decode),
-            tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
-            tokens=tokens, seconds=statistics.median(spec_total), setup_s=setup_spec))
+    plain = _plain_summary(runs, times, whole_calls, cost, temperature)
+    plain_info[str(float(temperature))] = plain
+    rows += _speculative_rows(runs, times, cost, model_of, temperature, plain, gammas=gammas,
+                              leniences=leniences)
   return dict(rows=rows, plain=plain_info, per_call_s=cost, interference=interference,
               quiet_timeline=timeline, machine=machine_info(),
               num_prompts=num_prompts, repeats=int(repeats),
               timed_per_repeat=int(timed_per_repeat),
               plain_calls_per_cycle=int(plain_calls_per_cycle), budget_s=float(budget_s),
               max_new_tokens=int(max_new_tokens))
-

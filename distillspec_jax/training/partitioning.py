@@ -175,7 +175,3 @@ def shard_batch(batch: dict, mesh: Mesh) -> dict:
   """Puts a host NumPy batch on the mesh, rows split over 'data'."""
   sharding = batch_sharding(mesh)
   return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}
-
-
-def shard_params(params: Any, shardings: Any) -> Any:
-  return jax.tree.map(jax.device_put, params, shardings)

@@ -401,6 +401,131 @@ def _raise_non_finite(checked: list, config: TrainConfig, objective, checkpointe
       f"saved from it, and {kept}. Check " + "; ".join(checks) + ".")
 
 
+def _checked_frozen_params(objective, frozen_params: Optional[dict]) -> dict:
+  """The frozen params the objective needs ({"target"[, "reference"]}), each checked
+  against its model's shapes; a ValueError names what is missing or mismatched."""
+  frozen_params = dict(frozen_params or {})
+  missing = [n for n in objective.frozen_names if n not in frozen_params]
+  if missing:
+    raise ValueError(f"The {objective.name} objective needs frozen params {missing}; pass "
+                     "frozen_params={'target': ...} (gin: TARGET_CHECKPOINT_PATH).")
+  for name in objective.frozen_names:
+    frozen_model = objective.target if name == "target" else objective.reference
+    _check_param_shapes(
+        frozen_params[name], frozen_model, f"The frozen {name} params",
+        f"Pass the {name} model's own parameters"
+        + (" (the AdaSPEC reference is a distilled copy of the draft: same shapes as the "
+           "draft)" if name == "reference" else " (gin: TARGET_CHECKPOINT_PATH and TARGET "
+           "must describe the same model)") + ".")
+  return {k: frozen_params[k] for k in objective.frozen_names}
+
+
+def _placed_frozen_params(frozen_params: dict, frozen_shardings: dict) -> dict:
+  """`frozen_params` on their shardings: arrays already there stay as they are, others are
+  put on each process's shards (multihost.put_global)."""
+  if any(not (isinstance(x, jax.Array) and x.sharding == s) for x, s in zip(
+      jax.tree.leaves(frozen_params), jax.tree.leaves(frozen_shardings))):
+    frozen_params = multihost.put_global(frozen_params, frozen_shardings)
+  return frozen_params
+
+
+def _start_state(config: TrainConfig, model, checkpointer, state_shardings: TrainState,
+                 init_key, restore_fn, init_params) -> tuple:
+  """(TrainState on `state_shardings`, its step as an int): MODEL_DIR's latest checkpoint
+  (a resume), else `_initial_params` and a fresh optimizer state."""
+  optimizer = config.optimizer_spec.make()
+  abstract_params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                 model.param_shapes(), state_shardings.params)
+  abstract_opt = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                              jax.eval_shape(optimizer.init, abstract_params),
+                              state_shardings.opt_state)
+  latest = checkpointer.latest_step()
+  if latest is not None:
+    params, opt_state, meta = checkpointer.restore(latest, abstract_params, abstract_opt)
+    opt_state = jax.tree.unflatten(jax.tree.structure(abstract_opt), jax.tree.leaves(opt_state))
+    start_step = int(meta["step"])
+    logging.info("Resuming from %s at step %d.", config.model_dir, start_step)
+  else:
+    params = _initial_params(config, model, init_key, abstract_params, restore_fn, init_params)
+    opt_state = jax.jit(optimizer.init, out_shardings=state_shardings.opt_state)(params)
+    start_step = 0
+  state = TrainState(step=jnp.asarray(start_step, jnp.int32), params=params, opt_state=opt_state)
+  return jax.device_put(state, state_shardings), start_step
+
+
+def _step_batch(batch: Batch, step: int, config: TrainConfig, shard: multihost.DataShard,
+                mesh, vocab_size: int, data_name: str):
+  """This process's host `batch` for `step`, checked (rows, token ids) and made global."""
+  rows = len(next(iter(batch.values())))
+  if rows != shard.local_batch_size:
+    where = ("" if shard.num_shards == 1 else f" (this process's shard {shard.index} of "
+             f"{shard.num_shards}: {shard.local_batch_size} rows)")
+    raise ValueError(f"Step {step}: the data gave {rows} rows but batch_size="
+                     f"{config.batch_size}{where}; make them agree (gin: BATCH_SIZE).")
+  check_batch_token_ids(batch, vocab_size, f"of the batch for step {step + 1} (data: "
+                        f"{data_name}; MODEL_DIR={config.model_dir})")
+  return multihost.global_batch(batch, mesh, shard)
+
+
+class _LoopLog:
+  """The loop's records: metric records (`history`, MODEL_DIR/metrics.jsonl, TensorBoard),
+  the non-finite check of the steps' flags, and the progress bar."""
+
+  def __init__(self, config: TrainConfig, objective, checkpointer, data_name: str,
+               start_step: int):
+    self.config, self.objective = config, objective
+    self.checkpointer, self.data_name = checkpointer, data_name
+    self.writer = MetricsWriter(config.model_dir, start_step=start_step)
+    self.history = []
+    self.pending = []    # the steps' metrics since the last record
+    self.unchecked = []  # (step, metrics) whose finite flag is not read yet
+    self.source_totals = np.zeros(len(SOURCES), np.int64)
+    self.schedule = config.optimizer_spec.schedule()
+    self.progress = None
+    if config.progress_bar and start_step < config.train_steps:
+      from tqdm.auto import tqdm  # Only the loop needs it.
+      self.progress = tqdm(total=config.train_steps, initial=start_step, desc=objective.name,
+                           dynamic_ncols=True)
+    self.interval_start = time.perf_counter()
+
+  def step_done(self, done: int, metrics: dict) -> None:
+    self.pending.append(metrics)
+    self.unchecked.append((done, metrics))
+
+  def check_finite(self) -> None:
+    """Raises NonFiniteError if a step since the last check was non-finite."""
+    _raise_non_finite(self.unchecked, self.config, self.objective, self.checkpointer,
+                      self.data_name)
+    self.unchecked.clear()
+
+  def log(self, done: int) -> None:
+    """Writes the record of the steps since the last one (throughput included)."""
+    self.check_finite()  # the record's fetch syncs here anyway
+    record = summarize(self.pending, self.source_totals,
+                       time.perf_counter() - self.interval_start, done, self.schedule(done - 1))
+    self.pending = []
+    self.history.append(record)
+    self.writer.write(record)
+    if self.progress is not None:
+      accuracy = record.get("predicted_acceptance", record.get("accuracy", float("nan")))
+      self.progress.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{accuracy:.3f}")
+    self.interval_start = time.perf_counter()
+
+  def evaluate(self, eval_fn: EvalFn, params, done: int) -> None:
+    """Writes `eval_fn(params, done)`'s results as an "eval/" record."""
+    self.check_finite()
+    results = {f"eval/{k}": float(v) for k, v in jax.device_get(eval_fn(params, done)).items()}
+    record = dict(step=done, **results)
+    self.history.append(record)
+    self.writer.write(record)
+    self.interval_start = time.perf_counter()  # evaluation time is not training throughput
+
+  def close(self) -> None:
+    if self.progress is not None:
+      self.progress.close()
+    self.writer.close()
+
+
 def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[dict] = None,
           init_params: Optional[Params] = None, eval_fn: Optional[EvalFn] = None,
           restore_fn: checkpoints.RestoreFn = checkpoints.restore_params,
@@ -433,19 +558,7 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
       at the end); the step itself leaves the state unchanged on a non-finite update.
   """
   model = objective.model
-  frozen_params = dict(frozen_params or {})
-  missing = [n for n in objective.frozen_names if n not in frozen_params]
-  if missing:
-    raise ValueError(f"The {objective.name} objective needs frozen params {missing}; pass "
-                     "frozen_params={'target': ...} (gin: TARGET_CHECKPOINT_PATH).")
-  for name in objective.frozen_names:
-    frozen_model = objective.target if name == "target" else objective.reference
-    _check_param_shapes(
-        frozen_params[name], frozen_model, f"The frozen {name} params",
-        f"Pass the {name} model's own parameters"
-        + (" (the AdaSPEC reference is a distilled copy of the draft: same shapes as the "
-           "draft)" if name == "reference" else " (gin: TARGET_CHECKPOINT_PATH and TARGET "
-           "must describe the same model)") + ".")
+  frozen_params = _checked_frozen_params(objective, frozen_params)
   data_name = data_name or describe_data(data)
   mesh = mesh or partitioning.make_mesh(config.data_parallel, config.model_parallel)
   partitioning.check_batch_size(config.batch_size, mesh)
@@ -454,102 +567,39 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
 
   step_fn, state_shardings, frozen_shardings = make_train_step(
       objective, config.optimizer_spec, mesh)
-  optimizer = config.optimizer_spec.make()
-  abstract_params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                 model.param_shapes(), state_shardings.params)
-  abstract_opt = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                              jax.eval_shape(optimizer.init, abstract_params),
-                              state_shardings.opt_state)
   checkpointer = checkpoints.Checkpointer(config.model_dir, save_every=config.save_every,
                                           keep=config.keep_checkpoints,
                                           async_save=config.async_checkpointing)
-  latest = checkpointer.latest_step()
-  if latest is not None:
-    params, opt_state, meta = checkpointer.restore(latest, abstract_params, abstract_opt)
-    opt_state = jax.tree.unflatten(jax.tree.structure(abstract_opt), jax.tree.leaves(opt_state))
-    start_step = int(meta["step"])
-    logging.info("Resuming from %s at step %d.", config.model_dir, start_step)
-  else:
-    params = _initial_params(config, model, init_key, abstract_params, restore_fn, init_params)
-    opt_state = jax.jit(optimizer.init, out_shardings=state_shardings.opt_state)(params)
-    start_step = 0
-  state = TrainState(step=jnp.asarray(start_step, jnp.int32), params=params, opt_state=opt_state)
-  state = jax.device_put(state, state_shardings)
-  frozen_params = {k: frozen_params[k] for k in objective.frozen_names}
-  if any(not (isinstance(x, jax.Array) and x.sharding == s) for x, s in zip(
-      jax.tree.leaves(frozen_params), jax.tree.leaves(frozen_shardings))):
-    frozen_params = multihost.put_global(frozen_params, frozen_shardings)
-
-  writer = MetricsWriter(config.model_dir, start_step=start_step)
-  resumed_history = writer.resumed
-  schedule = config.optimizer_spec.schedule()
-  history, pending, unchecked = [], [], []
-  source_totals = np.zeros(len(SOURCES), np.int64)
+  state, start_step = _start_state(config, model, checkpointer, state_shardings, init_key,
+                                   restore_fn, init_params)
+  frozen_params = _placed_frozen_params(frozen_params, frozen_shardings)
   meta = {"model_config": dataclasses.asdict(model.config), "objective": objective.name}
-  vocab_size = model.config.vocab_size
-
-  def check_finite():
-    _raise_non_finite(unchecked, config, objective, checkpointer, data_name)
-    unchecked.clear()
-
-  progress = None
-  if config.progress_bar and start_step < config.train_steps:
-    from tqdm.auto import tqdm  # Only the loop needs it.
-    progress = tqdm(total=config.train_steps, initial=start_step, desc=objective.name,
-                    dynamic_ncols=True)
   shard = multihost.data_shard(mesh, config.batch_size)
   batches = as_batch_iterator(data, start_step, shard)
-  interval_start = time.perf_counter()
+  log = _LoopLog(config, objective, checkpointer, data_name, start_step)
   try:
     for step in range(start_step, config.train_steps):
-      batch = next(batches)
-      done = step + 1
-      rows = len(next(iter(batch.values())))
-      if rows != shard.local_batch_size:
-        where = ("" if shard.num_shards == 1 else f" (this process's shard {shard.index} of "
-                 f"{shard.num_shards}: {shard.local_batch_size} rows)")
-        raise ValueError(f"Step {step}: the data gave {rows} rows but batch_size="
-                         f"{config.batch_size}{where}; make them agree (gin: BATCH_SIZE).")
-      check_batch_token_ids(batch, vocab_size, f"of the batch for step {done} (data: "
-                            f"{data_name}; MODEL_DIR={config.model_dir})")
-      batch = multihost.global_batch(batch, mesh, shard)
+      batch = _step_batch(next(batches), step, config, shard, mesh, model.config.vocab_size,
+                          data_name)
       state, metrics = step_fn(state, batch, jax.random.fold_in(step_base_key, step),
                                frozen_params)
-      pending.append(metrics)
-      unchecked.append((done, metrics))
-      if done % config.log_every == 0 or done == config.train_steps:
-        check_finite()  # the record's fetch syncs here anyway
-        record = summarize(pending, source_totals, time.perf_counter() - interval_start, done,
-                           schedule(step))
-        pending = []
-        history.append(record)
-        writer.write(record)
-        if progress is not None:
-          accuracy = record.get("predicted_acceptance", record.get("accuracy", float("nan")))
-          progress.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{accuracy:.3f}")
-        interval_start = time.perf_counter()
-      if eval_fn is not None and config.eval_every and (
-          done % config.eval_every == 0 or done == config.train_steps):
-        check_finite()
-        results = {f"eval/{k}": float(v) for k, v in jax.device_get(eval_fn(state.params,
-                                                                            done)).items()}
-        record = dict(step=done, **results)
-        history.append(record)
-        writer.write(record)
-        interval_start = time.perf_counter()  # evaluation time is not training throughput
-      force = done == config.train_steps
-      if force or checkpointer.should_save(done):
-        check_finite()  # a save reads the state back anyway
-        checkpointer.save(done, state.params, state.opt_state, meta, force=force)
-      if progress is not None:
-        progress.update(1)
-    check_finite()
+      done = step + 1
+      log.step_done(done, metrics)
+      last = done == config.train_steps
+      if done % config.log_every == 0 or last:
+        log.log(done)
+      if eval_fn is not None and config.eval_every and (done % config.eval_every == 0 or last):
+        log.evaluate(eval_fn, state.params, done)
+      if last or checkpointer.should_save(done):
+        log.check_finite()  # a save reads the state back anyway
+        checkpointer.save(done, state.params, state.opt_state, meta, force=last)
+      if log.progress is not None:
+        log.progress.update(1)
+    log.check_finite()
   finally:
-    if progress is not None:
-      progress.close()
-    writer.close()
+    log.close()
     checkpointer.close()
-  return TrainResult(state=state, history=history, resumed_history=resumed_history)
+  return TrainResult(state=state, history=log.history, resumed_history=log.writer.resumed)
 
 
 def distill(config: TrainConfig, target, target_params: Params, draft, data: Any,
