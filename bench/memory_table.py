@@ -4,6 +4,8 @@
   python bench/memory_table.py --pairs xl --slices v4-8 --method eval_shape ...   # quick
   python bench/memory_table.py --merge a.json b.json --out all.json   # one table of runs
 
+The accounting and the compile are the library's dry run (`distillspec_jax/training/dry_run.py`,
+what `--dry_run` on the binaries uses); this script is its grid over pairs, slices and meshes.
 For each (target, draft) pair, TPU slice and (data, model) mesh candidate, it builds the
 trainer's real jitted distillation step (`trainer.make_train_step`: the DistillSpec objective
 of `--recipe`, the paper's Adafactor optimizer from `TrainConfig`'s defaults, shardings from
@@ -11,7 +13,8 @@ of `--recipe`, the paper's Adafactor optimizer from `TrainConfig`'s defaults, sh
 
   params     the draft's parameters (trained; fp32), from their shardings' shard shapes;
   optimizer  the draft's Adafactor state (the frozen target has none), likewise;
-  target     the frozen target's parameters (fp32), likewise;
+  target     the frozen target's parameters (fp32, or bf16 with --target_param_dtype),
+             likewise;
   batch      the step's input batch [batch, length] (int32 tokens, fp32 weights), likewise;
   temp       activations and every other temporary of the step (gradients, logits, the
              on-policy sampler's cache): XLA's `memory_analysis().temp_size_in_bytes` of the
@@ -22,16 +25,18 @@ of `--recipe`, the paper's Adafactor optimizer from `TrainConfig`'s defaults, sh
 
 No weights are materialised: parameters are `jax.ShapeDtypeStruct`s (`Model.param_shapes`, an
 `eval_shape` of the init) carrying their shardings, and the step is lowered on them. The
-devices are simulated CPU devices (the script sets
-`XLA_FLAGS=--xla_force_host_platform_device_count=16` before JAX starts): a v4 chip is one
-JAX device (megacore), so v4-8 = 4 devices and v4-32 = 16. The CPU compiler's buffer
-assignment is not the TPU's (no TPU fusion or memory-aware scheduling), so `temp` is XLA's
-CPU figure for the same partitioned program, an estimate of the TPU's; the argument bytes are
-exact for any backend. It also checks that XLA's argument bytes equal the sum of the parts.
+devices are simulated CPU devices (the script sets `dry_run.simulation_xla_flags(32)` before
+JAX starts: 32 devices and XLA:CPU's memory-optimised scheduler): a v4 chip is one JAX device
+(megacore), so v4-8 = 4 devices, v4-32 = 16, v4-64 = 32. The CPU compiler's buffer
+assignment is not the TPU's (no TPU fusion), so `temp` is XLA's CPU figure for the same
+partitioned program, an estimate of the TPU's; the argument bytes are exact for any backend.
+`--remat_policy full` rematerialises the models' layers (only the trained draft has a
+backward pass); `--target_param_dtype bfloat16` halves the frozen target's bytes exactly.
+It also checks that XLA's argument bytes equal the sum of the parts.
 `--dtype bfloat16` compiles, but the CPU backend computes bf16 in f32 with added converts, so
 its temp comes out larger than fp32's: CPU figures cannot show bf16's saving on TPU.
 
-`--proxy_data 2` compiles a mesh (d, m) as (2, m) at batch 2 * batch / d (`proxy_mesh`): the
+`--proxy_data 2` compiles a mesh (d, m) as (2, m) at batch 2 * batch / d (`proxy_shape`): the
 same per-device shapes on far fewer simulated devices. Checked once: T5 1.1 XL / Small on
 (16, 1) compiled for 16 devices (596 s) and as the (2, 1) proxy at batch 4 (111 s) gave the
 same argument, output and alias bytes and temp bytes 576 bytes apart (of 11.2 GB).
@@ -47,167 +52,110 @@ import sys
 import time
 from typing import Optional
 
-DEVICES = 16
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             f" --xla_force_host_platform_device_count={DEVICES}").strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+DEVICES = 32  # the largest slice below (v4-64)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from distillspec_jax.training import dry_run  # noqa: E402  (imports jax; no backend yet)
+
+# The dry run's simulation: 16 CPU devices and XLA:CPU's memory-optimised scheduler (without
+# it the CPU compiler hoists rematerialised layers' recomputation and remat saves nothing).
+os.environ["XLA_FLAGS"] = dry_run.simulation_xla_flags(DEVICES, os.environ.get("XLA_FLAGS", ""))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from distillspec_jax.distill import objectives as distillation
-from distillspec_jax.core import files
-from distillspec_jax.training import partitioning
-from distillspec_jax.training import trainer
+from distillspec_jax.core import files  # noqa: E402
+from distillspec_jax.distill import objectives as distillation  # noqa: E402
 from distillspec_jax.models.model import Model  # noqa: E402
+from distillspec_jax.training import partitioning  # noqa: E402
+from distillspec_jax.training import trainer  # noqa: E402
 
-GIB = 2 ** 30
-HBM_PER_CHIP_GIB = 32  # TPU v4: 32 GiB of HBM per chip (one JAX device per chip)
-SLICES = {"v4-8": 4, "v4-32": 16}  # chips = JAX devices
+GIB = dry_run.GIB
+HBM_PER_CHIP_GIB = dry_run.CHIPS["v4"].hbm_gib  # TPU v4: 32 GiB per chip (one JAX device)
+SLICES = {"v4-8": 4, "v4-32": 16, "v4-64": 32}  # chips = JAX devices
 # (data, model) candidates per slice: all data (plain data parallelism), then growing model
 # axes; the rules split vocab (32128), mlp and heads over 'model' where the axis divides them
-# (T5 1.1 Small's 6 heads stay whole on a model axis of 4 or 8).
-CANDIDATES = {"v4-8": ((4, 1), (2, 2), (1, 4)), "v4-32": ((16, 1), (8, 2), (4, 4), (2, 8))}
+# (T5 1.1 Small's 6 heads stay whole on a model axis of 4 or 8: the binaries refuse those
+# meshes, partitioning.check_model_axis; they are measured here to show what they would give).
+CANDIDATES = {"v4-8": ((4, 1), (2, 2), (1, 4)), "v4-32": ((16, 1), (8, 2), (4, 4), (2, 8)),
+              "v4-64": ((32, 1), (16, 2), (8, 4))}
 PAIRS = {"xl": ("t5_1_1_xl", "t5_1_1_small"), "xxl": ("t5_1_1_xxl", "t5_1_1_small")}
 # The paper's batch and the longest of its task lengths (gin/runs/paper_cnn_dailymail.gin:
 # inputs 2048, targets 256): per-device activations only shrink for the other tasks.
 BATCH_SIZE = 32
 LENGTHS = {"inputs": 2048, "targets": 256}
+local_bytes = dry_run.local_bytes  # the per-device accounting (training/dry_run.py)
 
 
-def local_bytes(tree) -> int:
-  """Bytes one device holds of a tree of `ShapeDtypeStruct`s with shardings: each leaf's
-  `sharding.shard_shape` (the largest shard; the rules only split evenly) times its itemsize."""
-  return int(sum(np.prod(x.sharding.shard_shape(x.shape), dtype=np.int64) * x.dtype.itemsize
-                 for x in jax.tree.leaves(tree)))
-
-
-def abstract(shapes, shardings):
-  """`ShapeDtypeStruct`s with shardings: the inputs the step is lowered on (no allocation)."""
-  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                      shapes, shardings)
-
-
-def abstract_batch(mesh, batch_size: int, lengths: dict, encoder_decoder: bool = True) -> dict:
-  """The T5X features of one global batch: [batch_size, length], rows over 'data'."""
-  sharding = partitioning.batch_sharding(mesh)
-  spec = lambda length, dtype: jax.ShapeDtypeStruct((batch_size, length), dtype,
-                                                    sharding=sharding)
-  batch = {"decoder_input_tokens": spec(lengths["targets"], jnp.int32),
-           "decoder_target_tokens": spec(lengths["targets"], jnp.int32),
-           "decoder_loss_weights": spec(lengths["targets"], jnp.float32)}
-  if encoder_decoder:
-    batch["encoder_input_tokens"] = spec(lengths["inputs"], jnp.int32)
-  return batch
-
-
-def step_inputs(target: Model, draft: Model, recipe: str, mesh, batch_size: int,
-                lengths: dict):
-  """(step_fn, abstract (state, batch, rng, frozen), parts) of the trainer's distillation step.
-
-  parts: {"params", "optimizer", "target", "batch"} trees of sharded ShapeDtypeStructs.
-  """
-  partitioning.check_batch_size(batch_size, mesh)
+def step_program(target: Model, draft: Model, recipe: str, mesh, batch_size: int,
+                 lengths: dict, target_param_dtype=None) -> dry_run.Program:
+  """The trainer's distillation step of `recipe` with the paper's Adafactor (TrainConfig's
+  defaults) on abstract sharded inputs (dry_run.train_step_program)."""
   config = trainer.TrainConfig(model_dir="unused", train_steps=1, batch_size=batch_size)
   objective = distillation.DistillationObjective(
       target, draft, distillation.DistillationConfig.from_recipe(
           recipe, max_new_tokens=lengths["targets"]))  # as pipeline.distillation_config
-  step_fn, state_shardings, frozen_shardings = trainer.make_train_step(
-      objective, config.optimizer_spec, mesh)
-  params = abstract(draft.param_shapes(), state_shardings.params)
-  opt_state = abstract(jax.eval_shape(config.optimizer_spec.make().init, draft.param_shapes()),
-                       state_shardings.opt_state)
-  frozen = {"target": abstract(target.param_shapes(), frozen_shardings["target"])}
-  batch = abstract_batch(mesh, batch_size, lengths, draft.is_encoder_decoder)
-  replicated = partitioning.replicated(mesh)
-  step = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-  key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
-  rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated)
-  state = trainer.TrainState(step=step, params=params, opt_state=opt_state)
-  parts = {"params": params, "optimizer": opt_state, "target": frozen["target"],
-           "batch": batch, "other": (step, rng)}
-  return step_fn, (state, batch, rng, frozen), parts
+  return dry_run.train_step_program(objective, config.optimizer_spec, mesh, batch_size,
+                                    lengths, frozen_param_dtype=target_param_dtype)
 
 
-def proxy_mesh(mesh_shape, batch_size: int, proxy_data: int):
-  """(proxy mesh shape, proxy batch) with the same per-device shapes as `mesh_shape` at
-  `batch_size`: the model axis is kept (same parameter shards), the data axis shrinks to
-  `proxy_data` and the batch with it (same rows per device). Every per-device array of the
-  step then has the same shape; only the data-axis collectives span fewer devices. Compiling
-  for 16 simulated devices takes ~10 min on 2 loaded cores, for 2-4 devices 1-3 min."""
-  data, model = mesh_shape
-  if proxy_data >= data or data % proxy_data:
-    return tuple(mesh_shape), batch_size
-  return (proxy_data, model), batch_size * proxy_data // data
+def _parts(program: dry_run.Program) -> dict:
+  """The table's columns: the frozen target apart from the other frozen models (none)."""
+  parts = dict(program.parts)
+  frozen = parts.pop("frozen")
+  return {"params": parts["params"], "optimizer": parts["optimizer"],
+          "target": frozen["target"], "batch": parts["batch"], "other": parts["other"]}
 
 
 def measure(target_name: str, draft_name: str, mesh_shape, devices: int, *, recipe: str,
             batch_size: int, lengths: dict, method: str, overrides=None,
-            proxy_data: Optional[int] = None) -> dict:
+            proxy_data: Optional[int] = None, target_param_dtype=None) -> dict:
   """One row: per-device bytes of each part (and XLA's figures when method == "compile").
 
-  proxy_data: compile on `proxy_mesh(mesh_shape, batch_size, proxy_data)` instead (the
-  arguments are still counted on the real mesh and must agree)."""
+  proxy_data: compile on `dry_run.proxy_shape(mesh_shape, batch_size, proxy_data)` instead
+  (the arguments are still counted on the real mesh and must agree)."""
   overrides = overrides or {}
   target = Model.from_name(target_name, **overrides)
   draft = Model.from_name(draft_name, **overrides)
   mesh = partitioning.make_mesh(*mesh_shape, devices=jax.devices()[:devices])
-  step_fn, inputs, parts = step_inputs(target, draft, recipe, mesh, batch_size, lengths)
-  compiled_on = None
+  build = lambda on, batch: step_program(target, draft, recipe, on, batch, lengths,
+                                         target_param_dtype)
+  program = build(mesh, batch_size)
+  compile_on, shape, batch = None, tuple(mesh_shape), batch_size
   if proxy_data and method == "compile":
-    shape, batch = proxy_mesh(mesh_shape, batch_size, proxy_data)
+    shape, batch = dry_run.proxy_shape(mesh_shape, batch_size, proxy_data)
     if shape != tuple(mesh_shape):
-      compiled_on = {"mesh": list(shape), "batch_size": batch}
-      proxy = partitioning.make_mesh(*shape, devices=jax.devices()[:int(np.prod(shape))])
-      step_fn, inputs, proxy_parts = step_inputs(target, draft, recipe, proxy, batch, lengths)
-      same = {k: local_bytes(v) for k, v in proxy_parts.items()} == {
-          k: local_bytes(v) for k, v in parts.items()}
-      assert same, ("the proxy mesh's per-device arguments differ", shape, mesh_shape)
+      compile_on = build(partitioning.make_mesh(
+          *shape, devices=jax.devices()[:int(np.prod(shape))]), batch)
   row = {"target": target_name, "draft": draft_name, "devices": devices,
          "mesh": list(mesh_shape), "recipe": recipe, "batch_size": batch_size,
          "lengths": dict(lengths), "method": method, "dtype": target.config.dtype,
+         "remat_policy": draft.config.remat_policy,
+         "target_param_dtype": target_param_dtype or "float32",
          "target_params": target.num_params(), "draft_params": draft.num_params()}
+  parts = _parts(program)
   row.update({f"{name}_bytes": local_bytes(tree) for name, tree in parts.items()})
-  arguments = sum(row[f"{name}_bytes"] for name in parts)
-  row["arguments_bytes"] = arguments
-  if method == "compile" and arguments >= HBM_PER_CHIP_GIB * GIB:
-    method = row["method"] = "eval_shape (arguments alone exceed HBM: not compiled)"
-  if method == "compile":
-    start = time.perf_counter()
-    compiled = step_fn.lower(*inputs).compile()
-    row["compile_s"] = round(time.perf_counter() - start, 1)
-    if compiled_on:
-      row["method"] = (f"compile on proxy mesh {tuple(compiled_on['mesh'])}, batch "
-                       f"{compiled_on['batch_size']} (same per-device shapes)")
-      row["compiled_on"] = compiled_on
-    stats = compiled.memory_analysis()
-    # jit drops inputs the step never reads (keep_unused=False; e.g. GKD's on-policy step
-    # reads only the shape of decoder_target_tokens): XLA's argument bytes omit them.
-    kept = getattr(compiled._executable, "_kept_var_idx", None)  # private: None if absent
-    leaves = jax.tree_util.tree_flatten_with_path(inputs)[0]
-    unused = [] if kept is None else [(jax.tree_util.keystr(p), x) for i, (p, x) in
-                                      enumerate(leaves) if i not in kept]
-    row["unused_inputs"] = [name for name, _ in unused]
-    unused_bytes = local_bytes([x for _, x in unused])
-    row.update(xla_argument_bytes=int(stats.argument_size_in_bytes),
-               xla_output_bytes=int(stats.output_size_in_bytes),
-               xla_alias_bytes=int(stats.alias_size_in_bytes),
-               temp_bytes=int(stats.temp_size_in_bytes))
-    row["peak_bytes"] = (row["xla_argument_bytes"] + row["xla_output_bytes"]
-                         - row["xla_alias_bytes"] + row["temp_bytes"])
-    # The compiled program's arguments are exactly the parts counted above (less unused ones).
-    row["arguments_match_xla"] = row["xla_argument_bytes"] == arguments - unused_bytes
-  else:
-    row["temp_bytes"] = None
-    row["peak_bytes"] = None
-  # Without a compile only the arguments are known: too much already, or unknown (None).
-  if row["peak_bytes"] is not None:
-    row["fits_v4_hbm"] = bool(row["peak_bytes"] < HBM_PER_CHIP_GIB * GIB)
-  else:
-    row["fits_v4_hbm"] = False if arguments >= HBM_PER_CHIP_GIB * GIB else None
+  arguments = row["arguments_bytes"] = sum(row[f"{name}_bytes"] for name in parts)
+  if method != "compile" or arguments >= HBM_PER_CHIP_GIB * GIB:
+    if method == "compile":
+      row["method"] = "eval_shape (arguments alone exceed HBM: not compiled)"
+    row.update(temp_bytes=None, peak_bytes=None,
+               fits_v4_hbm=False if arguments >= HBM_PER_CHIP_GIB * GIB else None)
+    return row
+  measured = dry_run.measure("distill", program, dry_run.CHIPS["v4"], mesh_shape=mesh_shape,
+                             devices=devices, compile_on=compile_on, compiled_mesh=shape)
+  row.update({k: measured[k] for k in ("compile_s", "xla_argument_bytes", "xla_output_bytes",
+                                       "xla_alias_bytes", "temp_bytes", "peak_bytes", "flops")})
+  if compile_on is not None:
+    row["method"] = (f"compile on proxy mesh {shape}, batch {batch} (same per-device "
+                     "shapes)")
+    row["compiled_on"] = {"mesh": list(shape), "batch_size": batch}
+  # jit drops inputs the step never reads (GKD's on-policy step reads only the shape of
+  # decoder_target_tokens): XLA's argument bytes omit them.
+  unused = arguments - row["xla_argument_bytes"]
+  row["arguments_match_xla"] = unused in (0, local_bytes(
+      program.parts["batch"]["decoder_target_tokens"]))
+  row["fits_v4_hbm"] = bool(row["peak_bytes"] < HBM_PER_CHIP_GIB * GIB)
   return row
 
 
@@ -219,14 +167,16 @@ def _gib(value) -> str:
 
 
 def markdown(rows) -> str:
-  lines = ["| pair | activations | slice | mesh (data, model) | draft params | optimizer | "
-           "target | batch | temp (activations, grads) | peak | fits 32 GiB | method |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines = ["| pair | activations | draft remat | target params | slice | mesh (data, model) | "
+           "draft params | optimizer | target | batch | temp (activations, grads) | peak | "
+           "fits 32 GiB | method |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   slice_of = {n: s for s, n in SLICES.items()}
   for r in rows:
     pair = f"{r['target'].replace('t5_1_1_', 'T5 1.1 ').upper()} / {r['draft'].replace('t5_1_1_', '').capitalize()}"
     lines.append(
-        f"| {pair} | {r['dtype']} | {slice_of.get(r['devices'], r['devices'])} | ({r['mesh'][0]}, "
+        f"| {pair} | {r['dtype']} | {r.get('remat_policy', 'none')} | "
+        f"{r.get('target_param_dtype', 'float32')} | "
+        f"{slice_of.get(r['devices'], r['devices'])} | ({r['mesh'][0]}, "
         f"{r['mesh'][1]}) | {_gib(r['params_bytes'])} | {_gib(r['optimizer_bytes'])} | "
         f"{_gib(r['target_bytes'])} | {_gib(r['batch_bytes'])} | {_gib(r['temp_bytes'])} | "
         f"{_gib(r['peak_bytes'])} | {FITS[r['fits_v4_hbm']]} | "
@@ -247,10 +197,14 @@ def main(argv=None):
   parser.add_argument("--inputs_length", type=int, default=LENGTHS["inputs"])
   parser.add_argument("--targets_length", type=int, default=LENGTHS["targets"])
   parser.add_argument("--dtype", default=None, help="activation dtype override (bfloat16)")
+  parser.add_argument("--remat_policy", default="none", choices=("none", "minimal", "full"),
+                      help="both models' remat_policy (only the draft's backward uses it)")
+  parser.add_argument("--target_param_dtype", default=None, choices=("float32", "bfloat16"),
+                      help="the frozen target's parameter dtype (default: float32)")
   parser.add_argument("--proxy_data", type=int, default=None,
                       help="compile each mesh (d, m) as (proxy_data, m) at batch "
                            "batch * proxy_data / d: the same per-device shapes, far fewer "
-                           "simulated devices (see proxy_mesh)")
+                           "simulated devices (dry_run.proxy_shape)")
   parser.add_argument("--merge", nargs="+", default=None,
                       help="JSON files of earlier runs: write their rows to --out as one table "
                            "and print it (nothing is compiled)")
@@ -278,10 +232,13 @@ def main(argv=None):
                  f"--xla_force_host_platform_device_count={DEVICES} (or leave XLA_FLAGS unset).")
   lengths = {"inputs": args.inputs_length, "targets": args.targets_length}
   overrides = {"dtype": args.dtype} if args.dtype else {}
+  overrides["remat_policy"] = args.remat_policy
   rows = []
   settings = dict(recipe=args.recipe, batch_size=args.batch_size, lengths=lengths,
                   method=args.method, optimizer="adafactor (TrainConfig defaults: paper)",
-                  dtype=args.dtype or "model preset (float32)", xla_flags=os.environ["XLA_FLAGS"],
+                  dtype=args.dtype or "model preset (float32)", remat_policy=args.remat_policy,
+                  target_param_dtype=args.target_param_dtype or "float32",
+                  xla_flags=os.environ["XLA_FLAGS"],
                   jax=jax.__version__, backend=jax.default_backend())
   for pair in pairs:
     for slice_name in slices:
@@ -290,7 +247,8 @@ def main(argv=None):
           continue
         row = measure(*PAIRS[pair], shape, SLICES[slice_name], recipe=args.recipe,
                       batch_size=args.batch_size, lengths=lengths, method=args.method,
-                      overrides=overrides, proxy_data=args.proxy_data)
+                      overrides=overrides, proxy_data=args.proxy_data,
+                      target_param_dtype=args.target_param_dtype)
         row["slice"] = slice_name
         rows.append(row)
         print(f"{pair} {slice_name} {shape}: peak {_gib(row['peak_bytes'])} GiB, arguments "

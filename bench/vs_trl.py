@@ -1,12 +1,12 @@
-"""Our on-policy distillation step against TRL's GKDTrainer, on matched decoder-only shapes.
+"""Our on-policy distillation step against TRL's GKDTrainer: one Llama architecture on both sides.
 
     python bench/vs_trl.py --out vs_trl.json [--threads 2] [--rounds 3] [--steps 20]
 
 Needs the `reference` extra (torch CPU wheel, transformers, trl). Both sides get random-init
-decoder-only models of the same shapes (no hub download; TRL's side is a LlamaForCausalLM
-built from a config, with an in-memory word-level tokenizer, since TRL has no
-encoder-decoder path): target d_model 128, 4 heads of 32, MLP 2048, 2 layers; draft d_model
-64, 2 heads of 32, MLP 128, 1 layer; vocabulary 256 (the demo pair's widths, decoder-only).
+Llama decoders of the same architecture and shapes (RoPE, SwiGLU, RMSNorm, untied logits; no
+hub download): ours is the `llama` kind, TRL's a `LlamaForCausalLM` built from a config, with
+an in-memory word-level tokenizer. Target d_model 128, 4 heads of 32, MLP 2048, 2 layers;
+draft d_model 64, 2 heads of 32, MLP 128, 1 layer; vocabulary 256 (the demo pair's widths).
 The same step on both sides: on-policy fraction lambda = 1 (every step samples from the
 draft), forward KL (TRL: beta = 0), temperature 1, batch 16, 48-token prompts, 48 sampled
 tokens, EOS id 1, AdamW. Each side runs in a fresh process pinned to the same `--threads`
@@ -60,7 +60,7 @@ def _summary(step_s, gen_s, tokens, warmup):
 
 
 def run_ours(steps: int, warmup: int, seed: int) -> dict:
-  """Our jitted GKD train step (trainer.make_train_step) on the decoder-only pair."""
+  """Our jitted GKD train step (trainer.make_train_step) on the Llama-kind pair."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -72,11 +72,13 @@ def run_ours(steps: int, warmup: int, seed: int) -> dict:
 
   def config(side):
     s = SHAPES[side]
-    return TransformerConfig(kind="decoder_only", vocab_size=SHAPES["vocab_size"],
+    # TRL's LlamaConfig below: as many key/value heads as heads, RoPE base 10000, eps 1e-6.
+    return TransformerConfig(kind="llama", vocab_size=SHAPES["vocab_size"],
                              emb_dim=s["d_model"], num_heads=s["num_heads"],
-                             num_encoder_layers=0, num_decoder_layers=s["num_layers"],
-                             head_dim=s["head_dim"], mlp_dim=s["mlp_dim"], dropout_rate=0.0,
-                             max_decode_length=160)
+                             num_kv_heads=s["num_heads"], num_encoder_layers=0,
+                             num_decoder_layers=s["num_layers"], head_dim=s["head_dim"],
+                             mlp_dim=s["mlp_dim"], dropout_rate=0.0, rope_theta=10000.0,
+                             norm_epsilon=1e-6, max_decode_length=160)
 
   target, draft = Model(config("target")), Model(config("draft"))
   dc = distillation.DistillationConfig.from_recipe("gkd", max_new_tokens=SHAPES["new_tokens"])
@@ -151,7 +153,8 @@ def run_trl(steps: int, warmup: int, seed: int, threads: int) -> dict:
         intermediate_size=s["mlp_dim"], num_hidden_layers=s["num_layers"],
         num_attention_heads=s["num_heads"], num_key_value_heads=s["num_heads"],
         head_dim=s["head_dim"], max_position_embeddings=256, pad_token_id=0,
-        eos_token_id=SHAPES["eos_id"], bos_token_id=None, tie_word_embeddings=False)
+        eos_token_id=SHAPES["eos_id"], bos_token_id=None, tie_word_embeddings=False,
+        rms_norm_eps=1e-6, rope_theta=10000.0)
     m = transformers.LlamaForCausalLM(config)
     m.generation_config.eos_token_id = SHAPES["eos_id"]
     return m

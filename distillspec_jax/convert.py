@@ -1,12 +1,14 @@
-"""Checkpoint conversion CLI between Hugging Face T5 1.1, T5X and our orbax format.
+"""Checkpoint conversion CLI: Hugging Face (T5 1.1, Llama, Qwen2), T5X and our orbax format.
 
     python -m distillspec_jax.convert --from=hf|t5x|ours --to=ours|hf|t5x \\
-        --input=PATH --output=PATH [--model=<preset name>] [--vocab_size=N]
+        --input=PATH --output=PATH [--model=<preset name>] [--vocab_size=N] [--tokenizer_dir=DIR]
 
 Without --model the configuration comes from config.json (hf) or is inferred from the stored
 shapes (t5x, ours); with --model the preset is used (--vocab_size overrides its vocabulary)
 and every shape is checked against it. The formats are described in
-`distillspec_jax.interop.importer`.
+`distillspec_jax.interop.importer`. A llama-kind model exported --to=hf is a
+`LlamaForCausalLM` (or `Qwen2ForCausalLM` with q/k/v biases) folder; the tokenizer files of
+--tokenizer_dir (default: --input when it is an hf folder) are copied into it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="preset name from distillspec_jax.models.config.MODEL_CONFIGS; checks shapes")
   parser.add_argument("--vocab_size", type=int, default=None,
                       help="overrides the --model preset's vocabulary size")
+  parser.add_argument("--tokenizer_dir", default=None,
+                      help="--to=hf of a llama-kind model: copy this folder's tokenizer files "
+                           "(and its config.json's bos/eos/pad ids); default: an hf --input")
   args = parser.parse_args(argv)
+  source = args.tokenizer_dir
+  if source is not None and not os.path.isdir(source):
+    parser.error(f"--tokenizer_dir={source} is not a folder; pass the folder holding "
+                 "tokenizer.json / tokenizer_config.json.")
+  if source is None and args.source == "hf":
+    source = args.input
   config = None
   if args.vocab_size is not None and not args.model:
     parser.error(f"--vocab_size={args.vocab_size} overrides a preset's vocabulary, so it needs "
@@ -59,7 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error(f"--input={args.input} (--from={args.source}) cannot be read: "
                  f"{' '.join(str(error).split())} Fix: check --from, and --model/--vocab_size "
                  "against the checkpoint (or leave --model out to infer the model from it).")
-  save_checkpoint(params, config, args.output, args.dest)
+  save_checkpoint(params, config, args.output, args.dest, source=source)
   count = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(params))
   print(json.dumps({"from": args.source, "to": args.dest, "output": args.output,
                     "kind": config.kind, "num_params": count}))

@@ -21,6 +21,12 @@ target alone is `quality.target_alone`); wall-clock speed is `speed.measure_spee
 run's `SpeedConfig`, one measurement per task for the whole grid (its leniences timed in the
 same interleaved cycles), in a process pinned to SPEED_CPUS cores. Every value and input path
 is checked before work starts; a mistake exits with status 2 and the message naming the fix.
+
+Both models' parameters are laid out on a (DATA_PARALLEL, MODEL_PARALLEL) mesh by the
+partitioning rules (restored straight into their shards when EvalConfig.target_model /
+draft_model name the presets), the target's cast to TARGET_PARAM_DTYPE. `--dry_run` compiles
+the speculative engine for that mesh and the slice SLICE instead and prints what it needs per
+device (training/dry_run.py).
 """
 
 from __future__ import annotations
@@ -32,11 +38,12 @@ import sys
 from typing import Optional, Sequence
 
 import gin
+import jax
 
 from distillspec_jax import gin_utils
 from distillspec_jax.core.files import write_text_atomic
 from distillspec_jax.core.validation import check_field_types, check_path, check_positive_int
-from distillspec_jax.decoding.speculative import Lenience, check_pair
+from distillspec_jax.decoding.speculative import DraftLength, Lenience, check_pair
 from distillspec_jax.evaluation import evaluate as evaluate_lib
 from distillspec_jax.evaluation import lossy
 from distillspec_jax.evaluation import pinning
@@ -44,9 +51,11 @@ from distillspec_jax.evaluation import quality
 from distillspec_jax.evaluation import speed
 from distillspec_jax.evaluation.evaluate import SpeedConfig, check_checkpoint
 from distillspec_jax.interop import importer
+from distillspec_jax.models import precision
 from distillspec_jax.models.config import TransformerConfig, model_config
 from distillspec_jax.models.model import Model
 from distillspec_jax.training import multihost
+from distillspec_jax.training import partitioning
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +90,17 @@ class EvalConfig:
     max_decode_length: cache capacity of both models (None: what the grid needs, rounded up to
       a multiple of 16, or the presets' when larger).
     seed: one key for every decode: batch b of every configuration uses fold_in(seed key, b).
+    data_parallel / model_parallel: the (data, model) mesh of this process's devices both
+      models' parameters are laid out on by the partitioning rules (DATA_PARALLEL,
+      MODEL_PARALLEL; -1 = the devices left over): a target sharded over 'model' never sits
+      whole on one device. The prompts are not split over 'data' (every device decodes the
+      whole batch).
+    draft_length_rule / draft_length_threshold: how many draft tokens a row proposes per
+      round (speculative.DraftLength; DRAFT_LENGTH_RULE, DRAFT_LENGTH_THRESHOLD): 'fixed'
+      (gamma) or 'confidence' (up to gamma as gamma_max, while the draft's top probability
+      is at least the threshold).
+    target_param_dtype: the target's parameters cast after loading (TARGET_PARAM_DTYPE; None
+      = as stored).
   """
 
   model_dir: str = ""
@@ -109,6 +129,11 @@ class EvalConfig:
   max_decode_length: Optional[int] = None
   seed: int = 0
   progress_bar: bool = True
+  data_parallel: int = -1
+  model_parallel: int = 1
+  target_param_dtype: Optional[str] = None
+  draft_length_rule: str = "fixed"
+  draft_length_threshold: float = 0.0
 
   def __post_init__(self):
     for name, macro, example in (
@@ -131,10 +156,15 @@ class EvalConfig:
     if not self.lenience_kinds:
       raise ValueError("LENIENCE_KINDS=() is empty; pass e.g. --gin.LENIENCE_KINDS=('lin',).")
     _ = self.leniences  # the engine's Lenience refuses a bad kind or epsilon now
+    _ = self.draft_length  # and DraftLength a bad rule or threshold
     for name in ("batch_size", "eval_examples"):
       check_positive_int(getattr(self, name), name)
     if self.max_decode_length is not None:
       check_positive_int(self.max_decode_length, "max_decode_length")
+    if self.data_parallel != -1:
+      check_positive_int(self.data_parallel, "data_parallel (DATA_PARALLEL; -1 = the rest)")
+    check_positive_int(self.model_parallel, "model_parallel (MODEL_PARALLEL)")
+    precision.check_param_dtype(self.target_param_dtype)
     if self.max_new_tokens is None:
       check_positive_int(self.task_feature_lengths.get("targets"),
                          "TASK_FEATURE_LENGTHS['targets'] (the decoding budget when "
@@ -153,6 +183,15 @@ class EvalConfig:
       _lenience("LENIENCE_KINDS", kind, kind)
     return [_lenience("EPSILONS", epsilon, kind, epsilon) for kind in self.lenience_kinds
             for epsilon in self.epsilons]
+
+  @property
+  def draft_length(self) -> DraftLength:
+    """The engine's DraftLength of draft_length_rule and draft_length_threshold."""
+    try:
+      return DraftLength(self.draft_length_rule, self.draft_length_threshold)
+    except (TypeError, ValueError) as error:
+      raise ValueError(f"DRAFT_LENGTH_RULE={self.draft_length_rule!r}, DRAFT_LENGTH_THRESHOLD="
+                       f"{self.draft_length_threshold!r}: {error}") from None
 
   @property
   def new_tokens(self) -> int:
@@ -272,7 +311,8 @@ def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalC
                              prompts, gammas=config.gammas, temperatures=config.temperatures,
                              max_new_tokens=config.new_tokens,
                              **config.speed.measure_kwargs(), seed=config.seed,
-                             leniences=config.leniences, progress=config.progress_bar)
+                             leniences=config.leniences, progress=config.progress_bar,
+                             draft_lengths=(config.draft_length,))
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -281,8 +321,13 @@ def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalC
 def _scalars(writer, row: dict) -> None:
   tag = (f"{row['task']}/T={row['temperature']}/gamma={row['gamma']}/"
          f"{row['lenience']}_eps={row['epsilon']}")
-  values = dict(tau=row["tau"], alpha=row["alpha"], predicted_alpha=row["predicted_alpha"],
-                speedup=row["speedup"], cost_model_speedup=row["cost_model_speedup"],
+  values = dict(tau=row["tau"], mean_acceptance_length=row["mean_acceptance_length"],
+                draft_acceptance_rate=row["draft_acceptance_rate"],
+                alpha_distillspec=row["alpha_distillspec"],
+                predicted_alpha=row["predicted_alpha"], speedup=row["speedup"],
+                speedup_end_to_end=row["speedup_end_to_end"],
+                speedup_typical=row["speedup_typical"],
+                cost_model_speedup=row["cost_model_speedup"],
                 **{f"quality/{k}": v for k, v in row["quality"].items()})
   for name, value in values.items():
     if value is not None:
@@ -290,23 +335,61 @@ def _scalars(writer, row: dict) -> None:
 
 
 def _load_pair(config: EvalConfig) -> tuple:
-  """(target, target params, draft, draft params), checked as a pair by the engine now."""
-  target, target_params = load_model(config.target_checkpoint_path, "TARGET_CHECKPOINT_PATH",
-                                     config.target_model, None)
-  draft, draft_params = load_model(config.draft_checkpoint_path, "DRAFT_CHECKPOINT_PATH",
-                                   config.draft_model, None)
+  """(target, target params, draft, draft params), checked as a pair by the engine now, the
+  parameters on the EvalConfig's mesh (`_place`)."""
+  models = {}
+  for role, path, preset in (("target", config.target_checkpoint_path, config.target_model),
+                             ("draft", config.draft_checkpoint_path, config.draft_model)):
+    macro = f"{role.upper()}_CHECKPOINT_PATH"
+    if preset:  # the shapes are known: nothing read but this process's shards
+      check_checkpoint(path, macro)
+      try:
+        importer.check_checkpoint(path, model_config(preset))
+      except ValueError as error:
+        raise ValueError(f"{macro}={path!r} does not hold the {role} model {preset!r}: "
+                         f"{error}") from None
+      models[role] = (Model(model_config(preset)), None, path)
+    else:
+      model, params = load_model(path, macro, None, None)
+      models[role] = (model, params, path)
+  target, draft = models["target"][0], models["draft"][0]
   try:
     check_pair(target, draft)
   except ValueError as error:
     raise ValueError(f"TARGET_CHECKPOINT_PATH={config.target_checkpoint_path!r} and "
                      f"DRAFT_CHECKPOINT_PATH={config.draft_checkpoint_path!r} do not make a "
                      f"pair: {error}") from None
-  return target, target_params, draft, draft_params
+  mesh = eval_mesh(config, target, draft)
+  target_params = precision.cast_params(_place(*models["target"], mesh),
+                                        config.target_param_dtype)
+  return target, target_params, draft, _place(*models["draft"], mesh)
+
+
+def eval_mesh(config: EvalConfig, target: Model, draft: Model):
+  """The (DATA_PARALLEL, MODEL_PARALLEL) mesh of this process's devices, checked against
+  both models (every process evaluates by itself: no cross-process arrays)."""
+  mesh = partitioning.make_mesh(config.data_parallel, config.model_parallel,
+                                devices=jax.local_devices())
+  partitioning.check_model_axis({"target": target, "draft": draft}, mesh)
+  return mesh
+
+
+def _place(model: Model, params, path: str, mesh):
+  """`model`'s parameters on `mesh` by the rules: restored straight into the shards
+  (`importer.restore_any` on abstract sharded parameters) when `params` is None, else the
+  loaded host arrays sliced into them (`multihost.put_global`)."""
+  shardings = partitioning.param_shardings(model, mesh)
+  if params is None:
+    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                            model.param_shapes(), shardings)
+    return importer.restore_any(path, abstract)
+  return multihost.put_global(params, shardings)
 
 
 # A metrics.json row's fields that come from the speculative_grid row as they are.
 _RUN_FIELDS = ("temperature", "gamma", "lenience", "epsilon", "quality", "tau", "tau_stderr",
-               "alpha", "acceptance_by_position")
+               "mean_acceptance_length", "draft_acceptance_rate", "alpha", "alpha_distillspec",
+               "acceptance_by_position", "draft_acceptance_rate_by_position")
 
 
 def _evaluate_task(config: EvalConfig, name: str, examples: dict, pair: tuple,
@@ -331,6 +414,7 @@ def _evaluate_task(config: EvalConfig, name: str, examples: dict, pair: tuple,
     for run in evaluate_lib.speculative_grid(
         target, target_params, {"draft": (draft, draft_params)}, examples, scorer,
         gammas=config.gammas, temperatures=(temperature,), leniences=config.leniences,
+        draft_length=config.draft_length,
         on_done=bar.update, **common):
       rows.append(dict(task=name, **{k: run[k] for k in _RUN_FIELDS},
                        predicted_alpha=alone["predicted_alpha"]))
@@ -355,7 +439,8 @@ def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
           examples[name]["prompts"][:config.speed.examples], config)
     for row in rows_by_task[name]:
       row.update(quality.speed_fields(timing, row["gamma"], row["temperature"],
-                                      Lenience(row["lenience"], row["epsilon"])))
+                                      Lenience(row["lenience"], row["epsilon"]),
+                                      config.draft_length))
 
 
 def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict) -> None:
@@ -479,9 +564,37 @@ def run(config: EvalConfig) -> int:
   return 0
 
 
+def run_dry_run(argv: Sequence[str]) -> int:
+  """--dry_run: the speculative engine (both models, both caches) compiled at the grid's
+  largest gamma and temperature on BATCH_SIZE prompts for the gin mesh and slice (SLICE,
+  default v4-8); 0 when it fits, 1 when it does not. Needs the presets (no checkpoint read)."""
+  from distillspec_jax.training import dry_run
+  config = load_config(argv)
+  settings = gin_utils.start_dry_run()  # before JAX starts: the slice's simulated devices
+  if not (config.target_model and config.draft_model):
+    raise gin_utils.GinConfigError(
+        "--dry_run needs the models' shapes without reading the checkpoints: set "
+        "--gin.EvalConfig.target_model=<preset> and --gin.EvalConfig.draft_model=<preset>.")
+  target, draft = Model(model_config(config.target_model)), Model(model_config(config.draft_model))
+  inputs = int(config.task_feature_lengths.get("inputs", 0) or 1)
+  stages = [dry_run.Stage("evaluate", lambda mesh, batch: dry_run.speculative_program(
+      target, draft, mesh, batch, inputs, config.new_tokens, gamma=max(config.gammas),
+      temperature=max(config.temperatures), target_param_dtype=config.target_param_dtype),
+      config.batch_size, {"target": target, "draft": draft})]
+  devices = dry_run.dry_run_devices(settings.devices)
+  rows = dry_run.run(stages, (config.data_parallel, config.model_parallel), devices,
+                     settings.chip, proxy_data=settings.proxy_data,
+                     peak_fraction=settings.peak_fraction)
+  levers = [] if config.target_param_dtype == "bfloat16" else ["--gin.TARGET_PARAM_DTYPE=bfloat16"]
+  return gin_utils.finish_dry_run(rows, stages, devices, settings, levers)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   gin_utils.exit_on_help(argv, "distillspec_jax.eval", __doc__)
+  wanted, argv = gin_utils.take_dry_run_flag(argv)
+  if wanted:
+    return run_dry_run(argv)
   return run(prepare(argv))
 
 

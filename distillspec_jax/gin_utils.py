@@ -170,10 +170,28 @@ def parse_binary_flags(argv: Sequence[str]) -> None:
                          "--coordinator_address, --process_count, --process_index")
 
 
+# The shape fields a gin/models file spells out. Not `dtype` or `remat_policy`: train_base.gin
+# binds them for every model at once (`model_by_name.dtype = %ACTIVATION_DTYPE`,
+# `model_by_name.remat_policy = %REMAT_POLICY`), which a scoped binding here would override;
+# a run file may still override one model (`t5_1_1_xl/model_by_name.remat_policy = 'full'`).
 _MODEL_FIELDS = ("kind", "vocab_size", "emb_dim", "num_heads", "num_encoder_layers",
-                 "num_decoder_layers", "head_dim", "mlp_dim", "encoder_mlp_dim", "dropout_rate", "dtype",
+                 "num_decoder_layers", "head_dim", "mlp_dim", "encoder_mlp_dim", "dropout_rate",
                  "relative_attention_num_buckets", "relative_attention_max_distance",
                  "logits_via_embedding", "max_decode_length")
+
+
+# The llama kind has no encoder nor relative position bias; it spells out its own fields.
+_T5_ONLY_FIELDS = ("num_encoder_layers", "encoder_mlp_dim", "relative_attention_num_buckets",
+                   "relative_attention_max_distance")
+_LLAMA_MODEL_FIELDS = ("num_kv_heads", "rope_theta", "rope_scaling", "rope_scaling_factor",
+                       "rope_low_freq_factor", "rope_high_freq_factor",
+                       "rope_original_max_length", "norm_epsilon", "use_qkv_bias")
+
+
+def _model_fields(preset) -> tuple:
+  if preset.kind != "llama":
+    return _MODEL_FIELDS
+  return tuple(f for f in _MODEL_FIELDS if f not in _T5_ONLY_FIELDS) + _LLAMA_MODEL_FIELDS
 
 
 def model_gin_text(name: str, description: str = "") -> str:
@@ -184,7 +202,7 @@ def model_gin_text(name: str, description: str = "") -> str:
            "# Every field is spelled out (tests/test_gin_configs.py checks it equals the preset;",
            "# regenerate with `python -m distillspec_jax.gin_utils --write_model_gin`).", "",
            f"{name}/model_by_name.name = '{name}'"]
-  lines += [f"{name}/model_by_name.{f} = {getattr(preset, f)!r}" for f in _MODEL_FIELDS]
+  lines += [f"{name}/model_by_name.{f} = {getattr(preset, f)!r}" for f in _model_fields(preset)]
   return "\n".join(lines) + "\n"
 
 
@@ -220,6 +238,10 @@ HELP_FLAGS = (
      "include lines"),
     ("--coordinator_address=HOST:PORT --process_count=N --process_index=I",
      "multi-host runs (GPU clusters, localhost tests); none on a TPU VM slice"),
+    ("--dry_run", "compile every stage's programs on abstract, sharded parameters for the "
+     "mesh (DATA_PARALLEL, MODEL_PARALLEL) and the slice (SLICE) in gin, print per-device "
+     "bytes, FLOPs and an estimated step time per stage, and exit 1 when one does not fit "
+     "(nothing is trained, read or written; simulated CPU devices without an accelerator)"),
     ("--help, -h", "this text (nothing runs)"),
 )
 USER_ERRORS = (GinConfigError, ValueError, FileNotFoundError, multihost.MultihostError)
@@ -291,6 +313,77 @@ def exit_on_user_error(fn: Callable, *args) -> Any:
   except USER_ERRORS as error:
     print(f"Error: {error}", file=sys.stderr)
     raise SystemExit(2) from None
+
+
+# --- the dry run's edge ------------------------------------------------------------------------
+
+DRY_RUN_FLAG = "--dry_run"
+
+
+@dataclasses.dataclass(frozen=True)
+class DryRunSettings:
+  """What `--dry_run` checks against: a slice's chip and device count."""
+
+  slice_name: str
+  chip: Any  # training.dry_run.Chip
+  devices: int
+  peak_fraction: float
+  proxy_data: Any  # int or None
+
+
+def take_dry_run_flag(argv: Sequence[str]) -> tuple[bool, list]:
+  """(whether argv asks for a dry run, argv without the flag); refuses the multi-host flags
+  with it (a dry run is one process)."""
+  argv = list(argv)
+  wanted = DRY_RUN_FLAG in argv
+  if wanted:
+    argv = [a for a in argv if a != DRY_RUN_FLAG]
+    multi = [a for a in argv if a.split("=")[0] in ("--coordinator_address", "--process_count",
+                                                    "--process_index")]
+    if multi:
+      raise GinConfigError(f"--dry_run runs in one process; drop {multi} (it simulates the "
+                           "slice's devices itself).")
+  return wanted, argv
+
+
+@gin.configurable("dry_run")
+def dry_run_settings(slice: str = "v4-8",  # pylint: disable=redefined-builtin
+                     peak_fraction: float = 0.4, proxy_data: Any = 2) -> DryRunSettings:
+  """gin: `SLICE = 'v4-32'` (train_base.gin, paper_base.gin binds `dry_run.slice = %SLICE`);
+  `dry_run.peak_fraction`: the fraction of the chip's peak the step-time estimate assumes;
+  `dry_run.proxy_data`: compile (d, m) as (proxy_data, m) on simulated devices (None: not)."""
+  from distillspec_jax.training import dry_run
+  from distillspec_jax.core.validation import check_positive_int
+  name, chip, devices = dry_run.parse_slice(slice)
+  if isinstance(peak_fraction, bool) or not 0.0 < float(peak_fraction) <= 1.0:
+    raise GinConfigError(f"dry_run.peak_fraction={peak_fraction!r} must be in (0, 1], e.g. 0.4.")
+  if proxy_data is not None:
+    check_positive_int(proxy_data, "dry_run.proxy_data")
+  return DryRunSettings(name, chip, devices, float(peak_fraction), proxy_data)
+
+
+def start_dry_run() -> DryRunSettings:
+  """The gin-bound settings, with this process's XLA_FLAGS set to simulate the slice's devices
+  (call after parsing gin, before anything starts JAX's backend)."""
+  from distillspec_jax.training import dry_run
+  settings = dry_run_settings()
+  dry_run.set_simulation_flags(settings.devices)
+  return settings
+
+
+def finish_dry_run(rows: list, stages: list, devices: list, settings: DryRunSettings,
+                   levers: Sequence[str] = ()) -> int:
+  """Prints the table and the failures; 0 when every stage fits, else 1."""
+  from distillspec_jax.training import dry_run
+  text, messages = dry_run.report(rows, stages, devices, settings.chip, levers)
+  print(f"\nDry run for {settings.slice_name} ({settings.devices} x {settings.chip.name}, "
+        f"{settings.chip.hbm_gib:g} GiB HBM, {settings.chip.peak_tflops:g} TFLOP/s bf16 peak); "
+        f"GiB per device; step time = FLOPs / ({settings.peak_fraction:.0%} of peak): an "
+        "estimate. temp is the XLA:CPU figure when simulated (an estimate of the TPU's).\n")
+  print(text, flush=True)
+  for message in messages:
+    print(f"DOES NOT FIT: {message}", file=sys.stderr, flush=True)
+  return 1 if messages else 0
 
 
 def clear() -> None:

@@ -10,6 +10,11 @@ has them, TARGET_CHECKPOINT_PATH / DRAFT_CHECKPOINT_PATH: starting weights, any 
 run file, binding, value, input path or MODEL_DIR fails here, before any training starts:
 exit status 2 and the message naming the fix.
 
+--dry_run compiles every stage's program on abstract, sharded parameters for the mesh
+(DATA_PARALLEL, MODEL_PARALLEL) and the slice (SLICE) in gin, prints a table per stage, and
+exits 1 naming the stage, mesh and bytes of any that does not fit (studies/pipeline_dry_run.py;
+simulated CPU devices without an accelerator; nothing is read or written).
+
 Multi-host: the flags --coordinator_address, --process_count, --process_index (multihost.py;
 none on a TPU VM slice). Training stages run on every process; vocab, evaluate and report on
 process 0, the only writer of markers and reports; the others wait at a barrier.
@@ -25,6 +30,7 @@ import gin
 
 from distillspec_jax import gin_utils
 from distillspec_jax.training import multihost
+from distillspec_jax.studies import pipeline as pipeline_lib
 from distillspec_jax.studies.garden import GardenConfig
 from distillspec_jax.studies.pipeline import PipelineConfig, check_run_dir, run_pipeline
 from distillspec_jax.studies.recipe_grid import RecipeGridConfig
@@ -66,9 +72,28 @@ def prepare(argv: Sequence[str]) -> PipelineConfig:
   argv = multihost.initialize_from_flags(argv)  # first: before any JAX backend starts
   pipeline = load_pipeline(argv)
   pipeline.check_inputs()
+  # The mesh against the devices, the batch and both models (before the vocabulary exists:
+  # at model_vocab_size, else vocab_size).
+  pipeline_lib.job_mesh(pipeline, *pipeline_lib.models(
+      pipeline, vocab=pipeline.model_vocab_size or pipeline.vocab_size))
   if multihost.is_primary():
     check_run_dir(pipeline.run_dir)
   return pipeline
+
+
+def run_dry_run(argv: Sequence[str]) -> int:
+  """--dry_run (module doc): 0 when every stage fits the slice, 1 when one does not."""
+  from distillspec_jax.studies import pipeline_dry_run
+  from distillspec_jax.training import dry_run
+  config = load_pipeline(argv)
+  settings = gin_utils.start_dry_run()  # before JAX starts: the slice's simulated devices
+  stages = pipeline_dry_run.stages(config)
+  devices = dry_run.dry_run_devices(settings.devices)
+  rows = dry_run.run(stages, (config.data_parallel, config.model_parallel), devices,
+                     settings.chip, proxy_data=settings.proxy_data,
+                     peak_fraction=settings.peak_fraction)
+  return gin_utils.finish_dry_run(rows, stages, devices, settings,
+                                  pipeline_dry_run.levers(config))
 
 
 def run(pipeline: PipelineConfig) -> int:
@@ -81,6 +106,9 @@ def run(pipeline: PipelineConfig) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   gin_utils.exit_on_help(argv, "distillspec_jax.main", __doc__)
+  wanted, argv = gin_utils.take_dry_run_flag(argv)
+  if wanted:
+    return run_dry_run(argv)
   return run(prepare(argv))
 
 
@@ -89,4 +117,7 @@ if __name__ == "__main__":
   # (hours in) keep their tracebacks.
   _argv = sys.argv[1:]
   gin_utils.exit_on_help(_argv, "distillspec_jax.main", __doc__)
+  _wanted, _argv = gin_utils.exit_on_user_error(gin_utils.take_dry_run_flag, _argv)
+  if _wanted:
+    sys.exit(gin_utils.exit_on_user_error(run_dry_run, _argv))
   sys.exit(run(gin_utils.exit_on_user_error(prepare, _argv)))

@@ -43,7 +43,9 @@ from distillspec_jax.training import partitioning
 from distillspec_jax.training import trainer
 from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.interop import importer
+from distillspec_jax.models import precision
 from distillspec_jax.models.model import Model
+from distillspec_jax.training import dry_run
 
 SYNTHETIC_TASK = "synthetic_reverse"
 
@@ -65,6 +67,7 @@ class RunSpec:
   eval_batch_size: int = 16
   eval_gamma: int = 4
   eval_temperature: float = 1.0
+  target_param_dtype: Optional[str] = None
 
 
 @gin.configurable
@@ -75,8 +78,12 @@ def run(mode: str = "distill", model: Optional[Model] = None,
         target: Optional[Model] = None, target_checkpoint_path: Optional[str] = None,
         distillation_config: Optional[DistillationConfig] = None, split: str = "train",
         eval_split: str = "validation", eval_batch_size: int = 16, eval_gamma: int = 4,
-        eval_temperature: float = 1.0) -> RunSpec:
-  """Validates the gin-bound pieces into a RunSpec (nothing is trained here)."""
+        eval_temperature: float = 1.0, target_param_dtype: Optional[str] = None) -> RunSpec:
+  """Validates the gin-bound pieces into a RunSpec (nothing is trained here).
+
+  target_param_dtype: the frozen target's parameters cast after restoring (TARGET_PARAM_DTYPE;
+  None = as stored)."""
+  precision.check_param_dtype(target_param_dtype)
   if mode not in ("finetune", "distill"):
     raise gin_utils.GinConfigError(f"run.mode={mode!r}; use 'finetune' or 'distill'.")
   if model is None:
@@ -105,7 +112,7 @@ def run(mode: str = "distill", model: Optional[Model] = None,
                  target_checkpoint_path=target_checkpoint_path,
                  distillation_config=distillation_config, split=split, eval_split=eval_split,
                  eval_batch_size=eval_batch_size, eval_gamma=eval_gamma,
-                 eval_temperature=eval_temperature)
+                 eval_temperature=eval_temperature, target_param_dtype=target_param_dtype)
 
 
 def resolve() -> RunSpec:
@@ -167,7 +174,9 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
   train_data = make_data(spec, spec.split, config.batch_size, config.seed, repeat=True)
   data_name = f"task {spec.mixture_or_task_name!r}, split {spec.split!r}"
   if spec.mode == "finetune":
-    return trainer.finetune(config, spec.model, train_data, data_name=data_name,
+    mesh = partitioning.make_mesh(config.data_parallel, config.model_parallel)
+    partitioning.check_model_axis({"model": spec.model}, mesh)
+    return trainer.finetune(config, spec.model, train_data, data_name=data_name, mesh=mesh,
                             restore_fn=importer.restore_any)
   if not spec.target_checkpoint_path:
     raise gin_utils.GinConfigError("Distillation needs the frozen target's parameters: pass "
@@ -175,9 +184,11 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
   # Restored into the mesh's shards: no device holds the whole target (our format: each host
   # reads its own shards; T5X / HF: each host reads the file and keeps its shards).
   mesh = partitioning.make_mesh(config.data_parallel, config.model_parallel)
-  target_params = importer.restore_any(
+  partitioning.check_model_axis({"target": spec.target, "draft": spec.model}, mesh)
+  target_params = precision.cast_params(importer.restore_any(
       spec.target_checkpoint_path, checkpoints.abstract_like(
-          spec.target.param_shapes(), partitioning.param_shardings(spec.target, mesh)))
+          spec.target.param_shapes(), partitioning.param_shardings(spec.target, mesh))),
+      spec.target_param_dtype)
   eval_fn = None
   if config.eval_every:
     held_out = _first_batch(make_data(spec, spec.eval_split, spec.eval_batch_size,
@@ -193,6 +204,9 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
 
 def main(argv: Sequence[str]) -> trainer.TrainResult:
   gin_utils.exit_on_help(argv, "distillspec_jax.train", __doc__)
+  wanted, argv = gin_utils.take_dry_run_flag(argv)
+  if wanted:
+    return run_dry_run(argv)
   argv = multihost.initialize_from_flags(argv)  # first: before any JAX backend starts
   gin_utils.parse_binary_flags(argv)
   spec = resolve()
@@ -208,6 +222,50 @@ def main(argv: Sequence[str]) -> trainer.TrainResult:
   if last is not None:
     print(json.dumps(last), flush=True)
   return result
+
+
+def dry_run_stages(spec: RunSpec) -> list:
+  """The programs this run compiles: its training step and, with EVAL_EVERY, the speculative
+  evaluation (the frozen target cast to TARGET_PARAM_DTYPE, the trained draft as it is)."""
+  config = spec.train_config
+  inputs, targets = _lengths(spec)
+  lengths = {"inputs": inputs, "targets": targets}
+  if spec.mode == "finetune":
+    objective, models = distillation.FinetuneObjective(spec.model), {"model": spec.model}
+  else:
+    objective = distillation.DistillationObjective(spec.target, spec.model,
+                                                   spec.distillation_config)
+    models = {"target": spec.target, "draft": spec.model}
+  stages = [dry_run.Stage(spec.mode, lambda mesh, batch: dry_run.train_step_program(
+      objective, config.optimizer_spec, mesh, batch, lengths,
+      frozen_param_dtype=spec.target_param_dtype), config.batch_size, models)]
+  if spec.mode == "distill" and config.eval_every:
+    stages.append(dry_run.Stage("eval (tau)", lambda mesh, batch: dry_run.speculative_program(
+        spec.target, spec.model, mesh, batch, inputs, targets, gamma=spec.eval_gamma,
+        temperature=spec.eval_temperature, target_param_dtype=spec.target_param_dtype),
+        spec.eval_batch_size, models))
+  return stages
+
+
+def run_dry_run(argv: Sequence[str]) -> int:
+  """--dry_run: compiles the run's programs for the gin mesh and slice; 0 when all fit."""
+  gin_utils.parse_binary_flags(argv)
+  settings = gin_utils.start_dry_run()  # before JAX starts: simulated devices
+  spec = resolve()
+  stages = dry_run_stages(spec)
+  config = spec.train_config
+  try:  # a mesh, batch or model axis that cannot work: the value and the fix (exit 2)
+    devices = dry_run.dry_run_devices(settings.devices)
+    rows = dry_run.run(stages, (config.data_parallel, config.model_parallel), devices,
+                       settings.chip, proxy_data=settings.proxy_data,
+                       peak_fraction=settings.peak_fraction)
+  except ValueError as error:
+    raise gin_utils.GinConfigError(f"--dry_run for {settings.slice_name}: {error}") from None
+  levers = [] if spec.model.config.remat_policy != "none" else [
+      "--gin.REMAT_POLICY=minimal (or full)"]
+  if spec.mode == "distill" and spec.target_param_dtype != "bfloat16":
+    levers.append("--gin.TARGET_PARAM_DTYPE=bfloat16")
+  return gin_utils.finish_dry_run(rows, stages, devices, settings, levers)
 
 
 def check_checkpoint_paths(spec: RunSpec) -> None:
@@ -251,7 +309,9 @@ def _config_path(model_dir: str) -> str:
 
 if __name__ == "__main__":
   try:
-    main(sys.argv[1:])
+    _result = main(sys.argv[1:])
+    if isinstance(_result, int):  # --dry_run: 1 when a stage does not fit
+      sys.exit(_result)
   except (gin_utils.GinConfigError, multihost.MultihostError) as error:
     print(f"Configuration error: {error}", file=sys.stderr)
     sys.exit(2)

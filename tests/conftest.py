@@ -7,6 +7,9 @@ compiled program, lets each one be compiled once per run. The directory is new f
 run (made by the controlling process, inherited by workers and children through the
 environment) so that a run never reuses another run's programs, and it is removed at the end.
 Set DISTILLSPEC_TEST_COMPILATION_CACHE=0 to switch it off.
+
+Shared fixtures (builders in tests/testing.py): `shared_stages`, the main job's vocab, target
+and raw draft trained once per run for the whole-pipeline tests (marked `pipeline`).
 """
 
 import os
@@ -47,3 +50,23 @@ def fast_compilation():
     patch.setenv(ENV, "1")
     yield
   set_fast_compilation(previous)
+
+
+@pytest.fixture(scope="session")
+def shared_stages(request, tmp_path_factory):
+  """(run_dir, outcome) of testing.train_shared_stages: the main job's vocab, target and raw
+  draft on testing.PIPELINE settings, trained once per test run (once for all pytest-xdist
+  workers: their temporary folders share a parent) and never written to afterwards; tests
+  copy them (testing.copy_stages) or name them as a study's reuse_run_dir."""
+  import testing
+  from compilation import set_fast_compilation
+  root = tmp_path_factory.getbasetemp()
+  if hasattr(request.config, "workerinput"):  # a pytest-xdist worker's is <run>/popen-gwN
+    root = root.parent
+  # Compiled as in the modules that use it (fast_compilation is module-scoped, so it is not
+  # on yet when a session fixture is made).
+  previous = set_fast_compilation(True)
+  try:
+    return testing.train_shared_stages(str(root / "shared_pipeline_stages"))
+  finally:
+    set_fast_compilation(previous)

@@ -29,20 +29,18 @@ from distillspec_jax.decoding import stats as stats_lib
 from distillspec_jax.training import checkpoints
 from distillspec_jax.decoding import plain as decoding
 from distillspec_jax.distill import objectives as distillation
-from distillspec_jax.evaluation import quality as evaluation
 from distillspec_jax.training import multihost
 from distillspec_jax.training import partitioning
 from distillspec_jax.decoding import speculative
 from distillspec_jax.training import trainer
-from distillspec_jax.models.model import Model  # noqa: E402
+import testing  # noqa: E402  (tests/testing.py: the tiny pair every mesh test uses)
 
 # Both axes > 1 once each way; pure data parallelism, (8, 1), is in the checkpoint check.
 MESHES = ((4, 2), (2, 4))
 BATCH = 8
-TARGET = Model.from_name("tiny_encoder_decoder", vocab_size=64)
-DRAFT = Model.from_name("demo_draft", vocab_size=64)
-TARGET_PARAMS = jax.device_get(TARGET.init(jax.random.PRNGKey(1)))  # host copies
-DRAFT_PARAMS = jax.device_get(DRAFT.init(jax.random.PRNGKey(2)))
+TARGET, DRAFT = testing.tiny_pair(vocab_size=64)
+TARGET_PARAMS = jax.device_get(testing.random_params(TARGET, 1))  # host copies
+DRAFT_PARAMS = jax.device_get(testing.random_params(DRAFT, 2))
 DATA = trainer.SyntheticData(BATCH, vocab_size=64, seed=5)
 
 
@@ -168,7 +166,8 @@ def check_decode():
       compiled = speculative._speculative_jit.lower(  # the engine's one compiled program
           TARGET, target_params, DRAFT, draft_params, prompts, None, key, max_new_tokens=8,
           gamma=3, sampling=sampling, lenience=speculative.Lenience(),
-          max_length=TARGET.config.max_decode_length).compile()
+          max_length=TARGET.config.max_decode_length,
+          draft_length=speculative.DraftLength()).compile()
       check_param_shardings(compiled.input_shardings[0][0], TARGET, mesh, shape)
       check_param_shardings(compiled.input_shardings[0][1], DRAFT, mesh, shape)
       check_no_param_gather(compiled, shapes, f"speculative {shape}")

@@ -33,7 +33,7 @@ from jax.experimental import multihost_utils  # noqa: E402
 from distillspec_jax.distill import objectives as distillation
 from distillspec_jax.training import partitioning
 from distillspec_jax.training import trainer
-from distillspec_jax.models.model import Model  # noqa: E402
+import testing  # noqa: E402  (tests/testing.py: the tiny pair)
 
 BATCH = 8
 
@@ -95,8 +95,7 @@ def main():
     return collective_until_killed()
   out_dir, model_dir, steps = REST[0], REST[1], int(REST[2])
   index = jax.process_index()
-  target = Model.from_name("tiny_encoder_decoder", vocab_size=64)
-  draft = Model.from_name("demo_draft", vocab_size=64)
+  target, draft = testing.tiny_pair(vocab_size=64)
   mesh = partitioning.make_mesh(data=4, model=2)
   config = trainer.TrainConfig(
       model_dir=model_dir, train_steps=steps, batch_size=BATCH, optimizer="adafactor",
@@ -106,8 +105,7 @@ def main():
       target, mesh))(jax.random.PRNGKey(1))
   data = RecordingData(os.path.join(out_dir, f"rows_{index}.json"))
   result = trainer.distill(config, target, target_params, draft, data,
-                           distillation.DistillationConfig(lambda1=float(os.environ.get("LAMBDA1", "1.0")), lambda2=0.5),
-                           mesh=mesh)
+                           distillation.DistillationConfig(lambda1=1.0, lambda2=0.5), mesh=mesh)
   losses = [r["loss"] for r in result.history if "loss" in r]
   kernel = result.state.params["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
   params = multihost_utils.process_allgather(result.state.params, tiled=True)

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import testing
 
 from distillspec_jax.distill import objectives as D
 from distillspec_jax.distill import divergences
@@ -16,9 +17,7 @@ VOCAB = 64
 
 
 def _models():
-  target = Model.from_name("tiny_encoder_decoder", vocab_size=VOCAB)
-  draft = Model.from_name("demo_draft", vocab_size=VOCAB)
-  return target, draft
+  return testing.tiny_pair(vocab_size=VOCAB)
 
 
 @pytest.mark.parametrize("lambda1,lambda2", [(1.0, 0.0), (0.0, 0.0), (0.5, 1.0), (0.0, 0.5),

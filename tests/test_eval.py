@@ -96,6 +96,16 @@ def test_the_binary_run_as_a_module_writes_every_output_with_finite_numbers(setu
     assert 0.0 <= row["predicted_alpha"] <= 1.0
     assert len(row["acceptance_by_position"]) == row["gamma"]
     assert row["speedup_range"][0] <= row["speedup"] <= row["speedup_range"][1]
+    # The serving engines' statistics beside the paper's (decoding/stats.py).
+    assert row["draft_acceptance_rate"] == row["alpha"]
+    assert row["mean_acceptance_length"] == pytest.approx(
+        1 + row["gamma"] * row["draft_acceptance_rate"])
+    assert len(row["draft_acceptance_rate_by_position"]) == row["gamma"]
+    assert row["alpha_distillspec"] is None or row["alpha_distillspec"] >= row["alpha"]
+    for name in ("speedup_end_to_end", "speedup_typical"):
+      low, high = row[f"{name}_range"]
+      assert low <= row[name] <= high, name
+    assert isinstance(row["speedup_unreliable"], bool)
     assert "accuracy" in row["quality"]
   assert [r["epsilon"] for r in on_disk["rows"]] == [1.0, 0.5]
   assert all(math.isfinite(x) for x in _numbers(on_disk))
@@ -115,6 +125,9 @@ def test_the_binary_run_as_a_module_writes_every_output_with_finite_numbers(setu
     assert os.path.getsize(model_dir / name) > 0
   table = json.load(open(model_dir / "lossy_tradeoff.json"))["rows"]
   assert all(math.isfinite(r["relative_latency"]) for r in table)
+  # Relative latency is end to end, as a request sees it.
+  for line, row in zip([r for r in table if r["decoder"] == "speculative"], on_disk["rows"]):
+    assert line["relative_latency"] == pytest.approx(1 / row["speedup_end_to_end"])
 
   # Bad input: exit status 2 and the message, no traceback.
   done = subprocess.run(command + ["--gin.DRAFT_CHECKPOINT_PATH=/nonexistent/draft"],
@@ -138,7 +151,25 @@ def test_relative_latency_of_the_target_alone_is_one():
   assert [r["relative_latency"] for r in table[1:]] == [1 / 1.6, 1 / 2.0]
   # The latency's range over repeats is 1 / the speedup's: the fastest repeat is the lowest.
   assert table[1]["relative_latency_range"] == pytest.approx([1 / 2.0, 1 / 1.5])
-  assert "0.625 [0.500, 0.667]" in lossy.table_markdown(table, "accuracy")
+  # A metrics.json written before the end-to-end figures: the decoding phase's, said so.
+  assert table[1]["latency_phase"] == "decoding phase"
+  markdown = lossy.table_markdown(table, "accuracy")
+  assert "0.625 [0.500, 0.667] (decoding phase only: an earlier metrics.json)" in markdown
+
+
+def test_relative_latency_is_end_to_end():
+  row = dict(task="t", temperature=1.0, gamma=3, lenience="lin", epsilon=1.0,
+             quality={"accuracy": 50.0}, tau=2.0, tau_stderr=0.1, alpha=0.4,
+             draft_acceptance_rate=0.4, alpha_distillspec=0.6, predicted_alpha=0.6,
+             speedup=1.6, speedup_range=[1.5, 1.7], speedup_end_to_end=1.25,
+             speedup_end_to_end_range=[1.2, 1.3])
+  table = lossy.tradeoff_table({"target_alone": {"t": {"accuracy": 50.0}}, "rows": [row]})
+  assert table[1]["relative_latency"] == pytest.approx(1 / 1.25)
+  assert table[1]["relative_latency_range"] == pytest.approx([1 / 1.3, 1 / 1.2])
+  assert (table[1]["speedup"], table[1]["speedup_decode"]) == (1.25, 1.6)
+  assert table[1]["latency_phase"] == "end to end"
+  assert table[1]["alpha_distillspec"] == 0.6 and table[1]["draft_acceptance_rate"] == 0.4
+  assert "0.800 [0.769, 0.833] | 1.25 | 1.60 |" in lossy.table_markdown(table, "accuracy")
 
 
 @pytest.mark.parametrize("kind", ["lin", "sq", "exp"])
@@ -232,6 +263,20 @@ def test_mixture_mean_is_the_mean_of_speed_numbers_too():
   assert rows[0]["speedup_range"] == pytest.approx([1.3, 1.5])
   assert rows[0]["acceptance_by_position"] == [0.5, None]
   assert rows[0]["quality"] == {"m": pytest.approx(20.0)} and alone == {"m": 20.0}
+  assert tuple(rows[0]) == evaluation.ROW_FIELDS
+  # Fields a task lacks (an earlier metrics.json) stay None; flags are any task's.
+  assert rows[0]["speedup_end_to_end"] is None
+  newer = lambda task, tau, speedup, flag: dict(
+      row(task, tau, speedup), speedup_end_to_end=speedup - 0.2,
+      speedup_end_to_end_range=[speedup - 0.3, speedup - 0.1], speedup_unreliable=flag,
+      alpha_distillspec=tau / 4)
+  rows, _ = evaluation.mixture_mean("mix", {"a": [newer("a", 1.5, 1.2, False)],
+                                            "b": [newer("b", 2.5, 1.6, True)]},
+                                    {"a": {"m": 10.0}, "b": {"m": 30.0}})
+  assert rows[0]["speedup_end_to_end"] == pytest.approx(1.2)
+  assert rows[0]["speedup_end_to_end_range"] == pytest.approx([1.1, 1.3])
+  assert rows[0]["speedup_unreliable"] is True
+  assert rows[0]["alpha_distillspec"] == pytest.approx(0.5)
 
 
 def test_acceptance_by_position_and_predicted_alpha(setup):
@@ -333,6 +378,28 @@ def test_gin_run_files_build(setup):
       assert config.temperatures == (1.0,) and 1.0 in config.epsilons
       assert len(config.epsilons) >= 4
   gin_utils.clear()
+  adaptive = eval_lib.load_config(["--gin_file=gin/runs/eval_adaptive_demo.gin"])
+  assert adaptive.draft_length.rule == "confidence" and adaptive.gammas == (7,)
+  assert 0 < adaptive.draft_length.threshold < 1
+  for flag, message in (("--gin.DRAFT_LENGTH_THRESHOLD=1.5", "DRAFT_LENGTH_THRESHOLD=1.5"),
+                        ("--gin.DRAFT_LENGTH_RULE='entropy'", "'entropy'"),
+                        ("--gin.GAMMAS=(0,)", "GAMMAS=\\(0,\\)")):
+    gin_utils.clear()
+    with pytest.raises(gin_utils.GinConfigError, match=message):
+      eval_lib.load_config(["--gin_file=gin/runs/eval_adaptive_demo.gin", flag])
+  gin_utils.clear()
   with pytest.raises(gin_utils.GinConfigError, match="EPSILONS=\\(\\) is empty"):
     eval_lib.load_config(["--gin_file=gin/runs/eval_demo.gin", "--gin.EPSILONS=()"])
   gin_utils.clear()
+
+
+def test_the_adaptive_draft_length_rule_runs_through_the_binary(setup, tmp_path):
+  """DRAFT_LENGTH_RULE='confidence': the rows are the rule's and so are their timings. At a
+  threshold no random draft reaches, every round proposes one token: accepted / rounds
+  (mean acceptance length - 1) equals accepted / proposed (the draft acceptance rate)."""
+  config = _config(setup, tmp_path / "run", gammas=(3,), temperatures=(1.0,),
+                   draft_length_rule="confidence", draft_length_threshold=0.99)
+  metrics = eval_lib.evaluate(config)
+  (row,) = metrics["rows"]
+  assert row["mean_acceptance_length"] == pytest.approx(1 + row["draft_acceptance_rate"])
+  assert row["speedup_end_to_end"] is not None and row["speedup"] is not None

@@ -7,16 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import testing
 
 from distillspec_jax.interop import hf_t5
-from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
-TINY = TransformerConfig(kind="encoder_decoder", vocab_size=128, emb_dim=64, num_heads=4,
-                         num_encoder_layers=2, num_decoder_layers=2, head_dim=16, mlp_dim=128,
-                         dropout_rate=0.0, max_decode_length=32)
+TINY = testing.T5_TINY
 TINY_DECODER_ONLY = TINY.replace(kind="decoder_only", num_encoder_layers=0)
 
 

@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
+import testing
 
 from distillspec_jax.training import partitioning
-from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
@@ -47,7 +47,7 @@ def test_checkpoint_saved_under_one_mesh_restores_under_others():
 
 
 def test_rule_naming_an_unknown_mesh_axis_is_refused():
-  model = Model.from_name("demo_draft", vocab_size=64)
+  _, model = testing.tiny_pair(vocab_size=64)
   rules = partitioning.LOGICAL_AXIS_RULES + (("extra", "tensor"),)
   with pytest.raises(ValueError, match="names mesh axis 'tensor'.*its axes: \\('data', "
                      "'model'\\)"):
@@ -55,7 +55,7 @@ def test_rule_naming_an_unknown_mesh_axis_is_refused():
 
 
 def test_logical_name_without_a_rule_is_refused():
-  model = Model.from_name("demo_draft", vocab_size=64)
+  _, model = testing.tiny_pair(vocab_size=64)
   rules = tuple(r for r in partitioning.LOGICAL_AXIS_RULES if r[0] != "mlp")
   with pytest.raises(ValueError, match="No logical-axis rule for \\['mlp'\\]"):
     partitioning.param_shardings(model, partitioning.make_mesh(), rules)
@@ -64,7 +64,7 @@ def test_logical_name_without_a_rule_is_refused():
 def test_optimizer_state_follows_the_parameters():
   import jax
   from distillspec_jax.training import trainer
-  model = Model.from_name("demo_draft", vocab_size=64)
+  _, model = testing.tiny_pair(vocab_size=64)
   mesh = partitioning.make_mesh()
   shardings = partitioning.param_shardings(model, mesh)
   for name in ("adamw", "adafactor"):

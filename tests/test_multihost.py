@@ -26,12 +26,16 @@ WORKER = os.path.join(ROOT, "tests", "multihost_worker.py")
 STEPS = 3
 
 
-def _free_port() -> int:
+def _free_port(skip: bool = True):
+  """A localhost port nobody listens on; without one the test is skipped (or, skip=False,
+  None is returned)."""
   try:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
       s.bind(("localhost", 0))
       return s.getsockname()[1]
   except OSError as error:
+    if not skip:
+      return None
     pytest.skip(f"cannot bind a localhost port for the coordinator ({error})")
 
 
@@ -114,14 +118,56 @@ COLLECTIVE_ERROR = re.compile(r"^SURVIVOR_ERROR (JaxRuntimeError|XlaRuntimeError
                               r"MultihostError): \S", re.MULTILINE)
 
 
-def test_killed_process_ends_the_other_with_an_error(tmp_path):
-  port = _free_port()
-  # Heartbeat 10 s: short enough for a quick test, long enough that a loaded machine does not
-  # starve a live process past it (which would end the wrong process first).
-  procs = [subprocess.Popen([sys.executable, WORKER, "kill"] + _flags(port, index, heartbeat=10),
-                            env=_env(4), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True) for index in (0, 1)]
-  outs = _finish(procs, timeout=180)  # the bound: heartbeat 10 s plus start-up
+KILL_TEST = "test_killed_process_ends_the_other_with_an_error"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def killed_pair(request, tmp_path_factory):
+  """The kill test's two processes, started with the module when that test is selected: most
+  of that test is the survivor waiting out the heartbeat timeout, which so overlaps the
+  module's other tests instead of idling a worker. Their output goes to files (nobody reads a
+  pipe meanwhile). None without a free port (the test skips). Processes still running at the
+  end of the module are killed."""
+  if not any(item.name == KILL_TEST and item.module is request.module
+             for item in request.session.items):
+    yield None
+    return
+  port = _free_port(skip=False)
+  if port is None:
+    yield None
+    return
+  folder = tmp_path_factory.mktemp("killed_pair")
+  procs, logs = [], []
+  for index in (0, 1):
+    logs.append(open(folder / f"{index}.log", "w+"))
+    # Heartbeat 10 s: short enough for a quick test, long enough that a loaded machine does
+    # not starve a live process past it (which would end the wrong process first).
+    procs.append(subprocess.Popen(
+        [sys.executable, WORKER, "kill"] + _flags(port, index, heartbeat=10), env=_env(4),
+        cwd=ROOT, stdout=logs[-1], stderr=subprocess.STDOUT, text=True))
+  yield procs, logs
+  for p, log in zip(procs, logs):
+    if p.poll() is None:
+      p.kill()
+      p.wait()
+    log.close()
+
+
+def test_killed_process_ends_the_other_with_an_error(killed_pair):
+  if killed_pair is None:
+    pytest.skip("cannot bind a localhost port for the coordinator")
+  procs, logs = killed_pair
+  try:
+    for p in procs:
+      p.wait(timeout=180)  # the bound: heartbeat 10 s plus start-up
+  except subprocess.TimeoutExpired:
+    for q in procs:
+      q.kill()
+    raise AssertionError("a process hung past the test's time bound")
+  outs = []
+  for log in logs:
+    log.seek(0)
+    outs.append(log.read())
   assert procs[1].returncode == -9, outs[1][-2000:]  # SIGKILL, as intended
   assert "SUM 24.0" in outs[0], outs[0][-4000:]
   assert procs[0].returncode != 0, outs[0][-4000:]

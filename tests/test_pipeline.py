@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+import testing
 
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies.pipeline import PipelineConfig, required_stages, run_pipeline
@@ -15,28 +16,31 @@ from distillspec_jax.studies.pipeline import PipelineConfig, required_stages, ru
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 
-def _smoke_config(run_dir):
-  return PipelineConfig(
-      run_dir=str(run_dir), task_feature_lengths={"inputs": 40, "targets": 44},
-      target_model="smoke_target",
-      target_steps=3, draft_steps=3, distill_steps=2, batch_size=4, warmup_steps=1,
-      gammas=(2,), temperatures=(0.0, 1.0), eval_examples=4, speed_examples=1,
-      max_new_tokens=8, eval_every=1, train_examples=64, progress_bar=False, speed_repeats=2,
-      speed_calls=2, speed_cpus=0)
+def _smoke_config(run_dir, **changes):
+  """The whole-pipeline tests' settings (testing.PIPELINE) at gamma 2, T = 0 and 1."""
+  return testing.pipeline_config(run_dir, **{"gammas": (2,), "temperatures": (0.0, 1.0),
+                                             **changes})
 
 
-def _mtimes(config):
+def _mtimes(config, stages=None):
   return {s: os.path.getmtime(os.path.join(config.stage_dir(s), pipeline.DONE))
-          for s in config.stages}
+          for s in stages or config.stages}
 
 
-def test_demo_pipeline_smoke_reuse_and_the_adaspec_job_on_its_stages(tmp_path):
+@pytest.mark.pipeline
+def test_demo_pipeline_smoke_and_reuse(tmp_path, shared_stages):
   # Timed in a process pinned to one core, as the demo does.
-  # T = 1 only: the T = 0 path runs in the AdaSPEC job (at the end) and the decoder-only job.
-  config = dataclasses.replace(_smoke_config(tmp_path / "demo"), speed_cpus=1,
-                               temperatures=(1.0,), recipe_steps={"supervised_kd": 3})
+  # T = 1 only: the T = 0 path runs in the AdaSPEC job (below) and the decoder-only job.
+  # The vocab, target and raw draft are the session's (conftest.py), trained by run_pipeline's
+  # real stages in one call and copied here with their markers.
+  shared_dir, shared_outcome = shared_stages
+  assert shared_outcome == {"vocab": "ran", "target": "ran", "draft_raw": "ran"}
+  config = _smoke_config(tmp_path / "demo", speed_cpus=1, temperatures=(1.0,),
+                         recipe_steps={"supervised_kd": 3})
+  testing.copy_stages(shared_dir, config)
   outcome = run_pipeline(config)
-  assert set(outcome.values()) == {"ran"}
+  assert outcome == {**{s: "skipped" for s in testing.SHARED_STAGES},
+                     **{s: "ran" for s in config.distill_stages + ("evaluate", "report")}}
   # recipe_steps overrides distill_steps (2) for the recipes it names only.
   assert sorted(os.listdir(config.stage_dir("distill_supervised_kd"))).count("3") == 1
   assert "2" in os.listdir(config.stage_dir("distill_gkd"))
@@ -69,7 +73,11 @@ def test_demo_pipeline_smoke_reuse_and_the_adaspec_job_on_its_stages(tmp_path):
       v for k, v in report["wall_clock_s"].items() if k != "report")
   assert {"target", "draft_raw"} <= set(report["target_quality"])
   assert math.isfinite(report["target_quality"]["target"]["per_token_loss"])
+  # The copied stages' times are their markers' (the session run's).
   assert set(report["wall_clock_s"]) >= {"vocab", "target", "draft_raw", "evaluate"}
+  for stage in testing.SHARED_STAGES:
+    marker = json.load(open(os.path.join(shared_dir, stage, pipeline.DONE)))
+    assert report["wall_clock_s"][stage] == marker["wall_clock_s"]
   for name in ("report.md", "tau_over_steps.png", "speedup_vs_gamma.png"):
     assert (tmp_path / "demo" / name).stat().st_size > 0
 
@@ -78,17 +86,26 @@ def test_demo_pipeline_smoke_reuse_and_the_adaspec_job_on_its_stages(tmp_path):
   assert set(run_pipeline(config).values()) == {"skipped"}
   assert _mtimes(config) == before
 
-  # AdaSPEC's comparison job in another run directory holding copies of this run's finished
-  # stages (their markers' times kept): it reuses them, its reference included (the
-  # SupervisedKD draft), and runs only its own distillation, the evaluation and the report.
-  ada = dataclasses.replace(config, run_dir=str(tmp_path / "ada"), temperatures=(0.0,),
-                            recipes=("supervised_kd", "adaspec"), speed_cpus=0)
+
+@pytest.mark.pipeline
+def test_adaspec_job_reuses_copied_stages_and_its_reference(tmp_path, shared_stages):
+  # AdaSPEC's comparison job in a run directory holding copies of another run's finished
+  # stages (their markers' times kept): it reuses them; once its reference (the SupervisedKD
+  # draft) is done it reuses that too, and runs only its own distillation, the evaluation and
+  # the report.
+  ada = _smoke_config(tmp_path / "ada", temperatures=(0.0,),
+                      recipes=("supervised_kd", "adaspec"), recipe_steps={"supervised_kd": 3})
   assert ada.dependencies("distill_adaspec") == ("target", "draft_raw", "distill_supervised_kd")
-  for stage in required_stages(ada, ("distill_supervised_kd",)):  # vocab ... its reference
-    shutil.copytree(config.stage_dir(stage), ada.stage_dir(stage))
+  testing.copy_stages(shared_stages[0], ada)
+  outcome = run_pipeline(ada, stages=("distill_supervised_kd",))
+  assert outcome == {"vocab": "skipped", "target": "skipped", "draft_raw": "skipped",
+                     "distill_supervised_kd": "ran"}
+  reused = testing.SHARED_STAGES + ("distill_supervised_kd",)
+  before = _mtimes(ada, reused)
   outcome = run_pipeline(ada)
   assert {s for s, v in outcome.items() if v == "ran"} == {"distill_adaspec", "evaluate",
                                                            "report"}
+  assert _mtimes(ada, reused) == before
   report = json.load(open(tmp_path / "ada" / "report.json"))
   assert {r["recipe"] for r in report["rows"]} == {"raw", "distillspec", "adaspec"}
   for row in report["rows"]:
@@ -161,6 +178,7 @@ def test_adaspec_bad_input(tmp_path):
                    adaspec_reference="gkd")
 
 
+@pytest.mark.pipeline
 def test_decoder_only_job(tmp_path):
   """The same job with decoder-only models (prefix LM on the embedded task)."""
   config = dataclasses.replace(_smoke_config(tmp_path / "dec"), target_model="tiny_decoder_only",

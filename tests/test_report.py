@@ -17,6 +17,22 @@ def _row(draft, temperature, gamma, tau, speedup):
               cost_model_end_to_end_speedup=speedup - 0.05, setup_s=0.01)
 
 
+def _new_fields(row, unreliable=False):
+  """The fields an evaluation has had since the serving engines' statistics and the
+  end-to-end and typical speedups (an earlier eval.json lacks them)."""
+  speedup = row["speedup"]
+  return dict(row, mean_acceptance_length=1 + row["gamma"] * 0.5, draft_acceptance_rate=0.5,
+              alpha_distillspec=0.7, acceptance_by_position=[0.7] * row["gamma"],
+              draft_acceptance_rate_by_position=[0.5] * row["gamma"],
+              speedup_spread=0.03, end_to_end_speedup_spread=0.2 if unreliable else 0.04,
+              typical_speedup=speedup - 0.2, typical_speedup_range=[speedup - 0.3, speedup],
+              typical_end_to_end_speedup=speedup - 0.25,
+              typical_end_to_end_speedup_range=[speedup - 0.3, speedup - 0.2],
+              speedup_prompt_interval=[speedup - 0.2, speedup + 0.2],
+              end_to_end_speedup_prompt_interval=[speedup - 0.3, speedup + 0.1],
+              unreliable=unreliable, call_overhead_s=0.002)
+
+
 def _evaluation(config):
   rows = []
   for temperature in config.temperatures:
@@ -68,3 +84,36 @@ def test_report_refuses_non_finite_numbers(tmp_path):
   evaluation["speculative"][1]["speedup_range"] = [math.nan, 1.4]
   with pytest.raises(ValueError, match="non-finite speedup_(distilled_)?range"):
     report_lib.build_report(config, evaluation, {}, {})
+
+
+def test_report_carries_the_engines_statistics_and_a_requests_speedups(tmp_path):
+  config = PipelineConfig(run_dir=str(tmp_path), gammas=(3,), temperatures=(1.0,))
+  evaluation = _evaluation(config)
+  evaluation["speculative"] = [_new_fields(r, unreliable=r["draft"] == "draft_raw")
+                               for r in evaluation["speculative"]]
+  report = report_lib.build_report(config, evaluation, {}, {})
+  row = report["rows"][0]
+  assert row["speedup_distilled_end_to_end"] == pytest.approx(1.4 - 0.1)
+  assert row["speedup_distilled_end_to_end_range"] == pytest.approx([1.4 - 0.12, 1.4 - 0.08])
+  assert row["speedup_distilled_typical"] == pytest.approx(1.4 - 0.25)
+  assert row["speedup_distilled_typical_range"] == pytest.approx([1.1, 1.2])
+  assert row["speedup_raw_end_to_end_prompt_interval"] == pytest.approx([0.9, 1.3])
+  assert row["mean_acceptance_length_raw"] == 2.5 and row["alpha_distillspec_distilled"] == 0.7
+  assert row["acceptance_by_position_distilled"] == [0.7] * 3
+  assert row["speedup_raw_unreliable"] and not row["speedup_distilled_unreliable"]
+  markdown = report_lib.render_markdown(config, report)
+  # The raw draft's spread exceeds 10%: its speedups are flagged, the distilled ones not.
+  assert "| 1 | 3 | raw | 1.20x [1.18, 1.23] unreliable |" in markdown
+  assert "| 1 | 3 | gkd | 1.40x [1.38, 1.43] | 1.30x [1.28, 1.32] (1.35x) | 1.15x [1.10, " \
+         "1.20] | [1.10, 1.50] | 10.00 |" in markdown
+  assert "| 1 | 3 | gkd | 3.60 ± 0.05 | 0.700 | 0.500 | 2.50 | 0.70 0.70 0.70 |" in markdown
+  assert "- end to end: the setup added back" in markdown
+
+
+def test_report_of_an_evaluation_written_before_the_new_fields(tmp_path):
+  config = PipelineConfig(run_dir=str(tmp_path), gammas=(3,), temperatures=(0.0,))
+  report = report_lib.build_report(config, _evaluation(config), {}, {})
+  row = report["rows"][0]
+  assert row["speedup_raw_typical"] is None and row["mean_acceptance_length_raw"] is None
+  markdown = report_lib.render_markdown(config, report)
+  assert "| 0 | 3 | gkd | 3.60 ± 0.05 | - | 0.500 | - | - |" in markdown

@@ -13,7 +13,8 @@ from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.decoding.plain import SamplingConfig, decode
 from distillspec_jax.distill.divergences import expected_acceptance
 from distillspec_jax.models.model import Model
-from distillspec_jax.decoding.speculative import Lenience, acceptance_probability, speculative_decode
+from distillspec_jax.decoding.speculative import (DraftLength, Lenience, acceptance_probability,
+                                                  speculative_decode)
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
@@ -36,15 +37,27 @@ def _prompts(kind, batch=4):
   return {key: jnp.asarray(tokens)}
 
 
+# The adaptive rule of the exactness tests: a threshold at which the tiny pairs' drafts stop
+# some rounds early and not others.
+ADAPTIVE = DraftLength("confidence", 0.05)
+
+
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
-def test_greedy_speculative_equals_greedy_target(kind):
+@pytest.mark.parametrize("draft_length", [DraftLength(), ADAPTIVE])
+def test_greedy_speculative_equals_greedy_target(kind, draft_length):
   target, tp, draft, dp = _pair(kind)
   prompts = _prompts(kind)
   reference = decode(target, tp, max_new_tokens=20, **prompts)
   for gamma in (1, 3, 6):
-    result = speculative_decode(target, tp, draft, dp, max_new_tokens=20, gamma=gamma, **prompts)
+    result = speculative_decode(target, tp, draft, dp, max_new_tokens=20, gamma=gamma,
+                                draft_length=draft_length, **prompts)
     np.testing.assert_array_equal(result.tokens, reference.tokens)
     np.testing.assert_array_equal(result.lengths, reference.lengths)
+    proposed, most = int(np.sum(result.drafted)), gamma * int(np.sum(result.target_calls))
+    if draft_length.adaptive and gamma > 1:  # the rule stopped some rounds, not all
+      assert int(np.sum(result.target_calls)) < proposed < most
+    else:
+      assert proposed == most
 
 
 def _recount_identical_draft(lengths, gamma):
@@ -205,6 +218,57 @@ def test_sampled_speculative_matches_target_distribution_and_broken_variants_fai
   broken = _sample_speculative(model, tp, dp, Lenience("lin", 1.0), num_samples, length, seed=12)
   jax.clear_caches()
   assert _goodness_of_fit_pvalue(broken, expected) < 1e-6
+
+
+def test_sampled_speculative_with_adaptive_draft_length_matches_target_distribution():
+  """The exactness check with the adaptive rule on: proposals of 1-3 tokens, chosen by the
+  draft's confidence, leave the output distribution the target's."""
+  model, tp, dp = _peaked_decoder_pair()
+  length, num_samples = 4, 20000
+  expected = _exact_sequence_distribution(model, tp, length, eos=1)
+  rule = DraftLength("confidence", 0.5)
+  result = speculative_decode(model, tp, model, dp,
+                              prompt_tokens=jnp.zeros((num_samples, 1), jnp.int32),
+                              max_new_tokens=length, gamma=3,
+                              sampling=SamplingConfig(1.0, eos_id=1), draft_length=rule,
+                              rng=jax.random.PRNGKey(13))
+  proposed, rounds = int(np.sum(result.drafted)), int(np.sum(result.target_calls))
+  assert 1.3 * rounds < proposed < 2.7 * rounds  # a mix of short and long proposals
+  per_round = np.asarray(result.proposed_per_round)
+  assert int(per_round.clip(0).sum()) == proposed and set(np.unique(per_round)) == {-1, 1, 2, 3}
+  tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
+  samples = [tuple(int(t) for t in row[:n]) for row, n in zip(tokens, lengths)]
+  assert _goodness_of_fit_pvalue(samples, expected) > 1e-3
+
+
+def test_adaptive_rule_at_threshold_zero_is_the_fixed_engine():
+  """Threshold 0 proposes gamma_max every round: the same tokens and counts as fixed gamma."""
+  target, tp, draft, dp = _pair("decoder_only")
+  for temperature in (0.0, 1.0):
+    run = lambda rule: speculative_decode(
+        target, tp, draft, dp, max_new_tokens=16, gamma=3, draft_length=rule,
+        sampling=SamplingConfig(temperature), rng=jax.random.PRNGKey(2),
+        **_prompts("decoder_only"))
+    fixed, adaptive = run(DraftLength()), run(DraftLength("confidence", 0.0))
+    for field in ("tokens", "lengths", "target_calls", "draft_calls", "drafted", "accepted",
+                  "rejections", "accepted_per_round"):
+      np.testing.assert_array_equal(getattr(adaptive, field), getattr(fixed, field), field)
+
+
+def test_adaptive_rule_bad_input_names_the_value():
+  target, tp, draft, dp = _pair("decoder_only")
+  prompts = _prompts("decoder_only")
+  with pytest.raises(ValueError, match="gamma_max=0 must be an integer >= 1"):
+    speculative_decode(target, tp, draft, dp, max_new_tokens=5, gamma=0,
+                       draft_length=ADAPTIVE, **prompts)
+  for threshold in (-0.1, 1.5):
+    with pytest.raises(ValueError, match=f"threshold={threshold}"):
+      DraftLength("confidence", threshold)
+  with pytest.raises(ValueError, match="'entropy'.*'fixed', 'confidence'"):
+    DraftLength("entropy", 0.5)
+  with pytest.raises(TypeError, match="draft_length must be a DraftLength"):
+    speculative_decode(target, tp, draft, dp, max_new_tokens=5, gamma=2,
+                       draft_length="confidence", **prompts)
 
 
 def test_empirical_acceptance_matches_one_minus_tvd():

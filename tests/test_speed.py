@@ -57,6 +57,18 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
     assert row["speedup"] == pytest.approx(statistics.median(row["speedup_repeats"]))
     # The decoding is timed apart from the setup; the whole time adds the setup back.
     assert row["seconds"] > row["setup_s"] > 0
+    # Decode phase, end to end and typical, each a median inside its [min, max] over repeats.
+    for name in ("speedup", "end_to_end_speedup", "typical_speedup",
+                 "typical_end_to_end_speedup"):
+      low, high = row[f"{name}_range"]
+      assert 0 < low <= row[name] <= high, name
+      assert row[f"{name}_spread"] == pytest.approx((high - low) / row[name])
+    for name in ("speedup", "end_to_end_speedup"):
+      low, high = row[f"{name}_prompt_interval"]
+      assert 0 < low <= high
+    assert row["unreliable"] == (max(row["speedup_spread"], row["end_to_end_speedup_spread"])
+                                 > speed.SPREAD_LIMIT)
+    assert row["call_overhead_s"] >= 0
   assert out["machine"]["pinned"] == sorted(os.sched_getaffinity(0))
   assert set(out["per_call_s"]) >= {"target_step", "verification_2", "verification_3",
                                     "a:draft_step_1",
@@ -340,3 +352,63 @@ def test_stamped_scan_times_each_item_in_its_own_window():
   assert list(np.asarray(results)) == [40.0, 0.0, 20.0]
   assert seconds.shape == (3,)
   assert seconds[0] >= 0.0399 and seconds[2] >= 0.0199
+
+
+def test_typical_times_fastest_windows_and_the_prompt_bootstrap():
+  log = [("a", 0, np.array([1.0, 2.0])), ("a", 1, np.array([3.0, 1.0])),
+         ("a", 0, np.array([2.0, 4.0])), ("a", 0, np.array([0.5, 9.0]))]
+  # Repeat 0's calls sum to 3, 6 and 9.5: the median call is 6; repeat 1's only call is 4.
+  assert speed.repeat_typical_times(log, 2) == {"a": [6.0, 4.0]}
+  np.testing.assert_array_equal(speed.prompt_fastest(log)["a"], [0.5, 1.0])
+  # Every prompt 2x as fast: every resample reads 2x.
+  tokens = np.array([10, 20, 30])
+  assert speed.prompt_interval(tokens, [1.0, 2.0, 3.0], tokens, [2.0, 4.0, 6.0]) == [
+      pytest.approx(2.0), pytest.approx(2.0)]
+  # Prompts that gain differently: the interval spans the pooled figure, reproducibly.
+  spec, plain = [1.0, 4.0, 3.0, 1.5], [2.0, 4.0, 9.0, 2.0]
+  low, high = speed.prompt_interval([10] * 4, spec, [10] * 4, plain)
+  assert low < sum(plain) / sum(spec) < high
+  assert speed.prompt_interval([10] * 4, spec, [10] * 4, plain) == [low, high]
+
+
+def test_compared_speedups_decode_end_to_end_typical_and_the_spread_flag():
+  plain = {"decode": [4.0, 4.0], "setup": [2.0, 2.0], "typical_decode": [5.0, 6.0],
+           "typical_setup": [3.0, 2.0], "prompt_tokens": np.array([5, 5]),
+           "prompt_decode": np.array([2.0, 2.0]), "prompt_setup": np.array([1.0, 1.0])}
+  spec = {"decode": [2.0, 2.5], "setup": [2.0, 2.5], "typical_decode": [4.0, 3.0],
+          "typical_setup": [2.0, 2.0], "prompt_tokens": np.array([5, 5]),
+          "prompt_decode": np.array([1.0, 1.0]), "prompt_setup": np.array([1.0, 1.0])}
+  out = speed.compared_speedups(10, spec, 10, plain)
+  assert out["speedup_repeats"] == [2.0, 1.6]
+  assert out["speedup_range"] == [1.6, 2.0] and out["speedup"] == pytest.approx(1.8)
+  assert out["end_to_end_speedup_range"] == pytest.approx([6 / 5, 6 / 4])
+  assert out["typical_speedup_range"] == pytest.approx([5 / 4, 6 / 3])
+  assert out["typical_end_to_end_speedup_range"] == pytest.approx([8 / 6, 8 / 5])
+  assert out["speedup_prompt_interval"] == [pytest.approx(2.0)] * 2
+  assert out["end_to_end_speedup_prompt_interval"] == [pytest.approx(1.5)] * 2
+  assert out["speedup_spread"] == pytest.approx(0.4 / 1.8) and out["unreliable"]
+  steady = dict(spec, decode=[2.0, 2.1], setup=[2.0, 2.0])
+  assert not speed.compared_speedups(10, steady, 10, plain)["unreliable"]
+
+
+def test_an_adaptive_draft_length_is_timed_beside_the_fixed_gammas(pair):
+  from distillspec_jax.decoding.speculative import DraftLength
+  target, target_params, draft, draft_params = pair
+  rule = DraftLength("confidence", 0.05)
+  out = speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, _prompts(2),
+                            gammas=(3,), temperatures=(0.0,), max_new_tokens=8, repeats=2,
+                            timed_per_turn=1, progress=False,
+                            draft_lengths=(DraftLength(), rule))
+  fixed, adaptive = out["rows"]
+  assert (fixed["draft_length"], adaptive["draft_length"]) == ("fixed", "confidence")
+  assert adaptive["threshold"] == 0.05 and adaptive["cost_model_speedup"] is None
+  assert fixed["drafted"] == 3 * fixed["rounds"]
+  assert adaptive["rounds"] <= adaptive["drafted"] <= 3 * adaptive["rounds"]
+  low, high = adaptive["end_to_end_speedup_range"]
+  assert 0 < low <= adaptive["end_to_end_speedup"] <= high
+  # The eval binary's fields are the fixed rule's.
+  assert evaluation.speed_fields(out, 3, 0.0)["speedup"] == fixed["speedup"]
+  with pytest.raises(ValueError, match="draft_lengths has 'confidence'"):
+    speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, _prompts(2),
+                        gammas=(3,), temperatures=(0.0,), max_new_tokens=8,
+                        draft_lengths=("confidence",))

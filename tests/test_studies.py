@@ -1,37 +1,35 @@
 """The paper's studies as runs (recipe_grid.py, garden.py) on tiny budgets: tables, plots and
 finite numbers, cell-by-cell resume, the garden's latency reference and Pareto set, bad input."""
 
-import dataclasses
 import json
 import math
 import os
 
 import pytest
+import testing
 
 from distillspec_jax.studies import garden
 from distillspec_jax import main
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies import recipe_grid
 from distillspec_jax.studies.garden import GardenConfig, pareto
-from distillspec_jax.studies.pipeline import PipelineConfig, run_pipeline
+from distillspec_jax.studies.pipeline import run_pipeline
 from distillspec_jax.studies.recipe_grid import RecipeGridConfig
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
-TINY = dict(task_feature_lengths={"inputs": 40, "targets": 44}, target_steps=2, draft_steps=2,
-            distill_steps=2, batch_size=4, warmup_steps=1, eval_examples=4, speed_examples=1,
-            max_new_tokens=6, eval_every=1, train_examples=64, progress_bar=False,
-            speed_repeats=1, speed_cpus=0)
+# The whole-pipeline tests' settings (testing.PIPELINE; the same decoding budget, so the
+# studies' programs are the smoke tests' where they can be), one timing repeat; each test
+# names its target.
+TINY = {k: v for k, v in testing.PIPELINE.items() if k != "target_model"} | dict(
+    speed_repeats=1)
 
 
-@pytest.fixture(scope="module")
-def base_run(tmp_path_factory):
-  """A main job's vocab, target (smoke_target) and raw draft (demo_draft), trained once and
-  reused by both studies (as the real runs reuse runs/demo)."""
-  config = PipelineConfig(run_dir=str(tmp_path_factory.mktemp("base")),
-                          target_model="smoke_target", **TINY)
-  run_pipeline(config, stages=("target", "draft_raw"))
-  return config.run_dir
+@pytest.fixture
+def base_run(shared_stages):
+  """A main job's vocab, target (smoke_target) and raw draft (demo_draft), trained once per
+  test run (conftest.py) and reused by both studies (as the real runs reuse runs/demo)."""
+  return shared_stages[0]
 
 
 def _grid(run_dir, base, **changes):
@@ -40,6 +38,7 @@ def _grid(run_dir, base, **changes):
                           temperatures=(0.0, 1.0), **dict(TINY, **changes))
 
 
+@pytest.mark.pipeline
 def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
   config = _grid(tmp_path / "grid", base_run)
   # An interrupted grid: the first cell done, then the run stops.
@@ -97,6 +96,7 @@ def test_rules_on_a_hand_made_grid():
   assert t1["rule2"]["verdict"] in ("holds", "within noise")
 
 
+@pytest.mark.pipeline
 def test_garden_report_frontier_and_reference(tmp_path, base_run):
   config = GardenConfig(run_dir=str(tmp_path / "garden"), reuse_run_dir=base_run,
                         sizes=("demo_draft", "smoke_target"), target_model="smoke_target",

@@ -5,16 +5,14 @@ import os
 import jax
 import numpy as np
 import pytest
+import testing
 
 from distillspec_jax.interop import t5x as t5x_checkpoints
-from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
-TINY = TransformerConfig(kind="encoder_decoder", vocab_size=128, emb_dim=64, num_heads=4,
-                         num_encoder_layers=2, num_decoder_layers=2, head_dim=16, mlp_dim=128,
-                         dropout_rate=0.0, max_decode_length=32)
+TINY = testing.T5_TINY
 
 
 def _flat(tree, prefix=()):

@@ -243,7 +243,8 @@ def decode(model: Model, params, *, encoder_input_tokens: Optional[Array] = None
   check_prompts(model, encoder_input_tokens, prompt_tokens)
   prompt_width = 1 + (0 if model.is_encoder_decoder or prompt_tokens is None
                       else prompt_tokens.shape[1])
-  # The prefill writes prompt_width slots; step i (0-based) then writes one at prompt_width + i.
+  # The prefill writes prompt_width slots and the steps at most max_new_tokens - 1 more; the
+  # check keeps the bound this function documents (prompt + max_new_tokens): one spare slot.
   check_capacity(prompt_width, max_new_tokens, max_length, "prompt + max_new_tokens")
   rng = check_rng(rng, sampling)
   return _decode_jit(model, params, encoder_input_tokens, prompt_tokens, rng,
@@ -272,26 +273,37 @@ def decode_start(model: Model, params, encoder_input_tokens=None, prompt_tokens=
 def decode_steps(model: Model, params, logits, cache, rng, *, max_new_tokens: int,
                  sampling: SamplingConfig) -> DecodeResult:
   """Samples from `logits: [batch, vocab]` and extends `cache` until every row has its EOS or
-  `max_new_tokens` tokens."""
+  `max_new_tokens` tokens.
+
+  L new tokens take L - 1 target calls after the setup: the first token comes from the
+  prefill's logits, and a token is fed to the model only when another one will be sampled
+  after it (the last token's logits would never be used). The speculative engine makes no
+  such call either, so the two decoders' target calls compare directly.
+  """
   batch_size = logits.shape[0]
+
+  def emit(step, logits, out, done, lengths):
+    """Samples token `step` of every row; finished rows get PAD."""
+    token = sample_tokens(logits, jax.random.fold_in(rng, step), sampling.temperature)
+    token = jnp.where(done, PAD_ID, token)
+    out = out.at[:, step].set(token)
+    lengths = lengths + (~done).astype(jnp.int32)
+    return token, out, done | (token == sampling.eos_id), lengths
+
   out = jnp.full((batch_size, max_new_tokens), PAD_ID, jnp.int32)
-  done = jnp.zeros((batch_size,), bool)
-  lengths = jnp.zeros((batch_size,), jnp.int32)
+  token, out, done, lengths = emit(0, logits, out, jnp.zeros((batch_size,), bool),
+                                   jnp.zeros((batch_size,), jnp.int32))
 
   def cond(state):
     step, _, _, _, done, _ = state
     return (step < max_new_tokens) & ~jnp.all(done)
 
   def body(state):
-    step, logits, cache, out, done, lengths = state
-    token = sample_tokens(logits, jax.random.fold_in(rng, step), sampling.temperature)
-    token = jnp.where(done, PAD_ID, token)
-    out = out.at[:, step].set(token)
-    lengths = lengths + (~done).astype(jnp.int32)
-    done = done | (token == sampling.eos_id)
+    step, token, cache, out, done, lengths = state
     next_logits, cache = model.extend(params, cache, token[:, None])
-    return step + 1, next_logits[:, 0], cache, out, done, lengths
+    token, out, done, lengths = emit(step, next_logits[:, 0], out, done, lengths)
+    return step + 1, token, cache, out, done, lengths
 
-  state = (jnp.int32(0), logits, cache, out, done, lengths)
+  state = (jnp.int32(1), token, cache, out, done, lengths)
   _, _, _, out, _, lengths = jax.lax.while_loop(cond, body, state)
   return DecodeResult(tokens=out, lengths=lengths)

@@ -4,7 +4,9 @@ Each round, per batch row: the draft proposes `gamma` tokens, the target scores 
 one (gamma + 1)-token call, the row accepts a prefix of n <= gamma draft tokens and appends one
 more token from the target (the correction at the first rejection, or the bonus token when all
 gamma were accepted). Rows advance by their own n + 1; both caches are rolled back per row by
-lowering positions, never copied.
+lowering positions, never copied. Under an adaptive `DraftLength` each row proposes k <= gamma
+(then gamma_max) tokens, chosen by the draft alone, and the target scores the batch's longest
+proposal (`_draft_block_adaptive`, `_verify_proposals`).
 
 Cache invariant at the start of a round (n committed decoder tokens, the last one `pending`):
 the target cache holds the n - 1 tokens before `pending`; the draft cache holds the n - 2 tokens
@@ -14,20 +16,30 @@ never needs an extra draft call to catch up on its last token.
 
 Statistics (per row, counted only while the row is unfinished; the first generated token comes
 from the prompt's prefill in both plain and speculative decoding and is not counted):
-  target_calls: verification calls.   draft_calls: draft forward calls (gamma per round).
-  drafted: draft tokens proposed (gamma per round, the last round's included in full).
+  target_calls: verification calls.   draft_calls: draft forward calls (gamma per round
+            under the fixed rule; an adaptive round that stops early makes one more call than
+            it proposes tokens: the call that found the next token unsure).
+  drafted: draft tokens proposed (gamma per round under the fixed rule, the last round's
+            included in full).
   accepted: accepted draft tokens that reach the output. A round accepts n <= gamma draft
             tokens, but an accepted EOS ends the row after itself and the length limit keeps
             only max_new_tokens tokens, so the round keeps min(n, produced) of them.
   accepted_proposed: accepted draft tokens before that cut (n summed over rounds); differs
             from `accepted` only in a row's last round.
+  rejections: rounds whose acceptance test rejected a draft token (n below the round's
+            proposal: gamma under the fixed rule); the others accepted every proposed token.
   produced: tokens appended to the output by verification rounds (min(n, first EOS) + 1 per
             round, less what the length limit cut off); accepted <= produced.
   block efficiency tau = sum(produced) / sum(target_calls)   (the bonus/correction token counts)
   acceptance rate alpha = sum(accepted) / sum(drafted): the fraction of drafted tokens that
-            were accepted and reached the output (`acceptance_rate`). The rate of the
-            acceptance test itself, sum(accepted_proposed) / sum(drafted), is
-            `proposed_acceptance_rate`; it counts accepted tokens past EOS or the length limit.
+            were accepted and reached the output (`acceptance_rate`; the serving engines'
+            draft acceptance rate). The rate of the acceptance test itself,
+            sum(accepted_proposed) / sum(drafted), is `proposed_acceptance_rate`; it counts
+            accepted tokens past EOS or the length limit.
+  DistillSpec's alpha = sum(accepted_proposed) / (sum(accepted_proposed) + sum(rejections)):
+            the per-token acceptance probability, each acceptance test counted once (the
+            tests after a rejection are never run); what 1 - E[TVD] predicts. decoding/stats.py
+            derives every reported statistic from these counts.
 
 Cache capacity: both caches need `max_length >= prompt width + max_new_tokens + gamma - 1`,
 where prompt width = 1 + prompt_tokens' width (1 for encoder-decoders). That is exactly the
@@ -90,6 +102,38 @@ class Lenience:
     return jnp.power(p, self.epsilon)
 
 
+DRAFT_LENGTH_RULES = ("fixed", "confidence")
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftLength:
+  """How many draft tokens each row proposes per round, up to gamma (then gamma_max).
+
+  fixed: gamma every round. confidence: a row proposes its first draft token, then each next
+  one while the draft's top probability for it is at least `threshold` (at the sampling
+  temperature; at temperature 1 when greedy, whose sampling distribution is one-hot); the
+  verification scores only the batch's longest proposal, and the draft stops once every row
+  has stopped. Lossless: whether a token is proposed depends on the draft alone, and every
+  proposed token goes through the same acceptance test (DistillSpec Knowl 5 at each
+  position), so the output distribution is the target's.
+  """
+
+  rule: str = "fixed"
+  threshold: float = 0.0
+
+  def __post_init__(self):
+    check_field_types(self)
+    if self.rule not in DRAFT_LENGTH_RULES:
+      raise ValueError(f"Unknown draft length rule {self.rule!r}; use one of "
+                       f"{DRAFT_LENGTH_RULES}.")
+    check_probability(self.threshold, "draft length threshold",
+                      fix="pass a probability in [0, 1] (0 proposes gamma_max every round).")
+
+  @property
+  def adaptive(self) -> bool:
+    return self.rule != "fixed"
+
+
 def acceptance_probability(p_token: Array, q_token: Array, lenience: Lenience = Lenience()) -> Array:
   """min(1, f(p(y), eps) / q(y)) for the drafted token y; shapes broadcast."""
   ratio = lenience(p_token) / jnp.maximum(q_token, jnp.finfo(jnp.float32).tiny)
@@ -104,7 +148,8 @@ def accepted_prefix_length(accepted: Array) -> Array:
 
 
 def verify_block(target_logits: Array, draft_logits: Array, draft_tokens: Array, rng: Array,
-                 temperature: float, lenience: Lenience = Lenience()):
+                 temperature: float, lenience: Lenience = Lenience(),
+                 proposed: Optional[Array] = None):
   """Accepts a prefix of the drafted block and picks the next target token, per row.
 
   Args:
@@ -113,15 +158,21 @@ def verify_block(target_logits: Array, draft_logits: Array, draft_tokens: Array,
     draft_logits: [batch, gamma, vocab], the draft's logits each draft token was drawn from.
     draft_tokens: [batch, gamma].
     temperature: 0 = greedy (accept while the draft token is the target's argmax).
+    proposed: [batch] in [1, gamma], how many of its draft tokens each row proposes (None:
+      all gamma); the tokens after them are never tested, and the target's logits after
+      position `proposed` are never read.
   Returns:
-    (num_accepted [batch] in [0, gamma], next_token [batch]): the correction token sampled from
-    normalize(max(0, p - q)) at the first rejection, or a bonus token from p when all
-    gamma draft tokens are accepted.
+    (num_accepted [batch] in [0, proposed], next_token [batch]): the correction token sampled
+    from normalize(max(0, p - q)) at the first rejection, or a bonus token from p when every
+    proposed draft token is accepted.
   """
   batch, gamma = draft_tokens.shape
+  in_proposal = (True if proposed is None
+                 else jnp.arange(gamma)[None, :] < proposed[:, None])  # [b, g]
   if temperature == 0.0:
     target_argmax = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)
-    num_accepted = accepted_prefix_length(draft_tokens == target_argmax[:, :gamma])
+    num_accepted = accepted_prefix_length((draft_tokens == target_argmax[:, :gamma])
+                                          & in_proposal)
     next_token = jnp.take_along_axis(target_argmax, num_accepted[:, None], axis=1)[:, 0]
     return num_accepted, next_token
   # One draw per round: gamma acceptance tests and the residual/bonus sample's uniforms.
@@ -131,9 +182,13 @@ def verify_block(target_logits: Array, draft_logits: Array, draft_tokens: Array,
   p_token = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
   q_token = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]
   accepted = uniform[:, :gamma] < acceptance_probability(p_token, q_token, lenience)
-  num_accepted = accepted_prefix_length(accepted)
-  # A zero draft row at index gamma turns the residual into p itself: the bonus token.
+  num_accepted = accepted_prefix_length(accepted & in_proposal)
+  # A zero draft row at index gamma (at `proposed`) turns the residual into p itself: the
+  # bonus token.
   q_padded = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
+  if proposed is not None:
+    q_padded = jnp.where(jnp.arange(gamma + 1)[None, :, None] < proposed[:, None, None],
+                         q_padded, 0.0)
   index = num_accepted[:, None, None]
   p_next = jnp.take_along_axis(p, index, axis=1)[:, 0]
   residual = jnp.maximum(p_next - jnp.take_along_axis(q_padded, index, axis=1)[:, 0], 0.0)
@@ -149,7 +204,10 @@ class SpeculativeResult:
 
   tokens: [batch, max_new_tokens] (EOS included, PAD after).
   accepted: [batch], accepted draft tokens that reach the output; accepted_proposed: [batch],
-    accepted by the acceptance test, including those an EOS or the length limit cut off.
+    accepted by the acceptance test, including those an EOS or the length limit cut off;
+    rejections: [batch], rounds that rejected a draft token.
+  proposed_per_round: [batch, max_new_tokens], the draft tokens each of the row's rounds
+    proposed (gamma under the fixed rule), -1 where the row had no such round.
   accepted_per_round: [batch, max_new_tokens], accepted draft tokens that reach the output in
     each of the row's rounds (only a row's last round can be cut), -1 where the row had no
     such round (lets tests rebuild every round's context).
@@ -165,6 +223,8 @@ class SpeculativeResult:
   accepted_proposed: Array
   produced: Array
   accepted_per_round: Array
+  rejections: Array
+  proposed_per_round: Array
 
   @property
   def block_efficiency(self) -> Array:
@@ -188,9 +248,14 @@ def check_pair(target: Model, draft: Model) -> None:
   _validate(target, draft, 1, Lenience())
 
 
-def _validate(target: Model, draft: Model, gamma: int, lenience: Lenience) -> int:
-  """Checks the pair and the lenience; returns gamma as an int >= 1."""
-  gamma = check_positive_int(gamma, "gamma")
+def _validate(target: Model, draft: Model, gamma: int, lenience: Lenience,
+              draft_length: Optional[DraftLength] = None) -> int:
+  """Checks the pair, the lenience and the draft length rule; returns gamma as an int >= 1
+  (named gamma_max under an adaptive rule)."""
+  if draft_length is not None and not isinstance(draft_length, DraftLength):
+    raise TypeError(f"draft_length must be a DraftLength, got {draft_length!r}.")
+  adaptive = draft_length is not None and draft_length.adaptive
+  gamma = check_positive_int(gamma, "gamma_max" if adaptive else "gamma")
   check_same_vocabulary(target.config, draft.config)
   if target.config.kind != draft.config.kind:
     raise ValueError(f"The target is {target.config.kind} but the draft is {draft.config.kind}; "
@@ -205,7 +270,8 @@ def speculative_decode(target: Model, target_params, draft: Model, draft_params,
                        prompt_tokens: Optional[Array] = None, max_new_tokens: int,
                        gamma: int, sampling: SamplingConfig = SamplingConfig(),
                        lenience: Lenience = Lenience(), rng: Optional[Array] = None,
-                       max_length: Optional[int] = None) -> SpeculativeResult:
+                       max_length: Optional[int] = None,
+                       draft_length: DraftLength = DraftLength()) -> SpeculativeResult:
   """Speculative decoding of up to `max_new_tokens` per row (see the module docstring).
 
   Args:
@@ -213,17 +279,20 @@ def speculative_decode(target: Model, target_params, draft: Model, draft_params,
     prompt_tokens: [batch, P] right-padded prompts of decoder-only pairs (padding trailing
       only: interior padding is refused).
     max_new_tokens: int >= 1, tokens per row (EOS included).
-    gamma: draft tokens per block, int >= 1 (NumPy integers accepted, bools refused).
+    gamma: draft tokens per block, int >= 1 (NumPy integers accepted, bools refused); the
+      most a row proposes (gamma_max) under an adaptive `draft_length`.
     sampling: temperature 0 = greedy; the draft samples at the same temperature.
     lenience: lossy acceptance (eps = 1, the default, is exact).
     rng: PRNG key, required when temperature > 0 (optional when greedy).
     max_length: cache capacity of both models (default: the target's max_decode_length); needs
       P + max_new_tokens + gamma where P is prompt_tokens' width (0 for encoder-decoders), or
       1 + P when max_new_tokens = 1 (see the module docstring).
+    draft_length: how many of its gamma tokens a row proposes each round (DraftLength; the
+      default proposes all gamma).
   Returns:
     SpeculativeResult, tokens [batch, max_new_tokens].
   """
-  gamma = _validate(target, draft, gamma, lenience)
+  gamma = _validate(target, draft, gamma, lenience, draft_length)
   max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
   if target.is_encoder_decoder and encoder_input_tokens is None:
     raise ValueError("These models are encoder-decoders: pass encoder_input_tokens.")
@@ -241,7 +310,8 @@ def speculative_decode(target: Model, target_params, draft: Model, draft_params,
   rng = check_rng(rng, sampling)
   return _speculative_jit(target, target_params, draft, draft_params, encoder_input_tokens,
                           prompt_tokens, rng, max_new_tokens=max_new_tokens, gamma=gamma,
-                          sampling=sampling, lenience=lenience, max_length=max_length)
+                          sampling=sampling, lenience=lenience, max_length=max_length,
+                          draft_length=draft_length)
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -256,6 +326,9 @@ class SpeculativeState:
     target_calls: verification rounds run.
     accepted: accepted draft tokens that reach the output.
     accepted_proposed: accepted draft tokens before EOS or the length limit cut them.
+    rejections: rounds whose acceptance test rejected a draft token.
+    drafted: draft tokens proposed (gamma per round, fewer under an adaptive DraftLength).
+    draft_calls: the draft's forward calls.
     previous, pending: the decoder sequence's last two tokens (the prompt's last token and
       the first generated one before the first round): the draft's next input; the target's
       next block starts with `pending`.
@@ -265,7 +338,8 @@ class SpeculativeState:
     docstring for what each holds at the start of a round).
   out: [batch, max_new_tokens + gamma + 1] int32, the output so far, PAD_ID after it (one
     spare block at the end so that a round's writes never fall off the buffer).
-  accepted_per_round: [batch, max_new_tokens] int32, `SpeculativeResult.accepted_per_round`.
+  accepted_per_round, proposed_per_round: [batch, max_new_tokens] int32, as
+    `SpeculativeResult`'s.
   loop_rng: the PRNG key the rounds draw from.
   """
 
@@ -273,6 +347,9 @@ class SpeculativeState:
   target_calls: Array
   accepted: Array
   accepted_proposed: Array
+  rejections: Array
+  drafted: Array
+  draft_calls: Array
   previous: Array
   pending: Array
   done: Array
@@ -281,20 +358,22 @@ class SpeculativeState:
   draft_cache: DecodingCache
   out: Array
   accepted_per_round: Array
+  proposed_per_round: Array
   loop_rng: Array
 
 
 @functools.partial(jax.jit, static_argnames=("target", "draft", "max_new_tokens", "gamma",
-                                             "sampling", "lenience", "max_length"))
+                                             "sampling", "lenience", "max_length",
+                                             "draft_length"))
 def _speculative_jit(target, target_params, draft, draft_params, encoder_input_tokens,
                      prompt_tokens, rng, *, max_new_tokens, gamma, sampling, lenience,
-                     max_length):
+                     max_length, draft_length):
   state = speculative_start(target, target_params, draft, draft_params, encoder_input_tokens,
                             prompt_tokens, rng, max_new_tokens=max_new_tokens, gamma=gamma,
                             sampling=sampling, max_length=max_length)
   return speculative_rounds(target, target_params, draft, draft_params, state,
                             max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
-                            lenience=lenience)
+                            lenience=lenience, draft_length=draft_length)
 
 
 def speculative_start(target, target_params, draft, draft_params, encoder_input_tokens,
@@ -327,10 +406,12 @@ def speculative_start(target, target_params, draft, draft_params, encoder_input_
   zeros = jnp.zeros_like(pending)
   return SpeculativeState(
       generated=jnp.ones_like(pending), target_calls=zeros, accepted=zeros,
-      accepted_proposed=zeros, previous=previous, pending=pending,
+      accepted_proposed=zeros, rejections=zeros, drafted=zeros, draft_calls=zeros,
+      previous=previous, pending=pending,
       done=(pending == sampling.eos_id) | (max_new_tokens <= 1), round=jnp.int32(0),
       target_cache=target_cache, draft_cache=draft_cache, out=out,
-      accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32), loop_rng=loop_rng)
+      accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32),
+      proposed_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32), loop_rng=loop_rng)
 
 
 def start_state_for_gamma(state: SpeculativeState, *, gamma: int,
@@ -371,6 +452,68 @@ def _draft_block(draft: Model, draft_params, draft_cache, context: Array, rng: A
   return jnp.stack(tokens, 1), jnp.stack(all_logits, 1), draft_cache
 
 
+def _confidence(logits: Array, temperature: float) -> Array:
+  """The draft's top probability for its next token, [batch], from logits [batch, vocab]: at
+  the sampling temperature, at temperature 1 when greedy (one-hot would always be 1)."""
+  scale = temperature if temperature > 0.0 else 1.0
+  return jnp.max(jax.nn.softmax(logits.astype(jnp.float32) / scale, axis=-1), axis=-1)
+
+
+def _draft_block_adaptive(draft: Model, draft_params, draft_cache, context: Array, rng: Array,
+                          active: Array, *, gamma: int, temperature: float, threshold: float):
+  """Up to gamma draft steps from `context: [batch, 2]` (as `_draft_block`), each row
+  proposing its first token and then each next one while `_confidence` of it is at least
+  `threshold`; the steps stop once no `active` row proposes more. Returns (tokens [batch,
+  gamma], logits [batch, gamma, vocab], draft cache, proposed [batch] in [1, gamma], draft
+  calls []: the cache advanced by calls + 1). Entries past a row's proposal are drawn but
+  never tested; the uniforms are `_draft_block`'s, so a row that proposes gamma tokens draws
+  the same tokens."""
+  batch = context.shape[0]
+  uniform = jax.random.uniform(rng, (batch, gamma, UNIFORMS_PER_DRAW))
+  logits, draft_cache = draft.extend(draft_params, draft_cache, context)
+  first = logits[:, 1]
+  tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(
+      sample_tokens(first, None, temperature, uniform[:, 0]))
+  all_logits = jnp.zeros((batch, gamma) + first.shape[1:], first.dtype).at[:, 0].set(first)
+
+  def cond(carry):
+    step, _, _, _, going, _ = carry
+    return (step < gamma) & jnp.any(going)
+
+  def body(carry):
+    step, tokens, all_logits, cache, going, proposed = carry
+    previous = jax.lax.dynamic_index_in_dim(tokens, step - 1, axis=1, keepdims=True)
+    logits, cache = draft.extend(draft_params, cache, previous)
+    step_logits = logits[:, 0]
+    going = going & (_confidence(step_logits, temperature) >= threshold)
+    u = jax.lax.dynamic_index_in_dim(uniform, step, axis=1, keepdims=False)
+    token = sample_tokens(step_logits, None, temperature, u)
+    tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, step, axis=1)
+    all_logits = jax.lax.dynamic_update_index_in_dim(all_logits, step_logits, step, axis=1)
+    return step + 1, tokens, all_logits, cache, going, proposed + going.astype(jnp.int32)
+
+  ones = jnp.ones((batch,), jnp.int32)
+  steps, tokens, all_logits, draft_cache, _, proposed = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), tokens, all_logits, draft_cache, active, ones))
+  return tokens, all_logits, draft_cache, proposed, steps
+
+
+def _verify_proposals(target: Model, target_params, target_cache, block: Array,
+                      width: Array, gamma: int):
+  """The target's call on the first `width` tokens of `block: [batch, gamma + 1]` (a traced
+  width in [2, gamma + 1]: one compiled branch per width, so a shorter proposal is a
+  cheaper call). Returns (logits [batch, gamma + 1, vocab], zero past `width`; cache)."""
+  def branch(columns):
+    def call(cache):
+      logits, cache = target.extend(target_params, cache, block[:, :columns])
+      pad = jnp.zeros(logits.shape[:1] + (gamma + 1 - columns,) + logits.shape[2:],
+                      logits.dtype)
+      return jnp.concatenate([logits, pad], axis=1), cache
+    return call
+
+  return jax.lax.switch(width - 2, [branch(w) for w in range(2, gamma + 2)], target_cache)
+
+
 def _round_output(state: SpeculativeState, block: Array, num_accepted: Array,
                   next_token: Array, *, max_new_tokens: int, gamma: int, eos: int):
   """What a round appends: (out with the round's tokens written, produced [batch] tokens
@@ -399,22 +542,47 @@ def _round_output(state: SpeculativeState, block: Array, num_accepted: Array,
   return out, produced, first_eos
 
 
+def _propose_and_verify(target, target_params, draft, draft_params, state: SpeculativeState,
+                        draft_rng, verify_rng, *, gamma, sampling, lenience, draft_length):
+  """A round's drafting and verification: (block [batch, gamma + 1] = [pending, draft
+  tokens], num_accepted, next_token, proposed [batch], draft calls [], target width [],
+  target cache, draft cache); the caches advanced by width and draft calls + 1."""
+  context = jnp.stack([state.previous, state.pending], axis=1)
+  if not draft_length.adaptive:
+    draft_tokens, draft_logits, draft_cache = _draft_block(
+        draft, draft_params, state.draft_cache, context, draft_rng, gamma=gamma,
+        temperature=sampling.temperature)
+    block = jnp.concatenate([context[:, 1:], draft_tokens], axis=1)
+    target_logits, target_cache = target.extend(target_params, state.target_cache, block)
+    num_accepted, next_token = verify_block(target_logits, draft_logits, draft_tokens,
+                                            verify_rng, sampling.temperature, lenience)
+    return (block, num_accepted, next_token, jnp.full_like(num_accepted, gamma),
+            jnp.int32(gamma), jnp.int32(gamma + 1), target_cache, draft_cache)
+  draft_tokens, draft_logits, draft_cache, proposed, calls = _draft_block_adaptive(
+      draft, draft_params, state.draft_cache, context, draft_rng, ~state.done, gamma=gamma,
+      temperature=sampling.temperature, threshold=draft_length.threshold)
+  block = jnp.concatenate([context[:, 1:], draft_tokens], axis=1)
+  width = jnp.max(jnp.where(state.done, 1, proposed)) + 1
+  target_logits, target_cache = _verify_proposals(target, target_params, state.target_cache,
+                                                  block, width, gamma)
+  num_accepted, next_token = verify_block(target_logits, draft_logits, draft_tokens,
+                                          verify_rng, sampling.temperature, lenience,
+                                          proposed=proposed)
+  return (block, num_accepted, next_token, proposed, calls, width, target_cache, draft_cache)
+
+
 def _round(target, target_params, draft, draft_params, state: SpeculativeState, *,
-           max_new_tokens, gamma, sampling, lenience) -> SpeculativeState:
-  """One round for every row: draft gamma tokens, verify them in one target call, commit the
-  accepted prefix and the target's token, roll both caches back. Finished rows keep their
-  counters and output."""
+           max_new_tokens, gamma, sampling, lenience, draft_length) -> SpeculativeState:
+  """One round for every row: draft up to gamma tokens, verify them in one target call,
+  commit the accepted prefix and the target's token, roll both caches back. Finished rows
+  keep their counters and output."""
   round_rng = jax.random.fold_in(state.loop_rng, state.round)
   draft_rng, verify_rng = jax.random.split(round_rng)
   active = ~state.done
-  context = jnp.stack([state.previous, state.pending], axis=1)
-  draft_tokens, draft_logits, draft_cache = _draft_block(
-      draft, draft_params, state.draft_cache, context, draft_rng, gamma=gamma,
-      temperature=sampling.temperature)
-  block = jnp.concatenate([context[:, 1:], draft_tokens], axis=1)  # [b, g + 1]
-  target_logits, target_cache = target.extend(target_params, state.target_cache, block)
-  num_accepted, next_token = verify_block(target_logits, draft_logits, draft_tokens,
-                                          verify_rng, sampling.temperature, lenience)
+  (block, num_accepted, next_token, proposed, calls, width, target_cache,
+   draft_cache) = _propose_and_verify(target, target_params, draft, draft_params, state,
+                                      draft_rng, verify_rng, gamma=gamma, sampling=sampling,
+                                      lenience=lenience, draft_length=draft_length)
   out, produced, first_eos = _round_output(state, block, num_accepted, next_token,
                                            max_new_tokens=max_new_tokens, gamma=gamma,
                                            eos=sampling.eos_id)
@@ -422,12 +590,16 @@ def _round(target, target_params, draft, draft_params, state: SpeculativeState, 
   # the round at produced <= n tokens, all of them draft tokens.
   kept = jnp.minimum(num_accepted, produced)
   finished = (first_eos <= num_accepted) | (state.generated + produced >= max_new_tokens)
-  # Roll back what was not accepted. Rows finished before or in this round return to where
-  # the round began, so later rounds' writes stay within the capacity check's bound.
-  rollback = jnp.where(active & ~finished, gamma - num_accepted, gamma + 1)
-  accepted_per_round = jnp.where(
-      active[:, None] & (jnp.arange(max_new_tokens)[None, :] == state.target_calls[:, None]),
-      kept[:, None], state.accepted_per_round)
+  # Roll back what was not accepted: each cache keeps the round's first num_accepted + 1
+  # tokens. Rows finished before or in this round return to where the round began, so later
+  # rounds' writes stay within the capacity check's bound.
+  going_on = active & ~finished
+  target_rollback = jnp.where(going_on, width - 1 - num_accepted, width)
+  draft_rollback = jnp.where(going_on, calls - num_accepted, calls + 1)
+  this_round = active[:, None] & (
+      jnp.arange(max_new_tokens)[None, :] == state.target_calls[:, None])
+  accepted_per_round = jnp.where(this_round, kept[:, None], state.accepted_per_round)
+  proposed_per_round = jnp.where(this_round, proposed[:, None], state.proposed_per_round)
   keep = lambda new, old: jnp.where(active, new, old)  # finished rows keep their counters
   last_accepted = jnp.take_along_axis(block, num_accepted[:, None], axis=1)[:, 0]
   return state.replace(
@@ -435,22 +607,28 @@ def _round(target, target_params, draft, draft_params, state: SpeculativeState, 
       target_calls=keep(state.target_calls + 1, state.target_calls),
       accepted=keep(state.accepted + kept, state.accepted),
       accepted_proposed=keep(state.accepted_proposed + num_accepted, state.accepted_proposed),
+      rejections=keep(state.rejections + (num_accepted < proposed), state.rejections),
+      drafted=keep(state.drafted + proposed, state.drafted),
+      draft_calls=keep(state.draft_calls + calls, state.draft_calls),
       previous=keep(last_accepted, state.previous), pending=keep(next_token, state.pending),
       done=keep(finished, state.done), round=state.round + 1,
-      target_cache=target_cache.rollback(rollback), draft_cache=draft_cache.rollback(rollback),
-      out=out, accepted_per_round=accepted_per_round)
+      target_cache=target_cache.rollback(target_rollback),
+      draft_cache=draft_cache.rollback(draft_rollback),
+      out=out, accepted_per_round=accepted_per_round, proposed_per_round=proposed_per_round)
 
 
 def speculative_rounds(target, target_params, draft, draft_params, state: SpeculativeState, *,
-                       max_new_tokens, gamma, sampling, lenience) -> SpeculativeResult:
+                       max_new_tokens, gamma, sampling, lenience,
+                       draft_length: DraftLength = DraftLength()) -> SpeculativeResult:
   """Runs the rounds from `speculative_start`'s state until every row is done."""
   body = functools.partial(_round, target, target_params, draft, draft_params,
                            max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
-                           lenience=lenience)
+                           lenience=lenience, draft_length=draft_length)
   state = jax.lax.while_loop(lambda state: jnp.any(~state.done), body, state)
   return SpeculativeResult(
       tokens=state.out[:, :max_new_tokens], lengths=state.generated,
-      target_calls=state.target_calls, draft_calls=gamma * state.target_calls,
-      drafted=gamma * state.target_calls, accepted=state.accepted,
+      target_calls=state.target_calls, draft_calls=state.draft_calls,
+      drafted=state.drafted, accepted=state.accepted,
       accepted_proposed=state.accepted_proposed, produced=state.generated - 1,
-      accepted_per_round=state.accepted_per_round)
+      accepted_per_round=state.accepted_per_round, rejections=state.rejections,
+      proposed_per_round=state.proposed_per_round)

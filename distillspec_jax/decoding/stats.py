@@ -1,8 +1,31 @@
-"""tau and alpha of speculative decoding, derived in one place from per-row counts.
+"""Statistics of speculative decoding, derived in one place from per-row counts.
 
-tau (block efficiency) = tokens produced by verification rounds / target verification calls;
-alpha = accepted draft tokens that reach the output / drafted tokens. Every caller (the
-trainer's eval, the main job, the garden, the eval binary) reads them from here.
+Every caller (the trainer's eval, the main job, the garden, the eval binary) reads them from
+here. Two families, each under its own name, so that numbers compare directly with the paper
+and with the serving engines (vLLM, llama.cpp, SGLang):
+
+- tau (block efficiency) = tokens produced by verification rounds / target verification calls
+  (DistillSpec, Leviathan et al.); with its standard error over rows.
+- mean_acceptance_length = 1 + accepted / draft rounds (vLLM's and llama.cpp's "mean
+  acceptance length"); = 1 + gamma x draft_acceptance_rate. It equals tau except where EOS
+  or the length limit cut a row's last round.
+- draft_acceptance_rate = accepted / drafted (vLLM's "draft acceptance rate"); `alpha` is the
+  same number under the name earlier files used.
+- alpha_distillspec = accepted by the test / (accepted by the test + rejections): DistillSpec's
+  alpha, the per-token acceptance probability. A round tests draft tokens until the first
+  rejection, so the tests run are the accepted ones and one per rejecting round; each is
+  accepted with probability 1 - TVD(p, q) at its context (lossless sampling), so this is the
+  quantity `predicted_alpha` = 1 - E[TVD] predicts. draft_acceptance_rate is lower: it also
+  counts the draft tokens after a rejection, which are never tested. For an acceptance
+  probability alpha constant over positions, tau = (1 - alpha^(gamma+1)) / (1 - alpha).
+- Per position i = 1..gamma: `acceptance_by_position` (DistillSpec's, conditional: among the
+  rounds that reached position i, the fraction accepting it) and
+  `draft_acceptance_rate_by_position` (vLLM's per-position rate: the fraction of all rounds
+  accepting position i; these sum to mean_acceptance_length - 1).
+
+"accepted" counts the accepted draft tokens that reach the output (an accepted EOS ends the
+row and the length limit cuts the last round); "accepted by the test" counts them before that
+cut (speculative.py's `accepted_proposed`).
 """
 
 from __future__ import annotations
@@ -25,41 +48,73 @@ def ratio_stderr(numerators, denominators) -> float:
 
 
 def block_statistics(produced, target_calls, accepted, drafted,
-                     accepted_proposed: Optional[np.ndarray] = None) -> dict:
-  """tau with its standard error over rows, and alpha, from per-row counts (each [rows]).
+                     accepted_proposed: Optional[np.ndarray] = None,
+                     rejections: Optional[np.ndarray] = None) -> dict:
+  """The statistics of the module docstring from per-row counts (each [rows]).
 
-  `alpha_proposed` (when `accepted_proposed` is given) also counts the accepted draft tokens
-  that an EOS or the length limit cut off."""
+  Returns tau, tau_stderr, mean_acceptance_length, draft_acceptance_rate and alpha (the
+  same); with `accepted_proposed`, alpha_proposed (accepted by the test / drafted); with it
+  and `rejections`, alpha_distillspec (None when no test ran)."""
   produced, calls = np.asarray(produced, np.int64), np.asarray(target_calls, np.int64)
   accepted, drafted = np.asarray(accepted, np.int64), np.asarray(drafted, np.int64)
+  rate = float(accepted.sum() / max(drafted.sum(), 1))
   stats = {"tau": float(produced.sum() / max(calls.sum(), 1)),
            "tau_stderr": ratio_stderr(produced, calls),
-           "alpha": float(accepted.sum() / max(drafted.sum(), 1))}
+           "mean_acceptance_length": 1.0 + float(accepted.sum() / max(calls.sum(), 1)),
+           "draft_acceptance_rate": rate, "alpha": rate}
   if accepted_proposed is not None:
     proposed = np.asarray(accepted_proposed, np.int64)
     stats["alpha_proposed"] = float(proposed.sum() / max(drafted.sum(), 1))
+    if rejections is not None:
+      tests = proposed.sum() + np.asarray(rejections, np.int64).sum()
+      stats["alpha_distillspec"] = float(proposed.sum() / tests) if tests else None
   return stats
 
 
 def block_efficiency_stats(result) -> dict:
-  """`block_statistics` of a SpeculativeResult: tau, tau_stderr, alpha and alpha_proposed."""
+  """`block_statistics` of a SpeculativeResult (every field of it)."""
   return block_statistics(result.produced, result.target_calls, result.accepted,
-                          result.drafted, result.accepted_proposed)
+                          result.drafted, result.accepted_proposed, result.rejections)
 
 
-def acceptance_by_position(accepted_per_round, gamma: int) -> list:
-  """Acceptance rate at each draft position 1..gamma, from `accepted_per_round` ([N, R], -1
-  where a row had no round; SpeculativeResult.accepted_per_round, one array or a list of
-  them): among the rounds whose first i - 1 draft tokens were accepted, the fraction that
-  accepted the i-th as well. None where no round reached position i. A round that EOS or the
-  length limit cut counts as accepting only the tokens that reached the output."""
-  if isinstance(accepted_per_round, (list, tuple)):
-    accepted = np.concatenate([np.asarray(a).reshape(-1) for a in accepted_per_round])
-  else:
-    accepted = np.asarray(accepted_per_round).reshape(-1)
-  accepted = accepted[accepted >= 0]
+def _flat(per_round) -> np.ndarray:
+  """A per-round array ([N, R], one array or a list of them), flat."""
+  if isinstance(per_round, (list, tuple)):
+    return np.concatenate([np.asarray(a).reshape(-1) for a in per_round])
+  return np.asarray(per_round).reshape(-1)
+
+
+def _round_counts(accepted_per_round, proposed_per_round=None) -> tuple:
+  """(accepted, proposed): every round's accepted and proposed draft tokens, flat, from
+  `accepted_per_round` ([N, R], -1 where a row had no round; one array or a list of them) and
+  `proposed_per_round` (the same layout; None: every round proposed without limit)."""
+  accepted = _flat(accepted_per_round)
+  proposed = (np.full_like(accepted, np.iinfo(np.int32).max) if proposed_per_round is None
+              else _flat(proposed_per_round))
+  return accepted[accepted >= 0], proposed[accepted >= 0]
+
+
+def acceptance_by_position(accepted_per_round, gamma: int, proposed_per_round=None) -> list:
+  """DistillSpec's acceptance rate at each draft position 1..gamma, from `accepted_per_round`
+  ([N, R], -1 where a row had no round; SpeculativeResult.accepted_per_round, one array or a
+  list of them): among the rounds that proposed an i-th draft token and accepted the first
+  i - 1, the fraction that accepted the i-th as well. None where no round reached position i.
+  `proposed_per_round` (SpeculativeResult's, same layout) matters under an adaptive draft
+  length, where a round may stop proposing; None: every round proposed gamma. A round that
+  EOS or the length limit cut counts as accepting only the tokens that reached the output."""
+  accepted, proposed = _round_counts(accepted_per_round, proposed_per_round)
   rates = []
   for position in range(1, int(gamma) + 1):
-    reached = int(np.sum(accepted >= position - 1))
+    reached = int(np.sum((accepted >= position - 1) & (proposed >= position)))
     rates.append(float(np.sum(accepted >= position) / reached) if reached else None)
   return rates
+
+
+def draft_acceptance_rate_by_position(accepted_per_round, gamma: int) -> list:
+  """vLLM's per-position acceptance rate at draft positions 1..gamma: the fraction of all
+  rounds that accepted the i-th draft token (and so every one before it); the rates sum to
+  mean_acceptance_length - 1. Same input as `acceptance_by_position`; None when no round ran."""
+  accepted, _ = _round_counts(accepted_per_round)
+  if not accepted.size:
+    return [None] * int(gamma)
+  return [float(np.mean(accepted >= position)) for position in range(1, int(gamma) + 1)]

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from distillspec_jax.core.validation import (check_budget, check_field_types, check_grid,
                                              check_int, check_path, check_positive_int)
 from distillspec_jax.decoding.plain import SamplingConfig
-from distillspec_jax.decoding.speculative import Lenience
+from distillspec_jax.decoding.speculative import DraftLength, Lenience
 from distillspec_jax.evaluation import quality
 from distillspec_jax.interop import importer
 
@@ -142,14 +142,18 @@ def speculative_grid(target, target_params, drafts: Mapping[str, tuple], example
                      temperatures: Sequence[float],
                      leniences: Sequence[Lenience] = (Lenience(),), max_new_tokens: int,
                      batch_size: Optional[int] = None, seed: int = 0,
-                     on_done: Optional[Callable[[], None]] = None) -> list:
+                     on_done: Optional[Callable[[], None]] = None,
+                     draft_length: DraftLength = DraftLength()) -> list:
   """Speculative decoding of the examples' prompts with the target and each draft at every
   (temperature, gamma, lenience), in that order per draft, temperatures outermost.
 
   `drafts`: {name: (Model, params)}; `batch_size` None: all prompts in one batch (batch b
-  samples with fold_in(PRNGKey(seed), b)); `scorer` None: no task metric (quality None).
-  Returns rows {draft, temperature, gamma, lenience, epsilon, quality, tau, tau_stderr, alpha,
-  alpha_proposed, acceptance_by_position, predictions, accepted_per_round}.
+  samples with fold_in(PRNGKey(seed), b)); `scorer` None: no task metric (quality None);
+  `draft_length`: the draft length rule of every configuration (gamma is its gamma_max).
+  Returns rows {draft, temperature, gamma, lenience, epsilon, quality, tau, tau_stderr, the
+  acceptance statistics of decoding/stats.py (mean_acceptance_length,
+  draft_acceptance_rate, alpha, alpha_proposed, alpha_distillspec, acceptance_by_position,
+  draft_acceptance_rate_by_position), predictions, accepted_per_round}.
   """
   check_decoding_grid(gammas, temperatures, leniences)
   batch_size = batch_size or len(examples["prompts"])
@@ -163,7 +167,8 @@ def speculative_grid(target, target_params, drafts: Mapping[str, tuple], example
               temperature=float(temperature), lenience=lenience,
               max_new_tokens=max_new_tokens, batch_size=batch_size,
               detokenize=scorer.detokenize if scorer else None,
-              metric_fn=scorer.metrics if scorer else None, seed=seed)
+              metric_fn=scorer.metrics if scorer else None, seed=seed,
+              draft_length=draft_length)
           rows.append(dict(draft=name, temperature=float(temperature), gamma=int(gamma),
                            lenience=lenience.kind, epsilon=float(lenience.epsilon),
                            **{k: v for k, v in run.items() if k != "tokens"}))

@@ -1,10 +1,12 @@
 """The lossy trade-off: task quality against latency over a lenience grid (DistillSpec Fig. 6).
 
 Reads the evaluation binary's metrics.json object ({"rows", "target_alone"}) and nothing
-else. Latency is relative to plain decoding with the target (the largest model): a row's
-relative latency is 1 / its measured speedup (`speedup` of speed.measure_speed: speculative
-over plain target tokens/s in the same timing turns), and the target alone is at 1.0 by
-construction.
+else. Latency is relative to plain decoding with the target (the largest model), end to end
+as a request sees it: a row's relative latency is 1 / its end-to-end speedup
+(`speedup_end_to_end`: speculative over plain target tokens/s, each prompt's setup included,
+in the same timing turns), and the target alone is at 1.0 by construction. Rows of a
+metrics.json written before the end-to-end figures existed fall back to the decoding
+phase's `speedup`, and the table says so.
 """
 
 from __future__ import annotations
@@ -31,13 +33,24 @@ def primary_metric(metrics: dict, task: str) -> str:
   return names[0]
 
 
+def _end_to_end(row: dict) -> tuple:
+  """(speedup, [min, max] or None, phase) of a metrics.json row: end to end, or the decoding
+  phase's for a row written before the end-to-end figures."""
+  if row.get("speedup_end_to_end") is not None:
+    return row["speedup_end_to_end"], row.get("speedup_end_to_end_range"), "end to end"
+  return row.get("speedup"), row.get("speedup_range"), "decoding phase"
+
+
 def tradeoff_table(metrics: dict, task: Optional[str] = None,
                    metric: Optional[str] = None) -> list:
   """Rows {task, temperature, gamma, decoder, lenience, epsilon, quality, relative_latency,
-  relative_latency_range ([min, max] over timing repeats: 1 / the speedup's range), speedup,
-  tau, alpha} for one task (default: the last task of the rows, the mixture when
-  there is one): first the target alone (relative latency 1.0), then every speculative row,
-  per (temperature, gamma), sorted by lenience kind and decreasing epsilon."""
+  relative_latency_range ([min, max] over timing repeats: 1 / the speedup's range),
+  latency_phase ("end to end", or "decoding phase" for an earlier metrics.json), speedup
+  (the end-to-end one it is 1 / of), speedup_decode (the decoding phase's), tau,
+  draft_acceptance_rate, alpha_distillspec} for one task (default: the last task of the
+  rows, the mixture when there is one): first the target alone (relative latency 1.0), then
+  every speculative row, per (temperature, gamma), sorted by lenience kind and decreasing
+  epsilon."""
   tasks = list(dict.fromkeys(r["task"] for r in metrics["rows"]))
   if not tasks:
     raise ValueError("metrics.json has no rows.")
@@ -49,46 +62,74 @@ def tradeoff_table(metrics: dict, task: Optional[str] = None,
     out.append(dict(task=task, temperature=temperature, gamma=gamma, decoder="target alone",
                     lenience=None, epsilon=None,
                     quality=metrics["target_alone"][task].get(metric), relative_latency=1.0,
-                    relative_latency_range=None, speedup=1.0, tau=None, alpha=None))
+                    relative_latency_range=None, latency_phase=None, speedup=1.0,
+                    speedup_decode=1.0, tau=None, draft_acceptance_rate=None,
+                    alpha_distillspec=None))
     group = [r for r in rows if r["temperature"] == temperature and r["gamma"] == gamma]
     for r in sorted(group, key=lambda r: (r["lenience"], -r["epsilon"])):
-      speedup, timed = r["speedup"], r.get("speedup_range")
+      speedup, timed, phase = _end_to_end(r)
       latency_range = [1.0 / timed[1], 1.0 / timed[0]] if timed else None
       out.append(dict(task=task, temperature=temperature, gamma=gamma, decoder="speculative",
                       lenience=r["lenience"], epsilon=r["epsilon"],
                       quality=r["quality"].get(metric),
                       relative_latency=(1.0 / speedup) if speedup else None,
-                      relative_latency_range=latency_range,
-                      speedup=speedup, tau=r["tau"], alpha=r["alpha"]))
+                      relative_latency_range=latency_range, latency_phase=phase,
+                      speedup=speedup, speedup_decode=r.get("speedup"), tau=r["tau"],
+                      draft_acceptance_rate=r.get("draft_acceptance_rate", r.get("alpha")),
+                      alpha_distillspec=r.get("alpha_distillspec")))
   return out
 
 
 def table_markdown(table: list, metric: str) -> str:
-  lines = [f"| T | gamma | decoder | lenience | epsilon | {metric} | relative latency "
-           "[range] | speedup | tau | alpha |", "|---|---|---|---|---|---|---|---|---|---|"]
+  lines = [f"| T | gamma | decoder | lenience | epsilon | {metric} | relative latency, end to "
+           "end [range] | speedup end to end | speedup decoding phase | tau | draft acceptance "
+           "rate | alpha (DistillSpec) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in table:
     timed = r.get("relative_latency_range")
     latency = _fmt(r["relative_latency"]) + (
         f" [{_fmt(timed[0])}, {_fmt(timed[1])}]" if timed else "")
+    if r.get("latency_phase") == "decoding phase":
+      latency += " (decoding phase only: an earlier metrics.json)"
     lines.append(f"| {_fmt(r['temperature'], 1)} | {r['gamma']} | {r['decoder']} | "
                  f"{_fmt(r['lenience'])} | {_fmt(r['epsilon'], 2)} | {_fmt(r['quality'], 2)} | "
-                 f"{latency} | {_fmt(r['speedup'], 2)} | "
-                 f"{_fmt(r['tau'], 2)} | {_fmt(r['alpha'])} |")
+                 f"{latency} | {_fmt(r['speedup'], 2)} | {_fmt(r.get('speedup_decode'), 2)} | "
+                 f"{_fmt(r['tau'], 2)} | {_fmt(r.get('draft_acceptance_rate'))} | "
+                 f"{_fmt(r.get('alpha_distillspec'))} |")
   return "\n".join(lines)
+
+
+def _with_range(value, value_range, digits: int = 2) -> str:
+  """'1.23 [1.20, 1.30]', '1.23' without a range, '-' without a value."""
+  if value is None:
+    return "-"
+  if not value_range:
+    return _fmt(value, digits)
+  return f"{_fmt(value, digits)} [{_fmt(value_range[0], digits)}, {_fmt(value_range[1], digits)}]"
 
 
 def rows_markdown(metrics: dict) -> str:
   """Every metrics.json row as one Markdown table (the binary prints it)."""
-  lines = ["| task | T | gamma | lenience | eps | quality | tau | alpha | predicted alpha | "
-           "speedup [range] | cost model |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines = ["| task | T | gamma | lenience | eps | quality | tau | mean acceptance length | "
+           "draft acceptance rate | alpha (DistillSpec) | predicted alpha | speedup, "
+           "decoding phase [range] | end to end [range] | typical, end to end [range] | "
+           "end to end, 95% over prompts | cost model |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in metrics["rows"]:
     quality = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["quality"].items()))
-    spread = (f"{_fmt(r['speedup'], 2)} [{_fmt(r['speedup_range'][0], 2)}, "
-              f"{_fmt(r['speedup_range'][1], 2)}]" if r["speedup_range"] else "-")
+    flag = " (unreliable: spread > 10%)" if r.get("speedup_unreliable") else ""
+    interval = r.get("speedup_end_to_end_prompt_interval")
+    interval = f"{_fmt(interval[0], 2)}-{_fmt(interval[1], 2)}" if interval else "-"
     lines.append(f"| {r['task']} | {_fmt(r['temperature'], 1)} | {r['gamma']} | "
                  f"{r['lenience']} | {_fmt(r['epsilon'], 2)} | {quality} | "
-                 f"{_fmt(r['tau'], 2)} ± {_fmt(r['tau_stderr'], 2)} | {_fmt(r['alpha'])} | "
-                 f"{_fmt(r['predicted_alpha'])} | {spread} | "
+                 f"{_fmt(r['tau'], 2)} ± {_fmt(r['tau_stderr'], 2)} | "
+                 f"{_fmt(r.get('mean_acceptance_length'), 2)} | "
+                 f"{_fmt(r.get('draft_acceptance_rate', r.get('alpha')))} | "
+                 f"{_fmt(r.get('alpha_distillspec'))} | {_fmt(r['predicted_alpha'])} | "
+                 f"{_with_range(r['speedup'], r['speedup_range'])}{flag} | "
+                 f"{_with_range(r.get('speedup_end_to_end'), r.get('speedup_end_to_end_range'))}"
+                 " | "
+                 f"{_with_range(r.get('speedup_typical'), r.get('speedup_typical_range'))} | "
+                 f"{interval} | "
                  f"{_fmt(r['cost_model_speedup'], 2)} |")
   target = ", ".join(f"{task}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(m.items()))
                      for task, m in metrics["target_alone"].items())
@@ -122,7 +163,7 @@ def plot_tradeoff(table: list, metric: str, path: str) -> None:
     alone = group[0]
     ax.plot([1.0], [alone["quality"]], marker="*", markersize=12, color="black",
             linestyle="none", label="target alone")
-    ax.set_xlabel("latency relative to the target alone")
+    ax.set_xlabel("latency relative to the target alone (end to end)")
     ax.set_ylabel(metric)
     ax.set_title(f"{alone['task']}, T={temperature:g}, gamma={gamma}")
     ax.grid(alpha=0.3)
@@ -145,7 +186,8 @@ def write_tradeoff(metrics: dict, directory: str, task: Optional[str] = None,
   write_json_atomic(paths["json"], {"task": task, "metric": metric, "rows": table})
   with open(paths["md"], "w") as f:
     f.write(f"# Lossy trade-off: {task}, {metric} against latency\n\n"
-            "Relative latency = 1 / measured speedup (plain target decoding = 1.0).\n\n"
+            "Relative latency = 1 / the measured end-to-end speedup (each prompt's setup "
+            "included; plain target decoding = 1.0).\n\n"
             + table_markdown(table, metric) + "\n")
   if any(r["relative_latency"] and r["decoder"] == "speculative" for r in table):
     paths["png"] = os.path.join(directory, "lossy_tradeoff.png")

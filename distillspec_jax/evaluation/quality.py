@@ -28,9 +28,10 @@ import numpy as np
 from distillspec_jax.decoding.plain import SamplingConfig, decode, prompt_inputs
 from distillspec_jax.distill.divergences import cross_entropy, expected_acceptance
 from distillspec_jax.models.model import EOS_ID, Model
-from distillspec_jax.decoding.speculative import Lenience, speculative_decode
+from distillspec_jax.decoding.speculative import DraftLength, Lenience, speculative_decode
 from distillspec_jax.decoding.stats import (acceptance_by_position, block_efficiency_stats,
-                                            block_statistics)
+                                            block_statistics,
+                                            draft_acceptance_rate_by_position)
 
 
 def _teacher_forcing(model: Model, prompts: np.ndarray, targets: np.ndarray):
@@ -172,22 +173,24 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
                     *, gamma: int, temperature: float, lenience: Lenience,
                     max_new_tokens: int, batch_size: int,
                     detokenize: Optional[Callable] = None, metric_fn: Optional[Callable] = None,
-                    seed: int = 0) -> dict:
+                    seed: int = 0, draft_length: DraftLength = DraftLength()) -> dict:
   """Speculative decoding of the examples' prompts in batches of `batch_size` (batch b with
   fold_in(PRNGKey(seed), b), the keys `target_alone` uses): the task metric of its outputs,
-  tau with its standard error over prompts, alpha (and alpha_proposed), acceptance by draft
-  position, and per prompt the prediction and the accepted draft tokens of each round.
-  Without `detokenize` / `metric_fn`, predictions / quality are None."""
+  tau with its standard error over prompts, the acceptance statistics of decoding/stats.py
+  (mean_acceptance_length, draft_acceptance_rate = alpha, alpha_proposed, alpha_distillspec,
+  acceptance_by_position, draft_acceptance_rate_by_position), and per prompt the prediction
+  and the accepted draft tokens of each round. Without `detokenize` / `metric_fn`,
+  predictions / quality are None."""
   prompts = np.asarray(examples["prompts"])
   key = jax.random.PRNGKey(seed)
   sampling = SamplingConfig(float(temperature))
-  predictions, rounds, tokens_out = [], [], []
-  produced, calls, accepted, drafted, proposed = [], [], [], [], []
+  predictions, rounds, proposals, tokens_out = [], [], [], []
+  produced, calls, accepted, drafted, proposed, rejections = [], [], [], [], [], []
   for index, chunk, real in _batches(prompts, batch_size):
     result = speculative_decode(target, target_params, draft, draft_params,
                                 max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
                                 lenience=lenience, rng=jax.random.fold_in(key, index),
-                                **prompt_inputs(target, chunk))
+                                draft_length=draft_length, **prompt_inputs(target, chunk))
     result = jax.device_get(result)
     tokens, lengths = np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real]
     if detokenize is not None:
@@ -195,40 +198,76 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
     tokens_out.append(tokens)
     per_round = np.asarray(result.accepted_per_round)[:real]
     rounds += [[int(n) for n in row if n >= 0] for row in per_round]
+    proposals += [[int(k) for k in row if k >= 0]
+                  for row in np.asarray(result.proposed_per_round)[:real]]
     for name, store in (("produced", produced), ("target_calls", calls),
                         ("accepted", accepted), ("drafted", drafted),
-                        ("accepted_proposed", proposed)):
+                        ("accepted_proposed", proposed), ("rejections", rejections)):
       store.append(np.asarray(getattr(result, name))[:real])
   scored = detokenize is not None and metric_fn is not None
+  per_round = [np.asarray(r, np.int64) for r in rounds] or [np.zeros(0)]
+  proposed_rounds = [np.asarray(k, np.int64) for k in proposals] or [np.zeros(0)]
   return {"quality": _metrics(metric_fn, examples["target_texts"], predictions) if scored
                      else None,
           **block_statistics(*map(np.concatenate, (produced, calls, accepted, drafted)),
-                             accepted_proposed=np.concatenate(proposed)),
-          "acceptance_by_position": acceptance_by_position(
-              [np.asarray(r, np.int64) for r in rounds] or [np.zeros(0)], gamma),
+                             accepted_proposed=np.concatenate(proposed),
+                             rejections=np.concatenate(rejections)),
+          "acceptance_by_position": acceptance_by_position(per_round, gamma, proposed_rounds),
+          "draft_acceptance_rate_by_position": draft_acceptance_rate_by_position(per_round,
+                                                                                 gamma),
           "predictions": predictions if detokenize is not None else None,
           "accepted_per_round": rounds, "tokens": np.concatenate(tokens_out)}
 
 
-# Fields of a metrics.json row (the evaluation binary's interface).
+# Fields of a metrics.json row (the evaluation binary's interface). The acceptance
+# statistics are decoding/stats.py's (`alpha` is draft_acceptance_rate under its earlier
+# name); the speed fields are `speed_fields`'.
 ROW_FIELDS = ("task", "temperature", "gamma", "lenience", "epsilon", "quality", "tau",
-              "tau_stderr", "alpha", "predicted_alpha", "acceptance_by_position", "speedup",
-              "speedup_range", "cost_model_speedup")
+              "tau_stderr", "mean_acceptance_length", "draft_acceptance_rate", "alpha",
+              "alpha_distillspec", "predicted_alpha", "acceptance_by_position",
+              "draft_acceptance_rate_by_position", "speedup", "speedup_range",
+              "speedup_end_to_end", "speedup_end_to_end_range", "speedup_typical",
+              "speedup_typical_range", "speedup_prompt_interval",
+              "speedup_end_to_end_prompt_interval", "speedup_spread",
+              "speedup_end_to_end_spread", "speedup_unreliable", "cost_model_speedup",
+              "cost_model_speedup_end_to_end")
+
+# metrics.json's speed field -> the speed.measure_speed row field it copies.
+SPEED_FIELDS = {"speedup": "speedup", "speedup_range": "speedup_range",
+                "speedup_end_to_end": "end_to_end_speedup",
+                "speedup_end_to_end_range": "end_to_end_speedup_range",
+                "speedup_typical": "typical_end_to_end_speedup",
+                "speedup_typical_range": "typical_end_to_end_speedup_range",
+                "speedup_prompt_interval": "speedup_prompt_interval",
+                "speedup_end_to_end_prompt_interval": "end_to_end_speedup_prompt_interval",
+                "speedup_spread": "speedup_spread",
+                "speedup_end_to_end_spread": "end_to_end_speedup_spread",
+                "speedup_unreliable": "unreliable",
+                "cost_model_speedup": "cost_model_speedup",
+                "cost_model_speedup_end_to_end": "cost_model_end_to_end_speedup"}
 
 
 def speed_fields(timing: Optional[dict], gamma: int, temperature: float,
-                 lenience: Optional[Lenience] = None) -> dict:
-  """speedup, speedup_range and cost_model_speedup of one (gamma, temperature, lenience) from
-  a speed.measure_speed result with one draft (None fields when `timing` is None; lenience
-  None: the timing's only one)."""
+                 lenience: Optional[Lenience] = None,
+                 draft_length: DraftLength = DraftLength()) -> dict:
+  """The SPEED_FIELDS of one (gamma, temperature, lenience, draft length rule) from a
+  speed.measure_speed result with one draft (all None when `timing` is None; lenience None:
+  the timing's only one):
+  the decoding phase's speedup, the end-to-end one (setup included, what a request sees),
+  the typical one (end to end, each repeat's median call instead of its fastest windows),
+  each with [min, max] over repeats, the prompt-level 95% intervals, the spreads and the
+  `unreliable` flag."""
   if timing is None:
-    return {"speedup": None, "speedup_range": None, "cost_model_speedup": None}
+    return dict.fromkeys(SPEED_FIELDS)
   for row in timing["rows"]:
+    if (row.get("draft_length", "fixed"), row.get("threshold", 0.0)) != (
+        draft_length.rule, float(draft_length.threshold)):
+      continue
     if (row["gamma"] == int(gamma) and row["temperature"] == float(temperature) and (
         lenience is None or (row["lenience"], row["epsilon"]) == (lenience.kind,
                                                                   float(lenience.epsilon)))):
-      return {"speedup": row["speedup"], "speedup_range": list(row["speedup_range"]),
-              "cost_model_speedup": row["cost_model_speedup"]}
+      return {field: (list(row[key]) if isinstance(row[key], (list, tuple)) else row[key])
+              for field, key in SPEED_FIELDS.items()}
   raise KeyError(f"The timing has no row for gamma={gamma}, temperature={temperature}, "
                  f"lenience={lenience}.")
 
@@ -238,12 +277,27 @@ def _mean(values):
   return float(np.mean(values)) if values else None
 
 
+def _mean_field(name: str, values: list):
+  """The mixture's value of field `name` from its tasks' `values` (None where a task has
+  none): the mean; of a [low, high] range or interval, the mean of each end; of a
+  per-position list, the mean at each position over the tasks that have it; of a flag, any."""
+  present = [v for v in values if v is not None]
+  if not present:
+    return None
+  if isinstance(present[0], bool):
+    return any(present)
+  if isinstance(present[0], list):
+    width = max(len(v) for v in present)
+    return [_mean(v[i] if i < len(v) else None for v in present) for i in range(width)]
+  return _mean(present)
+
+
 def mixture_mean(name: str, rows_by_task: dict, target_alone_by_task: dict) -> tuple:
   """(rows, target_alone) of a mixture: every number the mean over its tasks of the same
-  (temperature, gamma, lenience, epsilon) row; tau_stderr is the standard error of that mean
-  (sqrt(sum se^2) / n, tasks independent); speedup_range the mean of the ranges' ends; an
-  acceptance position or metric missing in some task is averaged over the tasks that have it.
-  """
+  (temperature, gamma, lenience, epsilon) row (`_mean_field`: ranges end by end, positions
+  one by one, a flag if any task has it); tau_stderr is the standard error of that mean
+  (sqrt(sum se^2) / n, tasks independent); a metric or field missing in some task is
+  averaged over the tasks that have it."""
   tasks = list(rows_by_task)
   keyed = [{(r["temperature"], r["gamma"], r["lenience"], r["epsilon"]): r
             for r in rows_by_task[t]} for t in tasks]
@@ -251,22 +305,14 @@ def mixture_mean(name: str, rows_by_task: dict, target_alone_by_task: dict) -> t
   for key in keyed[0]:
     group = [k[key] for k in keyed if key in k]
     metric_names = sorted({m for r in group for m in r["quality"]})
-    gamma = key[1]
     se = [r["tau_stderr"] for r in group]
-    ranges = [r["speedup_range"] for r in group if r["speedup_range"] is not None]
-    rows.append(dict(
-        task=name, temperature=key[0], gamma=gamma, lenience=key[2], epsilon=key[3],
-        quality={m: _mean(r["quality"].get(m) for r in group) for m in metric_names},
-        tau=_mean(r["tau"] for r in group),
-        tau_stderr=float(np.sqrt(np.sum(np.square(se)))) / len(se),
-        alpha=_mean(r["alpha"] for r in group),
-        predicted_alpha=_mean(r["predicted_alpha"] for r in group),
-        acceptance_by_position=[_mean(r["acceptance_by_position"][i] for r in group)
-                                for i in range(gamma)],
-        speedup=_mean(r["speedup"] for r in group),
-        speedup_range=([_mean(x[0] for x in ranges), _mean(x[1] for x in ranges)]
-                       if ranges else None),
-        cost_model_speedup=_mean(r["cost_model_speedup"] for r in group)))
+    row = dict(task=name, temperature=key[0], gamma=key[1], lenience=key[2], epsilon=key[3],
+               quality={m: _mean(r["quality"].get(m) for r in group) for m in metric_names})
+    for field in ROW_FIELDS:
+      if field not in row:
+        row[field] = _mean_field(field, [r.get(field) for r in group])
+    row["tau_stderr"] = float(np.sqrt(np.sum(np.square(se)))) / len(se)
+    rows.append({field: row[field] for field in ROW_FIELDS})
   metric_names = sorted({m for t in tasks for m in target_alone_by_task[t]})
   alone = {m: _mean(target_alone_by_task[t].get(m) for t in tasks) for m in metric_names}
   return rows, alone

@@ -1,15 +1,25 @@
 """The main job's report: report.json, report.md (the paper's table form) and PNG plots.
 
 report.json:
-  rows / paired_rows: one per (recipe, temperature, gamma), raw draft against distilled draft:
-    task, temperature, gamma, recipe, tau_raw, tau_distilled (+ _stderr), tau_gain,
-    alpha_raw, alpha_distilled, speedup_raw, speedup_distilled (measured medians),
-    speedup_raw_range, speedup_distilled_range ([min, max] over timing repeats),
-    cost_model_speedup_raw, cost_model_speedup_distilled, delta_speedup.
-  draft_rows: one per (draft, temperature, gamma): recipe, alpha, tau, tau_stderr, speedup,
-    speedup_range, cost_model_speedup, end_to_end_speedup (+ _range, cost_model_), setup_s.
-  Speedups are the decoding phase's, timed apart from each prompt's setup (encoders,
-  prefill); end_to_end_ ones add it back (speed.py).
+  rows / paired_rows: one per (recipe, temperature, gamma), raw draft against distilled draft
+    (every <kind> field once with _raw and once with _distilled):
+    task, temperature, gamma, recipe, tau_<kind> (+ _stderr), tau_gain, the acceptance
+    statistics of decoding/stats.py (mean_acceptance_length_<kind>,
+    draft_acceptance_rate_<kind>, alpha_distillspec_<kind>, acceptance_by_position_<kind>,
+    draft_acceptance_rate_by_position_<kind>; alpha_<kind> is draft_acceptance_rate under
+    its earlier name), speedup_<kind> (decoding phase) with speedup_<kind>_range ([min, max]
+    over timing repeats) and speedup_<kind>_spread, speedup_<kind>_end_to_end (setup
+    included) and speedup_<kind>_typical (end to end, each repeat's median call instead of
+    its fastest windows), each with _range (and the end-to-end one _spread),
+    speedup_<kind>_prompt_interval and speedup_<kind>_end_to_end_prompt_interval (95%
+    bootstrap over the timed prompts), speedup_<kind>_unreliable (a spread above 10%),
+    cost_model_speedup_<kind>, delta_speedup.
+  draft_rows: one per (draft, temperature, gamma), measure_speed's names: recipe, the
+    acceptance statistics, tau, tau_stderr, speedup, speedup_range, end_to_end_speedup,
+    typical_speedup, typical_end_to_end_speedup (each + _range), the spreads, the prompt
+    intervals, unreliable, cost_model_speedup, cost_model_end_to_end_speedup, setup_s,
+    call_overhead_s.
+  An evaluation written before a field existed leaves it None.
   target_quality, plain_tokens_per_s, machine ({"cpus", "pinned"}), speed_protocol,
   wall_clock_s (per stage) and wall_clock_total_s, tau_curves.
 For an AdaSPEC comparison "rows" is the per-draft form (recipe in raw / distillspec /
@@ -24,19 +34,43 @@ from distillspec_jax.core.files import write_json_atomic, write_text_atomic
 from distillspec_jax.core.validation import check_finite
 
 
+# Acceptance statistics of an evaluation row, reported as they are.
+ACCEPTANCE_FIELDS = ("mean_acceptance_length", "draft_acceptance_rate", "alpha_distillspec",
+                     "acceptance_by_position", "draft_acceptance_rate_by_position")
+# A paired row's speed fields: speedup_<kind><suffix> <- the evaluation row's field.
+PAIRED_SPEED_FIELDS = {"": "speedup", "_range": "speedup_range", "_spread": "speedup_spread",
+                       "_end_to_end": "end_to_end_speedup",
+                       "_end_to_end_range": "end_to_end_speedup_range",
+                       "_end_to_end_spread": "end_to_end_speedup_spread",
+                       "_typical": "typical_end_to_end_speedup",
+                       "_typical_range": "typical_end_to_end_speedup_range",
+                       "_prompt_interval": "speedup_prompt_interval",
+                       "_end_to_end_prompt_interval": "end_to_end_speedup_prompt_interval",
+                       "_unreliable": "unreliable"}
+
+
+def _field(row: dict, name: str):
+  """`row[name]`, None when an earlier evaluation lacks it; draft_acceptance_rate is `alpha`
+  under its new name, so an earlier evaluation has it."""
+  if name == "draft_acceptance_rate" and name not in row:
+    return row["alpha"]
+  return row.get(name)
+
+
 def _paired_row(task, recipe, raw: dict, distilled: dict) -> dict:
-  return dict(
+  row = dict(
       task=task, temperature=raw["temperature"], gamma=raw["gamma"], recipe=recipe,
       tau_raw=raw["tau"], tau_distilled=distilled["tau"],
       tau_raw_stderr=raw["tau_stderr"], tau_distilled_stderr=distilled["tau_stderr"],
       tau_gain=distilled["tau"] / raw["tau"] - 1.0,
-      alpha_raw=raw["alpha"], alpha_distilled=distilled["alpha"],
-      speedup_raw=raw["speedup"], speedup_distilled=distilled["speedup"],
-      speedup_raw_range=raw["speedup_range"],
-      speedup_distilled_range=distilled["speedup_range"],
-      cost_model_speedup_raw=raw["cost_model_speedup"],
-      cost_model_speedup_distilled=distilled["cost_model_speedup"],
-      delta_speedup=distilled["speedup"] - raw["speedup"])
+      alpha_raw=raw["alpha"], alpha_distilled=distilled["alpha"])
+  for kind, source in (("raw", raw), ("distilled", distilled)):
+    row.update({f"{name}_{kind}": _field(source, name) for name in ACCEPTANCE_FIELDS})
+    row.update({f"speedup_{kind}{suffix}": source.get(name)
+                for suffix, name in PAIRED_SPEED_FIELDS.items()})
+    row[f"cost_model_speedup_{kind}"] = source["cost_model_speedup"]
+  row["delta_speedup"] = distilled["speedup"] - raw["speedup"]
+  return row
 
 
 def build_rows(config, evaluation: dict) -> list:
@@ -63,17 +97,23 @@ def draft_names(config) -> dict:
   return names
 
 
+# A draft row's fields copied from its evaluation row (None where an earlier evaluation
+# lacks one).
+DRAFT_ROW_FIELDS = (("temperature", "gamma", "alpha", "tau", "tau_stderr") + ACCEPTANCE_FIELDS
+                    + ("speedup", "speedup_range", "speedup_spread", "end_to_end_speedup",
+                       "end_to_end_speedup_range", "end_to_end_speedup_spread",
+                       "typical_speedup", "typical_speedup_range",
+                       "typical_end_to_end_speedup", "typical_end_to_end_speedup_range",
+                       "speedup_prompt_interval", "end_to_end_speedup_prompt_interval",
+                       "unreliable", "cost_model_speedup", "cost_model_end_to_end_speedup",
+                       "setup_s", "call_overhead_s"))
+
+
 def build_draft_rows(config, evaluation: dict) -> list:
   """One row per (draft, temperature, gamma)."""
   names = draft_names(config)
-  return [dict(task=config.task, temperature=r["temperature"], gamma=r["gamma"],
-               recipe=names[r["draft"]], alpha=r["alpha"], tau=r["tau"],
-               tau_stderr=r["tau_stderr"], speedup=r["speedup"],
-               speedup_range=r["speedup_range"], cost_model_speedup=r["cost_model_speedup"],
-               end_to_end_speedup=r["end_to_end_speedup"],
-               end_to_end_speedup_range=r["end_to_end_speedup_range"],
-               cost_model_end_to_end_speedup=r["cost_model_end_to_end_speedup"],
-               setup_s=r["setup_s"])
+  return [dict(task=config.task, recipe=names[r["draft"]],
+               **{field: _field(r, field) for field in DRAFT_ROW_FIELDS})
           for r in evaluation["speculative"]]
 
 
@@ -160,7 +200,89 @@ def build_report(config, evaluation: dict, wall_clock: dict, curves: dict) -> di
 
 
 def _range(values) -> str:
-  return f"[{values[0]:.2f}, {values[1]:.2f}]"
+  return f"[{values[0]:.2f}, {values[1]:.2f}]" if values else ""
+
+
+def _speed(value, value_range, unreliable=None) -> str:
+  """'1.23x [1.20, 1.30]', with ' unreliable' where the row's spread exceeds 10%; '-' when
+  the evaluation has no such figure."""
+  if value is None:
+    return "-"
+  return f"{value:.2f}x {_range(value_range)}".rstrip() + (" unreliable" if unreliable else "")
+
+
+def _number(value, digits: int = 3) -> str:
+  return "-" if value is None else f"{value:.{digits}f}"
+
+
+# What each speed figure includes, one line each (the report's results section).
+FIGURE_LINES = (
+    "- decoding phase: the rounds (speculative) or steps (plain) after each prompt's setup, "
+    "each prompt's fastest window among a repeat's calls;",
+    "- end to end: the setup added back (encoders, prefill, the draft's setup, the first "
+    "token): what a request sees, less one call's dispatch (`call_overhead_s`; "
+    "bench/latency.py times single requests with it);",
+    "- typical: end to end from each repeat's median call instead of its fastest windows "
+    "(the host as it was);",
+    "- [min, max] over timing repeats (the host's noise); 95% over prompts: a bootstrap over "
+    "the timed prompts (which prompts were timed); `unreliable`: a decode-phase or end-to-end "
+    "spread over repeats above 10%, not a result.")
+
+
+def _paired_table(report: dict) -> list:
+  lines = ["## Speculative decoding (tau = tokens per target call; speedup = measured "
+           "median [min, max] over repeats, cost model in parentheses)", "",
+           "| T | gamma | recipe | tau w/o distill | tau DistillSpec | tau gain | speedup w/o | "
+           "speedup DistillSpec | delta |", "|---|---|---|---|---|---|---|---|---|"]
+  for r in report["paired_rows"]:
+    raw, distilled = (_speed(r[f"speedup_{kind}"], r[f"speedup_{kind}_range"],
+                             r.get(f"speedup_{kind}_unreliable"))
+                      for kind in ("raw", "distilled"))
+    lines.append(
+        f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | "
+        f"{r['tau_raw']:.2f} ± {r['tau_raw_stderr']:.2f} | "
+        f"{r['tau_distilled']:.2f} ± {r['tau_distilled_stderr']:.2f} | {r['tau_gain']:+.1%} | "
+        f"{raw} ({r['cost_model_speedup_raw']:.2f}x) | "
+        f"{distilled} ({r['cost_model_speedup_distilled']:.2f}x) | "
+        f"{r['delta_speedup']:+.2f}x |")
+  return lines
+
+
+def _request_table(report: dict) -> list:
+  lines = ["## What a request sees: every draft's speedup three ways", "", *FIGURE_LINES, "",
+           "| T | gamma | recipe | decoding phase | end to end (cost model) | typical, end to "
+           "end | end to end, 95% over prompts | setup (ms) |",
+           "|---|---|---|---|---|---|---|---|"]
+  for r in report["draft_rows"]:
+    interval = r.get("end_to_end_speedup_prompt_interval")
+    lines.append(
+        f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | "
+        f"{_speed(r['speedup'], r['speedup_range'], r.get('unreliable'))} | "
+        f"{_speed(r['end_to_end_speedup'], r['end_to_end_speedup_range'])} "
+        f"({r['cost_model_end_to_end_speedup']:.2f}x) | "
+        f"{_speed(r.get('typical_end_to_end_speedup'), r.get('typical_end_to_end_speedup_range'))}"
+        f" | {_range(interval) or '-'} | {1e3 * r['setup_s']:.2f} |")
+  return lines
+
+
+def _acceptance_table(report: dict) -> list:
+  lines = ["## Acceptance, the paper's and the serving engines' definitions", "",
+           "tau: tokens per target call; alpha (DistillSpec): accepted / acceptance tests run, "
+           "the per-token acceptance probability 1 - E[TVD] predicts; draft acceptance rate: "
+           "accepted / proposed (vLLM); mean acceptance length: 1 + accepted / rounds (vLLM, "
+           "llama.cpp); by position: DistillSpec's conditional rate at draft positions 1..gamma "
+           "(decoding/stats.py).", "",
+           "| T | gamma | recipe | tau | alpha (DistillSpec) | draft acceptance rate | mean "
+           "acceptance length | acceptance by position |", "|---|---|---|---|---|---|---|---|"]
+  for r in report["draft_rows"]:
+    positions = r.get("acceptance_by_position")
+    positions = " ".join(_number(v, 2) for v in positions) if positions else "-"
+    lines.append(f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | "
+                 f"{r['tau']:.2f} ± {r['tau_stderr']:.2f} | "
+                 f"{_number(r.get('alpha_distillspec'))} | "
+                 f"{_number(r['draft_acceptance_rate'])} | "
+                 f"{_number(r.get('mean_acceptance_length'), 2)} | {positions} |")
+  return lines
 
 
 def render_markdown(config, report: dict) -> str:
@@ -174,30 +296,8 @@ def render_markdown(config, report: dict) -> str:
   for name, q in quality.items():
     lines.append(f"| {name} | {q.get('accuracy', float('nan')):.3f} | "
                  f"{q['per_token_loss']:.4f} |")
-  lines += ["", "## Speculative decoding (tau = tokens per target call; speedup = measured "
-            "median [min, max] over repeats, cost model in parentheses)", "",
-            "| T | gamma | recipe | tau w/o distill | tau DistillSpec | tau gain | speedup w/o | "
-            "speedup DistillSpec | delta |", "|---|---|---|---|---|---|---|---|---|"]
-  for r in report["paired_rows"]:
-    lines.append(
-        f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | "
-        f"{r['tau_raw']:.2f} ± {r['tau_raw_stderr']:.2f} | "
-        f"{r['tau_distilled']:.2f} ± {r['tau_distilled_stderr']:.2f} | {r['tau_gain']:+.1%} | "
-        f"{r['speedup_raw']:.2f}x "
-        f"{_range(r['speedup_raw_range'])} "
-        f"({r['cost_model_speedup_raw']:.2f}x) | "
-        f"{r['speedup_distilled']:.2f}x "
-        f"{_range(r['speedup_distilled_range'])} "
-        f"({r['cost_model_speedup_distilled']:.2f}x) | {r['delta_speedup']:+.2f}x |")
-  lines += ["", "## Every draft", "",
-            "| T | gamma | recipe | alpha | tau | speedup | cost model | end to end (cost "
-            "model) |", "|---|---|---|---|---|---|---|---|"]
-  for r in report["draft_rows"]:
-    lines.append(f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | {r['alpha']:.3f} | "
-                 f"{r['tau']:.2f} ± {r['tau_stderr']:.2f} | {r['speedup']:.2f}x "
-                 f"{_range(r['speedup_range'])} | {r['cost_model_speedup']:.2f}x | "
-                 f"{r['end_to_end_speedup']:.2f}x {_range(r['end_to_end_speedup_range'])} "
-                 f"({r['cost_model_end_to_end_speedup']:.2f}x) |")
+  lines += ["", *_paired_table(report), "", *_request_table(report), "",
+            *_acceptance_table(report)]
   lines += ["", "## Wall clock per stage (s)", "", "| stage | seconds |", "|---|---|"]
   for stage, seconds in report["wall_clock_s"].items():
     lines.append(f"| {stage} | {seconds:.0f} |")

@@ -24,9 +24,14 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
   window's times spread over the measurement is the machine's own cost.
 - The speedup of a repeat is the ratio of tokens per second against plain decoding in the
   same repeat (fair at T > 0, where the two decoders' samples differ in length); we report
-  its median and [min, max] over repeats.
+  its median, [min, max] and spread over repeats, for the decoding phase (`speedup`), end
+  to end (`end_to_end_speedup`, the setup added back), and both again from each repeat's
+  median call instead of its fastest windows (`typical_`); a bootstrap over the prompts
+  gives each figure's prompt-level interval; a row whose decode or end-to-end spread
+  exceeds SPREAD_LIMIT (10%) is flagged `unreliable` (`compared_speedups`).
 - The cost-model speedup predicts both times from per-call costs measured in the same cycles
-  and windows: plain = (tokens - 1) target steps per prompt; speculative = per round one
+  and windows: plain = (tokens - 1) target steps per prompt (exactly the calls plain
+  decoding makes after its setup); speculative = per round one
   2-token and gamma - 1 one-token draft calls and one (gamma + 1)-token verification. Model
   calls are timed in jitted loops fed the previous call's outputs (see `_repeated_extend`).
 - Reported apart: `plain[T]["call_overhead_s"]`, the fastest whole call less its windows
@@ -60,8 +65,8 @@ from distillspec_jax.core.validation import check_budget, check_grid, check_posi
 from distillspec_jax.decoding.plain import (SamplingConfig, cache_capacity, decode_start, decode_steps, prompt_inputs)
 from distillspec_jax.models.model import Model
 from distillspec_jax.evaluation.pinning import machine_info
-from distillspec_jax.decoding.speculative import (Lenience, speculative_rounds, speculative_start,
-                                         start_state_for_gamma)
+from distillspec_jax.decoding.speculative import (DraftLength, Lenience, speculative_rounds,
+                                                  speculative_start, start_state_for_gamma)
 
 
 _CLOCK_ORIGIN_NS = time.perf_counter_ns()
@@ -129,6 +134,40 @@ def repeat_times(windows_log: Sequence[tuple], repeats: int,
     previous = per_repeat[repeat]
     per_repeat[repeat] = windows if previous is None else np.minimum(previous, windows)
   return {key: [float(np.sum(w)) for w in per_repeat] for key, per_repeat in best.items()}
+
+
+def repeat_typical_times(windows_log: Sequence[tuple], repeats: int) -> dict:
+  """key -> [repeat r's typical time]: the median over repeat r's timed calls of a call's
+  windows' sum (what a call costs on the host as it was, where `repeat_times` takes each
+  window's fastest), from `windows_log` entries (key, repeat, window seconds [W])."""
+  sums = {}
+  for key, repeat, windows in windows_log:
+    sums.setdefault(key, [[] for _ in range(repeats)])[repeat].append(float(np.sum(windows)))
+  return {key: [statistics.median(calls) if calls else math.nan for calls in per_repeat]
+          for key, per_repeat in sums.items()}
+
+
+def prompt_fastest(windows_log: Sequence[tuple]) -> dict:
+  """key -> [W]: each window's (prompt's) fastest time over every timed call of the key."""
+  fastest = {}
+  for key, _, windows in windows_log:
+    fastest[key] = windows if key not in fastest else np.minimum(fastest[key], windows)
+  return fastest
+
+
+def prompt_interval(tokens, seconds, plain_tokens, plain_seconds, *, resamples: int = 2000,
+                    level: float = 0.95, seed: int = 0) -> list:
+  """[low, high]: the central `level` interval of the speedup (sum tokens / sum seconds over
+  plain's) over bootstrap resamples of the prompts, each resample taking the same prompts
+  for both decoders. Arguments are per prompt, [N] each. It says how much the figure owes
+  to which prompts were timed; the range over repeats says how much it owes to the host."""
+  arrays = [np.asarray(a, np.float64) for a in (tokens, seconds, plain_tokens, plain_seconds)]
+  count = len(arrays[0])
+  picks = np.random.default_rng(seed).integers(0, count, (resamples, count))
+  spec_rate, plain_rate = (arrays[i][picks].sum(1) / arrays[i + 1][picks].sum(1)
+                           for i in (0, 2))
+  low, high = np.quantile(spec_rate / plain_rate, [(1 - level) / 2, (1 + level) / 2])
+  return [float(low), float(high)]
 
 
 def quiet_timeline(windows_log: Sequence[tuple], key, parts: int = 10,
@@ -315,7 +354,8 @@ def _plain_decoder(target: Model, max_new_tokens: int, sampling: SamplingConfig)
 
 
 def _speculative_decoder(target: Model, draft: Model, max_new_tokens: int, gamma: int,
-                         sampling: SamplingConfig, lenience: Lenience):
+                         sampling: SamplingConfig, lenience: Lenience,
+                         draft_length: DraftLength = DraftLength()):
   """(start, rounds) of speculative decoding, as `_plain_decoder`'s (start, steps)."""
   capacity = cache_capacity(target, None)
 
@@ -330,9 +370,10 @@ def _speculative_decoder(target: Model, draft: Model, max_new_tokens: int, gamma
     del rng  # the state holds the prompt's key
     result = speculative_rounds(target, params["target"], draft, params["draft"], state,
                                 max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
-                                lenience=lenience)
+                                lenience=lenience, draft_length=draft_length)
     return {"lengths": result.lengths[0], "target_calls": result.target_calls[0],
-            "produced": result.produced[0]}
+            "produced": result.produced[0], "drafted": result.drafted[0],
+            "draft_calls": result.draft_calls[0]}
 
   return _map_prompts(start_one), _map_prompts(rounds_one)
 
@@ -346,6 +387,54 @@ def paired_speedups(tokens: int, seconds: Sequence[float], plain_tokens: int,
 def _spread(values: Sequence[float]) -> float:
   """(max - min) / median."""
   return (max(values) - min(values)) / statistics.median(values)
+
+
+# A speed row whose decode-phase or end-to-end spread over repeats exceeds this is flagged
+# `unreliable`: its repeats disagree by more than the differences the rows are read for.
+SPREAD_LIMIT = 0.10
+
+
+def _summary(name: str, per_repeat: Sequence[float]) -> dict:
+  """{name, name_range ([min, max]), name_spread} of per-repeat values."""
+  return {name: statistics.median(per_repeat), f"{name}_range": [min(per_repeat),
+                                                                 max(per_repeat)],
+          f"{name}_spread": _spread(per_repeat)}
+
+
+def compared_speedups(tokens: int, spec: dict, plain_tokens: int, plain: dict) -> dict:
+  """The speedups of one speculative row against plain decoding, each with its median,
+  [min, max] and spread over repeats: `speedup` (decoding phase, each window's fastest),
+  `end_to_end_speedup` (the setup added back), `typical_speedup` and
+  `typical_end_to_end_speedup` (each repeat's median call instead of its fastest windows);
+  `speedup_prompt_interval` and `end_to_end_speedup_prompt_interval` (95% bootstrap over
+  prompts, `prompt_interval`, of each prompt's fastest windows); `unreliable` (the decode or
+  end-to-end spread exceeds SPREAD_LIMIT).
+
+  spec, plain: per-repeat seconds "decode", "setup", "typical_decode", "typical_setup"; per
+  prompt "prompt_tokens", "prompt_decode", "prompt_setup" ([N] each).
+  """
+  def per_repeat(kind):
+    ratio = lambda s, p: paired_speedups(tokens, s, plain_tokens, p)
+    if kind.endswith("end_to_end"):
+      prefix = "typical_" if kind.startswith("typical") else ""
+      total = lambda d: [a + b for a, b in zip(d[prefix + "decode"], d[prefix + "setup"])]
+      return ratio(total(spec), total(plain))
+    phase = "typical_decode" if kind.startswith("typical") else "decode"
+    return ratio(spec[phase], plain[phase])
+
+  fields = {"speedup_repeats": per_repeat("decode")}
+  fields.update(_summary("speedup", fields["speedup_repeats"]))
+  for kind, name in (("end_to_end", "end_to_end_speedup"), ("typical", "typical_speedup"),
+                     ("typical_end_to_end", "typical_end_to_end_speedup")):
+    fields.update(_summary(name, per_repeat(kind)))
+  prompt = lambda d, total: d["prompt_decode"] + (d["prompt_setup"] if total else 0.0)
+  for total, name in ((False, "speedup"), (True, "end_to_end_speedup")):
+    fields[f"{name}_prompt_interval"] = prompt_interval(
+        spec["prompt_tokens"], prompt(spec, total), plain["prompt_tokens"],
+        prompt(plain, total))
+  fields["unreliable"] = bool(max(fields["speedup_spread"],
+                                  fields["end_to_end_speedup_spread"]) > SPREAD_LIMIT)
+  return fields
 
 
 def timed_lenience(lenience: Lenience) -> Lenience:
@@ -364,6 +453,20 @@ def check_leniences(leniences) -> tuple:
       raise ValueError(f"leniences has {lenience!r}; pass speculative.Lenience(kind, epsilon) "
                        "values.")
   return tuple(dict.fromkeys(leniences))
+
+
+def check_draft_lengths(draft_lengths) -> tuple:
+  """`draft_lengths` as a tuple of distinct speculative.DraftLength, or a ValueError naming
+  it."""
+  rules = (draft_lengths,) if isinstance(draft_lengths, DraftLength) else tuple(draft_lengths)
+  if not rules:
+    raise ValueError("draft_lengths=() is empty; pass at least one speculative.DraftLength, "
+                     "e.g. (DraftLength(),) for gamma draft tokens every round.")
+  for rule in rules:
+    if not isinstance(rule, DraftLength):
+      raise ValueError(f"draft_lengths has {rule!r}; pass speculative.DraftLength(rule, "
+                       "threshold) values.")
+  return tuple(dict.fromkeys(rules))
 
 
 def check_speed_arguments(gammas, temperatures, repeats, prompts) -> None:
@@ -404,33 +507,52 @@ def _per_call_functions(target: Model, target_params, drafts: Mapping[str, tuple
   return per_call, extends
 
 
+def timed_rules(gamma: int, gammas: Sequence[int],
+                draft_lengths: Sequence[DraftLength]) -> list:
+  """The draft length rules timed at `gamma`: the fixed rule at every gamma, an adaptive rule
+  at the largest only (its gamma_max)."""
+  return [rule for rule in draft_lengths if not rule.adaptive or gamma == max(gammas)]
+
+
+def speculative_key(name: str, gamma: int, temperature, lenience: Lenience,
+                    draft_length: DraftLength = DraftLength()) -> tuple:
+  """The timing key of a speculative configuration: (name, gamma, temperature, timed
+  lenience), with the DraftLength appended for an adaptive rule."""
+  key = (name, gamma, temperature, timed_lenience(lenience))
+  return key + (draft_length,) if draft_length.adaptive else key
+
+
 def _speculative_functions(target: Model, target_params, draft: Model, names: list,
                            drafts: Mapping[str, tuple], prompts, rng, temperature, *,
                            gammas: Sequence[int], sampling: SamplingConfig,
-                           leniences: Sequence[Lenience], max_new_tokens: int) -> tuple:
+                           leniences: Sequence[Lenience], max_new_tokens: int,
+                           draft_lengths: Sequence[DraftLength] = (DraftLength(),)) -> tuple:
   """(functions, runs) of the drafts `names` (all of Model `draft`) at one temperature: their
-  setup ("setup_speculative", temperature, names[0]) and every (name, gamma, temperature,
-  lenience)'s rounds, timed on states made once; runs: each rounds call's results."""
+  setup ("setup_speculative", temperature, names[0]) and every `speculative_key`'s rounds,
+  timed on states made once; runs: each rounds call's results."""
   functions, runs = {}, {}
   first_states = {}  # draft name -> the start's states at gammas[0]
   for gamma in gammas:
     # Compiled once per draft Model (drafts of one Model differ in parameters only); the
-    # setup does not depend on the lenience (the first rule's is used), the rounds do.
-    decoders = {lenience: _speculative_decoder(target, draft, max_new_tokens, gamma,
-                                               sampling, lenience)
-                for lenience in leniences}
+    # setup does not depend on the rules (the first's is used), the rounds do.
+    decoders = {(lenience, rule): _speculative_decoder(target, draft, max_new_tokens, gamma,
+                                                       sampling, lenience, rule)
+                for lenience in leniences
+                for rule in timed_rules(gamma, gammas, draft_lengths)}
+    if not decoders:
+      continue
     for name in names:
       params = {"target": target_params, "draft": drafts[name][1]}
       if name not in first_states:
-        start = decoders[leniences[0]][0]
+        start = next(iter(decoders.values()))[0]
         first_states[name] = jax.block_until_ready(start(params, prompts, rng))[0]
         if name == names[0]:
           functions[("setup_speculative", temperature, name)] = functools.partial(
               start, params, prompts, rng)
       states = jax.block_until_ready(start_state_for_gamma(
           first_states[name], gamma=gamma, max_new_tokens=max_new_tokens))
-      for lenience, (_, rounds) in decoders.items():
-        key = (name, gamma, temperature, lenience)
+      for (lenience, rule), (_, rounds) in decoders.items():
+        key = speculative_key(name, gamma, temperature, lenience, rule)
         runs[key] = jax.device_get(rounds(params, states, rng)[0])
         functions[key] = functools.partial(rounds, params, states, rng)
   return functions, runs
@@ -439,7 +561,8 @@ def _speculative_functions(target: Model, target_params, draft: Model, names: li
 def _decoding_functions(target: Model, target_params, drafts: Mapping[str, tuple],
                         model_of: dict, prompts, rng, *, gammas: Sequence[int],
                         temperatures: Sequence[float], leniences: Sequence[Lenience],
-                        max_new_tokens: int, eos: dict) -> tuple:
+                        max_new_tokens: int, eos: dict,
+                        draft_lengths: Sequence[DraftLength] = (DraftLength(),)) -> tuple:
   """(functions, runs): key -> timed callable and key -> its results, of every decoder.
 
   Each decoder is (start, steps): the encoders and the prefill of every prompt ("setup"),
@@ -467,7 +590,7 @@ def _decoding_functions(target: Model, target_params, drafts: Mapping[str, tuple
       more_functions, more_runs = _speculative_functions(
           target, target_params, draft, names, drafts, prompts, rng, temperature,
           gammas=gammas, sampling=sampling, leniences=leniences,
-          max_new_tokens=max_new_tokens)
+          max_new_tokens=max_new_tokens, draft_lengths=draft_lengths)
       functions.update(more_functions)
       runs.update(more_runs)
   return functions, runs
@@ -511,61 +634,86 @@ def _per_call_costs(times: dict, typical: dict, extends: dict, num_prompts: int,
   return cost, interference
 
 
-def _plain_summary(runs: dict, times: dict, whole_calls: dict, cost: dict,
-                   temperature) -> dict:
+def _decoder_times(runs: dict, timing: dict, key, setup_key) -> dict:
+  """`compared_speedups`' seconds of one decoder: its decoding function `key` and its setup
+  `setup_key`, from `timing` ({"windows", "typical", "fastest"}: `repeat_times`,
+  `repeat_typical_times`, `prompt_fastest` of the measurement)."""
+  windows, typical, fastest = timing["windows"], timing["typical"], timing["fastest"]
+  return {"decode": windows[key], "setup": windows[setup_key],
+          "typical_decode": typical[key], "typical_setup": typical[setup_key],
+          "prompt_tokens": np.asarray(runs[key]["lengths"]), "prompt_decode": fastest[key],
+          "prompt_setup": fastest[setup_key]}
+
+
+def _call_overhead(timing: dict, key) -> float:
+  """Median over repeats of the fastest whole call of `key` less its windows' sum: dispatch
+  and the call's fixed work, paid once per call of all prompts, outside every window."""
+  return statistics.median(c - w for c, w in zip(timing["calls"][key], timing["windows"][key]))
+
+
+def _plain_summary(runs: dict, timing: dict, cost: dict, temperature) -> dict:
   """`measure_speed`'s plain[T]: plain decoding's tokens, times and cost model at T."""
-  lengths = np.asarray(runs[("plain", temperature)]["lengths"])
+  key = ("plain", temperature)
+  lengths = np.asarray(runs[key]["lengths"])
   tokens = int(lengths.sum())
-  decode = times[("plain", temperature)]
-  total = [d + u for d, u in zip(decode, times[("setup_plain", temperature)])]
+  times = _decoder_times(runs, timing, key, ("setup_plain", temperature))
+  decode, setup = times["decode"], times["setup"]
+  total = [d + u for d, u in zip(decode, setup)]
   return dict(
       tokens=tokens, seconds=statistics.median(total), seconds_range=[min(total), max(total)],
       decode_seconds=statistics.median(decode),
+      typical_decode_seconds=statistics.median(times["typical_decode"]),
       tokens_per_s=tokens / statistics.median(decode),
-      setup_s=statistics.median(times[("setup_plain", temperature)]),
+      setup_s=statistics.median(setup),
+      # L new tokens take L - 1 target steps after the setup (plain.decode_steps).
       cost_model_decode_seconds=float(np.sum(lengths - 1)) * cost["target_step"],
-      call_overhead_s=statistics.median(
-          c - w for c, w in zip(whole_calls[("plain", temperature)], decode)))
+      call_overhead_s=_call_overhead(timing, key))
 
 
-def _speculative_rows(runs: dict, times: dict, cost: dict, model_of: dict, temperature,
-                      plain: dict, *, gammas: Sequence[int],
-                      leniences: Sequence[Lenience]) -> list:
-  """`measure_speed`'s rows at one temperature, against `plain` (its `_plain_summary`)."""
-  plain_decode = times[("plain", temperature)]
-  plain_total = [d + u for d, u in zip(plain_decode, times[("setup_plain", temperature)])]
+def _speculative_rows(runs: dict, timing: dict, cost: dict, model_of: dict, temperature,
+                      plain: dict, *, gammas: Sequence[int], leniences: Sequence[Lenience],
+                      draft_lengths: Sequence[DraftLength] = (DraftLength(),)) -> list:
+  """`measure_speed`'s rows at one temperature, against `plain` (its `_plain_summary`).
+
+  An adaptive DraftLength's rows have no cost model (None): its verifications have widths
+  the per-call costs do not time."""
+  plain_times = _decoder_times(runs, timing, ("plain", temperature),
+                               ("setup_plain", temperature))
   plain_tokens, predicted_plain = plain["tokens"], plain["cost_model_decode_seconds"]
   rows = []
   for draft, names in model_of.items():
     draft_one, draft_two = (cost[f"{names[0]}:draft_step_{w}"] for w in (1, 2))
-    spec_setups = times[("setup_speculative", temperature, names[0])]
-    setup_spec = statistics.median(spec_setups)
-    for name, gamma, lenience in itertools.product(names, gammas, leniences):
-      key = (name, gamma, temperature, timed_lenience(lenience))
+    setup_key = ("setup_speculative", temperature, names[0])
+    setup_spec = statistics.median(timing["windows"][setup_key])
+    for name, gamma, lenience, rule in itertools.product(names, gammas, leniences,
+                                                         draft_lengths):
+      if rule not in timed_rules(gamma, gammas, draft_lengths):
+        continue
+      key = speculative_key(name, gamma, temperature, lenience, rule)
       result = runs[key]
       tokens = int(np.sum(result["lengths"]))
       rounds = int(np.sum(result["target_calls"]))
-      spec_decode = times[key]
-      spec_total = [d + u for d, u in zip(spec_decode, spec_setups)]
-      per_repeat = paired_speedups(tokens, spec_decode, plain_tokens, plain_decode)
-      end_to_end = paired_speedups(tokens, spec_total, plain_tokens, plain_total)
+      times = _decoder_times(runs, timing, key, setup_key)
+      spec_decode = times["decode"]
       predicted = rounds * (draft_two + (gamma - 1) * draft_one
                             + cost[f"verification_{gamma}"])
+      model = lambda value: None if rule.adaptive else value
       rows.append(dict(
           draft=name, gamma=int(gamma), temperature=float(temperature),
           lenience=lenience.kind, epsilon=float(lenience.epsilon),
-          speedup=statistics.median(per_repeat),
-          speedup_range=[min(per_repeat), max(per_repeat)],
-          speedup_spread=_spread(per_repeat), speedup_repeats=per_repeat,
-          cost_model_speedup=(tokens / predicted) / (plain_tokens / predicted_plain),
-          end_to_end_speedup=statistics.median(end_to_end),
-          end_to_end_speedup_range=[min(end_to_end), max(end_to_end)],
-          cost_model_end_to_end_speedup=(tokens / (setup_spec + predicted)) / (
-              plain_tokens / (plain["setup_s"] + predicted_plain)),
+          draft_length=rule.rule, threshold=float(rule.threshold),
+          **compared_speedups(tokens, times, plain_tokens, plain_times),
+          cost_model_speedup=model((tokens / predicted) / (plain_tokens / predicted_plain)),
+          cost_model_end_to_end_speedup=model((tokens / (setup_spec + predicted)) / (
+              plain_tokens / (plain["setup_s"] + predicted_plain))),
+          drafted=int(np.sum(result["drafted"])),
+          draft_calls=int(np.sum(result["draft_calls"])),
           tokens_per_s=tokens / statistics.median(spec_decode),
-          plain_tokens_per_s=plain_tokens / statistics.median(plain_decode),
+          plain_tokens_per_s=plain_tokens / statistics.median(plain_times["decode"]),
           tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
-          tokens=tokens, seconds=statistics.median(spec_total), setup_s=setup_spec))
+          tokens=tokens, seconds=statistics.median(
+              [d + u for d, u in zip(spec_decode, times["setup"])]),
+          setup_s=setup_spec, call_overhead_s=_call_overhead(timing, key)))
   return rows
 
 
@@ -577,7 +725,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
                   timed_per_turn: int = 6, budget_s: float = 0.0,
                   plain_calls_per_cycle: int = 3,
                   before_timing: Optional[Callable] = None,
-                  windows_log: Optional[list] = None, progress: bool = True) -> dict:
+                  windows_log: Optional[list] = None, progress: bool = True,
+                  draft_lengths: Sequence[DraftLength] = (DraftLength(),)) -> dict:
   """Measured and cost-model speedups of every (draft, gamma, temperature) over plain decoding.
 
   Args:
@@ -590,6 +739,9 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
       speedups share their machine. Lossless rules (epsilon 1: every kind is the same rule)
       are timed once.
     eos_id: None = the sampling default (EOS stops a row); -1 disables EOS (fixed lengths).
+    draft_lengths: the draft length rules to time (speculative.DraftLength) in the same
+      cycles: the fixed rule at every gamma, an adaptive one at the largest gamma (its
+      gamma_max); rows carry `draft_length` (the rule's name) and `threshold`.
     timed_per_turn: timed calls of each function per repeat, at least; a repeat's time sums
       each window's fastest (`interleaved_times`).
     budget_s: seconds of timing: after `timed_per_turn` calls per repeat, every repeat gets
@@ -607,25 +759,30 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
       keys are ("plain", T), (draft, gamma, T, timed Lenience), ("setup_plain", T),
       ("setup_speculative", T, draft), ("per_call", name) and ("stamp",).
   Returns:
-    {"rows": [{draft, gamma, temperature, lenience, epsilon, speedup, speedup_range,
-    speedup_spread, speedup_repeats, cost_model_speedup, end_to_end_speedup,
-    end_to_end_speedup_range, cost_model_end_to_end_speedup, tokens_per_s,
-    plain_tokens_per_s, tau, rounds, tokens, seconds, setup_s}], "plain": {temperature:
-    {...}}, "per_call_s": {...}, "interference": {"target_step": x, "verification_<max
-    gamma>": y}, "quiet_timeline": {...}, "machine": machine_info(), "num_prompts",
-    "repeats", "timed_per_repeat" (cycles each repeat got: one call of each function per
-    cycle, `plain_calls_per_cycle` of each plain decoding), "plain_calls_per_cycle",
-    "budget_s", "max_new_tokens"}.
+    {"rows": [{draft, gamma, temperature, lenience, epsilon, the speedups of
+    `compared_speedups` (speedup, end_to_end_speedup, typical_speedup,
+    typical_end_to_end_speedup, each with _range and _spread; speedup_repeats; the two
+    _prompt_interval; unreliable), cost_model_speedup, cost_model_end_to_end_speedup,
+    tokens_per_s, plain_tokens_per_s, tau, rounds, tokens, seconds, setup_s,
+    call_overhead_s}], "plain": {temperature: {...}}, "per_call_s": {...}, "interference":
+    {"target_step": x, "verification_<max gamma>": y}, "quiet_timeline": {...}, "machine":
+    machine_info(), "num_prompts", "repeats", "timed_per_repeat" (cycles each repeat got:
+    one call of each function per cycle, `plain_calls_per_cycle` of each plain decoding),
+    "plain_calls_per_cycle", "budget_s", "max_new_tokens"}.
 
     `speedup` compares the decoding loops only (the setup is a fixed cost per prompt that
     speculative decoding cannot shorten; timed apart, its noise stays out of the ratio);
-    `end_to_end_speedup` adds each repeat's setup (`setup_s`, the median) back. The fixed
-    costs, `interference` and `quiet_timeline`: see the module docstring.
+    `end_to_end_speedup` adds each repeat's setup back: what a request sees, less the
+    dispatch of a call (`call_overhead_s`, per call of all prompts; bench/latency.py times
+    single requests with it). The typical_ ones take each repeat's median call instead of
+    its fastest windows. The fixed costs, `interference` and `quiet_timeline`: see the
+    module docstring.
   """
   check_speed_arguments(gammas, temperatures, repeats, prompts)
   check_positive_int(timed_per_turn, "timed_per_turn")
   check_positive_int(plain_calls_per_cycle, "plain_calls_per_cycle")
   leniences = check_leniences(leniences)
+  draft_lengths = check_draft_lengths(draft_lengths)
   timed_leniences = list(dict.fromkeys(timed_lenience(lenience) for lenience in leniences))
   budget_s = check_budget(budget_s)
   prompts = jnp.asarray(np.asarray(prompts), jnp.int32)
@@ -638,7 +795,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   functions, runs = _decoding_functions(
       target, target_params, drafts, model_of, prompts, rng, gammas=gammas,
       temperatures=temperatures, leniences=timed_leniences, max_new_tokens=max_new_tokens,
-      eos={} if eos_id is None else {"eos_id": eos_id})
+      eos={} if eos_id is None else {"eos_id": eos_id}, draft_lengths=draft_lengths)
   for name, fn in per_call.items():
     functions[("per_call", name)] = fn
   # The clock read each window holds: windows of a loop over the prompts that does nothing.
@@ -660,13 +817,15 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   timeline = {"plain": quiet_timeline(log, ("plain", temperatures[0]), parts),
               largest: quiet_timeline(log, ("per_call", largest), parts)}
   cost, interference = _per_call_costs(times, typical, extends, num_prompts, largest)
+  timing = {"windows": times, "calls": whole_calls, "fastest": prompt_fastest(log),
+            "typical": repeat_typical_times(log, repeats)}
 
   plain_info, rows = {}, []
   for temperature in temperatures:
-    plain = _plain_summary(runs, times, whole_calls, cost, temperature)
+    plain = _plain_summary(runs, timing, cost, temperature)
     plain_info[str(float(temperature))] = plain
-    rows += _speculative_rows(runs, times, cost, model_of, temperature, plain, gammas=gammas,
-                              leniences=leniences)
+    rows += _speculative_rows(runs, timing, cost, model_of, temperature, plain, gammas=gammas,
+                              leniences=leniences, draft_lengths=draft_lengths)
   return dict(rows=rows, plain=plain_info, per_call_s=cost, interference=interference,
               quiet_timeline=timeline, machine=machine_info(),
               num_prompts=num_prompts, repeats=int(repeats),

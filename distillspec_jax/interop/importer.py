@@ -4,8 +4,10 @@
     params, config = load_checkpoint(path, config=preset)  # every shape checked against it
 
 Formats:
-  hf    Hugging Face T5 1.1: a directory with config.json + model.safetensors (or a sharded
-        index), or a single .safetensors file (then a config is needed). Pickles are refused.
+  hf    Hugging Face T5 1.1, or a Llama-family causal LM (LlamaForCausalLM, Qwen2ForCausalLM:
+        kind 'llama', interop.hf_llama), told apart by config.json's model_type: a directory
+        with config.json + model.safetensors (or a sharded index), or a single .safetensors
+        file (then a config is needed). Pickles are refused.
   t5x   T5X checkpoint: a checkpoint_<step> directory (msgpack + TensorStore) or a MODEL_DIR of
         them, or an orbax checkpoint written by T5X.
   ours  Our orbax format (`training.checkpoints`): `<path>/params`, or a MODEL_DIR of
@@ -25,6 +27,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
+from distillspec_jax.interop import hf_llama
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.interop import t5x as t5x_checkpoints
 from distillspec_jax.models.config import TransformerConfig
@@ -77,6 +80,8 @@ def config_from_params(params: Params, **overrides) -> TransformerConfig:
     return tuple(node.shape)
 
   decoder = params["decoder"]
+  if "relpos_bias" not in decoder:
+    return _llama_config_from_params(params, shape, **overrides)
   vocab, emb = shape("token_embedder", "embedding")
   heads, buckets = shape("decoder", "relpos_bias", "rel_embedding")
   joined = shape("decoder", "layers_0", "self_attention", "query", "kernel")[1]
@@ -94,6 +99,59 @@ def config_from_params(params: Params, **overrides) -> TransformerConfig:
       logits_via_embedding="logits_dense" not in decoder)
   kwargs.update(overrides)
   return TransformerConfig(**kwargs)
+
+
+def _llama_config_from_params(params: Params, shape, **overrides) -> TransformerConfig:
+  """A llama-kind config from the shapes of its tree (models/llama.py). RoPE and the norm
+  epsilon are not stored in weights: they keep TransformerConfig's defaults unless given."""
+  decoder = params["decoder"]
+  attention = ("decoder", "layers_0", "self_attention")
+  _, heads, head_dim = shape(*attention, "query", "kernel")
+  kwargs = dict(
+      kind="llama", vocab_size=shape("token_embedder", "embedding")[0],
+      emb_dim=shape("token_embedder", "embedding")[1], num_heads=heads, head_dim=head_dim,
+      num_kv_heads=shape(*attention, "key", "kernel")[1],
+      mlp_dim=shape("decoder", "layers_0", "mlp", "wi_0", "kernel")[1], num_encoder_layers=0,
+      num_decoder_layers=len([k for k in decoder if k.startswith("layers_")]),
+      use_qkv_bias="bias" in decoder["layers_0"]["self_attention"]["query"],
+      logits_via_embedding="logits_dense" not in decoder)
+  kwargs.update(overrides)
+  return TransformerConfig(**kwargs)
+
+
+def _refuse_llama_without_config(params: Params, path: str) -> None:
+  """A llama-kind tree in our or the T5X format does not record its RoPE base, scaling or
+  norm epsilon, so it is loaded only with a config that says them."""
+  if "relpos_bias" not in params["decoder"]:
+    raise ValueError(
+        f"{path} holds a llama-kind model, whose rope_theta, rope_scaling and norm_epsilon "
+        "are not stored with the weights; pass its model configuration (convert: "
+        "--model=<preset>, e.g. llama_3_2_1b; gin: the model's preset).")
+
+
+def _hf_family(path: str, config: Optional[TransformerConfig]):
+  """The interop module of an HF checkpoint: hf_llama for a Llama-family config.json (or a
+  llama-kind `config` when there is no config.json), hf_t5 for T5; config.json of another
+  architecture, or of a family other than `config`'s, is refused."""
+  hf = hf_t5.read_hf_config(path)
+  if hf is None:
+    return hf_llama if config is not None and config.kind == "llama" else hf_t5
+  if hf_llama.is_llama_family(hf):
+    family = hf_llama
+  elif hf.get("model_type", "t5") in ("t5", hf_t5.DECODER_ONLY_MODEL_TYPE):
+    family = hf_t5
+  else:
+    raise ValueError(
+        f"{path}: config.json describes model_type={hf.get('model_type')!r} (architectures="
+        f"{hf.get('architectures')}), which distillspec-jax cannot load; supported: T5 1.1 "
+        "(model_type 't5'), Llama ('llama', LlamaForCausalLM) and Qwen2 ('qwen2', "
+        "Qwen2ForCausalLM).")
+  if config is not None and (config.kind == "llama") != (family is hf_llama):
+    raise ValueError(
+        f"{path} holds a {hf.get('model_type')!r} checkpoint but the configured model is "
+        f"kind={config.kind!r}; use a {'llama' if family is hf_llama else 'T5'}-kind preset "
+        "(or leave the model out to take it from config.json).")
+  return family
 
 
 # --- format detection and loading --------------------------------------------------------------
@@ -133,14 +191,18 @@ def load_checkpoint(path: str, config: Optional[TransformerConfig] = None, *,
     if config is None and os.path.isfile(path):
       raise ValueError(f"{path} is a bare .safetensors file: it has no config.json, so pass the "
                        "model configuration (convert: --model=<preset>).")
-    return hf_t5.load_hf(path, config)
+    return _hf_family(path, config).load_hf(path, config)
   if fmt == "t5x":
     if config is None:
-      config = config_from_params(t5x_checkpoints.read_t5x_params(path))
+      stored = t5x_checkpoints.read_t5x_params(path)
+      _refuse_llama_without_config(stored, path)
+      config = config_from_params(stored)
     return t5x_checkpoints.load_t5x(path, config), config
   if fmt == "ours":
     if config is None:
-      config = config_from_params(_ours_shapes(path))
+      stored = _ours_shapes(path)
+      _refuse_llama_without_config(stored, path)
+      config = config_from_params(stored)
     return load_ours(path, config), config
   raise ValueError(f"Unknown format {fmt!r}; use one of {FORMATS}.")
 
@@ -165,7 +227,7 @@ def stored_shapes(path: str, config: TransformerConfig, fmt: Optional[str] = Non
   """
   fmt = fmt or detect_format(path)
   if fmt == "hf":
-    return hf_t5.shapes_from_hf(hf_t5.read_hf_shapes(path), config)
+    return _hf_family(path, config).shapes_from_hf(hf_t5.read_hf_shapes(path), config)
   if fmt == "t5x":
     return t5x_checkpoints.read_t5x_shapes(path)
   if fmt == "ours":
@@ -178,6 +240,8 @@ def _hf_config_mismatches(path: str, config: TransformerConfig) -> list[str]:
   hf = hf_t5.read_hf_config(path)
   if hf is None:
     return []
+  if config.kind == "llama":
+    return hf_llama.config_mismatches(hf, config)
   stored = hf_t5.config_from_hf(hf)  # refuses what the network does not implement
   return [f"config.json gives {name}={getattr(stored, name)!r}, the model "
           f"{getattr(config, name)!r}"
@@ -224,7 +288,13 @@ def restore_any(path: str, abstract_params: Params) -> Params:
     if all(isinstance(x, jax.Array) for x in jax.tree.leaves(params)):
       return params  # restored straight into the asked shardings
   else:
-    params, _ = load_checkpoint(path, config=config_from_params(abstract_params))
+    config = config_from_params(abstract_params)
+    if config.kind == "llama" and hf_t5.read_hf_config(os.fspath(path)) is not None:
+      config = None  # RoPE and the norm epsilon come from config.json, not from shapes
+    params, _ = load_checkpoint(path, config=config)
+    wrong = checkpoints.shape_mismatches(abstract_params, params)
+    if wrong:
+      raise ValueError(f"{path!r} does not hold the parameters asked for: " + "; ".join(wrong))
   params = jax.tree.map(lambda x, a: np.asarray(x, a.dtype), params, abstract_params)
   shardings = [getattr(a, "sharding", None) for a in jax.tree.leaves(abstract_params)]
   if any(s is None for s in shardings):
@@ -232,9 +302,15 @@ def restore_any(path: str, abstract_params: Params) -> Params:
   return multihost.put_global(params, jax.tree.map(lambda a: a.sharding, abstract_params))
 
 
-def save_checkpoint(params: Params, config: TransformerConfig, path: str, fmt: str) -> None:
+def save_checkpoint(params: Params, config: TransformerConfig, path: str, fmt: str,
+                    source: Optional[str] = None) -> None:
+  """Writes `params` of `config` at `path` in `fmt`. `source`: for an hf export of a
+  llama-kind model, a folder whose tokenizer files are copied along (an HF checkpoint's,
+  whose bos/eos/pad ids are kept)."""
   if fmt == "ours":
     save_ours(params, path)
+  elif fmt == "hf" and config.kind == "llama":
+    hf_llama.save_hf(params, config, path, source)
   elif fmt == "hf":
     hf_t5.save_hf(params, config, path)
   elif fmt == "t5x":

@@ -35,8 +35,10 @@ class DecodingCache:
     positions: [batch] int32, tokens held per row.
     self_attention: one (keys, values) pair per decoder layer: keys
       [batch * heads, head_dim, max_length], values [batch * heads, max_length, head_dim] (row
-      b's heads are rows b * heads .. b * heads + heads - 1). These are the layouts attention's
-      matmuls read, so a decoding step neither transposes nor copies the cache.
+      b's heads are rows b * heads .. b * heads + heads - 1; heads = the key/value heads,
+      `config.kv_heads`: fewer than the query heads with grouped-query attention). These are
+      the layouts attention's matmuls read, so a decoding step neither transposes nor copies
+      the cache.
     cross_attention: encoder-decoder only: one (keys, values) pair per decoder layer, each
       [batch, input_length, heads, head_dim], computed once per prompt.
     encoder_mask: encoder-decoder only: [batch, input_length] bool, True on real input tokens.

@@ -14,8 +14,22 @@ from typing import Literal
 
 import jax.numpy as jnp
 
-ModelKind = Literal["encoder_decoder", "decoder_only"]
-MODEL_KINDS = ("encoder_decoder", "decoder_only")
+ModelKind = Literal["encoder_decoder", "decoder_only", "llama"]
+MODEL_KINDS = ("encoder_decoder", "decoder_only", "llama")
+# RoPE frequency scalings of the llama kind (Hugging Face `rope_type`): 'none' (plain RoPE),
+# 'linear' (positions divided by rope_scaling_factor) and 'llama3' (Llama 3.1+'s per-frequency
+# scheme: low frequencies divided by the factor, high ones kept, a smooth ramp between).
+ROPE_SCALINGS = ("none", "linear", "llama3")
+# Rematerialisation of each encoder / decoder layer in the backward pass (T5X's
+# `remat_policy`): what the forward pass keeps for the gradient.
+#   'none'     no remat: every intermediate of every layer is kept (fastest, most memory);
+#   'minimal'  keeps the matmul outputs that have no batch dimension in the dot (the
+#              projections of the flattened [rows, features] inputs: jax's
+#              dots_with_no_batch_dims_saveable) and recomputes the rest (norms, GELU,
+#              softmax, the batched attention matmuls);
+#   'full'     keeps only each layer's inputs and recomputes the whole layer.
+REMAT_POLICIES = ("none", "minimal", "full")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,10 +49,27 @@ class TransformerConfig:
       Ignored by decoder-only models. In decoding the encoder runs once per prompt, so a
       narrower encoder MLP makes training and prefill cheaper, a decoding step no cheaper.
     dropout_rate: dropout after every sub-layer, on embeddings and attention weights.
-    dtype: activation dtype name ("float32" on CPU, "bfloat16" on TPU); parameters stay fp32.
+    dtype: activation dtype name ("float32" on CPU, "bfloat16" on TPU; gin macro
+      ACTIVATION_DTYPE); parameters stay fp32 (a frozen target's may be cast: TARGET_PARAM_DTYPE).
+    remat_policy: one of REMAT_POLICIES, applied to every encoder and decoder layer (gin macro
+      REMAT_POLICY); it changes memory and compute of a backward pass, never the values.
     relative_attention_num_buckets / relative_attention_max_distance: T5 relative bias.
     logits_via_embedding: tie the logits layer to the embedding (False for T5 1.1).
     max_decode_length: default capacity of the decoding cache.
+
+  Fields of kind "llama" only (Llama / Qwen2-family decoder: RoPE, grouped-query attention,
+  SwiGLU MLP, RMSNorm; T5 kinds refuse values other than the defaults):
+    num_kv_heads: key/value heads (grouped-query attention); None means num_heads. Must
+      divide num_heads.
+    rope_theta: RoPE base. head_dim must be even (RoPE rotates pairs of features).
+    rope_scaling: one of ROPE_SCALINGS; rope_scaling_factor, rope_low_freq_factor,
+      rope_high_freq_factor and rope_original_max_length parameterise 'linear' and 'llama3'
+      (Hugging Face's `factor`, `low_freq_factor`, `high_freq_factor`,
+      `original_max_position_embeddings`).
+    norm_epsilon: the RMSNorms' epsilon (Hugging Face `rms_norm_eps`).
+    use_qkv_bias: biases on the query/key/value projections (Qwen2).
+    For the llama kind `logits_via_embedding` ties the logits layer to the embedding without
+    T5's d**-0.5 rescale (Hugging Face `tie_word_embeddings`).
   """
 
   kind: ModelKind = "encoder_decoder"
@@ -56,6 +87,16 @@ class TransformerConfig:
   relative_attention_max_distance: int = 128
   logits_via_embedding: bool = False
   max_decode_length: int = 512
+  remat_policy: str = "none"
+  num_kv_heads: int | None = None
+  rope_theta: float = 10000.0
+  rope_scaling: str = "none"
+  rope_scaling_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_length: int = 8192
+  norm_epsilon: float = 1e-6
+  use_qkv_bias: bool = False
 
   def __post_init__(self):
     if self.kind not in MODEL_KINDS:
@@ -72,8 +113,18 @@ class TransformerConfig:
                        "encoder-decoder; use kind='decoder_only' for a model without encoder.")
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ValueError(f"dropout_rate={self.dropout_rate} must be in [0, 1).")
-    if self.dtype not in ("float32", "bfloat16", "float16"):
-      raise ValueError(f"dtype={self.dtype!r} must be 'float32', 'bfloat16' or 'float16'.")
+    if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
+      raise ValueError(f"dtype={self.dtype!r} is not an activation dtype; use one of {DTYPES} "
+                       "(gin: ACTIVATION_DTYPE).")
+    if not isinstance(self.remat_policy, str) or self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"remat_policy={self.remat_policy!r} is not a remat policy; use one of "
+                       f"{REMAT_POLICIES} (gin: REMAT_POLICY).")
+    _check_llama_fields(self)
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads: num_kv_heads, or num_heads when that is None (every T5 kind)."""
+    return self.num_heads if self.num_kv_heads is None else int(self.num_kv_heads)
 
   @property
   def encoder_mlp_width(self) -> int:
@@ -86,6 +137,54 @@ class TransformerConfig:
 
   def replace(self, **changes) -> "TransformerConfig":
     return dataclasses.replace(self, **changes)
+
+
+_LLAMA_FIELDS = ("num_kv_heads", "rope_theta", "rope_scaling", "rope_scaling_factor",
+                 "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_length",
+                 "norm_epsilon", "use_qkv_bias")
+
+
+def _check_llama_fields(config: TransformerConfig) -> None:
+  """Types and ranges of the llama kind's fields; T5 kinds must leave them at their defaults
+  (their network would ignore them silently)."""
+  from distillspec_jax.core.validation import check_value_type  # core sits below models
+  hints = {"num_kv_heads": int | None, "rope_theta": float, "rope_scaling": str,
+           "rope_scaling_factor": float, "rope_low_freq_factor": float,
+           "rope_high_freq_factor": float, "rope_original_max_length": int,
+           "norm_epsilon": float, "use_qkv_bias": bool}
+  for name in _LLAMA_FIELDS:
+    check_value_type("TransformerConfig", name, getattr(config, name), hints[name])
+  if config.kind != "llama":
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+    changed = [f"{n}={getattr(config, n)!r}" for n in _LLAMA_FIELDS
+               if getattr(config, n) != defaults[n]]
+    if changed:
+      raise ValueError(f"{', '.join(changed)} applies to kind='llama' only; the {config.kind} "
+                       "network (T5 relative position bias, full multi-head attention) would "
+                       "ignore it. Use kind='llama' or leave these fields at their defaults.")
+    return
+  kv = config.kv_heads
+  if kv < 1 or config.num_heads % kv:
+    raise ValueError(f"num_kv_heads={config.num_kv_heads} must be >= 1 and divide num_heads="
+                     f"{config.num_heads} (grouped-query attention shares each key/value head "
+                     f"among num_heads / num_kv_heads query heads); use one of "
+                     f"{[d for d in range(1, config.num_heads + 1) if config.num_heads % d == 0]}.")
+  if config.head_dim % 2:
+    raise ValueError(f"head_dim={config.head_dim} is odd, but RoPE rotates pairs of features; "
+                     "use an even head_dim.")
+  if config.rope_scaling not in ROPE_SCALINGS:
+    raise ValueError(f"rope_scaling={config.rope_scaling!r} is not implemented; use one of "
+                     f"{ROPE_SCALINGS}.")
+  for name in ("rope_theta", "rope_scaling_factor", "norm_epsilon"):
+    if not getattr(config, name) > 0:
+      raise ValueError(f"{name}={getattr(config, name)!r} must be > 0.")
+  if config.rope_scaling == "llama3" and not (
+      0 < config.rope_low_freq_factor < config.rope_high_freq_factor):
+    raise ValueError(f"rope_low_freq_factor={config.rope_low_freq_factor} and "
+                     f"rope_high_freq_factor={config.rope_high_freq_factor}: 'llama3' RoPE "
+                     "scaling needs 0 < low < high (Llama 3.1+: 1.0 and 4.0).")
+  if config.rope_original_max_length < 1:
+    raise ValueError(f"rope_original_max_length={config.rope_original_max_length} must be >= 1.")
 
 
 def _t5_1_1(emb_dim, num_heads, num_layers, mlp_dim):
@@ -140,6 +239,41 @@ MODEL_CONFIGS: dict[str, TransformerConfig] = {
         num_encoder_layers=1, num_decoder_layers=1, head_dim=32, mlp_dim=128,
         dropout_rate=0.0, max_decode_length=64),
 }
+
+
+def _llama(vocab_size, emb_dim, num_heads, num_kv_heads, num_layers, head_dim, mlp_dim,
+           **fields) -> TransformerConfig:
+  return TransformerConfig(kind="llama", vocab_size=vocab_size, emb_dim=emb_dim,
+                           num_heads=num_heads, num_kv_heads=num_kv_heads, num_encoder_layers=0,
+                           num_decoder_layers=num_layers, head_dim=head_dim, mlp_dim=mlp_dim,
+                           dropout_rate=0.0, **fields)
+
+
+_LLAMA_3_ROPE = dict(rope_theta=500000.0, rope_scaling="llama3", rope_scaling_factor=32.0,
+                     rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                     rope_original_max_length=8192, norm_epsilon=1e-5)
+# Llama-family decoders (kind "llama"). The published shapes (config.json of
+# meta-llama/Llama-3.2-1B, -3B and Qwen/Qwen2.5-0.5B; 1.24B, 3.21B and 0.49B parameters, tied
+# embeddings) are for `jax.eval_shape` and the memory table; the small ones run on a CPU.
+MODEL_CONFIGS.update({
+    "llama_3_2_1b": _llama(128256, 2048, 32, 8, 16, 64, 8192, logits_via_embedding=True,
+                           max_decode_length=2048, **_LLAMA_3_ROPE),
+    "llama_3_2_3b": _llama(128256, 3072, 24, 8, 28, 128, 8192, logits_via_embedding=True,
+                           max_decode_length=2048, **_LLAMA_3_ROPE),
+    "qwen2_5_0_5b": _llama(151936, 896, 14, 2, 24, 64, 4864, logits_via_embedding=True,
+                           max_decode_length=2048, rope_theta=1000000.0, norm_epsilon=1e-6,
+                           use_qkv_bias=True),
+    # Tests: two query heads per key/value head.
+    "tiny_llama": _llama(512, 64, 4, 2, 2, 16, 128, max_decode_length=128, norm_epsilon=1e-5),
+    # The Llama-family CPU demo pair (the embedded task's 256-token vocabulary): the target's
+    # 1024-wide MLP makes a draft step a small fraction of a target step, as in demo_target.
+    # 256 cache slots: the prompt and answer of the task (96 positions as a prefix LM) plus a
+    # sampled answer and a speculative block.
+    "llama_demo_target": _llama(256, 128, 4, 2, 2, 32, 1024, max_decode_length=256,
+                                norm_epsilon=1e-5),
+    "llama_demo_draft": _llama(256, 64, 2, 1, 1, 32, 256, max_decode_length=256,
+                               norm_epsilon=1e-5),
+})
 
 
 def model_config(name: str, **overrides) -> TransformerConfig:

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distillspec_jax.models import llama
 from distillspec_jax.models import network
 from distillspec_jax.models.cache import DecodingCache, empty_self_attention
 from distillspec_jax.models.config import TransformerConfig, model_config
@@ -49,6 +50,8 @@ class Model:
   def module(self) -> nn.Module:
     if self.is_encoder_decoder:
       return network.EncoderDecoder(self.config)
+    if self.config.kind == "llama":
+      return llama.LlamaDecoderOnly(self.config)
     return network.DecoderOnly(self.config)
 
   # --- parameters -------------------------------------------------------------------------
@@ -101,7 +104,7 @@ class Model:
     """
     c = self.config
     self_attention = empty_self_attention(c.num_decoder_layers, batch_size, max_length,
-                                          c.num_heads, c.head_dim, c.activation_dtype)
+                                          c.kv_heads, c.head_dim, c.activation_dtype)
     positions = jnp.zeros((batch_size,), jnp.int32)
     if not self.is_encoder_decoder:
       return DecodingCache(positions=positions, self_attention=self_attention)

@@ -27,6 +27,26 @@ def _mask_to_bias(allowed: Array) -> Array:
   return jnp.where(allowed, 0.0, layers.NEG_INF).astype(jnp.float32)
 
 
+# What each remat policy lets the forward pass keep for the backward pass (the policies are
+# described in config.REMAT_POLICIES); None = nothing but the layer's inputs.
+_SAVEABLE = {"minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+             "full": None}
+
+
+def _rematerialised(layer_class, policy: str, deterministic_argnum: int):
+  """`layer_class`, or it wrapped in `nn.remat` with `policy` (config.REMAT_POLICIES).
+
+  Parameter names and values are unchanged (remat changes what a backward pass keeps, not the
+  function). `deterministic_argnum`: the position of `__call__`'s `deterministic` argument
+  (self = 0), static because the layer branches on it in Python. Without differentiation
+  (decoding) the wrapper adds nothing: jax inserts its barriers only into a backward pass.
+  """
+  if policy == "none":
+    return layer_class
+  return nn.remat(layer_class, policy=_SAVEABLE[policy], prevent_cse=True,
+                  static_argnums=(deterministic_argnum,))
+
+
 class EncoderLayer(nn.Module):
   config: TransformerConfig
 
@@ -69,10 +89,12 @@ class DecoderLayer(nn.Module):
     """Cross-attention keys/values, computed once per prompt: 2 x [batch, input_len, heads, head_dim]."""
     return self.encoder_decoder_attention.project_kv(encoded)
 
-  def __call__(self, x: Array, self_bias: Array, *, positions: Optional[Array],
+  def __call__(self, x: Array, self_bias: Array, positions: Optional[Array],
                self_cache: Optional[KeyValue], cross: Optional[KeyValue],
                cross_bias: Optional[Array], deterministic: bool):
-    """x: [batch, k, embed]. With `self_cache` (keys [batch * heads, head_dim, max_length], values
+    """Positional arguments only (`nn.remat` traces keyword arguments; `deterministic`, the
+    7th, is its static one). x: [batch, k, embed]. With `self_cache` (keys
+    [batch * heads, head_dim, max_length], values
     [batch * heads, max_length, head_dim]) the new
     keys/values are written at per-row `positions: [batch]` and attention reads the cache.
     Returns (x, updated self_cache or None)."""
@@ -102,7 +124,8 @@ class Encoder(nn.Module):
     self.relpos_bias = layers.RelativePositionBiases(
         c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads,
         bidirectional=True, dtype=c.activation_dtype)
-    self.layers = [EncoderLayer(c) for _ in range(c.num_encoder_layers)]
+    layer = _rematerialised(EncoderLayer, c.remat_policy, deterministic_argnum=3)
+    self.layers = [layer(c) for _ in range(c.num_encoder_layers)]
     self.encoder_norm = layers.RMSNorm(dtype=c.activation_dtype)
     self.dropout = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))
 
@@ -131,7 +154,8 @@ class Decoder(nn.Module):
     self.relpos_bias = layers.RelativePositionBiases(
         c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads,
         bidirectional=False, dtype=c.activation_dtype)
-    self.layers = [DecoderLayer(c, self.has_cross_attention) for _ in range(c.num_decoder_layers)]
+    layer = _rematerialised(DecoderLayer, c.remat_policy, deterministic_argnum=7)
+    self.layers = [layer(c, self.has_cross_attention) for _ in range(c.num_decoder_layers)]
     self.decoder_norm = layers.RMSNorm(dtype=c.activation_dtype)
     self.dropout = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))
     if not c.logits_via_embedding:
@@ -170,10 +194,8 @@ class Decoder(nn.Module):
     new_caches = []
     for i, layer in enumerate(self.layers):
       x, layer_cache = layer(
-          x, self_bias, positions=positions,
-          self_cache=None if self_caches is None else self_caches[i],
-          cross=None if cross is None else cross[i], cross_bias=cross_bias,
-          deterministic=deterministic)
+          x, self_bias, positions, None if self_caches is None else self_caches[i],
+          None if cross is None else cross[i], cross_bias, deterministic)
       new_caches.append(layer_cache)
     x = self.dropout(self.decoder_norm(x), deterministic)
     if self.config.logits_via_embedding:

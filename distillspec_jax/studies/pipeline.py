@@ -25,10 +25,13 @@ import shutil
 import time
 from typing import Optional
 
+import jax
 import numpy as np
 
 from distillspec_jax.training import checkpoints
 from distillspec_jax.training import multihost
+from distillspec_jax.training import partitioning
+from distillspec_jax.models.precision import cast_params
 from distillspec_jax.core.files import read_json, write_json_atomic
 from distillspec_jax.models.config import model_config
 from distillspec_jax.decoding.plain import prompt_inputs
@@ -258,18 +261,32 @@ def train_data(config: PipelineConfig):
     return InMemoryData({k: arrays[k] for k in arrays.files}, config.batch_size, config.seed)
 
 
-def models(config: PipelineConfig) -> tuple:
-  """(target, draft) Models with the vocabulary's size."""
-  overrides = {"vocab_size": vocab_size(config)}
-  if config.max_decode_length:
-    overrides["max_decode_length"] = config.max_decode_length
-  return (Model(model_config(config.target_model, **overrides)),
-          Model(model_config(config.draft_model, **overrides)))
+def models(config: PipelineConfig, vocab: Optional[int] = None) -> tuple:
+  """(target, draft) Models with the vocabulary's size (`vocab`: before the vocab stage)."""
+  vocab = vocab or vocab_size(config)
+  return tuple(Model(model_config(name, vocab_size=vocab, **config.model_overrides(role)))
+               for role, name in (("target", config.target_model),
+                                  ("draft", config.draft_model)))
 
 
-def load_params(config: PipelineConfig, stage: str, model: Model):
-  """The final parameters a training stage saved in its folder."""
-  return checkpoints.restore_params(config.stage_dir(stage), model.param_shapes())
+def job_mesh(config: PipelineConfig, target: Model, draft: Model):
+  """The (DATA_PARALLEL, MODEL_PARALLEL) mesh of every stage, checked against the batch and
+  both models (ValueError naming the value and the fix)."""
+  mesh = partitioning.make_mesh(config.data_parallel, config.model_parallel)
+  partitioning.check_batch_size(config.batch_size, mesh)
+  partitioning.check_model_axis({"target": target, "draft": draft}, mesh)
+  return mesh
+
+
+def load_params(config: PipelineConfig, stage: str, model: Model, mesh=None,
+                dtype: Optional[str] = None):
+  """The final parameters a training stage saved in its folder; with `mesh`, restored
+  straight into the rules' shards (each process reads its own); cast to `dtype` (None: as
+  saved)."""
+  shapes = model.param_shapes()
+  if mesh is not None:
+    shapes = checkpoints.abstract_like(shapes, partitioning.param_shardings(model, mesh))
+  return cast_params(checkpoints.restore_params(config.stage_dir(stage), shapes), dtype)
 
 
 # --- training stages -------------------------------------------------------------------------
@@ -285,7 +302,9 @@ def _train_config(config: PipelineConfig, stage: str, steps: int, learning_rate:
                      decay_steps=config.decay_steps or steps, final_fraction=0.1,
                      save_every=config.save_every or max(steps // 4, 1),
                      keep_checkpoints=1, log_every=max(min(50, steps // 10), 1),
-                     eval_every=eval_every, progress_bar=config.progress_bar)
+                     eval_every=eval_every, progress_bar=config.progress_bar,
+                     data_parallel=config.data_parallel,
+                     model_parallel=config.model_parallel)
 
 
 def _last_loss(history: list) -> float:
@@ -298,6 +317,7 @@ def stage_finetune(config: PipelineConfig, stage: str) -> dict:
   from its starting checkpoint when the config names one (any format: importer.restore_any)."""
   from distillspec_jax.interop import importer
   target, draft = models(config)
+  job_mesh(config, target, draft)
   model = target if stage == "target" else draft
   steps = config.target_steps if stage == "target" else config.draft_steps
   start = (config.target_checkpoint_path if stage == "target"
@@ -332,12 +352,14 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
   recipe = stage[len("distill_"):]
   distillation = distillation_config(config, recipe)
   target, draft = models(config)
-  target_params = load_params(config, "target", target)
-  draft_params = load_params(config, "draft_raw", draft)
+  mesh = job_mesh(config, target, draft)
+  # Straight into the mesh's shards: no host or device holds a whole model-sharded array.
+  target_params = load_params(config, "target", target, mesh, config.target_param_dtype)
+  draft_params = load_params(config, "draft_raw", draft, mesh)
   reference = {}
   if recipe == "adaspec":
     reference = dict(reference=draft, reference_params=load_params(
-        config, f"distill_{config.adaspec_reference}", draft))
+        config, f"distill_{config.adaspec_reference}", draft, mesh))
   prompts = heldout_prompts(config, 32)["prompts"]
   eval_fn = make_speculative_eval_fn(target, target_params, draft,
                                      prompt_inputs(draft, prompts),
@@ -406,13 +428,17 @@ def _cached_train_data(config: PipelineConfig, cache) -> "InMemoryData":
 # --- evaluation and report -----------------------------------------------------------------------
 
 
-def _eval_models_and_params(config: PipelineConfig) -> tuple:
-  """(target, draft, {stage name: params}) of every trained model of the job."""
+def _eval_models_and_params(config: PipelineConfig, mesh: bool = True) -> tuple:
+  """(target, draft, {stage name: params}) of every trained model of the job, on the job's
+  mesh (`mesh` False: this process's default device, e.g. the pinned timing process). The
+  evaluation runs on process 0 alone, so with several processes it keeps to that process's
+  device (a mesh spanning processes needs every process in each program)."""
   target, draft = models(config)
-  params = {"target": load_params(config, "target", target),
-            "draft_raw": load_params(config, "draft_raw", draft)}
+  on = job_mesh(config, target, draft) if mesh and jax.process_count() == 1 else None
+  params = {"target": load_params(config, "target", target, on, config.target_param_dtype),
+            "draft_raw": load_params(config, "draft_raw", draft, on)}
   for name in config.distill_stages:
-    params[name] = load_params(config, name, draft)
+    params[name] = load_params(config, name, draft, on)
   return target, draft, params
 
 
@@ -437,7 +463,7 @@ def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None
   `windows_log`: as measure_speed's (in this process only)."""
   from distillspec_jax.evaluation import pinning
   from distillspec_jax.evaluation import speed
-  target, draft, params = _eval_models_and_params(config)
+  target, draft, params = _eval_models_and_params(config, mesh=False)
   prompts = _test_examples(config)["prompts"][:config.speed_examples]
   drafts = {name: (draft, p) for name, p in params.items() if name != "target"}
   return speed.measure_speed(target, params["target"], drafts, prompts, gammas=config.gammas,
@@ -451,10 +477,16 @@ def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None
 
 # What eval.json keeps of a speculative_grid row (the task metric is of its outputs).
 _SPECULATIVE_KEYS = ("draft", "gamma", "temperature", "tau", "tau_stderr", "alpha",
-                     "alpha_proposed", "quality")
+                     "alpha_proposed", "quality", "mean_acceptance_length",
+                     "draft_acceptance_rate", "alpha_distillspec", "acceptance_by_position",
+                     "draft_acceptance_rate_by_position")
 _SPEED_KEYS = ("speedup", "speedup_range", "speedup_spread", "speedup_repeats",
                "cost_model_speedup", "end_to_end_speedup", "end_to_end_speedup_range",
-               "cost_model_end_to_end_speedup", "tokens_per_s", "plain_tokens_per_s", "setup_s")
+               "end_to_end_speedup_spread", "typical_speedup", "typical_speedup_range",
+               "typical_end_to_end_speedup", "typical_end_to_end_speedup_range",
+               "speedup_prompt_interval", "end_to_end_speedup_prompt_interval", "unreliable",
+               "cost_model_end_to_end_speedup", "tokens_per_s", "plain_tokens_per_s", "setup_s",
+               "call_overhead_s")
 
 
 def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
@@ -481,7 +513,7 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
     rows = evaluate_lib.speculative_grid(
         target, params["target"], drafts, examples, scorer, gammas=config.gammas,
         temperatures=config.temperatures, max_new_tokens=config.max_new_tokens,
-        seed=config.seed, on_done=bar.update)
+        batch_size=config.eval_batch_size, seed=config.seed, on_done=bar.update)
     bar.close()
     del params, drafts  # the timing process loads its own copy
     timing = timing_run.result()

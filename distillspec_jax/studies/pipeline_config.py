@@ -12,7 +12,8 @@ from distillspec_jax.core.validation import (check_field_types, check_int, check
 from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.evaluation.evaluate import (SpeedConfig, check_checkpoint,
                                                  check_decoding_grid)
-from distillspec_jax.models.config import model_config
+from distillspec_jax.models.config import DTYPES, REMAT_POLICIES, model_config
+from distillspec_jax.models.precision import check_param_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,16 @@ class PipelineConfig:
       draft fine-tuning (any format: our orbax, T5X, Hugging Face; interop.importer), their
       shapes those of target_model / draft_model with the vocabulary's size; None = random.
     seed: the one seed of the job.
+    data_parallel / model_parallel: the (data, model) mesh of every stage (DATA_PARALLEL,
+      MODEL_PARALLEL; -1 = the devices left over); the model axis must divide both models'
+      heads, MLP widths and vocabulary.
+    remat_policy: rematerialisation of both models' layers (REMAT_POLICY; models/config.py
+      REMAT_POLICIES); target_remat_policy / draft_remat_policy: one model's (None = it).
+    activation_dtype: both models' activations (ACTIVATION_DTYPE; parameters stay fp32 in
+      training).
+    target_param_dtype: the target's parameters where it is frozen (distillation,
+      evaluation), cast after loading (TARGET_PARAM_DTYPE; None = float32 as trained).
+    eval_batch_size: prompts per batch of the evaluation's decodes (None = all at once).
   """
 
   run_dir: str = "runs/demo"
@@ -128,6 +139,14 @@ class PipelineConfig:
   draft_checkpoint_path: Optional[str] = None
   seed: int = 0
   progress_bar: bool = True
+  data_parallel: int = -1
+  model_parallel: int = 1
+  remat_policy: str = "none"
+  target_remat_policy: Optional[str] = None
+  draft_remat_policy: Optional[str] = None
+  activation_dtype: str = "float32"
+  target_param_dtype: Optional[str] = None
+  eval_batch_size: Optional[int] = None
 
   def __post_init__(self):
     if not self.run_dir:  # gin's unset MODEL_DIR is None: say which macro, not the type
@@ -138,11 +157,12 @@ class PipelineConfig:
                  "speed_examples", "max_new_tokens", "vocab_size", "lm_prompt_length"):
       check_positive_int(getattr(self, name), name)
     for name in ("decay_steps", "save_every", "model_vocab_size", "max_decode_length",
-                 "train_examples"):
+                 "train_examples", "eval_batch_size"):
       if getattr(self, name) is not None:
         check_positive_int(getattr(self, name), name)
     for name in ("warmup_steps", "eval_every"):
       check_int(getattr(self, name), name, 0)
+    self._check_scale()
     if not self.recipes:
       raise ValueError("recipes is empty; name at least one of distillation.RECIPES.")
     for recipe, steps in (self.recipe_steps or {}).items():
@@ -168,6 +188,30 @@ class PipelineConfig:
         except ValueError as error:
           raise ValueError(f"teacher_cache_recipes: recipe {recipe!r}: {error}") from error
     self.speed.check_prompts(self.eval_examples)
+
+  def _check_scale(self) -> None:
+    """The mesh sizes, remat policies and dtypes: the value, the macro and the choices."""
+    if self.data_parallel != -1:
+      check_positive_int(self.data_parallel, "data_parallel (DATA_PARALLEL; -1 = the rest)")
+    check_positive_int(self.model_parallel, "model_parallel (MODEL_PARALLEL)")
+    for name in ("remat_policy", "target_remat_policy", "draft_remat_policy"):
+      value = getattr(self, name)
+      if (value is not None or name == "remat_policy") and value not in REMAT_POLICIES:
+        raise ValueError(f"{name}={value!r} is not a remat policy; use one of "
+                         f"{REMAT_POLICIES} (gin: REMAT_POLICY).")
+    if self.activation_dtype not in DTYPES:
+      raise ValueError(f"activation_dtype={self.activation_dtype!r} is not an activation dtype; "
+                       f"use one of {DTYPES} (gin: ACTIVATION_DTYPE).")
+    check_param_dtype(self.target_param_dtype)
+
+  def model_overrides(self, role: str) -> dict:
+    """The TransformerConfig fields this job sets on the "target" or "draft" preset."""
+    specific = self.target_remat_policy if role == "target" else self.draft_remat_policy
+    overrides = {"dtype": self.activation_dtype,
+                 "remat_policy": specific or self.remat_policy}
+    if self.max_decode_length:
+      overrides["max_decode_length"] = self.max_decode_length
+    return overrides
 
   @property
   def speed(self) -> SpeedConfig:

@@ -31,6 +31,10 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Optional[str]], ...] = (
     ("mlp", MODEL_AXIS),
     ("heads", MODEL_AXIS),
     ("joined_kv", MODEL_AXIS),
+    # Key/value heads of grouped-query attention (kind 'llama'): split like the query heads
+    # when the model axis divides them, else replicated (logical_to_mesh_spec), so each
+    # device keeps every key/value head its query heads read.
+    ("kv_heads", MODEL_AXIS),
     ("embed", None),
     ("kv", None),
     ("length", None),
@@ -175,3 +179,27 @@ def shard_batch(batch: dict, mesh: Mesh) -> dict:
   """Puts a host NumPy batch on the mesh, rows split over 'data'."""
   sharding = batch_sharding(mesh)
   return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}
+
+
+def check_model_axis(models: dict, mesh: Mesh) -> None:
+  """Refuses a model axis that does not divide every width the rules split over 'model'
+  (heads, MLP widths, vocabulary) of each of `models` ({role: Model}), naming the role, the
+  width and the model-axis sizes that would divide them all (T5X fails on these too)."""
+  size = mesh.shape[MODEL_AXIS]
+  if size == 1:
+    return
+  widths = {}
+  for role, model in models.items():
+    c = model.config
+    for name, value in (("num_heads", c.num_heads), ("mlp_dim", c.mlp_dim),
+                        ("encoder_mlp_dim", getattr(c, "encoder_mlp_width", c.mlp_dim)),
+                        ("vocab_size", c.vocab_size)):
+      widths[f"the {role}'s {name}={value}"] = int(value)
+  bad = [name for name, value in widths.items() if value % size]
+  if bad:
+    devices = mesh.devices.size
+    valid = [d for d in _divisors(devices) if all(v % d == 0 for v in widths.values())]
+    raise ValueError(f"MODEL_PARALLEL={size} does not divide {', '.join(bad)}; the model axis "
+                     f"splits heads, MLP and vocabulary. Use a model axis of {valid} "
+                     f"(--gin.MODEL_PARALLEL=...; DATA_PARALLEL=-1 takes the rest of the "
+                     f"{devices} devices).")

@@ -1,0 +1,385 @@
+"""Hugging Face `LlamaForCausalLM` / `Qwen2ForCausalLM` <-> our llama-kind tree (safetensors).
+
+The mapping reshapes and transposes only, so it is exact both ways (H = heads, K = kv_heads,
+D = head_dim; torch Linear weights are [out, in]):
+
+  ours (models/llama.py)                             Hugging Face (model.layers.i = L)
+  token_embedder/embedding [vocab, embed]            model.embed_tokens.weight [vocab, embed]
+  decoder/layers_i/pre_self_attention_layer_norm/scale   L.input_layernorm.weight
+  .../self_attention/query/kernel [embed, H, D]      L.self_attn.q_proj.weight [H*D, embed]
+  .../self_attention/{key,value}/kernel [embed, K, D]  L.self_attn.{k,v}_proj.weight [K*D, embed]
+  .../self_attention/{query,key,value}/bias [H|K, D]   L.self_attn.{q,k,v}_proj.bias (Qwen2)
+  .../self_attention/out/kernel [H, D, embed]        L.self_attn.o_proj.weight [embed, H*D]
+  decoder/layers_i/pre_mlp_layer_norm/scale          L.post_attention_layernorm.weight
+  .../mlp/{wi_0, wi_1}/kernel [embed, mlp]           L.mlp.{gate_proj, up_proj}.weight [mlp, embed]
+  .../mlp/wo/kernel [mlp, embed]                     L.mlp.down_proj.weight [embed, mlp]
+  decoder/decoder_norm/scale                         model.norm.weight
+  decoder/logits_dense/kernel [embed, vocab]         lm_head.weight [vocab, embed] (untied only)
+
+The config.json is read in both spellings of RoPE: transformers 4's `rope_theta` +
+`rope_scaling` and transformers 5's `rope_parameters`; it is written in both (they agree).
+A model with q/k/v biases is exported as `Qwen2ForCausalLM` (Llama's `attention_bias` also
+puts a bias on o_proj, which this network does not have), any other as `LlamaForCausalLM`.
+Only safetensors are read (no unpickling); tokenizer files of a source folder are copied
+next to an export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Mapping, Optional
+
+import jax
+import numpy as np
+
+from distillspec_jax.interop import hf_t5
+from distillspec_jax.models.config import TransformerConfig
+from distillspec_jax.models.model import DECODER_START_ID, EOS_ID, PAD_ID
+
+Params = Any
+
+# model_type -> the transformers class of that family (config.json's `architectures`).
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# Files of a tokenizer (and generation defaults) copied from a source folder on export;
+# sentencepiece.model is the main job's vocab stage's (pad 0, eos 1, as config_to_hf writes).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                   "generation_config.json", "spiece.model", "sentencepiece.model")
+# Hugging Face rope types and ours (TransformerConfig.rope_scaling).
+_ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
+
+
+def is_llama_family(hf: Mapping[str, Any]) -> bool:
+  """Whether an HF config.json dict describes a Llama-family causal LM we load."""
+  architectures = hf.get("architectures") or []
+  return (hf.get("model_type") in ARCHITECTURES
+          or any(a in ARCHITECTURES.values() for a in architectures))
+
+
+# --- config -------------------------------------------------------------------------------------
+
+
+def _rope_from_hf(hf: Mapping[str, Any]) -> dict:
+  """Our rope fields from config.json's `rope_theta` / `rope_scaling` (transformers 4) or
+  `rope_parameters` (transformers 5); both present must agree."""
+  spellings = []
+  if "rope_theta" in hf or hf.get("rope_scaling"):
+    spellings.append(("rope_theta/rope_scaling",
+                      dict(hf.get("rope_scaling") or {}, rope_theta=hf.get("rope_theta", 10000.0))))
+  if hf.get("rope_parameters"):
+    spellings.append(("rope_parameters", dict(hf["rope_parameters"])))
+  if not spellings:
+    spellings.append(("defaults", {"rope_theta": 10000.0}))
+  parsed = [(where, _rope_fields(where, values)) for where, values in spellings]
+  if len(parsed) == 2 and parsed[0][1] != parsed[1][1]:
+    raise ValueError(f"config.json's {parsed[0][0]} gives {parsed[0][1]} but its "
+                     f"{parsed[1][0]} gives {parsed[1][1]}; keep one spelling of RoPE.")
+  return parsed[0][1]
+
+
+def _rope_fields(where: str, values: Mapping[str, Any]) -> dict:
+  rope_type = values.get("rope_type", values.get("type", "default"))
+  if rope_type not in _ROPE_TYPES:
+    raise ValueError(f"config.json's {where} has rope_type={rope_type!r}, which this network "
+                     f"does not implement; supported: {sorted(_ROPE_TYPES)}.")
+  fields = {"rope_theta": float(values.get("rope_theta", 10000.0)),
+            "rope_scaling": _ROPE_TYPES[rope_type]}
+  if rope_type in ("linear", "llama3"):
+    fields["rope_scaling_factor"] = float(values["factor"])
+  if rope_type == "llama3":
+    fields.update(rope_low_freq_factor=float(values["low_freq_factor"]),
+                  rope_high_freq_factor=float(values["high_freq_factor"]),
+                  rope_original_max_length=int(values["original_max_position_embeddings"]))
+  return fields
+
+
+def _refuse_unsupported(hf: Mapping[str, Any]) -> None:
+  """What the config.json may say that this network does not compute: refused, naming it."""
+  if not is_llama_family(hf):
+    raise ValueError(
+        f"config.json describes model_type={hf.get('model_type')!r} (architectures="
+        f"{hf.get('architectures')}), not a Llama-family causal LM; supported: "
+        f"{sorted(ARCHITECTURES.values())} (and T5 1.1 through interop.hf_t5).")
+  problems = []
+  if hf.get("hidden_act", "silu") != "silu":
+    problems.append(f"hidden_act={hf['hidden_act']!r} (the SwiGLU MLP uses 'silu')")
+  if hf.get("model_type") == "llama" and hf.get("attention_bias"):
+    problems.append("attention_bias=True (Llama then also biases o_proj; use a model without "
+                    "it, or Qwen2's q/k/v-only biases)")
+  if hf.get("mlp_bias"):
+    problems.append("mlp_bias=True (the MLP has no biases)")
+  if hf.get("use_sliding_window"):
+    problems.append("use_sliding_window=True (attention here is full causal)")
+  if problems:
+    raise ValueError("config.json asks for what this network does not compute: "
+                     + "; ".join(problems) + ".")
+
+
+def config_from_hf(hf: Mapping[str, Any], **overrides) -> TransformerConfig:
+  """An HF Llama / Qwen2 config.json dict -> our llama-kind config (`overrides` win)."""
+  _refuse_unsupported(hf)
+  heads = int(hf["num_attention_heads"])
+  head_dim = hf.get("head_dim") or int(hf["hidden_size"]) // heads
+  qwen2 = hf.get("model_type") == "qwen2" or "Qwen2ForCausalLM" in (hf.get("architectures") or [])
+  kwargs = dict(
+      kind="llama", vocab_size=int(hf["vocab_size"]), emb_dim=int(hf["hidden_size"]),
+      num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+      head_dim=int(head_dim), mlp_dim=int(hf["intermediate_size"]), num_encoder_layers=0,
+      num_decoder_layers=int(hf["num_hidden_layers"]),
+      norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)), use_qkv_bias=bool(qwen2),
+      logits_via_embedding=bool(hf.get("tie_word_embeddings", False)),
+      dropout_rate=0.0,  # HF's attention_dropout is narrower than our dropout_rate
+      max_decode_length=min(int(hf.get("max_position_embeddings", 2048)), 2048),
+      **_rope_from_hf(hf))
+  kwargs.update(overrides)
+  return TransformerConfig(**kwargs)
+
+
+def _rope_to_hf(config: TransformerConfig) -> Optional[dict]:
+  if config.rope_scaling == "none":
+    return None
+  scaling = {"rope_type": config.rope_scaling, "factor": float(config.rope_scaling_factor)}
+  if config.rope_scaling == "llama3":
+    scaling.update(low_freq_factor=float(config.rope_low_freq_factor),
+                   high_freq_factor=float(config.rope_high_freq_factor),
+                   original_max_position_embeddings=int(config.rope_original_max_length))
+  return scaling
+
+
+def config_to_hf(config: TransformerConfig, token_ids: Optional[Mapping[str, Any]] = None) -> dict:
+  """Our llama-kind config -> a config.json dict (`LlamaForCausalLM`, or `Qwen2ForCausalLM`
+  with q/k/v biases). `token_ids`: bos/eos/pad ids to write (a source config.json's); by
+  default ours (pad 0, eos 1, and 0 as the start token every decoder prompt begins with)."""
+  if config.kind != "llama":
+    raise ValueError(f"kind={config.kind!r}: interop.hf_llama exports kind='llama' models only.")
+  model_type = "qwen2" if config.use_qkv_bias else "llama"
+  scaling = _rope_to_hf(config)
+  out = {
+      "model_type": model_type, "architectures": [ARCHITECTURES[model_type]],
+      "vocab_size": config.vocab_size, "hidden_size": config.emb_dim,
+      "intermediate_size": config.mlp_dim, "num_hidden_layers": config.num_decoder_layers,
+      "num_attention_heads": config.num_heads, "num_key_value_heads": config.kv_heads,
+      "head_dim": config.head_dim, "hidden_act": "silu",
+      # transformers wants the original context of 'llama3' scaling below this.
+      "max_position_embeddings": max(config.max_decode_length,
+                                     config.rope_original_max_length + 1 if scaling else 0),
+      "rms_norm_eps": float(config.norm_epsilon),
+      "tie_word_embeddings": bool(config.logits_via_embedding),
+      "rope_theta": float(config.rope_theta), "rope_scaling": scaling,
+      "rope_parameters": dict(scaling or {"rope_type": "default"},
+                              rope_theta=float(config.rope_theta)),
+      "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+      "torch_dtype": "float32",
+      "bos_token_id": DECODER_START_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID,
+  }
+  if model_type == "llama":
+    out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
+  else:
+    out.update(use_sliding_window=False, sliding_window=None,
+               max_window_layers=config.num_decoder_layers)
+  for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+    if token_ids and key in token_ids:
+      out[key] = token_ids[key]
+  return out
+
+
+# --- parameter mapping --------------------------------------------------------------------------
+
+
+# `param_mapping`'s layouts other than a kernel's number of input axes.
+SAME = 0   # stored as it is (embedding, norm scales)
+FLAT = -1  # flattened to one dimension (biases [heads, head_dim] -> [heads * head_dim])
+
+
+def param_mapping(config: TransformerConfig) -> list[tuple[tuple[str, ...], str, int]]:
+  """(our path, HF name, layout) for every parameter of `config`. Layout n >= 1: a kernel
+  with n input axes, stored by HF flattened to [inputs, outputs] and transposed; SAME or
+  FLAT otherwise."""
+  m = [(("token_embedder", "embedding"), "model.embed_tokens.weight", SAME)]
+  for i in range(config.num_decoder_layers):
+    ours, hf = ("decoder", f"layers_{i}"), f"model.layers.{i}"
+    m.append((ours + ("pre_self_attention_layer_norm", "scale"), f"{hf}.input_layernorm.weight",
+              SAME))
+    attention = ours + ("self_attention",)
+    for name, proj in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
+      m.append((attention + (name, "kernel"), f"{hf}.self_attn.{proj}.weight", 1))
+      if config.use_qkv_bias:
+        m.append((attention + (name, "bias"), f"{hf}.self_attn.{proj}.bias", FLAT))
+    m.append((attention + ("out", "kernel"), f"{hf}.self_attn.o_proj.weight", 2))
+    m.append((ours + ("pre_mlp_layer_norm", "scale"), f"{hf}.post_attention_layernorm.weight",
+              SAME))
+    for name, proj in (("wi_0", "gate_proj"), ("wi_1", "up_proj"), ("wo", "down_proj")):
+      m.append((ours + ("mlp", name, "kernel"), f"{hf}.mlp.{proj}.weight", 1))
+  m.append((("decoder", "decoder_norm", "scale"), "model.norm.weight", SAME))
+  if not config.logits_via_embedding:
+    m.append((("decoder", "logits_dense", "kernel"), "lm_head.weight", 1))
+  return m
+
+
+def _hf_shape(shape: tuple, layout: int) -> tuple:
+  if layout == SAME:
+    return tuple(shape)
+  if layout == FLAT:
+    return (int(np.prod(shape)),)
+  return (int(np.prod(shape[layout:])), int(np.prod(shape[:layout])))
+
+
+def _to_hf(value: np.ndarray, layout: int) -> np.ndarray:
+  if layout in (SAME, FLAT):
+    return value.reshape(_hf_shape(value.shape, layout))
+  return value.reshape(int(np.prod(value.shape[:layout])), -1).T
+
+
+def _get(tree: Mapping, path: tuple):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _set(tree: dict, path: tuple, value) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _our_shapes(config: TransformerConfig) -> dict:
+  from distillspec_jax.models.model import Model
+  shapes = Model(config).param_shapes()
+  return {path: tuple(_get(shapes, path).shape) for path, _, _ in param_mapping(config)}
+
+
+def params_to_hf(params: Params, config: TransformerConfig) -> dict[str, np.ndarray]:
+  """Our params -> {HF name: contiguous numpy array} (exact: reshapes and transposes)."""
+  return {name: np.ascontiguousarray(_to_hf(np.asarray(_get(params, path)), axes))
+          for path, name, axes in param_mapping(config)}
+
+
+def _describe(config: TransformerConfig) -> str:
+  return (f"the llama-kind model (vocab_size={config.vocab_size}, emb_dim={config.emb_dim}, "
+          f"heads={config.num_heads}, kv_heads={config.kv_heads}, head_dim={config.head_dim}, "
+          f"mlp_dim={config.mlp_dim}, layers={config.num_decoder_layers}, use_qkv_bias="
+          f"{config.use_qkv_bias}, tied={config.logits_via_embedding})")
+
+
+def _matched(found: Mapping[str, tuple], config: TransformerConfig) -> dict:
+  """{HF name: stored shape} checked against `config`: every name present, none unexpected
+  (a tied model's stored lm_head copy is ignored), every shape as `config` makes it. Returns
+  {HF name: our shape}; raises ValueError listing the first problems."""
+  ours = _our_shapes(config)
+  expected = {name: (ours[path], axes) for path, name, axes in param_mapping(config)}
+  ignored = {"lm_head.weight"} if config.logits_via_embedding else set()
+  problems = [f"{name}: missing (expected shape {_hf_shape(*expected[name])})"
+              for name in expected if name not in found]
+  problems += [f"{name}: shape {tuple(found[name])}, expected {_hf_shape(*expected[name])}"
+               for name in expected if name in found
+               and tuple(found[name]) != _hf_shape(*expected[name])]
+  problems += [f"{name}: unexpected (shape {tuple(found[name])})" for name in found
+               if name not in expected and name not in ignored
+               and not name.endswith("rotary_emb.inv_freq")]
+  if problems:
+    listed = "; ".join(problems[:5])
+    more = f"; ... {len(problems) - 5} more" if len(problems) > 5 else ""
+    raise ValueError(f"The checkpoint does not hold {_describe(config)}: {len(problems)} "
+                     f"problems: {listed}{more}. Check config.json or the --model preset.")
+  return {name: shape for name, (shape, _) in expected.items()}
+
+
+def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> Params:
+  """{HF name: array} -> our params (fp32 nested dict), every name and shape checked."""
+  ours = _matched({k: np.shape(v) for k, v in tensors.items()}, config)
+  params: dict = {}
+  for path, name, axes in param_mapping(config):
+    value = np.asarray(tensors[name]).astype(np.float32)
+    value = value.reshape(ours[name]) if axes in (SAME, FLAT) else value.T.reshape(ours[name])
+    _set(params, path, np.ascontiguousarray(value))
+  return params
+
+
+def shapes_from_hf(shapes: Mapping[str, tuple], config: TransformerConfig) -> Params:
+  """{HF name: stored shape} -> our tree of fp32 `jax.ShapeDtypeStruct` (names and shapes
+  checked; nothing read)."""
+  ours = _matched(shapes, config)
+  tree: dict = {}
+  for path, name, _ in param_mapping(config):
+    _set(tree, path, jax.ShapeDtypeStruct(ours[name], np.float32))
+  return tree
+
+
+# --- files --------------------------------------------------------------------------------------
+
+
+STRUCTURE_FIELDS = ("num_heads", "num_kv_heads", "head_dim", "use_qkv_bias",
+                    "logits_via_embedding")
+COMPUTATION_FIELDS = ("rope_theta", "rope_scaling", "rope_scaling_factor",
+                      "rope_low_freq_factor", "rope_high_freq_factor",
+                      "rope_original_max_length", "norm_epsilon")
+
+
+def config_mismatches(hf: Mapping[str, Any], config: TransformerConfig,
+                      fields=STRUCTURE_FIELDS + COMPUTATION_FIELDS) -> list[str]:
+  """Fields where config.json and `config` disagree (`fields`: which to compare)."""
+  stored = config_from_hf(hf)
+  value = lambda c, name: c.kv_heads if name == "num_kv_heads" else getattr(c, name)  # noqa: E731
+  return [f"config.json gives {name}={value(stored, name)!r}, the model {value(config, name)!r}"
+          for name in fields if value(stored, name) != value(config, name)]
+
+
+def load_hf(path: str, config: Optional[TransformerConfig] = None):
+  """Loads a Llama / Qwen2 safetensors checkpoint (a folder with config.json, or a file with
+  `config`). With `config`, config.json (when present) must agree on how the stored tensors
+  split into heads. Returns (params, config)."""
+  hf = hf_t5.read_hf_config(path)
+  if config is None:
+    if hf is None:
+      raise FileNotFoundError(f"No {hf_t5.CONFIG_NAME} next to {path}: pass a model config "
+                              "(--model=...).")
+    config = config_from_hf(hf)
+  elif hf is not None:
+    wrong = config_mismatches(hf, config, STRUCTURE_FIELDS)
+    if wrong:
+      raise ValueError(f"{path} does not hold {_describe(config)}: " + "; ".join(wrong) + ".")
+  return params_from_hf(hf_t5.read_hf_tensors(path), config), config
+
+
+def save_hf(params: Params, config: TransformerConfig, directory: str,
+            source: Optional[str] = None) -> None:
+  """Writes config.json and model.safetensors (fp32, exact) into `directory`, plus the
+  tokenizer files of the `source` folder (an HF checkpoint or a tokenizer folder), whose
+  config.json's bos/eos/pad ids are kept."""
+  from safetensors.numpy import save_file
+  tensors = params_to_hf(params, config)
+  _matched({k: v.shape for k, v in tensors.items()}, config)
+  source_dir = None if source is None else (source if os.path.isdir(source)
+                                            else os.path.dirname(source))
+  token_ids = hf_t5.read_hf_config(source_dir) if source_dir else None
+  hf_config = config_to_hf(config, token_ids)
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, hf_t5.CONFIG_NAME), "w") as f:
+    json.dump(hf_config, f, indent=2, sort_keys=True)
+  save_file(tensors, os.path.join(directory, hf_t5.SAFETENSORS_NAME), metadata={"format": "pt"})
+  for name in TOKENIZER_FILES if source_dir else ():
+    if os.path.isfile(os.path.join(source_dir, name)):
+      shutil.copyfile(os.path.join(source_dir, name), os.path.join(directory, name))
+
+
+def to_transformers(params: Params, config: TransformerConfig):
+  """A transformers `LlamaForCausalLM` / `Qwen2ForCausalLM` (eval mode, fp32) holding our
+  weights, built in memory from `config_to_hf` (for checks and benchmarks)."""
+  import torch
+  import transformers
+  hf = config_to_hf(config)
+  cls = getattr(transformers, hf["architectures"][0])
+  config_cls = transformers.Qwen2Config if hf["model_type"] == "qwen2" else transformers.LlamaConfig
+  keys = {k: v for k, v in hf.items() if k not in ("model_type", "architectures", "torch_dtype",
+                                                   "rope_parameters")}
+  model = cls(config_cls(**keys)).eval()
+  state = {k: torch.from_numpy(np.array(v)) for k, v in params_to_hf(params, config).items()}
+  missing, unexpected = model.load_state_dict(state, strict=False)
+  missing = [m for m in missing if not (config.logits_via_embedding and m == "lm_head.weight")]
+  if missing or unexpected:
+    raise ValueError(f"transformers' {cls.__name__} expects {missing[:5]} and does not know "
+                     f"{unexpected[:5]}.")
+  return model
+

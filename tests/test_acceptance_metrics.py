@@ -1,0 +1,136 @@
+"""The acceptance statistics of decoding/stats.py, each under its own name: the serving
+engines' (mean acceptance length, draft acceptance rate, per-position rates) beside the
+paper's (tau, DistillSpec's alpha, conditional acceptance by position), pinned on hand-made
+counts and on a tiny pair; DistillSpec's alpha measured by the engine agrees with
+`predicted_alpha` = 1 - E[TVD] at T = 1."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from distillspec_jax.decoding import stats
+from distillspec_jax.decoding.plain import SamplingConfig, decode
+from distillspec_jax.decoding.speculative import speculative_decode
+from distillspec_jax.evaluation.quality import predicted_alpha
+from distillspec_jax.models.config import TransformerConfig
+from distillspec_jax.models.model import Model
+
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
+VOCAB = 64
+
+
+def test_definitions_on_hand_made_counts():
+  # Two rows, gamma 3: row 0 ran rounds accepting 3, 1, 0 (two rejections); row 1 rounds
+  # accepting 2 then 3 by the test, the length limit keeping 1 of the last round's 3.
+  out = stats.block_statistics(produced=[7, 4], target_calls=[3, 2], accepted=[4, 3],
+                               drafted=[9, 6], accepted_proposed=[4, 5], rejections=[2, 1])
+  assert out["tau"] == pytest.approx(11 / 5)
+  assert out["mean_acceptance_length"] == pytest.approx(1 + 7 / 5)  # vLLM, llama.cpp
+  assert out["draft_acceptance_rate"] == pytest.approx(7 / 15) == out["alpha"]  # vLLM
+  assert out["alpha_proposed"] == pytest.approx(9 / 15)
+  assert out["alpha_distillspec"] == pytest.approx(9 / (9 + 3))  # accepted / tests run
+  # mean acceptance length = 1 + gamma x draft acceptance rate, by definition.
+  assert out["mean_acceptance_length"] == pytest.approx(1 + 3 * out["draft_acceptance_rate"])
+  assert stats.block_statistics([0], [0], [0], [0], [0], [0])["alpha_distillspec"] is None
+  assert "alpha_distillspec" not in stats.block_statistics([1], [1], [0], [3])
+
+
+def test_per_position_rates_conditional_and_unconditional():
+  rounds = np.array([[2, 0, -1], [1, 2, -1]])  # rounds accepting 2, 0, 1, 2 (gamma 2)
+  # DistillSpec's: position 1 accepted in 3 of 4 rounds, position 2 in 2 of the 3 reaching it.
+  assert stats.acceptance_by_position(rounds, 2) == [0.75, pytest.approx(2 / 3)]
+  # vLLM's: of all 4 rounds, 3 accepted position 1 and 2 accepted position 2.
+  by_position = stats.draft_acceptance_rate_by_position(rounds, 2)
+  assert by_position == [0.75, 0.5]
+  assert sum(by_position) == pytest.approx(5 / 4)  # = mean acceptance length - 1
+  assert stats.draft_acceptance_rate_by_position(np.array([[-1]]), 2) == [None, None]
+  # Under an adaptive draft length the round accepting 1 of 1 proposed never reached
+  # position 2: of the two rounds that did, both accepted it.
+  proposed = np.array([[2, 1, -1], [1, 2, -1]])
+  assert stats.acceptance_by_position(rounds, 2, proposed) == [0.75, 1.0]
+
+
+def _pair(noise: float):
+  """A decoder-only target with peaked next-token distributions and a draft that is the
+  target with noise added to its output layer (how far apart: `noise`)."""
+  config = TransformerConfig(kind="decoder_only", vocab_size=VOCAB, emb_dim=16, num_heads=2,
+                             num_encoder_layers=0, num_decoder_layers=1, head_dim=8,
+                             mlp_dim=32, dropout_rate=0.0, max_decode_length=32)
+  model = Model(config)
+  target = jax.tree.map(lambda x: x, model.init(jax.random.PRNGKey(0)))
+  kernel = target["decoder"]["logits_dense"]["kernel"] * 3.0
+  target["decoder"]["logits_dense"]["kernel"] = kernel
+  draft = jax.tree.map(lambda x: x, target)
+  draft["decoder"]["logits_dense"]["kernel"] = kernel + noise * jax.random.normal(
+      jax.random.PRNGKey(9), kernel.shape)
+  return model, target, draft
+
+
+def _prompts(count: int) -> np.ndarray:
+  return np.random.default_rng(0).integers(2, VOCAB, (count, 4)).astype(np.int32)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_engine_counts_match_both_definitions(temperature):
+  model, target, draft = _pair(noise=1.0)
+  gamma, new = 3, 12
+  result = jax.device_get(speculative_decode(
+      model, target, model, draft, prompt_tokens=jnp.asarray(_prompts(32)), max_new_tokens=new,
+      gamma=gamma, sampling=SamplingConfig(temperature, eos_id=-1), rng=jax.random.PRNGKey(1)))
+  out = stats.block_efficiency_stats(result)
+  accepted, drafted = np.sum(result.accepted), np.sum(result.drafted)
+  rounds, tested = np.sum(result.target_calls), np.sum(result.accepted_proposed)
+  assert out["draft_acceptance_rate"] == pytest.approx(accepted / drafted)
+  assert out["mean_acceptance_length"] == pytest.approx(1 + accepted / rounds)
+  assert out["alpha_distillspec"] == pytest.approx(tested / (tested + np.sum(result.rejections)))
+  # The draft tokens after a rejection are proposed but never tested: the rate per proposed
+  # token is the lower one.
+  assert out["draft_acceptance_rate"] < out["alpha_distillspec"] < 1.0
+  np.testing.assert_array_equal(np.asarray(result.proposed_per_round) >= 0,
+                                np.asarray(result.accepted_per_round) >= 0)
+  assert set(np.unique(result.proposed_per_round)) <= {-1, gamma}
+  # Recount the rejections from each round's accepted tokens: every round but a row's last
+  # rejected exactly when it accepted fewer than gamma (only the last can be cut).
+  per_round = np.asarray(result.accepted_per_round)
+  for row in range(len(per_round)):
+    kept = per_round[row][per_round[row] >= 0]
+    earlier = int(np.sum(kept[:-1] < gamma))
+    assert result.rejections[row] - earlier in (0, 1), (row, kept, result.rejections[row])
+    if kept[-1] < min(gamma, new - 1 - np.sum(kept[:-1] + 1)):  # not cut: a real rejection
+      assert result.rejections[row] == earlier + 1
+
+
+def test_an_identical_draft_is_never_rejected_though_the_length_limit_cuts_its_rate():
+  model, target, _ = _pair(noise=0.0)
+  gamma, new = 4, 13  # 12 tokens after the prefill's: two full rounds and one cut to 2
+  result = jax.device_get(speculative_decode(
+      model, target, model, target, prompt_tokens=jnp.asarray(_prompts(4)),
+      max_new_tokens=new, gamma=gamma, sampling=SamplingConfig(1.0, eos_id=-1),
+      rng=jax.random.PRNGKey(2)))
+  out = stats.block_efficiency_stats(result)
+  np.testing.assert_array_equal(result.rejections, 0)
+  assert out["alpha_distillspec"] == 1.0
+  assert out["draft_acceptance_rate"] == pytest.approx((4 + 4 + 2) / 12)
+  assert out["mean_acceptance_length"] == pytest.approx(1 + (4 + 4 + 2) / 3)
+
+
+def test_distillspec_alpha_agrees_with_predicted_alpha_at_temperature_one():
+  """Lossless sampling accepts a draft token with probability 1 - TVD(p, q) at its context,
+  and the contexts it tests are target samples, so accepted / tests estimates the mean of
+  1 - TVD along target samples: `predicted_alpha`. The draft acceptance rate (per proposed
+  token) does not, and is far below it."""
+  model, target, draft = _pair(noise=0.5)
+  prompts = _prompts(256)
+  sampling = SamplingConfig(1.0, eos_id=-1)
+  samples = decode(model, target, prompt_tokens=jnp.asarray(prompts), max_new_tokens=16,
+                   sampling=sampling, rng=jax.random.PRNGKey(2)).tokens
+  predicted = predicted_alpha(model, target, model, draft, prompts, np.asarray(samples), 1.0)
+  for gamma in (3, 5):
+    result = speculative_decode(model, target, model, draft, prompt_tokens=jnp.asarray(prompts),
+                                max_new_tokens=16, gamma=gamma, sampling=sampling,
+                                rng=jax.random.PRNGKey(1))
+    out = stats.block_efficiency_stats(jax.device_get(result))
+    assert abs(out["alpha_distillspec"] - predicted) < 0.03, (gamma, out, predicted)
+    assert out["draft_acceptance_rate"] < predicted - 0.15, (gamma, out, predicted)

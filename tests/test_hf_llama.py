@@ -1,0 +1,285 @@
+"""Llama-family interop: our llama kind on Hugging Face weights matches transformers'
+LlamaForCausalLM / Qwen2ForCausalLM (teacher forcing and the cache, rows of different lengths);
+an export loads in transformers and decodes greedily as we do; round trips are exact; bad
+checkpoints and configs are refused, naming the value."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from distillspec_jax import convert
+from distillspec_jax.decoding.plain import decode
+from distillspec_jax.interop import hf_llama
+from distillspec_jax.interop import importer
+from distillspec_jax.models.model import Model
+
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
+VOCAB = 96
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+              rms_norm_eps=1e-5)
+# Llama 3's RoPE scaling with a short original context, so that the kept (wavelength < 16),
+# interpolated and stretched (> 64) frequencies all occur at head_dim 16 and base 500.
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+FAMILIES = {
+    "llama_llama3_rope_untied": ("llama", dict(rope_theta=500.0, rope_scaling=LLAMA3_ROPE,
+                                               tie_word_embeddings=False)),
+    "llama_linear_rope_tied": ("llama", dict(rope_theta=300.0, tie_word_embeddings=True,
+                                             rope_scaling={"rope_type": "linear",
+                                                           "factor": 2.0})),
+    "qwen2_biases_tied": ("qwen2", dict(rope_theta=1000.0, tie_word_embeddings=True)),
+}
+
+
+def _transformers():
+  torch = pytest.importorskip("torch", reason="torch (extra 'reference') is not installed")
+  transformers = pytest.importorskip("transformers",
+                                     reason="transformers (extra 'reference') is not installed")
+  return torch, transformers
+
+
+def _random_hf(family, fields, directory, seed=0):
+  """A random tiny transformers model saved with save_pretrained (safetensors) in
+  `directory`. Weights are redrawn larger than transformers' 0.02 init, so attention is far
+  from uniform and RoPE's angles change the logits."""
+  torch, transformers = _transformers()
+  torch.manual_seed(seed)
+  if family == "llama":
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, **fields))
+  else:
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON, **fields))
+  model = model.eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name:
+        p.copy_(1.0 + 0.1 * torch.randn_like(p))
+      else:
+        p.normal_(0.0, 0.3 if "bias" in name or "embed" in name else 0.15)
+  model.save_pretrained(directory)
+  return torch, model
+
+
+# Rows of different lengths: [0] + prompt, right-padded with 0.
+TOKENS = np.array([[0, 5, 6, 7, 8, 9, 10, 11, 12, 13],
+                   [0, 3, 4, 40, 0, 0, 0, 0, 0, 0],
+                   [0, 90, 17, 25, 33, 61, 2, 0, 0, 0]], np.int32)
+LENGTHS = np.array([10, 4, 7])
+
+
+def _hf_logits(torch, model, tokens=TOKENS, lengths=LENGTHS):
+  mask = np.arange(tokens.shape[1])[None] < lengths[:, None]
+  with torch.no_grad():
+    return model(input_ids=torch.tensor(tokens, dtype=torch.long),
+                 attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
+
+
+def _check_real_positions(ours, ref, lengths=LENGTHS, atol=1e-4):
+  assert np.abs(ref).max() > 1.0  # not a degenerate comparison
+  for row, n in enumerate(lengths):
+    np.testing.assert_allclose(ours[row, :n], ref[row, :n], atol=atol, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_logits_match_transformers_through_the_importer(name, tmp_path):
+  family, fields = FAMILIES[name]
+  torch, hf_model = _random_hf(family, fields, tmp_path / "hf")
+  params, config = importer.load_checkpoint(str(tmp_path / "hf"))  # config from config.json
+  assert config.kind == "llama" and config.use_qkv_bias == (family == "qwen2")
+  assert config.logits_via_embedding == fields["tie_word_embeddings"]
+  model = Model(config.replace(max_decode_length=16))
+  ref = _hf_logits(torch, hf_model)
+  ours = np.asarray(jax.jit(model.logits)(params, {"decoder_input_tokens": jnp.asarray(TOKENS)}))
+  _check_real_positions(ours, ref)
+
+  # The cache: rows prefilled to their own lengths, then one token per row per call.
+  cache = model.init_cache(params, 3, 16)
+  split = np.minimum(LENGTHS, 3)
+  last, cache = jax.jit(model.prefill)(params, cache, jnp.asarray(TOKENS[:, :3]),
+                                       jnp.asarray(split))
+  np.testing.assert_allclose(last, ref[np.arange(3), split - 1], atol=1e-4, rtol=1e-4)
+  extend = jax.jit(model.extend)
+  for step in range(3, TOKENS.shape[1]):
+    # Finished rows repeat their last token; their logits are not compared.
+    column = np.where(step < LENGTHS, TOKENS[:, step], 7)
+    logits, cache = extend(params, cache, jnp.asarray(column[:, None]))
+    live = step < LENGTHS
+    np.testing.assert_allclose(np.asarray(logits)[live, 0], ref[live, step], atol=1e-4,
+                               rtol=1e-4)
+
+  # Teeth: the same weights with plain RoPE (or another base) do not match.
+  if config.rope_scaling != "none":
+    wrong = Model(config.replace(rope_scaling="none", rope_scaling_factor=1.0))
+  else:
+    wrong = Model(config.replace(rope_theta=10000.0))
+  off = np.asarray(wrong.logits(params, {"decoder_input_tokens": jnp.asarray(TOKENS)}))
+  assert np.abs(off[0] - ref[0]).max() > 1e-2
+
+
+def test_export_loads_in_transformers_and_decodes_greedily_as_ours(tmp_path):
+  torch, transformers = _transformers()
+  model = Model.from_name("tiny_llama", vocab_size=VOCAB, max_decode_length=32)
+  params = model.init(jax.random.PRNGKey(3))
+  importer.save_checkpoint(params, model.config, str(tmp_path / "export"), "hf")
+  hf_config = json.load(open(tmp_path / "export" / "config.json"))
+  assert hf_config["architectures"] == ["LlamaForCausalLM"]
+  assert not any(f.endswith((".bin", ".pt", ".pkl")) for f in os.listdir(tmp_path / "export"))
+  hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "export")).eval()
+  assert type(hf_model).__name__ == "LlamaForCausalLM"
+  ours = np.asarray(model.logits(params, {"decoder_input_tokens": jnp.asarray(TOKENS)}))
+  _check_real_positions(ours, _hf_logits(torch, hf_model))
+
+  prompts = TOKENS[:, 1:]  # right-padded prompts; the engine puts the 0 start token first
+  result = decode(model, params, prompt_tokens=jnp.asarray(prompts), max_new_tokens=12)
+  for row, n in enumerate(LENGTHS):
+    with torch.no_grad():
+      out = hf_model.generate(torch.tensor(TOKENS[row:row + 1, :n], dtype=torch.long),
+                              attention_mask=torch.ones((1, n), dtype=torch.long),
+                              do_sample=False, max_new_tokens=12, eos_token_id=1,
+                              pad_token_id=0)
+    theirs = out[0, n:].tolist()
+    mine = np.asarray(result.tokens[row, :int(result.lengths[row])]).tolist()
+    assert mine == theirs, (row, mine, theirs)
+
+
+def test_round_trips_are_exact_and_tokenizer_files_pass_through(tmp_path):
+  config = Model.from_name("tiny_llama", use_qkv_bias=True, logits_via_embedding=True,
+                           rope_scaling="llama3", rope_scaling_factor=8.0,
+                           rope_theta=500000.0).config
+  params = Model(config).init(jax.random.PRNGKey(1))
+  source = tmp_path / "tokenizer"
+  source.mkdir()
+  (source / "tokenizer.json").write_text('{"model": "stand-in"}')
+  (source / "tokenizer_config.json").write_text('{"bos_token": "<s>"}')
+  (source / "config.json").write_text(json.dumps(
+      {"model_type": "llama", "bos_token_id": 5, "eos_token_id": 6, "pad_token_id": None}))
+  importer.save_checkpoint(params, config, str(tmp_path / "hf"), "hf", source=str(source))
+  written = json.load(open(tmp_path / "hf" / "config.json"))
+  assert written["architectures"] == ["Qwen2ForCausalLM"]  # q/k/v biases
+  assert (written["bos_token_id"], written["eos_token_id"], written["pad_token_id"]) == (5, 6, None)
+  assert written["rope_scaling"]["rope_type"] == "llama3"
+  assert written["rope_parameters"]["rope_theta"] == 500000.0
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    assert (tmp_path / "hf" / name).read_text() == (source / name).read_text()
+  loaded, loaded_config = importer.load_checkpoint(str(tmp_path / "hf"))
+  assert loaded_config == config.replace(max_decode_length=loaded_config.max_decode_length)
+  jax.tree.map(np.testing.assert_array_equal, loaded, jax.tree.map(np.asarray, params))
+  # ours -> hf -> ours through the CLI, with the preset (RoPE is not in our format's shapes).
+  importer.save_checkpoint(params, config, str(tmp_path / "ours"), "ours")
+  with pytest.raises(ValueError, match="rope_theta, rope_scaling and norm_epsilon"):
+    importer.load_checkpoint(str(tmp_path / "ours"))
+  again, _ = importer.load_checkpoint(str(tmp_path / "ours"), config)
+  jax.tree.map(np.testing.assert_array_equal, again, jax.tree.map(np.asarray, params))
+
+
+def test_convert_cli_exports_a_preset_with_its_tokenizer(tmp_path, capsys):
+  model = Model.from_name("tiny_llama")
+  importer.save_checkpoint(model.init(jax.random.PRNGKey(0)), model.config,
+                           str(tmp_path / "ours"), "ours")
+  (tmp_path / "tok").mkdir()
+  (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+  assert convert.main(["--from=ours", "--to=hf", f"--input={tmp_path / 'ours'}",
+                       f"--output={tmp_path / 'hf'}", "--model=tiny_llama",
+                       f"--tokenizer_dir={tmp_path / 'tok'}"]) == 0
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["kind"] == "llama"
+  assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "model.safetensors",
+                                                 "tokenizer.json"]
+  assert convert.main(["--from=hf", "--to=ours", f"--input={tmp_path / 'hf'}",
+                       f"--output={tmp_path / 'back'}"]) == 0
+  fmt = importer.check_checkpoint(str(tmp_path / "hf"), model.config)
+  assert fmt == "hf"
+  with pytest.raises(ValueError, match="rope_theta=10000.0, the model 500000.0"):
+    importer.check_checkpoint(str(tmp_path / "hf"), model.config.replace(rope_theta=500000.0))
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+def _write_config(directory, hf_config):
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf_config, f)
+
+
+def test_other_architectures_and_unsupported_options_are_refused(tmp_path):
+  model = Model.from_name("tiny_llama")
+  importer.save_checkpoint(model.init(jax.random.PRNGKey(0)), model.config,
+                           str(tmp_path / "hf"), "hf")
+  good = json.load(open(tmp_path / "hf" / "config.json"))
+  # Another architecture's config.json, with llama-like tensors beside it.
+  _write_config(tmp_path / "hf", dict(good, model_type="gpt2", architectures=["GPT2LMHeadModel"]))
+  with pytest.raises(ValueError, match="model_type='gpt2'.*GPT2LMHeadModel.*Llama"):
+    importer.load_checkpoint(str(tmp_path / "hf"))
+  bad = {"attention_bias": True, "hidden_act": "gelu", "use_sliding_window": True,
+         "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+  for key, value in bad.items():
+    _write_config(tmp_path / "hf", dict(good, **{key: value}))
+    with pytest.raises(ValueError, match=f"{key if key != 'rope_scaling' else 'yarn'}"):
+      importer.load_checkpoint(str(tmp_path / "hf"))
+  # The two spellings of RoPE disagree.
+  _write_config(tmp_path / "hf", dict(good, rope_parameters={"rope_type": "default",
+                                                             "rope_theta": 123.0}))
+  with pytest.raises(ValueError, match="rope_parameters"):
+    importer.load_checkpoint(str(tmp_path / "hf"))
+  # A T5 preset for a Llama checkpoint.
+  _write_config(tmp_path / "hf", good)
+  with pytest.raises(ValueError, match="kind='decoder_only'"):
+    importer.load_checkpoint(str(tmp_path / "hf"), Model.from_name("tiny_decoder_only").config)
+
+
+def test_mismatched_shapes_name_the_tensor_and_the_field(tmp_path):
+  model = Model.from_name("tiny_llama")
+  importer.save_checkpoint(model.init(jax.random.PRNGKey(0)), model.config,
+                           str(tmp_path / "hf"), "hf")
+  with pytest.raises(ValueError, match=r"gate_proj.weight: shape \(128, 64\), expected "
+                                       r"\(256, 64\)"):
+    importer.load_checkpoint(str(tmp_path / "hf"), model.config.replace(mlp_dim=256))
+  with pytest.raises(ValueError, match="num_kv_heads=2, the model 4"):
+    importer.load_checkpoint(str(tmp_path / "hf"), model.config.replace(num_kv_heads=4))
+  with pytest.raises(ValueError, match=r"k_proj.weight: shape \(32, 64\), expected \(64, 64\)"):
+    importer.check_checkpoint(str(tmp_path / "hf"), model.config.replace(num_kv_heads=4))
+  tensors = hf_llama.params_to_hf(model.init(jax.random.PRNGKey(0)), model.config)
+  del tensors["model.layers.1.mlp.up_proj.weight"]
+  with pytest.raises(ValueError, match="up_proj.weight: missing"):
+    hf_llama.params_from_hf(tensors, model.config)
+
+
+def test_distilled_draft_serves_as_assistant_model_of_its_target_in_transformers(tmp_path):
+  """A draft distilled here (a few on-policy steps) and exported, used by transformers'
+  assisted generation for the exported target: the target's greedy output, ours and theirs."""
+  torch, transformers = _transformers()
+  from distillspec_jax.distill import objectives as D
+  from distillspec_jax.training import trainer as T
+  target = Model.from_name("tiny_llama", vocab_size=VOCAB, max_decode_length=32)
+  draft = Model.from_name("tiny_llama", vocab_size=VOCAB, num_decoder_layers=1,
+                          num_kv_heads=1, max_decode_length=32)
+  target_params = target.init(jax.random.PRNGKey(2))
+  config = T.TrainConfig(model_dir=str(tmp_path / "draft"), train_steps=2, batch_size=4,
+                         optimizer="adamw", learning_rate=3e-3, warmup_steps=0,
+                         decay_steps=10, save_every=2, log_every=1, progress_bar=False)
+  data = T.SyntheticData(4, input_length=4, target_length=6, vocab_size=VOCAB,
+                         decoder_only=True)
+  draft_params = T.distill(config, target, target_params, draft, data,
+                           D.DistillationConfig.from_recipe("gkd")).state.params
+  for name, model, params in (("target", target, target_params),
+                              ("draft", draft, draft_params)):
+    importer.save_checkpoint(jax.device_get(params), model.config, str(tmp_path / name), "hf")
+  load = lambda name: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
+      str(tmp_path / name)).eval()
+  hf_target, hf_draft = load("target"), load("draft")
+  ours = decode(target, target_params, prompt_tokens=jnp.asarray(TOKENS[:, 1:]),
+                max_new_tokens=12)
+  for row, n in enumerate(LENGTHS):  # assisted generation takes one row at a time
+    prompt = torch.tensor(TOKENS[row:row + 1, :n], dtype=torch.long)
+    kwargs = dict(attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=12,
+                  eos_token_id=1, pad_token_id=0)
+    with torch.no_grad():
+      plain = hf_target.generate(prompt, **kwargs)[0, n:].tolist()
+      assisted = hf_target.generate(prompt, assistant_model=hf_draft, **kwargs)[0, n:].tolist()
+    assert assisted == plain
+    assert np.asarray(ours.tokens[row, :int(ours.lengths[row])]).tolist() == plain

@@ -1,0 +1,95 @@
+"""Tiny models and tiny main-job runs shared by the tests (imported as `testing`; conftest.py
+turns the expensive ones into session fixtures).
+
+- `tiny_pair(vocab_size)`: the target/draft pair of the trainer, mesh and multi-host tests
+  (tiny_encoder_decoder toward demo_draft); `random_params(model, seed)`: its random weights,
+  made once per process (the same model and seed give the same arrays in every test);
+  T5_TINY: the checkpoint-format tests' config.
+- PIPELINE and `pipeline_config`: the main job on a handful of steps and examples (the smoke
+  tests and the studies use the same settings, so they can share stages).
+- `train_shared_stages` / `copy_stages`: the main job's vocab, target and raw draft trained
+  once per test run and copied into each whole-pipeline test's run directory (markers' times
+  kept, so run_pipeline reuses them as it reuses any finished stage).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import json
+import os
+import shutil
+
+import jax
+
+from distillspec_jax.models.config import TransformerConfig
+from distillspec_jax.models.model import Model
+
+TINY_TARGET, TINY_DRAFT = "tiny_encoder_decoder", "demo_draft"
+# The checkpoint-format tests' T5 (Hugging Face, T5X): every field spelled out, as a
+# converted config would be.
+T5_TINY = TransformerConfig(kind="encoder_decoder", vocab_size=128, emb_dim=64, num_heads=4,
+                            num_encoder_layers=2, num_decoder_layers=2, head_dim=16,
+                            mlp_dim=128, dropout_rate=0.0, max_decode_length=32)
+
+# The main job's settings of every whole-pipeline test: the embedded task, smoke_target toward
+# demo_draft, two steps per stage, four test prompts, one timed prompt in this process.
+PIPELINE = dict(task_feature_lengths={"inputs": 40, "targets": 44}, target_model="smoke_target",
+                target_steps=2, draft_steps=2, distill_steps=2, batch_size=4, warmup_steps=1,
+                eval_examples=4, speed_examples=1, max_new_tokens=8, eval_every=1,
+                train_examples=64, progress_bar=False, speed_repeats=2, speed_calls=2,
+                speed_cpus=0)
+# The stages every main job and study starts from (studies.common.REUSABLE_STAGES).
+SHARED_STAGES = ("vocab", "target", "draft_raw")
+
+
+def tiny_pair(vocab_size: int = 64) -> tuple:
+  """(target, draft) Models: tiny_encoder_decoder and demo_draft with `vocab_size` rows."""
+  return (Model.from_name(TINY_TARGET, vocab_size=vocab_size),
+          Model.from_name(TINY_DRAFT, vocab_size=vocab_size))
+
+
+@functools.lru_cache(maxsize=32)
+def _random_params(model: Model, seed: int):
+  return model.init(jax.random.PRNGKey(seed))
+
+
+def random_params(model: Model, seed: int):
+  """`model.init(PRNGKey(seed))`, initialised once per process; fresh containers around the
+  shared (immutable) arrays, so a test may replace leaves without touching another's."""
+  return jax.tree.map(lambda x: x, _random_params(model, seed))
+
+
+def pipeline_config(run_dir, config_class=None, **changes):
+  """A PipelineConfig (or `config_class`, e.g. a study's) of PIPELINE with `changes`."""
+  if config_class is None:
+    from distillspec_jax.studies.pipeline import PipelineConfig as config_class
+  return config_class(run_dir=str(run_dir), **dict(PIPELINE, **changes))
+
+
+def train_shared_stages(root) -> tuple:
+  """The SHARED_STAGES of `pipeline_config` in `<root>/run`, trained by the first caller and
+  reused by every later one, in any process (a file lock: pytest-xdist workers share `root`).
+
+  Returns (run_dir, outcome): outcome is run_pipeline's answer to the call that trained them
+  ({stage: "ran"}).
+  """
+  from distillspec_jax.studies.pipeline import run_pipeline
+  os.makedirs(root, exist_ok=True)
+  run_dir, record = os.path.join(root, "run"), os.path.join(root, "outcome.json")
+  with open(os.path.join(root, "lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if not os.path.exists(record):  # first caller (or an earlier one failed: train again)
+      outcome = run_pipeline(pipeline_config(run_dir), stages=SHARED_STAGES)
+      with open(record + ".tmp", "w") as f:
+        json.dump(outcome, f)
+      os.replace(record + ".tmp", record)
+    with open(record) as f:
+      return run_dir, json.load(f)
+
+
+def copy_stages(source_run_dir, config, stages=SHARED_STAGES) -> None:
+  """Copies finished `stages` of `source_run_dir` into `config`'s run directory as they are:
+  file times kept (shutil.copy2), so their markers stay older than anything run after."""
+  for stage in stages:
+    shutil.copytree(os.path.join(source_run_dir, stage), config.stage_dir(stage))
