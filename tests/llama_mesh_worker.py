@@ -74,7 +74,8 @@ def check_decode():
       compiled = speculative._speculative_jit.lower(  # pylint: disable=protected-access
           TARGET, target_params, DRAFT, draft_params, None, prompts, key, max_new_tokens=8,
           gamma=3, sampling=sampling, lenience=speculative.Lenience(),
-          max_length=TARGET.config.max_decode_length).compile()
+          max_length=TARGET.config.max_decode_length,
+          draft_length=speculative.DraftLength()).compile()
       mw.check_param_shardings(compiled.input_shardings[0][0], TARGET, mesh, shape)
       mw.check_param_shardings(compiled.input_shardings[0][1], DRAFT, mesh, shape)
       mw.check_no_param_gather(compiled, mw.sharded_param_shapes(TARGET, DRAFT, mesh),
