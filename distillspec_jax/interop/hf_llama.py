@@ -36,7 +36,7 @@ import numpy as np
 
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.models.config import TransformerConfig
-from distillspec_jax.models.model import DECODER_START_ID, EOS_ID, PAD_ID
+from distillspec_jax.models.model import DECODER_START_ID, EOS_ID, PAD_ID, Model
 
 Params = Any
 
@@ -232,27 +232,14 @@ def _to_hf(value: np.ndarray, layout: int) -> np.ndarray:
   return value.reshape(int(np.prod(value.shape[:layout])), -1).T
 
 
-def _get(tree: Mapping, path: tuple):
-  for key in path:
-    tree = tree[key]
-  return tree
-
-
-def _set(tree: dict, path: tuple, value) -> None:
-  for key in path[:-1]:
-    tree = tree.setdefault(key, {})
-  tree[path[-1]] = value
-
-
 def _our_shapes(config: TransformerConfig) -> dict:
-  from distillspec_jax.models.model import Model
   shapes = Model(config).param_shapes()
-  return {path: tuple(_get(shapes, path).shape) for path, _, _ in param_mapping(config)}
+  return {path: tuple(hf_t5.tree_get(shapes, path).shape) for path, _, _ in param_mapping(config)}
 
 
 def params_to_hf(params: Params, config: TransformerConfig) -> dict[str, np.ndarray]:
   """Our params -> {HF name: contiguous numpy array} (exact: reshapes and transposes)."""
-  return {name: np.ascontiguousarray(_to_hf(np.asarray(_get(params, path)), axes))
+  return {name: np.ascontiguousarray(_to_hf(np.asarray(hf_t5.tree_get(params, path)), axes))
           for path, name, axes in param_mapping(config)}
 
 
@@ -293,7 +280,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig)
   for path, name, axes in param_mapping(config):
     value = np.asarray(tensors[name]).astype(np.float32)
     value = value.reshape(ours[name]) if axes in (SAME, FLAT) else value.T.reshape(ours[name])
-    _set(params, path, np.ascontiguousarray(value))
+    hf_t5.tree_set(params, path, np.ascontiguousarray(value))
   return params
 
 
@@ -303,7 +290,7 @@ def shapes_from_hf(shapes: Mapping[str, tuple], config: TransformerConfig) -> Pa
   ours = _matched(shapes, config)
   tree: dict = {}
   for path, name, _ in param_mapping(config):
-    _set(tree, path, jax.ShapeDtypeStruct(ours[name], np.float32))
+    hf_t5.tree_set(tree, path, jax.ShapeDtypeStruct(ours[name], np.float32))
   return tree
 
 

@@ -198,13 +198,15 @@ def param_mapping(config: TransformerConfig) -> list[tuple[tuple[str, ...], str,
   return m
 
 
-def _get(tree: Mapping, path: tuple):
+def tree_get(tree: Mapping, path: tuple):
+  """The leaf of a nested dict at `path` (a tuple of keys)."""
   for key in path:
     tree = tree[key]
   return tree
 
 
-def _set(tree: dict, path: tuple, value) -> None:
+def tree_set(tree: dict, path: tuple, value) -> None:
+  """Puts `value` at `path` in a nested dict, creating the inner dicts."""
   for key in path[:-1]:
     tree = tree.setdefault(key, {})
   tree[path[-1]] = value
@@ -214,7 +216,7 @@ def params_to_hf(params: Params, config: TransformerConfig) -> dict[str, np.ndar
   """Our params -> {HF name: contiguous numpy array} (exact: transposes only)."""
   out = {}
   for path, name, transpose in param_mapping(config):
-    value = np.asarray(_get(params, path))
+    value = np.asarray(tree_get(params, path))
     out[name] = np.ascontiguousarray(value.T if transpose else value)
   return out
 
@@ -268,7 +270,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig)
   for path, name, transpose in param_mapping(config):
     value = np.asarray(tensors[name])
     value = value.T if transpose else value
-    _set(params, path, np.ascontiguousarray(value.astype(np.float32)))
+    tree_set(params, path, np.ascontiguousarray(value.astype(np.float32)))
   check_param_shapes(params, config)
   return params
 
@@ -283,7 +285,7 @@ def shapes_from_hf(shapes: Mapping[str, tuple], config: TransformerConfig) -> Pa
   tree: dict = {}
   for path, name, transpose in param_mapping(config):
     shape = tuple(shapes[name])
-    _set(tree, path, jax.ShapeDtypeStruct(shape[::-1] if transpose else shape, np.float32))
+    tree_set(tree, path, jax.ShapeDtypeStruct(shape[::-1] if transpose else shape, np.float32))
   return tree
 
 
