@@ -442,31 +442,29 @@ def timed_lenience(lenience: Lenience) -> Lenience:
   return Lenience() if lenience.epsilon == 1.0 else lenience
 
 
+def _distinct(values, cls: type, name: str, fields: str, example: str) -> tuple:
+  """`values` (one `cls` or several) as a tuple of distinct `cls`, or a ValueError naming it."""
+  values = (values,) if isinstance(values, cls) else tuple(values)
+  kind = f"speculative.{cls.__name__}"
+  if not values:
+    raise ValueError(f"{name}=() is empty; pass at least one {kind}, e.g. {example}.")
+  for value in values:
+    if not isinstance(value, cls):
+      raise ValueError(f"{name} has {value!r}; pass {kind}({fields}) values.")
+  return tuple(dict.fromkeys(values))
+
+
 def check_leniences(leniences) -> tuple:
   """`leniences` as a tuple of distinct speculative.Lenience, or a ValueError naming it."""
-  leniences = (leniences,) if isinstance(leniences, Lenience) else tuple(leniences)
-  if not leniences:
-    raise ValueError("leniences=() is empty; pass at least one speculative.Lenience, e.g. "
-                     "(Lenience(),) for lossless decoding.")
-  for lenience in leniences:
-    if not isinstance(lenience, Lenience):
-      raise ValueError(f"leniences has {lenience!r}; pass speculative.Lenience(kind, epsilon) "
-                       "values.")
-  return tuple(dict.fromkeys(leniences))
+  return _distinct(leniences, Lenience, "leniences", "kind, epsilon",
+                   "(Lenience(),) for lossless decoding")
 
 
 def check_draft_lengths(draft_lengths) -> tuple:
   """`draft_lengths` as a tuple of distinct speculative.DraftLength, or a ValueError naming
   it."""
-  rules = (draft_lengths,) if isinstance(draft_lengths, DraftLength) else tuple(draft_lengths)
-  if not rules:
-    raise ValueError("draft_lengths=() is empty; pass at least one speculative.DraftLength, "
-                     "e.g. (DraftLength(),) for gamma draft tokens every round.")
-  for rule in rules:
-    if not isinstance(rule, DraftLength):
-      raise ValueError(f"draft_lengths has {rule!r}; pass speculative.DraftLength(rule, "
-                       "threshold) values.")
-  return tuple(dict.fromkeys(rules))
+  return _distinct(draft_lengths, DraftLength, "draft_lengths", "rule, threshold",
+                   "(DraftLength(),) for gamma draft tokens every round")
 
 
 def check_speed_arguments(gammas, temperatures, repeats, prompts) -> None:
