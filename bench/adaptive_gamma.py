@@ -2,10 +2,10 @@
 
 Times, with the library's one measurement (`speed.measure_speed`: batch 1, interleaved
 cycles, one pinned core), plain decoding, speculative decoding at each fixed gamma, and the
-`confidence` draft length rule (`speculative.DraftLength`: each row proposes its draft tokens
-while the draft's top probability for the next one is at least the threshold, up to
-gamma_max) at every threshold of the sweep, all in the same cycles against the same plain
-decoding. Prints per temperature and configuration the end-to-end and decode-phase speedups
+adaptive draft length rules (`speculative.DraftLength`, up to gamma_max tokens a round:
+`confidence`, each row proposes while the draft's top probability for the next token is at
+least the threshold; `cumulative`, while the product of the round's top probabilities is)
+at every threshold of the sweep, all in the same cycles against the same plain decoding. Prints per temperature and configuration the end-to-end and decode-phase speedups
 with their [min, max] over repeats, tau and the mean proposal length (draft tokens proposed
 per round), and whether the best adaptive row's end-to-end speedup reaches the best fixed
 gamma's.
@@ -17,7 +17,8 @@ so those rows show the rule's costs, not what it gains with a distilled draft).
 
   python bench/adaptive_gamma.py --out docs/benchmarks/adaptive_gamma.json
       [--gin_file=gin/runs/demo.gin] [--gammas 3,5,7] [--gamma_max 7]
-      [--thresholds 0.3,0.5,0.7,0.9] [--temperatures 0,1] [--prompts 12] [--repeats 5]
+      [--thresholds 0.3,0.5,0.7,0.9] [--rules confidence,cumulative] [--temperatures 0,1]
+      [--prompts 12] [--repeats 5]
       [--calls 4] [--budget 120] [--cpus 1] [--random]
 
 Writes --out (JSON: the rows and the host) and a PNG beside it (end-to-end speedup against
@@ -57,7 +58,7 @@ def best_rows(rows: list) -> dict:
 def label(row: dict) -> str:
   if row["draft_length"] == "fixed":
     return f"gamma {row['gamma']}"
-  return f"confidence >= {row['threshold']:g} (gamma_max {row['gamma']})"
+  return f"{row['draft_length']} >= {row['threshold']:g} (gamma_max {row['gamma']})"
 
 
 def plot(rows: list, path: str, title: str) -> None:
@@ -68,20 +69,21 @@ def plot(rows: list, path: str, title: str) -> None:
   figure, axes = plt.subplots(1, len(temperatures), figsize=(5.5 * len(temperatures), 4),
                               squeeze=False)
   for axis, temperature in zip(axes[0], temperatures):
-    adaptive = sorted((r for r in rows if r["temperature"] == temperature
-                       and r["draft_length"] != "fixed"), key=lambda r: r["threshold"])
-    values = [r["end_to_end_speedup"] for r in adaptive]
-    errors = [[v - r["end_to_end_speedup_range"][0] for v, r in zip(values, adaptive)],
-              [r["end_to_end_speedup_range"][1] - v for v, r in zip(values, adaptive)]]
-    axis.errorbar([r["threshold"] for r in adaptive], values, yerr=errors, marker="o",
-                  capsize=3, label="confidence rule")
+    for rule in sorted({r["draft_length"] for r in rows} - {"fixed"}):
+      adaptive = sorted((r for r in rows if r["temperature"] == temperature
+                         and r["draft_length"] == rule), key=lambda r: r["threshold"])
+      values = [r["end_to_end_speedup"] for r in adaptive]
+      errors = [[v - r["end_to_end_speedup_range"][0] for v, r in zip(values, adaptive)],
+                [r["end_to_end_speedup_range"][1] - v for v, r in zip(values, adaptive)]]
+      axis.errorbar([r["threshold"] for r in adaptive], values, yerr=errors, marker="o",
+                    capsize=3, label=f"{rule} rule")
     for row in rows:
       if row["temperature"] == temperature and row["draft_length"] == "fixed":
         line = axis.axhline(row["end_to_end_speedup"], ls="--", lw=0.8)
         axis.annotate(f"gamma {row['gamma']}", (0.0, row["end_to_end_speedup"]),
                       color=line.get_color(), fontsize=7, xycoords=("axes fraction", "data"))
     axis.axhline(1.0, color="gray", lw=0.6)
-    axis.set_xlabel("threshold on the draft's top probability")
+    axis.set_xlabel("threshold (confidence: the token's; cumulative: the round's product)")
     axis.set_ylabel("end-to-end speedup over plain decoding")
     axis.set_title(f"T = {temperature:g} (bars: [min, max] over repeats)")
     axis.legend(fontsize=8)
@@ -97,6 +99,8 @@ def parse(argv) -> argparse.Namespace:
   parser.add_argument("--gammas", default="3,5,7", help="fixed gammas")
   parser.add_argument("--gamma_max", type=int, default=7, help="the adaptive rule's gamma_max")
   parser.add_argument("--thresholds", default="0.3,0.5,0.7,0.9")
+  parser.add_argument("--rules", default="confidence,cumulative",
+                      help="adaptive rules, each timed at every threshold")
   parser.add_argument("--temperatures", default="0,1")
   parser.add_argument("--prompts", type=int, default=12, help="timed prompts (batch 1)")
   parser.add_argument("--repeats", type=int, default=5)
@@ -113,6 +117,7 @@ def parse(argv) -> argparse.Namespace:
     args.gammas = [int(g) for g in args.gammas.split(",")]
     args.thresholds = [float(t) for t in args.thresholds.split(",")]
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
+    args.rules = [r for r in args.rules.split(",") if r]
   except ValueError:
     raise ValueError(f"--gammas={args.gammas!r}, --thresholds={args.thresholds!r}, "
                      f"--temperatures={args.temperatures!r}: pass comma-separated numbers, "
@@ -126,7 +131,8 @@ def main(argv=None) -> None:
   args = parse(argv)
   pinned = pin_cores(args.cpus)
   from distillspec_jax.decoding.speculative import DraftLength
-  rules = (DraftLength(),) + tuple(DraftLength("confidence", t) for t in args.thresholds)
+  rules = (DraftLength(),) + tuple(DraftLength(rule, t) for rule in args.rules
+                                   for t in args.thresholds)
   from latency import cpu_name, load_pair
   from distillspec_jax.evaluation.speed import measure_speed
   pair = load_pair(args)

@@ -43,7 +43,8 @@ ADAPTIVE = DraftLength("confidence", 0.05)
 
 
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
-@pytest.mark.parametrize("draft_length", [DraftLength(), ADAPTIVE])
+@pytest.mark.parametrize("draft_length", [DraftLength(), ADAPTIVE,
+                                          DraftLength("cumulative", 0.002)])
 def test_greedy_speculative_equals_greedy_target(kind, draft_length):
   target, tp, draft, dp = _pair(kind)
   prompts = _prompts(kind)
@@ -220,13 +221,14 @@ def test_sampled_speculative_matches_target_distribution_and_broken_variants_fai
   assert _goodness_of_fit_pvalue(broken, expected) < 1e-6
 
 
-def test_sampled_speculative_with_adaptive_draft_length_matches_target_distribution():
-  """The exactness check with the adaptive rule on: proposals of 1-3 tokens, chosen by the
+@pytest.mark.parametrize("rule", [DraftLength("confidence", 0.5),
+                                  DraftLength("cumulative", 0.3)])
+def test_sampled_speculative_with_adaptive_draft_length_matches_target_distribution(rule):
+  """The exactness check with each adaptive rule on: proposals of 1-3 tokens, chosen by the
   draft's confidence, leave the output distribution the target's."""
   model, tp, dp = _peaked_decoder_pair()
   length, num_samples = 4, 20000
   expected = _exact_sequence_distribution(model, tp, length, eos=1)
-  rule = DraftLength("confidence", 0.5)
   result = speculative_decode(model, tp, model, dp,
                               prompt_tokens=jnp.zeros((num_samples, 1), jnp.int32),
                               max_new_tokens=length, gamma=3,

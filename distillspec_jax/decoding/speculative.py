@@ -102,7 +102,7 @@ class Lenience:
     return jnp.power(p, self.epsilon)
 
 
-DRAFT_LENGTH_RULES = ("fixed", "confidence")
+DRAFT_LENGTH_RULES = ("fixed", "confidence", "cumulative")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,10 +111,13 @@ class DraftLength:
 
   fixed: gamma every round. confidence: a row proposes its first draft token, then each next
   one while the draft's top probability for it is at least `threshold` (at the sampling
-  temperature; at temperature 1 when greedy, whose sampling distribution is one-hot); the
-  verification scores only the batch's longest proposal, and the draft stops once every row
-  has stopped. Lossless: whether a token is proposed depends on the draft alone, and every
-  proposed token goes through the same acceptance test (DistillSpec Knowl 5 at each
+  temperature; at temperature 1 when greedy, whose sampling distribution is one-hot).
+  cumulative: the same with the product of the top probabilities of the round's tokens so
+  far (the next one included), the draft's own estimate that the whole proposal is accepted:
+  a row stops once a long proposal is unlikely to survive, not at the first unsure token.
+  The verification scores only the batch's longest proposal, and the draft stops once every
+  row has stopped. Lossless: whether a token is proposed depends on the draft alone, and
+  every proposed token goes through the same acceptance test (DistillSpec Knowl 5 at each
   position), so the output distribution is the target's.
   """
 
@@ -460,10 +463,12 @@ def _confidence(logits: Array, temperature: float) -> Array:
 
 
 def _draft_block_adaptive(draft: Model, draft_params, draft_cache, context: Array, rng: Array,
-                          active: Array, *, gamma: int, temperature: float, threshold: float):
+                          active: Array, *, gamma: int, temperature: float, threshold: float,
+                          cumulative: bool):
   """Up to gamma draft steps from `context: [batch, 2]` (as `_draft_block`), each row
-  proposing its first token and then each next one while `_confidence` of it is at least
-  `threshold`; the steps stop once no `active` row proposes more. Returns (tokens [batch,
+  proposing its first token and then each next one while `_confidence` of it (`cumulative`:
+  the product of the round's confidences up to it) is at least `threshold`; the steps stop
+  once no `active` row proposes more. Returns (tokens [batch,
   gamma], logits [batch, gamma, vocab], draft cache, proposed [batch] in [1, gamma], draft
   calls []: the cache advanced by calls + 1). Entries past a row's proposal are drawn but
   never tested; the uniforms are `_draft_block`'s, so a row that proposes gamma tokens draws
@@ -477,24 +482,28 @@ def _draft_block_adaptive(draft: Model, draft_params, draft_cache, context: Arra
   all_logits = jnp.zeros((batch, gamma) + first.shape[1:], first.dtype).at[:, 0].set(first)
 
   def cond(carry):
-    step, _, _, _, going, _ = carry
+    step, _, _, _, going, _, _ = carry
     return (step < gamma) & jnp.any(going)
 
   def body(carry):
-    step, tokens, all_logits, cache, going, proposed = carry
+    step, tokens, all_logits, cache, going, proposed, product = carry
     previous = jax.lax.dynamic_index_in_dim(tokens, step - 1, axis=1, keepdims=True)
     logits, cache = draft.extend(draft_params, cache, previous)
     step_logits = logits[:, 0]
-    going = going & (_confidence(step_logits, temperature) >= threshold)
+    confidence = _confidence(step_logits, temperature)
+    product = product * confidence
+    going = going & ((product if cumulative else confidence) >= threshold)
     u = jax.lax.dynamic_index_in_dim(uniform, step, axis=1, keepdims=False)
     token = sample_tokens(step_logits, None, temperature, u)
     tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, step, axis=1)
     all_logits = jax.lax.dynamic_update_index_in_dim(all_logits, step_logits, step, axis=1)
-    return step + 1, tokens, all_logits, cache, going, proposed + going.astype(jnp.int32)
+    return (step + 1, tokens, all_logits, cache, going, proposed + going.astype(jnp.int32),
+            product)
 
   ones = jnp.ones((batch,), jnp.int32)
-  steps, tokens, all_logits, draft_cache, _, proposed = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), tokens, all_logits, draft_cache, active, ones))
+  steps, tokens, all_logits, draft_cache, _, proposed, _ = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), tokens, all_logits, draft_cache, active, ones,
+                   _confidence(first, temperature)))
   return tokens, all_logits, draft_cache, proposed, steps
 
 
@@ -560,7 +569,8 @@ def _propose_and_verify(target, target_params, draft, draft_params, state: Specu
             jnp.int32(gamma), jnp.int32(gamma + 1), target_cache, draft_cache)
   draft_tokens, draft_logits, draft_cache, proposed, calls = _draft_block_adaptive(
       draft, draft_params, state.draft_cache, context, draft_rng, ~state.done, gamma=gamma,
-      temperature=sampling.temperature, threshold=draft_length.threshold)
+      temperature=sampling.temperature, threshold=draft_length.threshold,
+      cumulative=draft_length.rule == "cumulative")
   block = jnp.concatenate([context[:, 1:], draft_tokens], axis=1)
   width = jnp.max(jnp.where(state.done, 1, proposed)) + 1
   target_logits, target_cache = _verify_proposals(target, target_params, state.target_cache,
