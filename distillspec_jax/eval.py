@@ -97,8 +97,9 @@ class EvalConfig:
       whole batch).
     draft_length_rule / draft_length_threshold: how many draft tokens a row proposes per
       round (speculative.DraftLength; DRAFT_LENGTH_RULE, DRAFT_LENGTH_THRESHOLD): 'fixed'
-      (gamma) or 'confidence' (up to gamma as gamma_max, while the draft's top probability
-      is at least the threshold).
+      (gamma), 'confidence' (up to gamma as gamma_max, while the draft's top probability
+      is at least the threshold) or 'cumulative' (while the product of the round's top
+      probabilities is).
     target_param_dtype: the target's parameters cast after loading (TARGET_PARAM_DTYPE; None
       = as stored).
   """

@@ -22,15 +22,18 @@ VOCAB = 64
 
 
 def test_definitions_on_hand_made_counts():
-  # Two rows, gamma 3: row 0 ran rounds accepting 3, 1, 0 (two rejections); row 1 rounds
-  # accepting 2 then 3 by the test, the length limit keeping 1 of the last round's 3.
+  # Two rows, gamma 3: row 0 ran rounds accepting 3, 1, 0 (two rejections, both in the
+  # output); row 1 rounds accepting 2 (a rejection in the output) then 3 by the test, the
+  # length limit keeping 1 of the last round's 3.
   out = stats.block_statistics(produced=[7, 4], target_calls=[3, 2], accepted=[4, 3],
-                               drafted=[9, 6], accepted_proposed=[4, 5], rejections=[2, 1])
+                               drafted=[9, 6], accepted_proposed=[4, 5],
+                               output_rejections=[2, 1])
   assert out["tau"] == pytest.approx(11 / 5)
   assert out["mean_acceptance_length"] == pytest.approx(1 + 7 / 5)  # vLLM, llama.cpp
   assert out["draft_acceptance_rate"] == pytest.approx(7 / 15) == out["alpha"]  # vLLM
   assert out["alpha_proposed"] == pytest.approx(9 / 15)
-  assert out["alpha_distillspec"] == pytest.approx(9 / (9 + 3))  # accepted / tests run
+  # Tests at output positions: the 7 accepted tokens in the output and the 3 rejections.
+  assert out["alpha_distillspec"] == pytest.approx(7 / (7 + 3))
   # mean acceptance length = 1 + gamma x draft acceptance rate, by definition.
   assert out["mean_acceptance_length"] == pytest.approx(1 + 3 * out["draft_acceptance_rate"])
   assert stats.block_statistics([0], [0], [0], [0], [0], [0])["alpha_distillspec"] is None
@@ -84,7 +87,12 @@ def test_the_engine_counts_match_both_definitions(temperature):
   rounds, tested = np.sum(result.target_calls), np.sum(result.accepted_proposed)
   assert out["draft_acceptance_rate"] == pytest.approx(accepted / drafted)
   assert out["mean_acceptance_length"] == pytest.approx(1 + accepted / rounds)
-  assert out["alpha_distillspec"] == pytest.approx(tested / (tested + np.sum(result.rejections)))
+  assert out["alpha_distillspec"] == pytest.approx(
+      accepted / (accepted + np.sum(result.output_rejections)))
+  # A rejection reaches the output unless the length limit cut its round (no EOS here).
+  assert np.all(result.output_rejections <= result.rejections)
+  assert np.all(result.rejections - result.output_rejections <= 1)
+  assert tested >= accepted
   # The draft tokens after a rejection are proposed but never tested: the rate per proposed
   # token is the lower one.
   assert out["draft_acceptance_rate"] < out["alpha_distillspec"] < 1.0
@@ -102,6 +110,24 @@ def test_the_engine_counts_match_both_definitions(temperature):
       assert result.rejections[row] == earlier + 1
 
 
+def test_distillspec_alpha_counts_only_tests_at_output_positions():
+  """With an EOS, a round can accept the EOS and test (and reject) draft tokens after it:
+  those tests score contexts the output never has, so alpha_distillspec leaves them out.
+  Every rejection that counts is one whose correction token is in the output."""
+  model, target, draft = _pair(noise=0.5)
+  result = jax.device_get(speculative_decode(
+      model, target, model, draft, prompt_tokens=jnp.asarray(_prompts(64)), max_new_tokens=16,
+      gamma=5, sampling=SamplingConfig(1.0, eos_id=11), rng=jax.random.PRNGKey(1)))
+  out = stats.block_efficiency_stats(result)
+  accepted, kept = np.sum(result.accepted), np.sum(result.output_rejections)
+  assert out["alpha_distillspec"] == pytest.approx(accepted / (accepted + kept))
+  # Rows that ended on an accepted EOS ran tests past it; the statistic leaves them out.
+  assert np.sum(result.rejections) > kept and np.sum(result.accepted_proposed) > accepted
+  # A rejection in the output ends its round with a correction token: a row's rounds number
+  # at least its kept rejections (each round rejects at most once).
+  assert np.all(result.output_rejections <= result.target_calls)
+
+
 def test_an_identical_draft_is_never_rejected_though_the_length_limit_cuts_its_rate():
   model, target, _ = _pair(noise=0.0)
   gamma, new = 4, 13  # 12 tokens after the prefill's: two full rounds and one cut to 2
@@ -111,6 +137,7 @@ def test_an_identical_draft_is_never_rejected_though_the_length_limit_cuts_its_r
       rng=jax.random.PRNGKey(2)))
   out = stats.block_efficiency_stats(result)
   np.testing.assert_array_equal(result.rejections, 0)
+  np.testing.assert_array_equal(result.output_rejections, 0)
   assert out["alpha_distillspec"] == 1.0
   assert out["draft_acceptance_rate"] == pytest.approx((4 + 4 + 2) / 12)
   assert out["mean_acceptance_length"] == pytest.approx(1 + (4 + 4 + 2) / 3)

@@ -379,7 +379,7 @@ def test_gin_run_files_build(setup):
       assert len(config.epsilons) >= 4
   gin_utils.clear()
   adaptive = eval_lib.load_config(["--gin_file=gin/runs/eval_adaptive_demo.gin"])
-  assert adaptive.draft_length.rule == "confidence" and adaptive.gammas == (7,)
+  assert adaptive.draft_length.rule == "confidence" and adaptive.gammas == (9,)
   assert 0 < adaptive.draft_length.threshold < 1
   for flag, message in (("--gin.DRAFT_LENGTH_THRESHOLD=1.5", "DRAFT_LENGTH_THRESHOLD=1.5"),
                         ("--gin.DRAFT_LENGTH_RULE='entropy'", "'entropy'"),

@@ -28,6 +28,8 @@ from the prompt's prefill in both plain and speculative decoding and is not coun
             from `accepted` only in a row's last round.
   rejections: rounds whose acceptance test rejected a draft token (n below the round's
             proposal: gamma under the fixed rule); the others accepted every proposed token.
+  output_rejections: those rejections whose position reaches the output (its correction
+            token is kept: no accepted EOS before it, within the length limit).
   produced: tokens appended to the output by verification rounds (min(n, first EOS) + 1 per
             round, less what the length limit cut off); accepted <= produced.
   block efficiency tau = sum(produced) / sum(target_calls)   (the bonus/correction token counts)
@@ -36,10 +38,11 @@ from the prompt's prefill in both plain and speculative decoding and is not coun
             draft acceptance rate). The rate of the acceptance test itself,
             sum(accepted_proposed) / sum(drafted), is `proposed_acceptance_rate`; it counts
             accepted tokens past EOS or the length limit.
-  DistillSpec's alpha = sum(accepted_proposed) / (sum(accepted_proposed) + sum(rejections)):
-            the per-token acceptance probability, each acceptance test counted once (the
-            tests after a rejection are never run); what 1 - E[TVD] predicts. decoding/stats.py
-            derives every reported statistic from these counts.
+  DistillSpec's alpha = sum(accepted) / (sum(accepted) + sum(output_rejections)): the
+            per-token acceptance probability over the acceptance tests at output positions
+            (a test past an accepted EOS or the length limit scores a context the output
+            never has); what 1 - E[TVD] along the output predicts. decoding/stats.py derives
+            every reported statistic from these counts.
 
 Cache capacity: both caches need `max_length >= prompt width + max_new_tokens + gamma - 1`,
 where prompt width = 1 + prompt_tokens' width (1 for encoder-decoders). That is exactly the
@@ -208,7 +211,8 @@ class SpeculativeResult:
   tokens: [batch, max_new_tokens] (EOS included, PAD after).
   accepted: [batch], accepted draft tokens that reach the output; accepted_proposed: [batch],
     accepted by the acceptance test, including those an EOS or the length limit cut off;
-    rejections: [batch], rounds that rejected a draft token.
+    rejections: [batch], rounds that rejected a draft token; output_rejections: [batch], those
+    whose rejected position reaches the output.
   proposed_per_round: [batch, max_new_tokens], the draft tokens each of the row's rounds
     proposed (gamma under the fixed rule), -1 where the row had no such round.
   accepted_per_round: [batch, max_new_tokens], accepted draft tokens that reach the output in
@@ -228,6 +232,7 @@ class SpeculativeResult:
   accepted_per_round: Array
   rejections: Array
   proposed_per_round: Array
+  output_rejections: Array
 
   @property
   def block_efficiency(self) -> Array:
@@ -330,6 +335,7 @@ class SpeculativeState:
     accepted: accepted draft tokens that reach the output.
     accepted_proposed: accepted draft tokens before EOS or the length limit cut them.
     rejections: rounds whose acceptance test rejected a draft token.
+    output_rejections: those whose rejected position reaches the output.
     drafted: draft tokens proposed (gamma per round, fewer under an adaptive DraftLength).
     draft_calls: the draft's forward calls.
     previous, pending: the decoder sequence's last two tokens (the prompt's last token and
@@ -351,6 +357,7 @@ class SpeculativeState:
   accepted: Array
   accepted_proposed: Array
   rejections: Array
+  output_rejections: Array
   drafted: Array
   draft_calls: Array
   previous: Array
@@ -409,7 +416,8 @@ def speculative_start(target, target_params, draft, draft_params, encoder_input_
   zeros = jnp.zeros_like(pending)
   return SpeculativeState(
       generated=jnp.ones_like(pending), target_calls=zeros, accepted=zeros,
-      accepted_proposed=zeros, rejections=zeros, drafted=zeros, draft_calls=zeros,
+      accepted_proposed=zeros, rejections=zeros, output_rejections=zeros, drafted=zeros,
+      draft_calls=zeros,
       previous=previous, pending=pending,
       done=(pending == sampling.eos_id) | (max_new_tokens <= 1), round=jnp.int32(0),
       target_cache=target_cache, draft_cache=draft_cache, out=out,
@@ -612,12 +620,16 @@ def _round(target, target_params, draft, draft_params, state: SpeculativeState, 
   proposed_per_round = jnp.where(this_round, proposed[:, None], state.proposed_per_round)
   keep = lambda new, old: jnp.where(active, new, old)  # finished rows keep their counters
   last_accepted = jnp.take_along_axis(block, num_accepted[:, None], axis=1)[:, 0]
+  # The rejected position reaches the output when the round keeps its correction token.
+  rejected = num_accepted < proposed
   return state.replace(
       generated=keep(state.generated + produced, state.generated),
       target_calls=keep(state.target_calls + 1, state.target_calls),
       accepted=keep(state.accepted + kept, state.accepted),
       accepted_proposed=keep(state.accepted_proposed + num_accepted, state.accepted_proposed),
-      rejections=keep(state.rejections + (num_accepted < proposed), state.rejections),
+      rejections=keep(state.rejections + rejected, state.rejections),
+      output_rejections=keep(state.output_rejections + (rejected & (produced > num_accepted)),
+                             state.output_rejections),
       drafted=keep(state.drafted + proposed, state.drafted),
       draft_calls=keep(state.draft_calls + calls, state.draft_calls),
       previous=keep(last_accepted, state.previous), pending=keep(next_token, state.pending),
@@ -641,4 +653,5 @@ def speculative_rounds(target, target_params, draft, draft_params, state: Specul
       drafted=state.drafted, accepted=state.accepted,
       accepted_proposed=state.accepted_proposed, produced=state.generated - 1,
       accepted_per_round=state.accepted_per_round, rejections=state.rejections,
-      proposed_per_round=state.proposed_per_round)
+      proposed_per_round=state.proposed_per_round,
+      output_rejections=state.output_rejections)

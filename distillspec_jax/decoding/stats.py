@@ -11,11 +11,13 @@ and with the serving engines (vLLM, llama.cpp, SGLang):
   or the length limit cut a row's last round.
 - draft_acceptance_rate = accepted / drafted (vLLM's "draft acceptance rate"); `alpha` is the
   same number under the name earlier files used.
-- alpha_distillspec = accepted by the test / (accepted by the test + rejections): DistillSpec's
-  alpha, the per-token acceptance probability. A round tests draft tokens until the first
-  rejection, so the tests run are the accepted ones and one per rejecting round; each is
-  accepted with probability 1 - TVD(p, q) at its context (lossless sampling), so this is the
-  quantity `predicted_alpha` = 1 - E[TVD] predicts. draft_acceptance_rate is lower: it also
+- alpha_distillspec = accepted / (accepted + output rejections): DistillSpec's alpha, the
+  per-token acceptance probability. A round tests draft tokens until the first rejection, so
+  the tests run are the accepted ones and one per rejecting round; each is accepted with
+  probability 1 - TVD(p, q) at its context (lossless sampling). Counted at output positions
+  only (the accepted tokens that reach the output, and the rejections whose correction
+  token does): a test past an accepted EOS scores a context the output never has. So this
+  is the quantity `predicted_alpha` = 1 - E[TVD] along the target's outputs predicts. draft_acceptance_rate is lower: it also
   counts the draft tokens after a rejection, which are never tested. For an acceptance
   probability alpha constant over positions, tau = (1 - alpha^(gamma+1)) / (1 - alpha).
 - Per position i = 1..gamma: `acceptance_by_position` (DistillSpec's, conditional: among the
@@ -25,7 +27,8 @@ and with the serving engines (vLLM, llama.cpp, SGLang):
 
 "accepted" counts the accepted draft tokens that reach the output (an accepted EOS ends the
 row and the length limit cuts the last round); "accepted by the test" counts them before that
-cut (speculative.py's `accepted_proposed`).
+cut (speculative.py's `accepted_proposed`, behind alpha_proposed = accepted by the test /
+drafted).
 """
 
 from __future__ import annotations
@@ -49,12 +52,12 @@ def ratio_stderr(numerators, denominators) -> float:
 
 def block_statistics(produced, target_calls, accepted, drafted,
                      accepted_proposed: Optional[np.ndarray] = None,
-                     rejections: Optional[np.ndarray] = None) -> dict:
+                     output_rejections: Optional[np.ndarray] = None) -> dict:
   """The statistics of the module docstring from per-row counts (each [rows]).
 
   Returns tau, tau_stderr, mean_acceptance_length, draft_acceptance_rate and alpha (the
-  same); with `accepted_proposed`, alpha_proposed (accepted by the test / drafted); with it
-  and `rejections`, alpha_distillspec (None when no test ran)."""
+  same); with `accepted_proposed`, alpha_proposed (accepted by the test / drafted); with
+  `output_rejections` (speculative.py's), alpha_distillspec (None when no test ran)."""
   produced, calls = np.asarray(produced, np.int64), np.asarray(target_calls, np.int64)
   accepted, drafted = np.asarray(accepted, np.int64), np.asarray(drafted, np.int64)
   rate = float(accepted.sum() / max(drafted.sum(), 1))
@@ -65,16 +68,16 @@ def block_statistics(produced, target_calls, accepted, drafted,
   if accepted_proposed is not None:
     proposed = np.asarray(accepted_proposed, np.int64)
     stats["alpha_proposed"] = float(proposed.sum() / max(drafted.sum(), 1))
-    if rejections is not None:
-      tests = proposed.sum() + np.asarray(rejections, np.int64).sum()
-      stats["alpha_distillspec"] = float(proposed.sum() / tests) if tests else None
+  if output_rejections is not None:
+    tests = accepted.sum() + np.asarray(output_rejections, np.int64).sum()
+    stats["alpha_distillspec"] = float(accepted.sum() / tests) if tests else None
   return stats
 
 
 def block_efficiency_stats(result) -> dict:
   """`block_statistics` of a SpeculativeResult (every field of it)."""
   return block_statistics(result.produced, result.target_calls, result.accepted,
-                          result.drafted, result.accepted_proposed, result.rejections)
+                          result.drafted, result.accepted_proposed, result.output_rejections)
 
 
 def _flat(per_round) -> np.ndarray:

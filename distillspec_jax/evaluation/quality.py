@@ -202,7 +202,7 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
                   for row in np.asarray(result.proposed_per_round)[:real]]
     for name, store in (("produced", produced), ("target_calls", calls),
                         ("accepted", accepted), ("drafted", drafted),
-                        ("accepted_proposed", proposed), ("rejections", rejections)):
+                        ("accepted_proposed", proposed), ("output_rejections", rejections)):
       store.append(np.asarray(getattr(result, name))[:real])
   scored = detokenize is not None and metric_fn is not None
   per_round = [np.asarray(r, np.int64) for r in rounds] or [np.zeros(0)]
@@ -211,7 +211,7 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
                      else None,
           **block_statistics(*map(np.concatenate, (produced, calls, accepted, drafted)),
                              accepted_proposed=np.concatenate(proposed),
-                             rejections=np.concatenate(rejections)),
+                             output_rejections=np.concatenate(rejections)),
           "acceptance_by_position": acceptance_by_position(per_round, gamma, proposed_rounds),
           "draft_acceptance_rate_by_position": draft_acceptance_rate_by_position(per_round,
                                                                                  gamma),
