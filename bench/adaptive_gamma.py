@@ -5,7 +5,10 @@ cycles, one pinned core), plain decoding, speculative decoding at each fixed gam
 adaptive draft length rules (`speculative.DraftLength`, up to gamma_max tokens a round:
 `confidence`, each row proposes while the draft's top probability for the next token is at
 least the threshold; `cumulative`, while the product of the round's top probabilities is)
-at every threshold of the sweep, all in the same cycles against the same plain decoding. Prints per temperature and configuration the end-to-end and decode-phase speedups
+at every threshold of the sweep, and the `cost` rule (no threshold: it drafts on while a
+longer proposal promises more tokens per unit of time, by the verification prices of
+`--costs_json`, a bench/verification_cost.py output from the same machine), all in the same
+cycles against the same plain decoding. Prints per temperature and configuration the end-to-end and decode-phase speedups
 with their [min, max] over repeats, tau and the mean proposal length (draft tokens proposed
 per round), and whether the best adaptive row's end-to-end speedup reaches the best fixed
 gamma's.
@@ -17,7 +20,8 @@ so those rows show the rule's costs, not what it gains with a distilled draft).
 
   python bench/adaptive_gamma.py --out docs/benchmarks/adaptive_gamma.json
       [--gin_file=gin/runs/demo.gin] [--gammas 3,5,7] [--gamma_max 7]
-      [--thresholds 0.3,0.5,0.7,0.9] [--rules confidence,cumulative] [--temperatures 0,1]
+      [--thresholds 0.3,0.5,0.7,0.9] [--rules confidence,cumulative,cost]
+      [--costs_json docs/benchmarks/verification_cost.json] [--temperatures 0,1]
       [--prompts 12] [--repeats 5]
       [--calls 4] [--budget 120] [--cpus 1] [--random]
 
@@ -55,9 +59,31 @@ def best_rows(rows: list) -> dict:
   return out
 
 
+def cost_rule(path, gamma_max: int):
+  """The 'cost' DraftLength of a bench/verification_cost.py JSON: each width's target call
+  and the one-token draft call, in target steps."""
+  from distillspec_jax.decoding.speculative import DraftLength
+  if not path or not os.path.exists(path):
+    raise ValueError(f"--costs_json={path!r}: the cost rule needs this machine's prices; run "
+                     f"python bench/verification_cost.py --max_width {gamma_max + 1} "
+                     "--out costs.json first and pass --costs_json costs.json.")
+  with open(path) as f:
+    measured = json.load(f)
+  step = measured["target"]["1"]["median_s"]
+  widths = sorted(int(w) for w in measured["target"])
+  if widths[-1] < gamma_max + 1:
+    raise ValueError(f"--costs_json={path!r} prices widths up to {widths[-1]}; --gamma_max "
+                     f"{gamma_max} needs {gamma_max + 1}: rerun verification_cost.py with "
+                     f"--max_width {gamma_max + 1}.")
+  costs = tuple(measured["target"][str(w)]["median_s"] / step for w in range(1, gamma_max + 2))
+  return DraftLength("cost", costs=costs, draft_cost=measured["draft"]["1"]["median_s"] / step)
+
+
 def label(row: dict) -> str:
   if row["draft_length"] == "fixed":
     return f"gamma {row['gamma']}"
+  if row["draft_length"] == "cost":
+    return f"cost (gamma_max {row['gamma']})"
   return f"{row['draft_length']} >= {row['threshold']:g} (gamma_max {row['gamma']})"
 
 
@@ -69,7 +95,11 @@ def plot(rows: list, path: str, title: str) -> None:
   figure, axes = plt.subplots(1, len(temperatures), figsize=(5.5 * len(temperatures), 4),
                               squeeze=False)
   for axis, temperature in zip(axes[0], temperatures):
-    for rule in sorted({r["draft_length"] for r in rows} - {"fixed"}):
+    for row in rows:
+      if row["temperature"] == temperature and row["draft_length"] == "cost":
+        axis.axhline(row["end_to_end_speedup"], lw=1.2, color="black",
+                     label=f"cost rule (gamma_max {row['gamma']})")
+    for rule in sorted({r["draft_length"] for r in rows} - {"fixed", "cost"}):
       adaptive = sorted((r for r in rows if r["temperature"] == temperature
                          and r["draft_length"] == rule), key=lambda r: r["threshold"])
       values = [r["end_to_end_speedup"] for r in adaptive]
@@ -100,7 +130,10 @@ def parse(argv) -> argparse.Namespace:
   parser.add_argument("--gamma_max", type=int, default=7, help="the adaptive rule's gamma_max")
   parser.add_argument("--thresholds", default="0.3,0.5,0.7,0.9")
   parser.add_argument("--rules", default="confidence,cumulative",
-                      help="adaptive rules, each timed at every threshold")
+                      help="adaptive rules: confidence and cumulative at every threshold, "
+                           "cost once (needs --costs_json)")
+  parser.add_argument("--costs_json", default=None,
+                      help="bench/verification_cost.py's JSON from this machine (cost rule)")
   parser.add_argument("--temperatures", default="0,1")
   parser.add_argument("--prompts", type=int, default=12, help="timed prompts (batch 1)")
   parser.add_argument("--repeats", type=int, default=5)
@@ -132,7 +165,9 @@ def main(argv=None) -> None:
   pinned = pin_cores(args.cpus)
   from distillspec_jax.decoding.speculative import DraftLength
   rules = (DraftLength(),) + tuple(DraftLength(rule, t) for rule in args.rules
-                                   for t in args.thresholds)
+                                   if rule != "cost" for t in args.thresholds)
+  if "cost" in args.rules:
+    rules += (cost_rule(args.costs_json, args.gamma_max),)
   from latency import cpu_name, load_pair
   from distillspec_jax.evaluation.speed import measure_speed
   pair = load_pair(args)

@@ -179,13 +179,15 @@ def test_adaspec_bad_input(tmp_path):
 
 
 @pytest.mark.pipeline
-def test_decoder_only_job(tmp_path):
-  """The same job with decoder-only models (prefix LM on the embedded task)."""
+def test_decoder_only_job(tmp_path, shared_stages):
+  """The same job with decoder-only models (prefix LM on the embedded task); the vocabulary
+  is the session's (the same task)."""
   config = dataclasses.replace(_smoke_config(tmp_path / "dec"), target_model="tiny_decoder_only",
                                draft_model="tiny_decoder_only", recipes=("gkd",),
                                temperatures=(0.0,), max_decode_length=160)
   assert config.feature_converter == "decoder"
-  run_pipeline(config)
+  testing.copy_stages(shared_stages[0], config, stages=("vocab",))
+  assert run_pipeline(config)["vocab"] == "skipped"
   report = json.load(open(tmp_path / "dec" / "report.json"))
   assert len(report["rows"]) == 1
   row = report["rows"][0]

@@ -105,7 +105,7 @@ class Lenience:
     return jnp.power(p, self.epsilon)
 
 
-DRAFT_LENGTH_RULES = ("fixed", "confidence", "cumulative")
+DRAFT_LENGTH_RULES = ("fixed", "confidence", "cumulative", "cost")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +118,13 @@ class DraftLength:
   cumulative: the same with the product of the top probabilities of the round's tokens so
   far (the next one included), the draft's own estimate that the whole proposal is accepted:
   a row stops once a long proposal is unlikely to survive, not at the first unsure token.
+  cost: a row proposes the next token while some longer proposal promises more tokens per
+  unit of time than stopping now, by the machine's prices: `costs[w - 1]`, a round whose
+  verification scores w tokens (in target steps; bench/verification_cost.py measures them),
+  and `draft_cost`, a draft call; the acceptance of the tokens so far is estimated by the
+  product of their top probabilities and that of later ones by the last token's (no
+  threshold). Where a wider verification costs a jump (a CPU's vector width, a TPU's tile),
+  the rule drafts past it only when the draft is sure enough to pay for it.
   The verification scores only the batch's longest proposal, and the draft stops once every
   row has stopped. Lossless: whether a token is proposed depends on the draft alone, and
   every proposed token goes through the same acceptance test (DistillSpec Knowl 5 at each
@@ -126,6 +133,8 @@ class DraftLength:
 
   rule: str = "fixed"
   threshold: float = 0.0
+  costs: tuple = ()
+  draft_cost: float = 0.0
 
   def __post_init__(self):
     check_field_types(self)
@@ -134,6 +143,32 @@ class DraftLength:
                        f"{DRAFT_LENGTH_RULES}.")
     check_probability(self.threshold, "draft length threshold",
                       fix="pass a probability in [0, 1] (0 proposes gamma_max every round).")
+    if self.rule == "cost":
+      self._check_costs()
+    elif self.costs or self.draft_cost:
+      raise ValueError(f"costs={self.costs!r} and draft_cost={self.draft_cost!r} are the "
+                       f"'cost' rule's; rule {self.rule!r} takes a threshold only.")
+
+  def _check_costs(self) -> None:
+    fix = ("pass costs=(1.0, c2, c3, ...): a round verifying 1, 2, 3, ... tokens in target "
+           "steps (bench/verification_cost.py prints them), draft_cost >= 0 in target steps.")
+    if not self.costs:
+      raise ValueError(f"The 'cost' rule needs costs; {fix}")
+    for width, cost in enumerate(self.costs, 1):
+      if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not (
+          np.isfinite(cost) and cost > 0):
+        raise ValueError(f"costs[{width - 1}]={cost!r} (a {width}-token verification) must "
+                         f"be a positive finite number; {fix}")
+    if isinstance(self.draft_cost, bool) or not (np.isfinite(self.draft_cost)
+                                                and self.draft_cost >= 0):
+      raise ValueError(f"draft_cost={self.draft_cost!r} must be finite and >= 0; {fix}")
+
+  def check_gamma_max(self, gamma_max: int) -> None:
+    """Refuses a 'cost' rule without the price of every width up to gamma_max + 1."""
+    if self.rule == "cost" and len(self.costs) < gamma_max + 1:
+      raise ValueError(f"costs has {len(self.costs)} entries but gamma_max={gamma_max} "
+                       f"verifies up to {gamma_max + 1} tokens; pass a cost for every width "
+                       f"1..{gamma_max + 1}.")
 
   @property
   def adaptive(self) -> bool:
@@ -264,6 +299,8 @@ def _validate(target: Model, draft: Model, gamma: int, lenience: Lenience,
     raise TypeError(f"draft_length must be a DraftLength, got {draft_length!r}.")
   adaptive = draft_length is not None and draft_length.adaptive
   gamma = check_positive_int(gamma, "gamma_max" if adaptive else "gamma")
+  if adaptive:
+    draft_length.check_gamma_max(gamma)
   check_same_vocabulary(target.config, draft.config)
   if target.config.kind != draft.config.kind:
     raise ValueError(f"The target is {target.config.kind} but the draft is {draft.config.kind}; "
@@ -470,17 +507,34 @@ def _confidence(logits: Array, temperature: float) -> Array:
   return jnp.max(jax.nn.softmax(logits.astype(jnp.float32) / scale, axis=-1), axis=-1)
 
 
+def _worth_drafting(rule: "DraftLength", gamma: int, step: Array, confidence: Array,
+                    product: Array, expected: Array) -> Array:
+  """The 'cost' rule's decision, [batch] bool: whether proposing draft token `step` (so far
+  `step` proposed, their estimated acceptance `product` and expected tokens `expected` = 1 +
+  the sum of their prefix products) leads to a proposal of m in (step, gamma] tokens whose
+  expected tokens per cost beat stopping now; later tokens are accepted with `confidence`,
+  the next one's (all [batch])."""
+  costs = jnp.asarray(rule.costs[:gamma + 1], jnp.float32)
+  round_cost = lambda m: costs[m] + rule.draft_cost * m  # m proposed: width m + 1
+  now = expected / round_cost(step)
+  extra = jnp.arange(1, gamma + 1)  # n more tokens: a proposal of step + n
+  gains = product[:, None] * jnp.cumsum(confidence[:, None] ** extra[None, :], axis=1)
+  m = jnp.minimum(step + extra, gamma)
+  later = (expected[:, None] + gains) / round_cost(m)[None, :]
+  return jnp.any((step + extra <= gamma)[None, :] & (later > now[:, None]), axis=1)
+
+
 def _draft_block_adaptive(draft: Model, draft_params, draft_cache, context: Array, rng: Array,
-                          active: Array, *, gamma: int, temperature: float, threshold: float,
-                          cumulative: bool):
+                          active: Array, *, gamma: int, temperature: float,
+                          rule: "DraftLength"):
   """Up to gamma draft steps from `context: [batch, 2]` (as `_draft_block`), each row
-  proposing its first token and then each next one while `_confidence` of it (`cumulative`:
-  the product of the round's confidences up to it) is at least `threshold`; the steps stop
-  once no `active` row proposes more. Returns (tokens [batch,
-  gamma], logits [batch, gamma, vocab], draft cache, proposed [batch] in [1, gamma], draft
-  calls []: the cache advanced by calls + 1). Entries past a row's proposal are drawn but
-  never tested; the uniforms are `_draft_block`'s, so a row that proposes gamma tokens draws
-  the same tokens."""
+  proposing its first token and then each next one while `rule` says so (`DraftLength`:
+  `_confidence` of it, the product of the round's confidences up to it, or `_worth_drafting`);
+  the steps stop once no `active` row proposes more. Returns (tokens [batch, gamma], logits
+  [batch, gamma, vocab], draft cache, proposed [batch] in [1, gamma], draft calls []: the
+  cache advanced by calls + 1). Entries past a row's proposal are drawn but never tested;
+  the uniforms are `_draft_block`'s, so a row that proposes gamma tokens draws the same
+  tokens."""
   batch = context.shape[0]
   uniform = jax.random.uniform(rng, (batch, gamma, UNIFORMS_PER_DRAW))
   logits, draft_cache = draft.extend(draft_params, draft_cache, context)
@@ -490,28 +544,34 @@ def _draft_block_adaptive(draft: Model, draft_params, draft_cache, context: Arra
   all_logits = jnp.zeros((batch, gamma) + first.shape[1:], first.dtype).at[:, 0].set(first)
 
   def cond(carry):
-    step, _, _, _, going, _, _ = carry
+    step, _, _, _, going, _, _, _ = carry
     return (step < gamma) & jnp.any(going)
 
   def body(carry):
-    step, tokens, all_logits, cache, going, proposed, product = carry
+    step, tokens, all_logits, cache, going, proposed, product, expected = carry
     previous = jax.lax.dynamic_index_in_dim(tokens, step - 1, axis=1, keepdims=True)
     logits, cache = draft.extend(draft_params, cache, previous)
     step_logits = logits[:, 0]
     confidence = _confidence(step_logits, temperature)
+    if rule.rule == "cost":
+      going = going & _worth_drafting(rule, gamma, step, confidence, product, expected)
+    else:
+      metric = product * confidence if rule.rule == "cumulative" else confidence
+      going = going & (metric >= rule.threshold)
     product = product * confidence
-    going = going & ((product if cumulative else confidence) >= threshold)
+    expected = expected + jnp.where(going, product, 0.0)
     u = jax.lax.dynamic_index_in_dim(uniform, step, axis=1, keepdims=False)
     token = sample_tokens(step_logits, None, temperature, u)
     tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, step, axis=1)
     all_logits = jax.lax.dynamic_update_index_in_dim(all_logits, step_logits, step, axis=1)
     return (step + 1, tokens, all_logits, cache, going, proposed + going.astype(jnp.int32),
-            product)
+            product, expected)
 
   ones = jnp.ones((batch,), jnp.int32)
-  steps, tokens, all_logits, draft_cache, _, proposed, _ = jax.lax.while_loop(
+  first_confidence = _confidence(first, temperature)
+  steps, tokens, all_logits, draft_cache, _, proposed, _, _ = jax.lax.while_loop(
       cond, body, (jnp.int32(1), tokens, all_logits, draft_cache, active, ones,
-                   _confidence(first, temperature)))
+                   first_confidence, 1.0 + first_confidence))
   return tokens, all_logits, draft_cache, proposed, steps
 
 
@@ -577,8 +637,7 @@ def _propose_and_verify(target, target_params, draft, draft_params, state: Specu
             jnp.int32(gamma), jnp.int32(gamma + 1), target_cache, draft_cache)
   draft_tokens, draft_logits, draft_cache, proposed, calls = _draft_block_adaptive(
       draft, draft_params, state.draft_cache, context, draft_rng, ~state.done, gamma=gamma,
-      temperature=sampling.temperature, threshold=draft_length.threshold,
-      cumulative=draft_length.rule == "cumulative")
+      temperature=sampling.temperature, rule=draft_length)
   block = jnp.concatenate([context[:, 1:], draft_tokens], axis=1)
   width = jnp.max(jnp.where(state.done, 1, proposed)) + 1
   target_logits, target_cache = _verify_proposals(target, target_params, state.target_cache,
