@@ -98,8 +98,10 @@ class EvalConfig:
     draft_length_rule / draft_length_threshold: how many draft tokens a row proposes per
       round (speculative.DraftLength; DRAFT_LENGTH_RULE, DRAFT_LENGTH_THRESHOLD): 'fixed'
       (gamma), 'confidence' (up to gamma as gamma_max, while the draft's top probability
-      is at least the threshold) or 'cumulative' (while the product of the round's top
-      probabilities is).
+      is at least the threshold), 'cumulative' (while the product of the round's top
+      probabilities is) or 'cost' (while a longer proposal pays, by draft_length_costs: a
+      round verifying w tokens costs entry w - 1, in target steps, and a draft call
+      draft_length_draft_cost; DRAFT_LENGTH_COSTS, DRAFT_LENGTH_DRAFT_COST).
     target_param_dtype: the target's parameters cast after loading (TARGET_PARAM_DTYPE; None
       = as stored).
   """
@@ -135,6 +137,8 @@ class EvalConfig:
   target_param_dtype: Optional[str] = None
   draft_length_rule: str = "fixed"
   draft_length_threshold: float = 0.0
+  draft_length_costs: tuple = ()
+  draft_length_draft_cost: float = 0.0
 
   def __post_init__(self):
     for name, macro, example in (
@@ -187,12 +191,16 @@ class EvalConfig:
 
   @property
   def draft_length(self) -> DraftLength:
-    """The engine's DraftLength of draft_length_rule and draft_length_threshold."""
+    """The engine's DraftLength of the draft_length_* fields."""
     try:
-      return DraftLength(self.draft_length_rule, self.draft_length_threshold)
+      return DraftLength(self.draft_length_rule, self.draft_length_threshold,
+                         costs=self.draft_length_costs,
+                         draft_cost=self.draft_length_draft_cost)
     except (TypeError, ValueError) as error:
       raise ValueError(f"DRAFT_LENGTH_RULE={self.draft_length_rule!r}, DRAFT_LENGTH_THRESHOLD="
-                       f"{self.draft_length_threshold!r}: {error}") from None
+                       f"{self.draft_length_threshold!r}, DRAFT_LENGTH_COSTS="
+                       f"{self.draft_length_costs!r}, DRAFT_LENGTH_DRAFT_COST="
+                       f"{self.draft_length_draft_cost!r}: {error}") from None
 
   @property
   def new_tokens(self) -> int:

@@ -381,8 +381,15 @@ def test_gin_run_files_build(setup):
   adaptive = eval_lib.load_config(["--gin_file=gin/runs/eval_adaptive_demo.gin"])
   assert adaptive.draft_length.rule == "confidence" and adaptive.gammas == (9,)
   assert 0 < adaptive.draft_length.threshold < 1
+  gin_utils.clear()
+  priced = eval_lib.load_config(["--gin_file=gin/runs/eval_adaptive_demo.gin",
+                                 "--gin.DRAFT_LENGTH_RULE='cost'",
+                                 "--gin.DRAFT_LENGTH_COSTS=(1.0, 1.3, 1.3, 1.5, 1.6, 2.2, 2.3, "
+                                 "2.3, 2.6, 2.6)", "--gin.DRAFT_LENGTH_DRAFT_COST=0.07"])
+  assert priced.draft_length.rule == "cost" and len(priced.draft_length.costs) == 10
   for flag, message in (("--gin.DRAFT_LENGTH_THRESHOLD=1.5", "DRAFT_LENGTH_THRESHOLD=1.5"),
                         ("--gin.DRAFT_LENGTH_RULE='entropy'", "'entropy'"),
+                        ("--gin.DRAFT_LENGTH_RULE='cost'", "The 'cost' rule needs costs"),
                         ("--gin.GAMMAS=(0,)", "GAMMAS=\\(0,\\)")):
     gin_utils.clear()
     with pytest.raises(gin_utils.GinConfigError, match=message):
