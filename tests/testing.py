@@ -33,9 +33,10 @@ T5_TINY = TransformerConfig(kind="encoder_decoder", vocab_size=128, emb_dim=64, 
                             mlp_dim=128, dropout_rate=0.0, max_decode_length=32)
 
 # The main job's settings of every whole-pipeline test: the embedded task, smoke_target toward
-# demo_draft, two steps per stage, four test prompts, one timed prompt in this process.
+# demo_draft, two steps per stage of batch 8 (an (8, 1) mesh divides it), four test prompts,
+# one timed prompt in this process.
 PIPELINE = dict(task_feature_lengths={"inputs": 40, "targets": 44}, target_model="smoke_target",
-                target_steps=2, draft_steps=2, distill_steps=2, batch_size=4, warmup_steps=1,
+                target_steps=2, draft_steps=2, distill_steps=2, batch_size=8, warmup_steps=1,
                 eval_examples=4, speed_examples=1, max_new_tokens=8, eval_every=1,
                 train_examples=64, progress_bar=False, speed_repeats=2, speed_calls=2,
                 speed_cpus=0)
@@ -93,3 +94,26 @@ def copy_stages(source_run_dir, config, stages=SHARED_STAGES) -> None:
   file times kept (shutil.copy2), so their markers stay older than anything run after."""
   for stage in stages:
     shutil.copytree(os.path.join(source_run_dir, stage), config.stage_dir(stage))
+
+
+def pipeline_outcome(config) -> dict:
+  """What the mesh tests compare of a finished run of `config`: each stage's final loss and
+  tau curve, the evaluation's tau / alpha rows and per-token losses, the report's row count,
+  and how many of the target's evaluation parameters are split over 'model'."""
+  from distillspec_jax.core.files import read_json
+  from distillspec_jax.studies import pipeline
+  out = {}
+  for stage in ("target", "draft_raw") + config.distill_stages:
+    marker = read_json(os.path.join(config.stage_dir(stage), "DONE.json"))
+    out[stage] = {"final_loss": marker["final_loss"], "tau_curve": marker.get("tau_curve")}
+  evaluation = read_json(os.path.join(config.stage_dir("evaluate"), "eval.json"))
+  out["speculative"] = [{k: r[k] for k in ("draft", "gamma", "temperature", "tau", "alpha")}
+                        for r in evaluation["speculative"]]
+  out["quality"] = {k: v["per_token_loss"] for k, v in evaluation["quality"].items()}
+  out["report_rows"] = len(read_json(os.path.join(config.run_dir, "report.json"))["rows"])
+  target = pipeline._eval_models_and_params(config)[2]["target"]
+  out["target_model_sharded"] = sum("model" in str(x.sharding.spec)
+                                    for x in jax.tree.leaves(target))
+  out["target_leaves"] = len(jax.tree.leaves(target))
+  return out
+
