@@ -136,3 +136,29 @@ def test_slices_and_flags():
                            dry_run.MEMORY_SCHEDULER_FLAG]
   assert dry_run.proxy_shape((16, 2), 32, 2) == ((2, 2), 4)
   assert dry_run.proxy_shape((2, 4), 32, 2) == ((2, 4), 32)
+
+
+def test_the_main_jobs_stages_include_the_teacher_cache(tmp_path):
+  """The main job's dry-run stages follow its plan; the teacher cache's program (the target's
+  forward and top-k) compiles on the rules' shardings and holds the whole target on one
+  device."""
+  import jax
+  import testing
+  from distillspec_jax.models import precision
+  from distillspec_jax.studies import pipeline_dry_run
+  from distillspec_jax.training import partitioning
+  config = testing.pipeline_config(tmp_path, recipes=("gkd", "supervised_kd"),
+                                   teacher_cache_k=8, teacher_cache_recipes=("supervised_kd",),
+                                   vocab_size=64)
+  stages = pipeline_dry_run.stages(config)
+  assert [s.name for s in stages] == ["target", "draft_raw", "teacher_cache", "distill_gkd",
+                                      "evaluate"]
+  cache = stages[2]
+  program = cache.build(partitioning.make_mesh(1, 1, devices=jax.devices()[:1]), 8)
+  compiled, _ = dry_run.compile_program(program)
+  target_bytes = precision.param_bytes(cache.models["target"].param_shapes())
+  assert dry_run.local_bytes(program.parts["frozen"]) == target_bytes
+  assert compiled.memory_analysis().argument_size_in_bytes >= target_bytes
+  no_cache = pipeline_dry_run.stages(testing.pipeline_config(
+      tmp_path, recipes=("gkd",), vocab_size=64))
+  assert "teacher_cache" not in [s.name for s in no_cache]

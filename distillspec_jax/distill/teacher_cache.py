@@ -123,7 +123,9 @@ def _identity_hash(identity: dict) -> str:
 # --- writing -------------------------------------------------------------------------------------
 
 
-def _bins_fn(model: Model, k: int, temperature: float) -> Callable:
+def bins_fn(model: Model, k: int, temperature: float) -> Callable:
+  """The cache's one target program, jitted: (params, batch of T5X features [rows, length])
+  -> the top-k bins of the log-probabilities at `temperature` (divergences.top_k_bins)."""
   def bins(params, batch):
     log_p = divergences.log_probs(model.logits(params, batch), temperature=temperature)
     return divergences.top_k_bins(log_p, k)
@@ -190,7 +192,7 @@ def write_cache(target: Model, target_params, arrays: Mapping[str, np.ndarray], 
   key = _identity_hash(identity)
   num = identity["data"]["num_examples"]
   features = {n: np.asarray(arrays[n]) for n in INPUT_KEYS if n in arrays}
-  bins = _bins_fn(target, identity["k"], float(temperature))
+  bins = bins_fn(target, identity["k"], float(temperature))
   shards, reused = [], 0
   from tqdm.auto import tqdm  # only the writer needs it
   bar = tqdm(total=num, desc=f"teacher cache (k={identity['k']})", unit="example",

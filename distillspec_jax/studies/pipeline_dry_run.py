@@ -3,13 +3,15 @@
 Stages compiled (training/dry_run.py: abstract sharded parameters, the trainer's own step):
   target, draft_raw   the fine-tuning step of each model (fp32 parameters, Adafactor/AdamW
                       state, the model's remat policy);
-  distill_<recipe>    each recipe's distillation step (the frozen target in
+  teacher_cache       the target's forward pass and top-k over a training batch (when a
+                      recipe reads the cache);
+  distill_<recipe>    each live recipe's distillation step (the frozen target in
                       TARGET_PARAM_DTYPE; AdaSPEC adds its frozen reference draft);
   evaluate            the speculative engine (target + draft + both decoding caches) at the
                       grid's largest gamma and temperature, on `eval_batch_size` prompts (all
                       `eval_examples` at once when None).
-Not compiled: vocab and report (no device program), teacher_cache and the recipes that read it
-(their step needs the cache's features; the cache stage runs the target forward only).
+Not compiled: vocab and report (no device program), and the recipes that read the cache
+(their step holds the draft and a batch of cached top-k features, not the target).
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def stages(config: PipelineConfig) -> list:
                       target_rate, both),
          _train_stage(config, "draft_raw", FinetuneObjective(draft), config.draft_steps,
                       config.learning_rate, both)]
+  if config.cached_recipes:
+    k, temperature = config.teacher_cache_k, distillation_config(
+        config, config.cached_recipes[0]).target_temperature
+    out.append(dry_run.Stage("teacher_cache", lambda mesh, batch: dry_run.teacher_cache_program(
+        target, mesh, batch, _lengths(config), k=k, temperature=temperature,
+        target_param_dtype=config.target_param_dtype), config.batch_size, {"target": target}))
   for recipe in config.recipes:
     if recipe in config.cached_recipes:
       continue

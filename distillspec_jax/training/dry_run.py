@@ -224,6 +224,22 @@ def speculative_program(target, draft, mesh, batch_size: int, input_length: int,
                  (target_params, draft_params, prompts, parts["other"]), parts)
 
 
+def teacher_cache_program(target, mesh, batch_size: int, lengths: dict, *, k: int,
+                          temperature: float = 1.0,
+                          target_param_dtype: Optional[str] = None) -> Program:
+  """The teacher cache's target program (`teacher_cache.bins_fn`: the target's forward pass
+  and its top-k log-probabilities) on a batch of `batch_size` rows over 'data', the target's
+  parameters sharded by the rules and cast to `target_param_dtype`."""
+  from distillspec_jax.distill import teacher_cache  # distill sits below training
+  partitioning.check_batch_size(batch_size, mesh)
+  params = abstract(target.param_shapes(), partitioning.param_shardings(target, mesh),
+                    target_param_dtype)
+  batch = abstract_batch(mesh, batch_size, lengths, target.is_encoder_decoder)
+  parts = {"params": {}, "frozen": params, "batch": batch}
+  return Program(f"teacher cache (target forward, top-{k})",
+                 teacher_cache.bins_fn(target, k, temperature), (params, batch), parts)
+
+
 # --- compile and measure ------------------------------------------------------------------------
 
 

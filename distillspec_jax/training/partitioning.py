@@ -184,7 +184,12 @@ def shard_batch(batch: dict, mesh: Mesh) -> dict:
 def check_model_axis(models: dict, mesh: Mesh) -> None:
   """Refuses a model axis that does not divide every width the rules split over 'model'
   (heads, MLP widths, vocabulary) of each of `models` ({role: Model}), naming the role, the
-  width and the model-axis sizes that would divide them all (T5X fails on these too)."""
+  width and the model-axis sizes that would divide them all (T5X fails on these too).
+
+  A Llama-family model's key/value heads (`num_kv_heads`) need not divide: with grouped-query
+  attention there are often fewer of them than model-axis devices, and `logical_to_mesh_spec`
+  then keeps them whole on every device (MaxText does the same), which costs memory, not
+  correctness (tests/test_llama_mesh.py runs 2 and 1 kv heads on a model axis of 4)."""
   size = mesh.shape[MODEL_AXIS]
   if size == 1:
     return
