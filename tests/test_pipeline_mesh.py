@@ -1,7 +1,8 @@
 """The main job on a (data, model) mesh (DATA_PARALLEL / MODEL_PARALLEL): the shortened
 pipeline (testing.PIPELINE: two steps per stage, four test prompts) on (4, 2) and on (8, 1)
 over 8 simulated CPU devices gives the losses of (1, 1) on one device (rtol 1e-5) and the same
-tau and alpha; its report has one set of rows.
+tau and alpha (the teacher cache's top-k log-probs within 1e-5, so the SupervisedKD it feeds
+trains alike); its report has one set of rows.
 
 The two 8-device arms run in one child process (XLA_FLAGS must be set before JAX starts); the
 one-device arm runs here on copies of the session's trained vocab, target and raw draft
@@ -14,6 +15,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 import testing
@@ -22,8 +24,11 @@ pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = ((4, 2), (8, 1))
-# gamma 2 at both temperatures, the least timing the job allows (timing is not what is compared).
-SETTINGS = dict(gammas=(2,), temperatures=(0.0, 1.0), speed_repeats=1, speed_calls=1)
+# gamma 2 at both temperatures, the least timing the job allows (timing is not what is
+# compared); SupervisedKD from the teacher cache, as in the demo, so the cache stage runs on
+# each mesh too.
+SETTINGS = dict(gammas=(2,), temperatures=(0.0, 1.0), speed_repeats=1, speed_calls=1,
+                teacher_cache_k=8, teacher_cache_recipes=["supervised_kd"])
 
 WORKER = r"""
 import json, os, sys
@@ -35,8 +40,8 @@ from distillspec_jax.studies.pipeline import run_pipeline
 vocab_from, settings = sys.argv[1], json.loads(sys.argv[2])
 out = {"devices": jax.device_count()}
 for data, model, run_dir in json.loads(sys.argv[3]):
-  settings["temperatures"] = tuple(settings["temperatures"])
-  settings["gammas"] = tuple(settings["gammas"])
+  for name in ("temperatures", "gammas", "teacher_cache_recipes"):
+    settings[name] = tuple(settings[name])
   config = testing.pipeline_config(run_dir, data_parallel=data, model_parallel=model, **settings)
   testing.copy_stages(vocab_from, config, stages=("vocab",))  # the task's; no mesh in it
   run_pipeline(config)
@@ -70,6 +75,9 @@ def _close(got: dict, want: dict, where: str) -> None:
     assert [a[k] for k in ("draft", "gamma", "temperature")] == [
         b[k] for k in ("draft", "gamma", "temperature")]
     assert (a["tau"], a["alpha"]) == pytest.approx((b["tau"], b["alpha"]), rel=1e-6), (where, a)
+  assert "cache_log_probs" in got and "cache_log_probs" in want
+  np.testing.assert_allclose(got["cache_log_probs"], want["cache_log_probs"], rtol=1e-5,
+                             atol=1e-5, err_msg=where)
   for name, loss in want["quality"].items():
     assert got["quality"][name] == pytest.approx(loss, rel=1e-5), (where, name)
   # One set of report rows (recipes x temperatures x gammas), however many devices.
@@ -81,7 +89,7 @@ def test_demo_pipeline_on_4_by_2_and_8_by_1_meshes_equals_one_device(tmp_path, s
   shared_dir, _ = shared_stages
   assert jax.device_count() == 1
   one = testing.pipeline_config(tmp_path / "1x1", data_parallel=1, model_parallel=1,
-                                **SETTINGS)
+                                **dict(SETTINGS, teacher_cache_recipes=("supervised_kd",)))
   testing.copy_stages(shared_dir, one)
   from distillspec_jax.studies.pipeline import run_pipeline
   run_pipeline(one)

@@ -111,6 +111,10 @@ def pipeline_outcome(config) -> dict:
                         for r in evaluation["speculative"]]
   out["quality"] = {k: v["per_token_loss"] for k, v in evaluation["quality"].items()}
   out["report_rows"] = len(read_json(os.path.join(config.run_dir, "report.json"))["rows"])
+  cache = os.path.join(config.stage_dir("teacher_cache"), "shard-00000.log_probs.npy")
+  if os.path.exists(cache):
+    import numpy as np
+    out["cache_log_probs"] = np.load(cache)[:4, :4].tolist()
   target = pipeline._eval_models_and_params(config)[2]["target"]
   out["target_model_sharded"] = sum("model" in str(x.sharding.spec)
                                     for x in jax.tree.leaves(target))

@@ -160,7 +160,8 @@ def _shard_done(cache_dir: str, index: int, meta: dict) -> bool:
 def write_cache(target: Model, target_params, arrays: Mapping[str, np.ndarray], cache_dir: str,
                 *, k: int, task: str, lengths: Mapping[str, int], temperature: float = 1.0,
                 batch_size: int = 64, shard_examples: int = 4096, progress: bool = True,
-                on_shard: Optional[Callable[[int], None]] = None) -> dict:
+                on_shard: Optional[Callable[[int], None]] = None,
+                place: Optional[Callable[[dict], dict]] = None) -> dict:
   """Runs the target once over `arrays` (the training split) and writes the cache.
 
   Args:
@@ -173,6 +174,8 @@ def write_cache(target: Model, target_params, arrays: Mapping[str, np.ndarray], 
     temperature: the target temperature T_p the log-probabilities are taken at.
     batch_size, shard_examples: examples per target call and per shard file.
     on_shard: called with the shard index after each shard is complete (tests).
+    place: puts each batch of T5X features ([batch_size, length] each) where the target's
+      program reads it (e.g. rows split over a mesh's 'data' axis); None: as NumPy arrays.
 
   Returns:
     the manifest (also in cache_dir/manifest.json), with "reused_shards" for this call.
@@ -211,7 +214,8 @@ def write_cache(target: Model, target_params, arrays: Mapping[str, np.ndarray], 
       # Pad the last batch to batch_size rows: one compiled shape for the whole split.
       batch = {n: np.pad(v[lo:hi], [(0, batch_size - (hi - lo))] + [(0, 0)] * (v.ndim - 1))
                for n, v in features.items()}
-      out = jax.device_get(bins(target_params, _training_features(batch, target)))
+      batch = _training_features(batch, target)
+      out = jax.device_get(bins(target_params, place(batch) if place else batch))
       for name, value in zip(ARRAYS, out):
         parts[name].append(np.asarray(value)[:hi - lo])
       bar.update(hi - lo)

@@ -399,14 +399,22 @@ def _train_arrays(config: PipelineConfig) -> dict:
 
 def stage_teacher_cache(config: PipelineConfig, stage: str) -> dict:
   """Runs the target once over the train split; writes `<run_dir>/teacher_cache/` (resumed
-  shard by shard after a kill: teacher_cache.write_cache)."""
-  target, _ = models(config)
+  shard by shard after a kill: teacher_cache.write_cache). On the job's mesh (one process):
+  the target restored into its shards, each batch's rows split over 'data'."""
+  target, draft = models(config)
+  mesh = job_mesh(config, target, draft) if jax.process_count() == 1 else None
+  # A multiple of the job's batch (which the data axis divides), about 64 rows a call.
+  rows = config.batch_size * max(1, 64 // config.batch_size)
+  place = None
+  if mesh is not None:
+    sharding = partitioning.batch_sharding(mesh)
+    place = lambda batch: jax.device_put(batch, sharding)
   manifest = write_cache(
-      target, load_params(config, "target", target), _train_arrays(config),
+      target, load_params(config, "target", target, mesh), _train_arrays(config),
       config.stage_dir(stage), k=check_k(config.teacher_cache_k, target.config.vocab_size),
       task=config.task, lengths=config.task_feature_lengths,
       temperature=distillation_config(config, config.cached_recipes[0]).target_temperature,
-      progress=config.progress_bar)
+      batch_size=rows, progress=config.progress_bar, place=place)
   return {k: manifest[k] for k in ("bytes_per_token", "total_bytes", "reused_shards")} | {
       "k": config.teacher_cache_k}
 
