@@ -93,8 +93,8 @@ class EvalConfig:
     data_parallel / model_parallel: the (data, model) mesh of this process's devices both
       models' parameters are laid out on by the partitioning rules (DATA_PARALLEL,
       MODEL_PARALLEL; -1 = the devices left over): a target sharded over 'model' never sits
-      whole on one device. The prompts are not split over 'data' (every device decodes the
-      whole batch).
+      whole on one device. Each batch's prompts are split over 'data' when it divides
+      BATCH_SIZE (else every device decodes the whole batch).
     draft_length_rule / draft_length_threshold: how many draft tokens a row proposes per
       round (speculative.DraftLength; DRAFT_LENGTH_RULE, DRAFT_LENGTH_THRESHOLD): 'fixed'
       (gamma), 'confidence' (up to gamma as gamma_max, while the draft's top probability
@@ -406,8 +406,10 @@ def _evaluate_task(config: EvalConfig, name: str, examples: dict, pair: tuple,
   """(rows, the target alone's quality at the lowest temperature, inference lines) of one
   task: the target alone and speculative_grid at each temperature."""
   target, target_params, draft, draft_params = pair
+  # Each batch's rows over the mesh's 'data' axis where it divides them (the parameters' mesh).
+  place = evaluate_lib.batch_placement(eval_mesh(config, target, draft), config.batch_size)
   common = dict(max_new_tokens=config.new_tokens, batch_size=config.batch_size,
-                seed=config.seed)
+                seed=config.seed, place=place)
   texts = list(zip(examples["prompt_texts"], examples["target_texts"]))
   rows, lines, alone_quality = [], [], None
   for temperature in config.temperatures:

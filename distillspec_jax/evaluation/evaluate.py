@@ -137,19 +137,35 @@ def quality_alone(models: Mapping[str, tuple], examples: dict, scorer: TaskScore
   return results
 
 
+def batch_placement(mesh, batch_size: int) -> Optional[Callable]:
+  """Puts a [batch_size, ...] array's rows over `mesh`'s 'data' axis, or None (as they are)
+  when there is no mesh or its data axis does not divide the batch (every device then decodes
+  the whole batch, as exactly)."""
+  if mesh is None:
+    return None
+  import jax
+  from distillspec_jax.training import partitioning
+  if batch_size % mesh.shape[partitioning.DATA_AXIS]:
+    return None
+  sharding = partitioning.batch_sharding(mesh)
+  return lambda array: jax.device_put(array, sharding)
+
+
 def speculative_grid(target, target_params, drafts: Mapping[str, tuple], examples: dict,
                      scorer: Optional[TaskScorer], *, gammas: Sequence[int],
                      temperatures: Sequence[float],
                      leniences: Sequence[Lenience] = (Lenience(),), max_new_tokens: int,
                      batch_size: Optional[int] = None, seed: int = 0,
                      on_done: Optional[Callable[[], None]] = None,
-                     draft_length: DraftLength = DraftLength()) -> list:
+                     draft_length: DraftLength = DraftLength(),
+                     place: Optional[Callable] = None) -> list:
   """Speculative decoding of the examples' prompts with the target and each draft at every
   (temperature, gamma, lenience), in that order per draft, temperatures outermost.
 
   `drafts`: {name: (Model, params)}; `batch_size` None: all prompts in one batch (batch b
   samples with fold_in(PRNGKey(seed), b)); `scorer` None: no task metric (quality None);
-  `draft_length`: the draft length rule of every configuration (gamma is its gamma_max).
+  `draft_length`: the draft length rule of every configuration (gamma is its gamma_max);
+  `place`: puts each batch's prompt array where the decoders read it (`batch_placement`).
   Returns rows {draft, temperature, gamma, lenience, epsilon, quality, tau, tau_stderr, the
   acceptance statistics of decoding/stats.py (mean_acceptance_length,
   draft_acceptance_rate, alpha, alpha_proposed, alpha_distillspec, acceptance_by_position,
@@ -168,7 +184,7 @@ def speculative_grid(target, target_params, drafts: Mapping[str, tuple], example
               max_new_tokens=max_new_tokens, batch_size=batch_size,
               detokenize=scorer.detokenize if scorer else None,
               metric_fn=scorer.metrics if scorer else None, seed=seed,
-              draft_length=draft_length)
+              draft_length=draft_length, place=place)
           rows.append(dict(draft=name, temperature=float(temperature), gamma=int(gamma),
                            lenience=lenience.kind, epsilon=float(lenience.epsilon),
                            **{k: v for k, v in run.items() if k != "tokens"}))

@@ -137,6 +137,11 @@ def _batches(prompts: np.ndarray, batch_size: int):
     yield index, chunk, real
 
 
+def _placed(inputs: dict, place: Optional[Callable]) -> dict:
+  """The decoders' prompt arrays where `place` puts them (None: as they are)."""
+  return inputs if place is None else {k: place(v) for k, v in inputs.items()}
+
+
 def _texts(tokens, lengths, detokenize) -> list:
   return [detokenize([int(t) for t in row[:n] if t != EOS_ID]) for row, n in
           zip(np.asarray(tokens), np.asarray(lengths))]
@@ -148,17 +153,19 @@ def _metrics(metric_fn, references, predictions) -> dict:
 
 def target_alone(target: Model, target_params, draft: Model, draft_params, examples: dict, *,
                  temperature: float, max_new_tokens: int, batch_size: int, detokenize,
-                 metric_fn, seed: int = 0) -> dict:
+                 metric_fn, seed: int = 0, place: Optional[Callable] = None) -> dict:
   """Plain target decoding of the examples' prompts at `temperature` (batch b samples with
   fold_in(PRNGKey(seed), b)): {"quality": task metrics, "predictions", "predicted_alpha"
-  (the draft's 1 - TVD along these samples)}."""
+  (the draft's 1 - TVD along these samples)}. `place`: puts each [batch_size, P] prompt
+  array where the decoders read it (e.g. rows split over a mesh's 'data' axis)."""
   prompts = np.asarray(examples["prompts"])
   key = jax.random.PRNGKey(seed)
   sampling = SamplingConfig(float(temperature))
   predictions, acceptance, weights = [], [], []
   for index, chunk, real in _batches(prompts, batch_size):
     result = decode(target, target_params, max_new_tokens=max_new_tokens, sampling=sampling,
-                    rng=jax.random.fold_in(key, index), **prompt_inputs(target, chunk))
+                    rng=jax.random.fold_in(key, index),
+                    **_placed(prompt_inputs(target, chunk), place))
     tokens, lengths = np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real]
     predictions += _texts(tokens, lengths, detokenize)
     acceptance.append(predicted_alpha(target, target_params, draft, draft_params,
@@ -173,14 +180,15 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
                     *, gamma: int, temperature: float, lenience: Lenience,
                     max_new_tokens: int, batch_size: int,
                     detokenize: Optional[Callable] = None, metric_fn: Optional[Callable] = None,
-                    seed: int = 0, draft_length: DraftLength = DraftLength()) -> dict:
+                    seed: int = 0, draft_length: DraftLength = DraftLength(),
+                    place: Optional[Callable] = None) -> dict:
   """Speculative decoding of the examples' prompts in batches of `batch_size` (batch b with
   fold_in(PRNGKey(seed), b), the keys `target_alone` uses): the task metric of its outputs,
   tau with its standard error over prompts, the acceptance statistics of decoding/stats.py
   (mean_acceptance_length, draft_acceptance_rate = alpha, alpha_proposed, alpha_distillspec,
   acceptance_by_position, draft_acceptance_rate_by_position), and per prompt the prediction
   and the accepted draft tokens of each round. Without `detokenize` / `metric_fn`,
-  predictions / quality are None."""
+  predictions / quality are None. `place`: as `target_alone`'s."""
   prompts = np.asarray(examples["prompts"])
   key = jax.random.PRNGKey(seed)
   sampling = SamplingConfig(float(temperature))
@@ -190,7 +198,8 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
     result = speculative_decode(target, target_params, draft, draft_params,
                                 max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
                                 lenience=lenience, rng=jax.random.fold_in(key, index),
-                                draft_length=draft_length, **prompt_inputs(target, chunk))
+                                draft_length=draft_length,
+                                **_placed(prompt_inputs(target, chunk), place))
     result = jax.device_get(result)
     tokens, lengths = np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real]
     if detokenize is not None:

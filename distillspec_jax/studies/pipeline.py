@@ -506,6 +506,10 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   from distillspec_jax.evaluation import pinning
   target, draft, params = _eval_models_and_params(config)
   examples = _test_examples(config)
+  # Each batch's rows over the mesh's 'data' axis (one process; the mesh the parameters are on).
+  mesh = job_mesh(config, target, draft) if jax.process_count() == 1 else None
+  place = evaluate_lib.batch_placement(
+      mesh, config.eval_batch_size or len(examples["prompts"]))
   scorer = evaluate_lib.task_scorer(config.eval_task or config.task, _register_task(
       config).output_features["targets"].vocabulary)
   drafts = {name: (draft, params[name]) for name in ("draft_raw",) + config.distill_stages}
@@ -521,7 +525,7 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
     rows = evaluate_lib.speculative_grid(
         target, params["target"], drafts, examples, scorer, gammas=config.gammas,
         temperatures=config.temperatures, max_new_tokens=config.max_new_tokens,
-        batch_size=config.eval_batch_size, seed=config.seed, on_done=bar.update)
+        batch_size=config.eval_batch_size, seed=config.seed, on_done=bar.update, place=place)
     bar.close()
     del params, drafts  # the timing process loads its own copy
     timing = timing_run.result()
