@@ -90,11 +90,12 @@ class EvalConfig:
     max_decode_length: cache capacity of both models (None: what the grid needs, rounded up to
       a multiple of 16, or the presets' when larger).
     seed: one key for every decode: batch b of every configuration uses fold_in(seed key, b).
-    data_parallel / model_parallel: the (data, model) mesh of this process's devices both
+    data_parallel / model_parallel: the (data, model) mesh of all processes' devices both
       models' parameters are laid out on by the partitioning rules (DATA_PARALLEL,
       MODEL_PARALLEL; -1 = the devices left over): a target sharded over 'model' never sits
       whole on one device. Each batch's prompts are split over 'data' when it divides
-      BATCH_SIZE (else every device decodes the whole batch).
+      BATCH_SIZE (else every device decodes the whole batch); with several processes each
+      hands over only the rows its devices hold.
     draft_length_rule / draft_length_threshold: how many draft tokens a row proposes per
       round (speculative.DraftLength; DRAFT_LENGTH_RULE, DRAFT_LENGTH_THRESHOLD): 'fixed'
       (gamma), 'confidence' (up to gamma as gamma_max, while the draft's top probability
@@ -375,10 +376,11 @@ def _load_pair(config: EvalConfig) -> tuple:
 
 
 def eval_mesh(config: EvalConfig, target: Model, draft: Model):
-  """The (DATA_PARALLEL, MODEL_PARALLEL) mesh of this process's devices, checked against
-  both models (every process evaluates by itself: no cross-process arrays)."""
+  """The (DATA_PARALLEL, MODEL_PARALLEL) mesh of all processes' devices (one process: its
+  own), checked against both models: the parameters are laid out on it and each evaluation
+  batch's rows split over its 'data' axis (evaluate.batch_placement)."""
   mesh = partitioning.make_mesh(config.data_parallel, config.model_parallel,
-                                devices=jax.local_devices())
+                                devices=jax.devices())
   partitioning.check_model_axis({"target": target, "draft": draft}, mesh)
   return mesh
 
@@ -406,7 +408,8 @@ def _evaluate_task(config: EvalConfig, name: str, examples: dict, pair: tuple,
   """(rows, the target alone's quality at the lowest temperature, inference lines) of one
   task: the target alone and speculative_grid at each temperature."""
   target, target_params, draft, draft_params = pair
-  # Each batch's rows over the mesh's 'data' axis where it divides them (the parameters' mesh).
+  # Each batch's rows over the mesh's 'data' axis where it divides them (the parameters'
+  # mesh; with several processes each hands over only its rows, and all get every output).
   place = evaluate_lib.batch_placement(eval_mesh(config, target, draft), config.batch_size)
   common = dict(max_new_tokens=config.new_tokens, batch_size=config.batch_size,
                 seed=config.seed, place=place)
@@ -439,10 +442,11 @@ def _evaluate_task(config: EvalConfig, name: str, examples: dict, pair: tuple,
 def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
                  rows_by_task: dict) -> None:
   """Times each task's grid in a pinned process (loading the checkpoints itself) and adds
-  the speed fields to its rows (None when speed_examples is 0)."""
+  the speed fields to its rows (None when speed_examples is 0, and on processes other than
+  0: the timing is one process's batch-1 decodes, and process 0 alone writes the rows)."""
   for name in names:
     timing = None
-    if config.speed.examples:
+    if config.speed.examples and multihost.is_primary():
       timing = pinning.run_pinned(
           config.speed.cpus, _timings,
           (config.target_checkpoint_path, config.draft_checkpoint_path),
@@ -476,8 +480,9 @@ def evaluate(config: EvalConfig) -> dict:
   from tqdm.auto import tqdm
   from distillspec_jax.data import batches as data
   config.check_inputs()
-  # Every process evaluates (the same decodes; no cross-process arrays); process 0 alone
-  # writes, and the others wait at a barrier until its files are complete.
+  # Every process takes part in every decode (one mesh over all of them, each process
+  # handing over its rows of each batch) and gets every output; process 0 alone writes, and
+  # the others wait at a barrier until its files are complete.
   primary = multihost.is_primary()
   if primary:
     os.makedirs(os.path.join(config.model_dir, "inferences"), exist_ok=True)

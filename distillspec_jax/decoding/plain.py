@@ -86,9 +86,24 @@ def cache_capacity(model: Model, max_length) -> int:
   return check_positive_int(max_length, "max_length")
 
 
+def local_rows(tokens):
+  """What of `tokens` this process can read on the host: the array itself, or for a global
+  array spanning processes the rows its devices hold ([rows, ...], in row order); the checks
+  below then look at each process's own rows."""
+  if (isinstance(tokens, jax.core.Tracer) or not isinstance(tokens, jax.Array)
+      or tokens.is_fully_addressable):
+    return tokens
+  shards = {}
+  for shard in tokens.addressable_shards:
+    shards.setdefault(shard.index[0].start or 0, shard.data)
+  return np.concatenate([np.asarray(shards[start]) for start in sorted(shards)])
+
+
 def check_prompts(model: Model, encoder_input_tokens, prompt_tokens) -> None:
   """Refuses interior padding in decoder-only prompts and ids outside [0, vocab_size)
-  (both checked when the prompts are concrete)."""
+  (both checked when the prompts are concrete; a process checks its own rows of prompts
+  spanning processes)."""
+  encoder_input_tokens, prompt_tokens = map(local_rows, (encoder_input_tokens, prompt_tokens))
   if not model.is_encoder_decoder:
     check_prompt_padding(prompt_tokens)
   for name, tokens in (("encoder_input_tokens", encoder_input_tokens),

@@ -21,6 +21,7 @@ from distillspec_jax.core.validation import (check_budget, check_field_types, ch
 from distillspec_jax.decoding.plain import SamplingConfig
 from distillspec_jax.decoding.speculative import DraftLength, Lenience
 from distillspec_jax.evaluation import quality
+from distillspec_jax.evaluation.placement import BatchPlacement
 from distillspec_jax.interop import importer
 
 # The flat fields of PipelineConfig and EvalConfig (the gin run files bind them) that make
@@ -137,18 +138,13 @@ def quality_alone(models: Mapping[str, tuple], examples: dict, scorer: TaskScore
   return results
 
 
-def batch_placement(mesh, batch_size: int) -> Optional[Callable]:
-  """Puts a [batch_size, ...] array's rows over `mesh`'s 'data' axis, or None (as they are)
-  when there is no mesh or its data axis does not divide the batch (every device then decodes
-  the whole batch, as exactly)."""
+def batch_placement(mesh, batch_size: int) -> Optional[BatchPlacement]:
+  """The `placement.BatchPlacement` of `batch_size` rows on `mesh` (rows over its 'data' axis
+  where it divides them, else replicated; across processes when the mesh spans them), or
+  None without a mesh (arrays as they are)."""
   if mesh is None:
     return None
-  import jax
-  from distillspec_jax.training import partitioning
-  if batch_size % mesh.shape[partitioning.DATA_AXIS]:
-    return None
-  sharding = partitioning.batch_sharding(mesh)
-  return lambda array: jax.device_put(array, sharding)
+  return BatchPlacement(mesh, batch_size)
 
 
 def speculative_grid(target, target_params, drafts: Mapping[str, tuple], examples: dict,
@@ -158,14 +154,14 @@ def speculative_grid(target, target_params, drafts: Mapping[str, tuple], example
                      batch_size: Optional[int] = None, seed: int = 0,
                      on_done: Optional[Callable[[], None]] = None,
                      draft_length: DraftLength = DraftLength(),
-                     place: Optional[Callable] = None) -> list:
+                     place: Optional[BatchPlacement] = None) -> list:
   """Speculative decoding of the examples' prompts with the target and each draft at every
   (temperature, gamma, lenience), in that order per draft, temperatures outermost.
 
   `drafts`: {name: (Model, params)}; `batch_size` None: all prompts in one batch (batch b
   samples with fold_in(PRNGKey(seed), b)); `scorer` None: no task metric (quality None);
   `draft_length`: the draft length rule of every configuration (gamma is its gamma_max);
-  `place`: puts each batch's prompt array where the decoders read it (`batch_placement`).
+  `place`: where each batch's rows go and how the outputs come back (`batch_placement`).
   Returns rows {draft, temperature, gamma, lenience, epsilon, quality, tau, tau_stderr, the
   acceptance statistics of decoding/stats.py (mean_acceptance_length,
   draft_acceptance_rate, alpha, alpha_proposed, alpha_distillspec, acceptance_by_position,

@@ -112,15 +112,26 @@ def _token_acceptance(target: Model, target_params, draft: Model, draft_params, 
 
 
 def predicted_alpha(target: Model, target_params, draft: Model, draft_params, prompts,
-                    samples, temperature: float) -> float:
+                    samples, temperature: float, place=None, real: Optional[int] = None
+                    ) -> float:
   """Mean of 1 - TVD(p, q) over the tokens of target samples (DistillSpec Knowl 2): the
   acceptance rate lossless speculative sampling would have along them, predicted without
   running the speculative engine. `samples: [N, T]` are target decodes at `temperature`
   (EOS included, 0 after); both models are teacher-forced on [prompt, sample]. At T = 0 the
   distributions are one-hot and the rate is the fraction of positions where the draft's
-  argmax equals the target's."""
+  argmax equals the target's. `place` (a placement.BatchPlacement for N rows): the
+  teacher-forced batch laid out by it, only the first `real` rows counted (the rest pad)."""
   batch, sequence, mask = _teacher_forcing(target, np.asarray(prompts), np.asarray(samples))
   del sequence
+  if place is not None:
+    # Summed on the host from every row, so that the value does not depend on how the
+    # rows are split over devices and processes (a cross-process sum adds in another order).
+    mask = np.array(mask)
+    mask[real:] = 0.0  # the padding rows of the last batch
+    acceptance = place.gather(_token_acceptance(
+        target, target_params, draft, draft_params,
+        {k: place.put(np.asarray(v)) for k, v in batch.items()}, float(temperature)))
+    return float(np.sum(acceptance * mask) / max(np.sum(mask), 1.0))
   acceptance = _token_acceptance(target, target_params, draft, draft_params, batch,
                                  float(temperature))
   return float(jnp.sum(acceptance * mask) / jnp.maximum(jnp.sum(mask), 1.0))
@@ -137,9 +148,19 @@ def _batches(prompts: np.ndarray, batch_size: int):
     yield index, chunk, real
 
 
-def _placed(inputs: dict, place: Optional[Callable]) -> dict:
-  """The decoders' prompt arrays where `place` puts them (None: as they are)."""
-  return inputs if place is None else {k: place(v) for k, v in inputs.items()}
+def _placed(inputs: dict, place) -> dict:
+  """The decoders' prompt arrays where `place` (a placement.BatchPlacement) puts them
+  (None: as they are)."""
+  return inputs if place is None else {k: place.put(v) for k, v in inputs.items()}
+
+
+def _key(rng, place):
+  return rng if place is None else place.key(rng)
+
+
+def _fetched(result, place):
+  """The decoders' outputs on the host, every row (gathered across processes by `place`)."""
+  return jax.device_get(result) if place is None else place.gather(result)
 
 
 def _texts(tokens, lengths, detokenize) -> list:
@@ -153,23 +174,28 @@ def _metrics(metric_fn, references, predictions) -> dict:
 
 def target_alone(target: Model, target_params, draft: Model, draft_params, examples: dict, *,
                  temperature: float, max_new_tokens: int, batch_size: int, detokenize,
-                 metric_fn, seed: int = 0, place: Optional[Callable] = None) -> dict:
+                 metric_fn, seed: int = 0, place=None) -> dict:
   """Plain target decoding of the examples' prompts at `temperature` (batch b samples with
   fold_in(PRNGKey(seed), b)): {"quality": task metrics, "predictions", "predicted_alpha"
-  (the draft's 1 - TVD along these samples)}. `place`: puts each [batch_size, P] prompt
-  array where the decoders read it (e.g. rows split over a mesh's 'data' axis)."""
+  (the draft's 1 - TVD along these samples)}. `place` (placement.BatchPlacement): each
+  [batch_size, P] batch's rows over the mesh's 'data' axis (this process's rows only when
+  the mesh spans processes) and the outputs gathered back to every process."""
   prompts = np.asarray(examples["prompts"])
   key = jax.random.PRNGKey(seed)
   sampling = SamplingConfig(float(temperature))
   predictions, acceptance, weights = [], [], []
   for index, chunk, real in _batches(prompts, batch_size):
-    result = decode(target, target_params, max_new_tokens=max_new_tokens, sampling=sampling,
-                    rng=jax.random.fold_in(key, index),
-                    **_placed(prompt_inputs(target, chunk), place))
+    result = _fetched(decode(target, target_params, max_new_tokens=max_new_tokens,
+                             sampling=sampling, rng=_key(jax.random.fold_in(key, index), place),
+                             **_placed(prompt_inputs(target, chunk), place)), place)
     tokens, lengths = np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real]
     predictions += _texts(tokens, lengths, detokenize)
-    acceptance.append(predicted_alpha(target, target_params, draft, draft_params,
-                                      chunk[:real], tokens, temperature))
+    if place is None:
+      acceptance.append(predicted_alpha(target, target_params, draft, draft_params,
+                                        chunk[:real], tokens, temperature))
+    else:  # the whole padded batch, laid out like the decode's; only the real rows count
+      acceptance.append(predicted_alpha(target, target_params, draft, draft_params, chunk,
+                                        np.asarray(result.tokens), temperature, place, real))
     weights.append(float(np.sum(lengths)))
   return {"quality": _metrics(metric_fn, examples["target_texts"], predictions),
           "predictions": predictions,
@@ -181,7 +207,7 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
                     max_new_tokens: int, batch_size: int,
                     detokenize: Optional[Callable] = None, metric_fn: Optional[Callable] = None,
                     seed: int = 0, draft_length: DraftLength = DraftLength(),
-                    place: Optional[Callable] = None) -> dict:
+                    place=None) -> dict:
   """Speculative decoding of the examples' prompts in batches of `batch_size` (batch b with
   fold_in(PRNGKey(seed), b), the keys `target_alone` uses): the task metric of its outputs,
   tau with its standard error over prompts, the acceptance statistics of decoding/stats.py
@@ -197,10 +223,11 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
   for index, chunk, real in _batches(prompts, batch_size):
     result = speculative_decode(target, target_params, draft, draft_params,
                                 max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
-                                lenience=lenience, rng=jax.random.fold_in(key, index),
+                                lenience=lenience,
+                                rng=_key(jax.random.fold_in(key, index), place),
                                 draft_length=draft_length,
                                 **_placed(prompt_inputs(target, chunk), place))
-    result = jax.device_get(result)
+    result = _fetched(result, place)
     tokens, lengths = np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real]
     if detokenize is not None:
       predictions += _texts(tokens, lengths, detokenize)
