@@ -64,7 +64,7 @@ def test_killed_stage_is_finished_by_the_rerun(tmp_path, monkeypatch):
             "decoder_target_tokens": rng.integers(1, 16, (10, 4)).astype(np.int32),
             "decoder_loss_weights": np.ones((10, 4), np.int32)}
   monkeypatch.setattr(pipeline, "models", lambda c: (target, None))
-  monkeypatch.setattr(pipeline, "load_params", lambda c, stage, m: params)
+  monkeypatch.setattr(pipeline, "load_params", lambda c, stage, m, *mesh_and_dtype: params)
   monkeypatch.setattr(pipeline, "_train_arrays", lambda c: arrays)
   real_write = teacher_cache.write_cache
 
