@@ -448,7 +448,7 @@ def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
     timing = None
     if config.speed.examples and multihost.is_primary():
       timing = pinning.run_pinned(
-          config.speed.cpus, _timings,
+          pinning.timing_cpus(config.speed.cpus, jax.process_count()), _timings,
           (config.target_checkpoint_path, config.draft_checkpoint_path),
           (config.target_model, config.draft_model), capacity,
           examples[name]["prompts"][:config.speed.examples], config)

@@ -5,6 +5,8 @@ written (by process 0), each process handing the decoders only its rows of every
 batch, and the whole run bounded in time.
 
 The processes are tests/eval_multihost_worker.py: the binary's `main` with its own flags.
+The second test does the same for the shortened main job's distillation, evaluate and report
+stages (tests/pipeline_multihost_worker.py: run_pipeline after the binaries' flag parsing).
 """
 
 import json
@@ -78,3 +80,52 @@ def test_eval_binary_on_two_processes_gives_one_process_rows(tmp_path):
   for index, rows in enumerate(([0, 2, BATCH], [2, 4, BATCH])):
     mine = json.loads((tmp_path / f"rows_{index}.json").read_text())
     assert len(mine) == len(calls) and all(c == rows for c in mine), mine
+
+
+# The shortened main job's settings for the two-process run: one recipe, distilled live (no
+# teacher cache), gamma 2 at both temperatures, the least timing.
+PIPELINE_SETTINGS = dict(recipes=["supervised_kd"], gammas=[2], temperatures=[0.0, 1.0],
+                         speed_repeats=1, speed_calls=1)
+
+
+@pytest.mark.pipeline
+def test_main_job_on_two_processes_gives_one_process_results(tmp_path, shared_stages):
+  """The shortened main job from the session's vocab, target and raw draft: its distillation
+  and evaluation stages on a (4, 2) mesh spanning two processes give one 8-device process's
+  losses (rtol 1e-5), tau and alpha (rtol 1e-6) and per-token losses; one report."""
+  import shutil
+  shared_dir, _ = shared_stages
+  single, multi = tmp_path / "single", tmp_path / "multi"
+  for run_dir in (single, multi):
+    for stage in ("vocab", "target", "draft_raw"):  # file times kept: reused as done
+      shutil.copytree(os.path.join(shared_dir, stage), run_dir / stage)
+  worker = os.path.join(ROOT, "tests", "pipeline_multihost_worker.py")
+  settings = json.dumps(PIPELINE_SETTINGS)
+  port = _free_port()
+  procs = [subprocess.Popen([sys.executable, worker, str(single), settings], env=_env(8),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)]
+  for index in (0, 1):
+    procs.append(subprocess.Popen([sys.executable, worker, str(multi), settings]
+                                  + _flags(port, index), env=_env(4), cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  outs = _finish(procs, timeout=600)
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0, out[-4000:]
+  want, *got = [json.loads(out.split("RESULT ", 1)[1]) for out in outs]
+  assert (want["processes"], [g["process"] for g in got]) == (1, [0, 1])
+  assert want["ran"] == got[0]["ran"] == got[1]["ran"] == [
+      "distill_supervised_kd", "evaluate", "report"]
+  for result in got:
+    for stage in ("target", "draft_raw", "distill_supervised_kd"):
+      assert result[stage]["final_loss"] == pytest.approx(want[stage]["final_loss"],
+                                                          rel=1e-5), stage
+    assert len(result["speculative"]) == len(want["speculative"]) == 2 * 2
+    for a, b in zip(result["speculative"], want["speculative"]):
+      assert [a[k] for k in ("draft", "gamma", "temperature")] == [
+          b[k] for k in ("draft", "gamma", "temperature")]
+      assert (a["tau"], a["alpha"]) == pytest.approx((b["tau"], b["alpha"]), rel=1e-6), a
+    for name, loss in want["quality"].items():
+      assert result["quality"][name] == pytest.approx(loss, rel=1e-5), name
+    assert result["report_rows"] == want["report_rows"] == 2  # one recipe x 2 T x 1 gamma
+    assert 0 < result["target_model_sharded"] < result["target_leaves"]

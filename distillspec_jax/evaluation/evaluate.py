@@ -125,14 +125,16 @@ def task_scorer(task: str, vocabulary: Any = None) -> TaskScorer:
 
 
 def quality_alone(models: Mapping[str, tuple], examples: dict, scorer: TaskScorer, *,
-                  max_new_tokens: int, on_done: Optional[Callable[[], None]] = None) -> dict:
+                  max_new_tokens: int, on_done: Optional[Callable[[], None]] = None,
+                  place: Optional[BatchPlacement] = None) -> dict:
   """{name: task metrics of greedy decodes, per_token_loss, example_prediction} of each
-  (Model, params) in `models` decoding the examples' prompts alone."""
+  (Model, params) in `models` decoding the examples' prompts alone, in one batch (`place`:
+  its layout, a `batch_placement` of all the prompts)."""
   results = {}
   for name, (model, params) in models.items():
     results[name] = quality.quality(model, params, examples["prompts"], examples["targets"],
                                     examples["target_texts"], max_new_tokens,
-                                    scorer.detokenize, scorer.metrics)
+                                    scorer.detokenize, scorer.metrics, place)
     if on_done:
       on_done()
   return results

@@ -31,6 +31,13 @@ def pin_cores(count: int) -> list:
   return allowed[-count:]
 
 
+def timing_cpus(cpus: int, process_count: int) -> int:
+  """The cores to time on: `cpus`, except that a job of several processes never times in
+  its own process (0 counts as 1): the timing reads checkpoints by itself, and in a job of
+  several processes a checkpoint read is a collective that every process must join."""
+  return cpus if process_count == 1 else max(cpus, 1)
+
+
 def machine_info() -> dict:
   """{"cpus": cores of the machine, "pinned": cores this process may use}."""
   return {"cpus": os.cpu_count(), "pinned": sorted(os.sched_getaffinity(0))}

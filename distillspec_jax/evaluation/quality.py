@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distillspec_jax.decoding.plain import SamplingConfig, decode, prompt_inputs
+from distillspec_jax.decoding.plain import SamplingConfig, decode, default_rng, prompt_inputs
 from distillspec_jax.distill.divergences import cross_entropy, expected_acceptance
 from distillspec_jax.models.model import EOS_ID, Model
 from distillspec_jax.decoding.speculative import DraftLength, Lenience, speculative_decode
@@ -60,27 +60,41 @@ def _logits(model: Model, params, batch: dict):
   return model.logits(params, batch)
 
 
-def per_token_loss(model: Model, params, prompts: np.ndarray, targets: np.ndarray) -> float:
-  """Mean cross-entropy (nats) of the reference `targets: [N, T]` given `prompts: [N, P]`."""
+def per_token_loss(model: Model, params, prompts: np.ndarray, targets: np.ndarray,
+                   place=None) -> float:
+  """Mean cross-entropy (nats) of the reference `targets: [N, T]` given `prompts: [N, P]`.
+  `place` (a placement.BatchPlacement of N rows): the batch laid out by it and the sum taken
+  on the host from every row (the same value however the rows are split)."""
   batch, targets, mask = _teacher_forcing(model, np.asarray(prompts), np.asarray(targets))
-  logits = _logits(model, params, batch)
-  losses = cross_entropy(logits, targets, mask)
-  return float(jnp.sum(losses) / jnp.sum(mask))
+  if place is None:
+    logits = _logits(model, params, batch)
+    losses = cross_entropy(logits, targets, mask)
+    return float(jnp.sum(losses) / jnp.sum(mask))
+  logits = _logits(model, params, {k: place.put(np.asarray(v)) for k, v in batch.items()})
+  losses = place.gather(cross_entropy(logits, place.put(np.asarray(targets)),
+                                      place.put(np.asarray(mask))))
+  return float(np.sum(losses) / np.sum(np.asarray(mask)))
 
 
 def greedy_predictions(model: Model, params, prompts: np.ndarray, max_new_tokens: int,
-                       detokenize: Callable[[Sequence[int]], str]) -> list:
-  result = decode(model, params, max_new_tokens=max_new_tokens, **prompt_inputs(model, prompts))
+                       detokenize: Callable[[Sequence[int]], str], place=None) -> list:
+  """Texts of greedy decodes of `prompts: [N, P]` in one batch (`place`: laid out by a
+  placement.BatchPlacement of N rows, the outputs gathered to every process)."""
+  # Greedy: the key is not read, but across processes every input must be a global array.
+  rng = None if place is None else place.key(default_rng())
+  result = _fetched(decode(model, params, max_new_tokens=max_new_tokens, rng=rng,
+                           **_placed(prompt_inputs(model, prompts), place)), place)
   tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
   return [detokenize([t for t in row[:n] if t != EOS_ID]) for row, n in zip(tokens, lengths)]
 
 
 def quality(model: Model, params, prompts, targets, target_texts, max_new_tokens, detokenize,
-            metric_fn) -> dict:
-  """Task metric of greedy decodes plus per-token loss on the references."""
-  predictions = greedy_predictions(model, params, prompts, max_new_tokens, detokenize)
+            metric_fn, place=None) -> dict:
+  """Task metric of greedy decodes plus per-token loss on the references (`place`: as
+  `greedy_predictions`')."""
+  predictions = greedy_predictions(model, params, prompts, max_new_tokens, detokenize, place)
   metrics = {k: float(v) for k, v in metric_fn(list(target_texts), predictions).items()}
-  metrics["per_token_loss"] = per_token_loss(model, params, prompts, targets)
+  metrics["per_token_loss"] = per_token_loss(model, params, prompts, targets, place)
   metrics["example_prediction"] = predictions[0]
   return metrics
 

@@ -44,9 +44,10 @@ from distillspec_jax.training.trainer import TrainConfig, distill, finetune, tra
 from distillspec_jax.studies.pipeline_config import PipelineConfig, distillation_config
 
 DONE = "DONE.json"
-# Stages that only process 0 runs (host-side files, evaluation, report); the training stages
-# run on every process (SPMD). The others wait for them at a barrier this long.
-PRIMARY_ONLY_STAGES = ("vocab", "teacher_cache", "evaluate", "report")
+# Stages that only process 0 runs (host-side files, the teacher cache, report); the training
+# stages and the evaluation run on every process (SPMD). The others wait for them at a
+# barrier this long.
+PRIMARY_ONLY_STAGES = ("vocab", "teacher_cache", "report")
 STAGE_BARRIER_TIMEOUT_S = 7 * 24 * 3600
 
 
@@ -281,11 +282,15 @@ def job_mesh(config: PipelineConfig, target: Model, draft: Model):
 def load_params(config: PipelineConfig, stage: str, model: Model, mesh=None,
                 dtype: Optional[str] = None):
   """The final parameters a training stage saved in its folder; with `mesh`, restored
-  straight into the rules' shards (each process reads its own); cast to `dtype` (None: as
-  saved)."""
+  straight into the rules' shards (each process reads its own), else whole on this process's
+  first device (not the layout the stage was saved with, which may span other devices);
+  cast to `dtype` (None: as saved)."""
   shapes = model.param_shapes()
   if mesh is not None:
     shapes = checkpoints.abstract_like(shapes, partitioning.param_shardings(model, mesh))
+  else:
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shapes = checkpoints.abstract_like(shapes, jax.tree.map(lambda _: device, shapes))
   return cast_params(checkpoints.restore_params(config.stage_dir(stage), shapes), dtype)
 
 
@@ -437,12 +442,11 @@ def _cached_train_data(config: PipelineConfig, cache) -> "InMemoryData":
 
 
 def _eval_models_and_params(config: PipelineConfig, mesh: bool = True) -> tuple:
-  """(target, draft, {stage name: params}) of every trained model of the job, on the job's
-  mesh (`mesh` False: this process's default device, e.g. the pinned timing process). The
-  evaluation runs on process 0 alone, so with several processes it keeps to that process's
-  device (a mesh spanning processes needs every process in each program)."""
+  """(target, draft, {stage name: params}) of every trained model of the job, restored
+  straight into their shards on the job's mesh (over every process's devices; `mesh` False:
+  whole on this process's default device, e.g. the pinned timing process)."""
   target, draft = models(config)
-  on = job_mesh(config, target, draft) if mesh and jax.process_count() == 1 else None
+  on = job_mesh(config, target, draft) if mesh else None
   params = {"target": load_params(config, "target", target, on, config.target_param_dtype),
             "draft_raw": load_params(config, "draft_raw", draft, on)}
   for name in config.distill_stages:
@@ -500,28 +504,34 @@ _SPEED_KEYS = ("speedup", "speedup_range", "speedup_spread", "speedup_repeats",
 def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   """Quality of every model; tau, alpha and measured speedup of every draft with the target
   at each gamma and temperature (evaluation.evaluate, the one evaluation path). Writes
-  `<run_dir>/evaluate/eval.json`."""
+  `<run_dir>/evaluate/eval.json`. Runs on every process: the models on the job's mesh, each
+  evaluation batch's rows over 'data' (each process hands over its own rows, all get every
+  output); process 0 alone times (batch 1, pinned) and writes."""
   from tqdm.auto import tqdm
   from distillspec_jax.evaluation import evaluate as evaluate_lib
   from distillspec_jax.evaluation import pinning
   target, draft, params = _eval_models_and_params(config)
   examples = _test_examples(config)
-  # Each batch's rows over the mesh's 'data' axis (one process; the mesh the parameters are on).
-  mesh = job_mesh(config, target, draft) if jax.process_count() == 1 else None
+  # Each batch's rows over the 'data' axis of the mesh the parameters are on.
+  mesh = job_mesh(config, target, draft)
   place = evaluate_lib.batch_placement(
       mesh, config.eval_batch_size or len(examples["prompts"]))
+  primary = multihost.is_primary()
   scorer = evaluate_lib.task_scorer(config.eval_task or config.task, _register_task(
       config).output_features["targets"].vocabulary)
   drafts = {name: (draft, params[name]) for name in ("draft_raw",) + config.distill_stages}
   total = len(params) + len(config.temperatures) * len(drafts) * len(config.gammas)
   # The timing process loads and compiles on its pinned core while this one evaluates; it
   # starts timing only once released, when nothing else runs.
-  with pinning.start_pinned(config.speed_cpus, measure_run_speed, config) as timing_run, \
+  timing = ((pinning.timing_cpus(config.speed_cpus, jax.process_count()), measure_run_speed)
+            if primary else (0, _no_timing))
+  with pinning.start_pinned(*timing, config) as timing_run, \
       tqdm(total=total, desc="evaluate (quality, tau)", dynamic_ncols=True,
-           disable=not config.progress_bar) as bar:
+           disable=not (config.progress_bar and primary)) as bar:
     alone = evaluate_lib.quality_alone(
         {name: (target if name == "target" else draft, p) for name, p in params.items()},
-        examples, scorer, max_new_tokens=config.max_new_tokens, on_done=bar.update)
+        examples, scorer, max_new_tokens=config.max_new_tokens, on_done=bar.update,
+        place=evaluate_lib.batch_placement(mesh, len(examples["prompts"])))
     rows = evaluate_lib.speculative_grid(
         target, params["target"], drafts, examples, scorer, gammas=config.gammas,
         temperatures=config.temperatures, max_new_tokens=config.max_new_tokens,
@@ -529,6 +539,8 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
     bar.close()
     del params, drafts  # the timing process loads its own copy
     timing = timing_run.result()
+  if not primary:  # process 0 writes eval.json; the others only took part in the decodes
+    return {"num_test_prompts": int(len(examples["prompts"]))}
   results = {"quality": alone, "speculative": [{k: row[k] for k in _SPECULATIVE_KEYS}
                                                for row in rows]}
   by_key = {(r["draft"], r["gamma"], r["temperature"]): r for r in timing["rows"]}
@@ -545,6 +557,11 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
                                                         "max_new_tokens")})
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
   return {"num_test_prompts": int(len(examples["prompts"]))}
+
+
+def _no_timing(config: PipelineConfig) -> None:
+  """The timing of processes other than 0: none (process 0 times, batch 1, pinned)."""
+  del config
 
 
 def stage_report(config: PipelineConfig, stage: str) -> dict:
