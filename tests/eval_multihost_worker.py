@@ -6,11 +6,17 @@ each evaluation batch this process hands to the decoders.
 
 The eval binary's own flags and parsing (`eval.main`: the multi-host flags first, then gin);
 the only addition is a wrapper around `BatchPlacement.put` that appends [first row, last row
-+ 1, batch rows] of every call to ROWS_JSON (one file per process).
++ 1, batch rows] of every call to ROWS_JSON (one file per process). With WORKER_KILL_AT=
+first_batch in the environment, process 1 kills itself (SIGKILL) at its first batch. With
+WORKER_ALSO_DATA_PARALLEL=DIR (one process), the same evaluation runs again on (all devices,
+1) into DIR, its rows in ROWS_JSON.data_parallel.json; the bytes of the target that the first
+device holds go to ROWS_JSON.held.json for each run.
 """
 
+import dataclasses
 import json
 import os
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,11 +32,16 @@ from distillspec_jax import eval as eval_lib  # noqa: E402
 from distillspec_jax.evaluation import placement  # noqa: E402
 
 ROWS_PATH = sys.argv[1]
+HELD_PATH = ROWS_PATH + ".held.json"
+# Process 1 kills itself (SIGKILL) as it hands over its first batch.
+KILL_AT_FIRST_BATCH = os.environ.get("WORKER_KILL_AT") == "first_batch"
 _put = placement.BatchPlacement.put
 _seen = []
 
 
 def _recording_put(self, array):
+  if KILL_AT_FIRST_BATCH and jax.process_index() == 1:
+    os.kill(os.getpid(), signal.SIGKILL)  # tests/test_killed_process.py
   rows = self.rows
   _seen.append([rows.start, rows.stop, int(len(array))])
   with open(ROWS_PATH, "w") as f:
@@ -38,9 +49,32 @@ def _recording_put(self, array):
   return _put(self, array)
 
 
+def _recording_load_pair(config):
+  """The binary's loader, recording the bytes of the target's parameters that this process's
+  first device holds and the whole target's, per mesh, to ROWS_JSON's `.held.json`."""
+  pair = _load_pair(config)
+  first = jax.local_devices()[0]
+  leaves = jax.tree.leaves(pair[1])
+  _held.append({"mesh": [config.data_parallel, config.model_parallel],
+                "held": sum(s.data.nbytes for x in leaves for s in x.addressable_shards
+                            if s.device == first),
+                "whole": sum(x.nbytes for x in leaves)})
+  with open(HELD_PATH, "w") as f:
+    json.dump(_held, f)
+  return pair
+
+
+_load_pair, _held = eval_lib._load_pair, []
 placement.BatchPlacement.put = _recording_put
+eval_lib._load_pair = _recording_load_pair
 
 if __name__ == "__main__":
-  code = eval_lib.main(sys.argv[2:])
+  config = eval_lib.prepare(sys.argv[2:])
+  code = eval_lib.run(config)
+  second = os.environ.get("WORKER_ALSO_DATA_PARALLEL")
+  if second:  # the same evaluation again on (all devices, 1), written to that folder
+    ROWS_PATH, _seen = ROWS_PATH + ".data_parallel.json", []
+    eval_lib.evaluate(dataclasses.replace(config, model_dir=second,
+                                          data_parallel=jax.device_count(), model_parallel=1))
   print(f"WORKER_OK process {jax.process_index()} of {jax.process_count()}", flush=True)
   sys.exit(code)

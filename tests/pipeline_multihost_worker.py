@@ -1,4 +1,4 @@
-"""One process of tests/test_eval_multihost.py's main-job test: the shortened main job
+"""One process of tests/test_pipeline_mesh.py's two-process arm: the shortened main job
 (testing.PIPELINE) on a (4, 2) mesh, its vocab, target and raw draft already in RUN_DIR.
 
   python tests/pipeline_multihost_worker.py RUN_DIR SETTINGS_JSON [--coordinator_address=...
@@ -7,10 +7,13 @@
 The multi-host flags go through `multihost.initialize_from_flags`, the binaries' parser.
 Without them it is the one-process reference (run it with 8 CPU devices). Prints one line
 `RESULT {json}`: testing.pipeline_outcome of the finished run and this process's index.
+With WORKER_KILL_AT=<stage> in the environment, process 1 kills itself (SIGKILL) as that
+stage starts.
 """
 
 import json
 import os
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -30,10 +33,17 @@ def main(argv):
   import testing
   from distillspec_jax.studies.pipeline import run_pipeline
   run_dir, settings = rest[0], json.loads(rest[1])
-  for name in ("temperatures", "gammas", "recipes"):
-    settings[name] = tuple(settings[name])
+  for name in ("temperatures", "gammas", "recipes", "teacher_cache_recipes"):
+    if name in settings:
+      settings[name] = tuple(settings[name])
   config = testing.pipeline_config(run_dir, data_parallel=4, model_parallel=2, **settings)
-  outcome = run_pipeline(config)
+  stage_fns = None
+  kill_at = os.environ.get("WORKER_KILL_AT")
+  if kill_at and jax.process_index() == 1:  # tests/test_killed_process.py
+    from distillspec_jax.studies.pipeline import default_stage_functions
+    stage_fns = default_stage_functions()
+    stage_fns[kill_at] = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+  outcome = run_pipeline(config, stage_fns=stage_fns)
   result = dict(testing.pipeline_outcome(config), process=jax.process_index(),
                 processes=jax.process_count(),
                 ran=sorted(s for s, v in outcome.items() if v == "ran"))

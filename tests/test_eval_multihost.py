@@ -1,12 +1,14 @@
-"""The eval binary across two processes (jax.distributed on localhost, 4 CPU devices each, a
-(4, 2) mesh spanning both) against one process of 8 devices on the same mesh shape: the same
-metrics.json rows and target-alone quality at T = 0 and T = 1 (fixed seed), one metrics.json
-written (by process 0), each process handing the decoders only its rows of every evaluation
-batch, and the whole run bounded in time.
+"""The eval binary on a (data, model) mesh (DATA_PARALLEL / MODEL_PARALLEL), in one process and
+across two. One process of 8 simulated CPU devices: a tiny target restored straight into its
+'model' shards (a preset names its shapes) on (4, 2) gives the rows of the same evaluation
+on (8, 1), and each device holds less than the whole target. Two processes (jax.distributed
+on localhost, 4 CPU devices each, a (4, 2) mesh spanning both) against that 8-device (4, 2)
+run: the same metrics.json rows and target-alone quality at T = 0 and T = 1 (fixed seed), one
+metrics.json written (by process 0), each process handing the decoders only its rows of
+every evaluation batch, and the whole run bounded in time.
 
 The processes are tests/eval_multihost_worker.py: the binary's `main` with its own flags.
-The second test does the same for the shortened main job's distillation, evaluate and report
-stages (tests/pipeline_multihost_worker.py: run_pipeline after the binaries' flag parsing).
+The main job across two processes is tested in tests/test_pipeline_mesh.py.
 """
 
 import json
@@ -51,10 +53,13 @@ def test_eval_binary_on_two_processes_gives_one_process_rows(tmp_path):
                             Model.from_name(PRESET).init(jax.random.PRNGKey(seed)))
   port = _free_port()
   single, multi = tmp_path / "single", tmp_path / "multi"
+  data_parallel = tmp_path / "single_8x1"
   # The reference and the pair at the same time (the machine's cores are shared anyway).
   procs = [subprocess.Popen([sys.executable, WORKER, str(tmp_path / "rows_single.json")]
-                            + _eval_flags(tmp_path, single), env=_env(8), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+                            + _eval_flags(tmp_path, single),
+                            env=dict(_env(8), WORKER_ALSO_DATA_PARALLEL=str(data_parallel)),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)]
   for index in (0, 1):
     procs.append(subprocess.Popen(
         [sys.executable, WORKER, str(tmp_path / f"rows_{index}.json")]
@@ -75,6 +80,7 @@ def test_eval_binary_on_two_processes_gives_one_process_rows(tmp_path):
       single / "inferences" / "embedded_arithmetic.jsonl").read_text()
   # Rows handed to the decoders: the reference every row of each batch; process 0 rows 0-1
   # and process 1 rows 2-3 (the (4, 2) mesh's data axis spans both, 2 rows per process).
+  _check_model_sharded_equals_data_parallel(single, data_parallel, tmp_path)
   calls = json.loads((tmp_path / "rows_single.json").read_text())
   assert calls and all(c == [0, BATCH, BATCH] for c in calls)
   for index, rows in enumerate(([0, 2, BATCH], [2, 4, BATCH])):
@@ -82,50 +88,22 @@ def test_eval_binary_on_two_processes_gives_one_process_rows(tmp_path):
     assert len(mine) == len(calls) and all(c == rows for c in mine), mine
 
 
-# The shortened main job's settings for the two-process run: one recipe, distilled live (no
-# teacher cache), gamma 2 at both temperatures, the least timing.
-PIPELINE_SETTINGS = dict(recipes=["supervised_kd"], gammas=[2], temperatures=[0.0, 1.0],
-                         speed_repeats=1, speed_calls=1)
-
-
-@pytest.mark.pipeline
-def test_main_job_on_two_processes_gives_one_process_results(tmp_path, shared_stages):
-  """The shortened main job from the session's vocab, target and raw draft: its distillation
-  and evaluation stages on a (4, 2) mesh spanning two processes give one 8-device process's
-  losses (rtol 1e-5), tau and alpha (rtol 1e-6) and per-token losses; one report."""
-  import shutil
-  shared_dir, _ = shared_stages
-  single, multi = tmp_path / "single", tmp_path / "multi"
-  for run_dir in (single, multi):
-    for stage in ("vocab", "target", "draft_raw"):  # file times kept: reused as done
-      shutil.copytree(os.path.join(shared_dir, stage), run_dir / stage)
-  worker = os.path.join(ROOT, "tests", "pipeline_multihost_worker.py")
-  settings = json.dumps(PIPELINE_SETTINGS)
-  port = _free_port()
-  procs = [subprocess.Popen([sys.executable, worker, str(single), settings], env=_env(8),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)]
-  for index in (0, 1):
-    procs.append(subprocess.Popen([sys.executable, worker, str(multi), settings]
-                                  + _flags(port, index), env=_env(4), cwd=ROOT,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-  outs = _finish(procs, timeout=600)
-  for p, out in zip(procs, outs):
-    assert p.returncode == 0, out[-4000:]
-  want, *got = [json.loads(out.split("RESULT ", 1)[1]) for out in outs]
-  assert (want["processes"], [g["process"] for g in got]) == (1, [0, 1])
-  assert want["ran"] == got[0]["ran"] == got[1]["ran"] == [
-      "distill_supervised_kd", "evaluate", "report"]
-  for result in got:
-    for stage in ("target", "draft_raw", "distill_supervised_kd"):
-      assert result[stage]["final_loss"] == pytest.approx(want[stage]["final_loss"],
-                                                          rel=1e-5), stage
-    assert len(result["speculative"]) == len(want["speculative"]) == 2 * 2
-    for a, b in zip(result["speculative"], want["speculative"]):
-      assert [a[k] for k in ("draft", "gamma", "temperature")] == [
-          b[k] for k in ("draft", "gamma", "temperature")]
-      assert (a["tau"], a["alpha"]) == pytest.approx((b["tau"], b["alpha"]), rel=1e-6), a
-    for name, loss in want["quality"].items():
-      assert result["quality"][name] == pytest.approx(loss, rel=1e-5), name
-    assert result["report_rows"] == want["report_rows"] == 2  # one recipe x 2 T x 1 gamma
-    assert 0 < result["target_model_sharded"] < result["target_leaves"]
+def _check_model_sharded_equals_data_parallel(sharded_dir, data_parallel_dir, tmp_path):
+  """The 8-device process's (4, 2) run against its (8, 1) run: the same tau, alpha and
+  quality; each device holds the whole target on (8, 1) and a share of it on (4, 2)."""
+  held = json.loads((tmp_path / "rows_single.json.held.json").read_text())
+  assert [h["mesh"] for h in held] == [[4, 2], [8, 1]]
+  sharded, replicated = held
+  # Vocabulary, MLP and heads split in two; norms and relative position biases whole.
+  assert sharded["held"] < 0.6 * sharded["whole"]
+  assert replicated["held"] == replicated["whole"] == sharded["whole"]
+  got = json.loads((sharded_dir / "metrics.json").read_text())
+  want = json.loads((data_parallel_dir / "metrics.json").read_text())
+  assert len(got["rows"]) == len(want["rows"]) == 2
+  for a, b in zip(got["rows"], want["rows"]):
+    assert (a["temperature"], a["gamma"]) == (b["temperature"], b["gamma"])
+    assert (a["tau"], a["alpha"], a["quality"]) == (b["tau"], b["alpha"], b["quality"]), (a, b)
+  assert got["target_alone"] == want["target_alone"]
+  # On (8, 1) the data axis (8) does not divide the batch (4): every device decodes it whole.
+  calls = json.loads((tmp_path / "rows_single.json.data_parallel.json").read_text())
+  assert calls and all(c == [0, BATCH, BATCH] for c in calls)

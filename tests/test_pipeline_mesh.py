@@ -1,16 +1,21 @@
-"""The main job on a (data, model) mesh (DATA_PARALLEL / MODEL_PARALLEL): the shortened
-pipeline (testing.PIPELINE: two steps per stage, four test prompts) on (4, 2) and on (8, 1)
-over 8 simulated CPU devices gives the losses of (1, 1) on one device (rtol 1e-5) and the same
-tau and alpha (the teacher cache's top-k log-probs within 1e-5, so the SupervisedKD it feeds
-trains alike); its report has one set of rows.
+"""The main job on a (data, model) mesh (DATA_PARALLEL / MODEL_PARALLEL), in one process and
+across two: the shortened pipeline (testing.PIPELINE: two steps per stage, four test prompts)
+on (4, 2) and on (8, 1) over 8 simulated CPU devices gives the losses of (1, 1) on one device
+(rtol 1e-5) and the same tau and alpha (the teacher cache's top-k log-probs within 1e-5, so
+the SupervisedKD it feeds trains alike); its report has one set of rows. Then the same job on
+(4, 2) over two processes x 4 CPU devices (jax.distributed on localhost, the binaries'
+flags), from the (4, 2) run's vocab, target and raw draft: its teacher cache, SupervisedKD
+from that cache, evaluation and report give the 8-device (4, 2) process's cache, loss, tau,
+alpha and per-token losses; one report, written by process 0.
 
 The two 8-device arms run in one child process (XLA_FLAGS must be set before JAX starts); the
 one-device arm runs here on copies of the session's trained vocab, target and raw draft
 (conftest.py's `shared_stages`, the same settings on one device), so their losses are the
-(1, 1) losses of those stages."""
+(1, 1) losses of those stages. The two processes are tests/pipeline_multihost_worker.py."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -19,10 +24,12 @@ import numpy as np
 import pytest
 
 import testing
+from test_multihost import _env, _finish, _flags, _free_port
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MULTIHOST_WORKER = os.path.join(ROOT, "tests", "pipeline_multihost_worker.py")
 SHAPES = ((4, 2), (8, 1))
 # gamma 2 at both temperatures, the least timing the job allows (timing is not what is
 # compared); SupervisedKD from the teacher cache, as in the demo, so the cache stage runs on
@@ -84,8 +91,51 @@ def _close(got: dict, want: dict, where: str) -> None:
   assert got["report_rows"] == want["report_rows"] == 2 * 2 * 1
 
 
+def _run_two_processes(mesh_run_dir: str, tmp_path) -> list:
+  """The job on (4, 2) over two processes from the 8-device (4, 2) run's first stages, with
+  SupervisedKD from the teacher cache as its one recipe; each process's RESULT."""
+  run_dir = tmp_path / "2_processes"
+  for stage in testing.SHARED_STAGES:  # vocab, target, draft_raw: file times kept, reused
+    shutil.copytree(os.path.join(mesh_run_dir, stage), run_dir / stage)
+  settings = json.dumps(dict(SETTINGS, recipes=["supervised_kd"]))
+  port = _free_port()
+  procs = [subprocess.Popen([sys.executable, MULTIHOST_WORKER, str(run_dir), settings]
+                            + _flags(port, index), env=_env(4), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for index in (0, 1)]
+  outs = _finish(procs, timeout=600)
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0, out[-4000:]
+  return [json.loads(out.split("RESULT ", 1)[1]) for out in outs]
+
+
+def _close_across_processes(got: dict, want: dict, process: int) -> None:
+  """Process `process`'s view of the two-process run against the 8-device (4, 2) run."""
+  where = f"process {process}"
+  assert got["process"] == process and got["processes"] == 2
+  assert got["ran"] == ["distill_supervised_kd", "evaluate", "report", "teacher_cache"], where
+  np.testing.assert_allclose(got["cache_log_probs"], want["cache_log_probs"], rtol=1e-5,
+                             atol=1e-5, err_msg=where)
+  stage = "distill_supervised_kd"
+  assert got[stage]["final_loss"] == pytest.approx(want[stage]["final_loss"], rel=1e-5), where
+  for a, b in zip(got[stage]["tau_curve"], want[stage]["tau_curve"], strict=True):
+    assert (a["tau"], a["alpha"]) == pytest.approx((b["tau"], b["alpha"]), rel=1e-6), where
+  drafts = ("draft_raw", "distill_supervised_kd")
+  rows = [r for r in want["speculative"] if r["draft"] in drafts]
+  assert len(got["speculative"]) == len(rows) == 2 * 2
+  for a, b in zip(got["speculative"], rows):
+    assert [a[k] for k in ("draft", "gamma", "temperature")] == [
+        b[k] for k in ("draft", "gamma", "temperature")]
+    assert (a["tau"], a["alpha"]) == pytest.approx((b["tau"], b["alpha"]), rel=1e-6), (where, a)
+  assert set(got["quality"]) == {"target", *drafts}
+  for name, loss in got["quality"].items():
+    assert loss == pytest.approx(want["quality"][name], rel=1e-5), (where, name)
+  assert got["report_rows"] == 1 * 2 * 1  # one recipe x 2 temperatures x 1 gamma
+  assert 0 < got["target_model_sharded"] < got["target_leaves"]
+
+
 @pytest.mark.pipeline
-def test_demo_pipeline_on_4_by_2_and_8_by_1_meshes_equals_one_device(tmp_path, shared_stages):
+def test_demo_pipeline_on_meshes_and_two_processes_equals_one_device(tmp_path, shared_stages):
   shared_dir, _ = shared_stages
   assert jax.device_count() == 1
   one = testing.pipeline_config(tmp_path / "1x1", data_parallel=1, model_parallel=1,
@@ -102,3 +152,6 @@ def test_demo_pipeline_on_4_by_2_and_8_by_1_meshes_equals_one_device(tmp_path, s
   assert 0 < meshes["4x2"]["target_model_sharded"] < meshes["4x2"]["target_leaves"]
   for shape in ("4x2", "8x1"):
     _close(meshes[shape], single, shape)
+  processes = _run_two_processes(str(tmp_path / "4x2"), tmp_path)
+  for index, result in enumerate(processes):
+    _close_across_processes(result, meshes["4x2"], index)

@@ -88,12 +88,22 @@ def target_fingerprint(model: Model, params) -> dict:
   shapes = {}
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
     name = jax.tree_util.keystr(path)
-    value = np.asarray(jax.device_get(leaf))
+    value = _host_value(leaf)
     shapes[name] = list(value.shape)
     digest.update(name.encode())
     digest.update(np.ascontiguousarray(value).tobytes())
   return {"param_shapes": shapes, "param_sha256": digest.hexdigest(),
           "model_config": json.loads(json.dumps(dataclasses.asdict(model.config), default=str))}
+
+
+def _host_value(leaf) -> np.ndarray:
+  """One parameter whole on this host. A leaf spread over several processes' devices is
+  gathered alone (a collective every process makes in the same tree order): the host holds
+  one parameter at a time, never the whole model."""
+  if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+  return np.asarray(jax.device_get(leaf))
 
 
 def data_fingerprint(arrays: Mapping[str, np.ndarray]) -> dict:
@@ -161,7 +171,8 @@ def write_cache(target: Model, target_params, arrays: Mapping[str, np.ndarray], 
                 *, k: int, task: str, lengths: Mapping[str, int], temperature: float = 1.0,
                 batch_size: int = 64, shard_examples: int = 4096, progress: bool = True,
                 on_shard: Optional[Callable[[int], None]] = None,
-                place: Optional[Callable[[dict], dict]] = None) -> dict:
+                place: Optional[Callable[[dict], dict]] = None,
+                gather: Optional[Callable[[Any], Any]] = None, writer: bool = True) -> dict:
   """Runs the target once over `arrays` (the training split) and writes the cache.
 
   Args:
@@ -176,6 +187,11 @@ def write_cache(target: Model, target_params, arrays: Mapping[str, np.ndarray], 
     on_shard: called with the shard index after each shard is complete (tests).
     place: puts each batch of T5X features ([batch_size, length] each) where the target's
       program reads it (e.g. rows split over a mesh's 'data' axis); None: as NumPy arrays.
+    gather: the program's outputs -> host arrays of every row (None: jax.device_get); with
+      several processes, a gather across them (every process calls it: a collective).
+    writer: whether this process writes the files. With several processes every one runs
+      the target over every batch (the program spans their devices) and only one writes;
+      all read the same folder (a file system every process sees, as for the job's stages).
 
   Returns:
     the manifest (also in cache_dir/manifest.json), with "reused_shards" for this call.
@@ -184,22 +200,30 @@ def write_cache(target: Model, target_params, arrays: Mapping[str, np.ndarray], 
   shard_examples = check_positive_int(shard_examples, "shard_examples")
   identity = cache_identity(target, target_params, arrays, k=k, task=task, lengths=lengths,
                             temperature=temperature)
-  os.makedirs(cache_dir, exist_ok=True)
   manifest_path = os.path.join(cache_dir, MANIFEST)
-  if os.path.exists(manifest_path):
-    if read_json(manifest_path).get("identity") == identity:
-      return dict(read_json(manifest_path), reused_shards=len(read_json(manifest_path)["shards"]))
-    os.remove(manifest_path)  # first: from here on the folder reads as incomplete
-  for stale in glob.glob(os.path.join(cache_dir, "*.tmp-*")):
-    os.remove(stale)  # a killed writer's torn temporaries
+  complete = _complete_manifest(manifest_path, identity)
+  if complete is not None:
+    return dict(complete, reused_shards=len(complete["shards"]))
+  if writer:
+    os.makedirs(cache_dir, exist_ok=True)
+    if os.path.exists(manifest_path):
+      os.remove(manifest_path)  # first: from here on the folder reads as incomplete
+    for stale in glob.glob(os.path.join(cache_dir, "*.tmp-*")):
+      os.remove(stale)  # a killed writer's torn temporaries
   key = _identity_hash(identity)
   num = identity["data"]["num_examples"]
   features = {n: np.asarray(arrays[n]) for n in INPUT_KEYS if n in arrays}
   bins = bins_fn(target, identity["k"], float(temperature))
+
+  def run(batch):  # [batch_size, length] host features -> host bins of every row
+    batch = _training_features(batch, target)
+    out = bins(target_params, place(batch) if place else batch)
+    return (gather or jax.device_get)(out)
+
   shards, reused = [], 0
   from tqdm.auto import tqdm  # only the writer needs it
   bar = tqdm(total=num, desc=f"teacher cache (k={identity['k']})", unit="example",
-             dynamic_ncols=True, disable=not progress)
+             dynamic_ncols=True, disable=not (progress and writer))
   for index, start in enumerate(range(0, num, shard_examples)):
     stop = min(start + shard_examples, num)
     meta = {"identity_sha256": key, "rows": [start, stop]}
@@ -207,34 +231,50 @@ def write_cache(target: Model, target_params, arrays: Mapping[str, np.ndarray], 
     if _shard_done(cache_dir, index, meta):
       reused += 1
       bar.update(stop - start)
-      continue
-    parts = {a: [] for a in ARRAYS}
-    for lo in range(start, stop, batch_size):
-      hi = min(lo + batch_size, stop)
-      # Pad the last batch to batch_size rows: one compiled shape for the whole split.
-      batch = {n: np.pad(v[lo:hi], [(0, batch_size - (hi - lo))] + [(0, 0)] * (v.ndim - 1))
-               for n, v in features.items()}
-      batch = _training_features(batch, target)
-      out = jax.device_get(bins(target_params, place(batch) if place else batch))
-      for name, value in zip(ARRAYS, out):
-        parts[name].append(np.asarray(value)[:hi - lo])
-      bar.update(hi - lo)
-    dtypes = {"log_probs": np.float32, "ids": id_dtype(identity["vocab_size"]),
-              "tail": np.float32}
-    for name in ARRAYS:
-      _save_npy_atomic(_shard_path(cache_dir, index, name),
-                       np.concatenate(parts[name]).astype(dtypes[name]))
-    write_json_atomic(_shard_path(cache_dir, index, "meta"), meta)  # the shard is complete
-    if on_shard is not None:
-      on_shard(index)
+    else:
+      parts = _run_shard(run, features, start, stop, batch_size, bar)
+      if writer:
+        dtypes = {"log_probs": np.float32, "ids": id_dtype(identity["vocab_size"]),
+                  "tail": np.float32}
+        for name in ARRAYS:
+          _save_npy_atomic(_shard_path(cache_dir, index, name), parts[name].astype(dtypes[name]))
+        write_json_atomic(_shard_path(cache_dir, index, "meta"), meta)  # the shard is complete
+      if on_shard is not None:
+        on_shard(index)
   bar.close()
   positions = int(np.prod(np.asarray(arrays["decoder_input_tokens"]).shape))
   manifest = {"identity": identity, "shards": shards,
               "bytes_per_token": bytes_per_token(identity["k"], identity["vocab_size"]),
               "stored_positions": positions,
               "total_bytes": positions * bytes_per_token(identity["k"], identity["vocab_size"])}
-  write_json_atomic(manifest_path, manifest)  # last: the cache is complete
+  if writer:
+    write_json_atomic(manifest_path, manifest)  # last: the cache is complete
   return dict(manifest, reused_shards=reused)
+
+
+def _complete_manifest(path: str, identity: dict) -> Optional[dict]:
+  """The manifest at `path` if it is there and was written for `identity`, else None (also
+  when another process's writer removes it meanwhile)."""
+  try:
+    manifest = read_json(path)
+  except (FileNotFoundError, ValueError):
+    return None
+  return manifest if manifest.get("identity") == identity else None
+
+
+def _run_shard(run: Callable, features: dict, start: int, stop: int, batch_size: int,
+               bar) -> dict:
+  """The target's bins for rows [start, stop): {array name: [stop - start, ...]}."""
+  parts = {a: [] for a in ARRAYS}
+  for lo in range(start, stop, batch_size):
+    hi = min(lo + batch_size, stop)
+    # Pad the last batch to batch_size rows: one compiled shape for the whole split.
+    batch = {n: np.pad(v[lo:hi], [(0, batch_size - (hi - lo))] + [(0, 0)] * (v.ndim - 1))
+             for n, v in features.items()}
+    for name, value in zip(ARRAYS, run(batch)):
+      parts[name].append(np.asarray(value)[:hi - lo])
+    bar.update(hi - lo)
+  return {name: np.concatenate(value) for name, value in parts.items()}
 
 
 # --- reading -------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from distillspec_jax.core.files import read_json, write_json_atomic
 from distillspec_jax.models.config import model_config
 from distillspec_jax.decoding.plain import prompt_inputs
 from distillspec_jax.distill.objectives import make_speculative_eval_fn
+from distillspec_jax.evaluation.placement import BatchPlacement
 from distillspec_jax.models.model import Model
 from distillspec_jax.distill.teacher_cache import (CachedTeacherObjective, check_k, open_cache,
                                            with_cache, write_cache)
@@ -44,10 +45,10 @@ from distillspec_jax.training.trainer import TrainConfig, distill, finetune, tra
 from distillspec_jax.studies.pipeline_config import PipelineConfig, distillation_config
 
 DONE = "DONE.json"
-# Stages that only process 0 runs (host-side files, the teacher cache, report); the training
-# stages and the evaluation run on every process (SPMD). The others wait for them at a
-# barrier this long.
-PRIMARY_ONLY_STAGES = ("vocab", "teacher_cache", "report")
+# Stages that only process 0 runs (host-side files: vocabulary, report); the training stages,
+# the teacher cache and the evaluation run on every process (SPMD). The others wait for them
+# at a barrier this long (a dead process ends the others sooner: jax.distributed's heartbeat).
+PRIMARY_ONLY_STAGES = ("vocab", "report")
 STAGE_BARRIER_TIMEOUT_S = 7 * 24 * 3600
 
 
@@ -404,22 +405,22 @@ def _train_arrays(config: PipelineConfig) -> dict:
 
 def stage_teacher_cache(config: PipelineConfig, stage: str) -> dict:
   """Runs the target once over the train split; writes `<run_dir>/teacher_cache/` (resumed
-  shard by shard after a kill: teacher_cache.write_cache). On the job's mesh (one process):
-  the target restored into its shards, each batch's rows split over 'data'."""
+  shard by shard after a kill: teacher_cache.write_cache). On the job's mesh, across
+  processes too: the target restored into its shards, each batch's rows split over 'data'
+  (each process hands the program only its rows), the bins gathered back; process 0 writes."""
   target, draft = models(config)
-  mesh = job_mesh(config, target, draft) if jax.process_count() == 1 else None
+  mesh = job_mesh(config, target, draft)
   # A multiple of the job's batch (which the data axis divides), about 64 rows a call.
   rows = config.batch_size * max(1, 64 // config.batch_size)
-  place = None
-  if mesh is not None:
-    sharding = partitioning.batch_sharding(mesh)
-    place = lambda batch: jax.device_put(batch, sharding)
+  place = BatchPlacement(mesh, rows)
   manifest = write_cache(
       target, load_params(config, "target", target, mesh), _train_arrays(config),
       config.stage_dir(stage), k=check_k(config.teacher_cache_k, target.config.vocab_size),
       task=config.task, lengths=config.task_feature_lengths,
       temperature=distillation_config(config, config.cached_recipes[0]).target_temperature,
-      batch_size=rows, progress=config.progress_bar, place=place)
+      batch_size=rows, progress=config.progress_bar,
+      place=lambda batch: jax.tree.map(place.put, batch), gather=place.gather,
+      writer=multihost.is_primary())
   return {k: manifest[k] for k in ("bytes_per_token", "total_bytes", "reused_shards")} | {
       "k": config.teacher_cache_k}
 
