@@ -33,6 +33,18 @@ def pytest_configure(config):
   os.environ[_OWNER] = str(os.getpid())
 
 
+def pytest_collection_modifyitems(config, items):
+  """Whole-pipeline tests, then the other long ones (marked `long`), then the rest, each
+  group in collection order: pytest-xdist's workers then start on the long tests and end
+  together on short ones, instead of one worker running a multi-minute test alone at the
+  end of the run."""
+  def group(item):
+    if item.get_closest_marker("pipeline"):
+      return 0
+    return 1 if item.get_closest_marker("long") else 2
+  items.sort(key=group)  # stable
+
+
 def pytest_unconfigure(config):
   directory = os.environ.get("JAX_COMPILATION_CACHE_DIR")
   if directory and os.environ.get(_OWNER) == str(os.getpid()):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+pytestmark = [pytest.mark.usefixtures("fast_compilation"), pytest.mark.long]  # conftest.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -14,7 +14,7 @@ import testing
 
 from distillspec_jax.training import partitioning
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+pytestmark = [pytest.mark.usefixtures("fast_compilation"), pytest.mark.long]  # conftest.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,6 +1,6 @@
 """Multi-host: a real two-process run on localhost (jax.distributed, 4 CPU devices each, gloo
-collectives, a (4, 2) mesh spanning both), against the single-process 8-device run; a killed
-process; flag and coordinator errors.
+collectives, a (4, 2) mesh spanning both), against the single-process 8-device run; flag and
+coordinator errors. A killed process: tests/test_killed_process.py.
 
 The processes are started with the binaries' flags (`multihost.initialize_from_flags`):
 tests/multihost_worker.py is one process.
@@ -8,8 +8,6 @@ tests/multihost_worker.py is one process.
 
 import json
 import os
-import re
-import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +17,7 @@ import pytest
 
 from distillspec_jax.training import multihost
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+pytestmark = [pytest.mark.usefixtures("fast_compilation"), pytest.mark.long]  # conftest.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "multihost_worker.py")
@@ -105,77 +103,6 @@ def test_two_processes_equal_one_process(tmp_path):
     rows = json.loads((multi / f"rows_{index}.json").read_text())
     assert rows == [[step, start, stop] for step in range(STEPS)]
   assert json.loads((single / "rows_0.json").read_text()) == [[s, 0, 8] for s in range(STEPS)]
-
-
-# The clear errors a survivor can legitimately end with (which comes first depends on load):
-# jax.distributed's fatal error after the heartbeat timeout (the coordination service saw the
-# peer stop), or the failed collective raised in Python (tests/multihost_worker.py prints it
-# as one SURVIVOR_ERROR line: jax's runtime error, e.g. gloo's "Connection closed by peer").
-JAX_FATAL = re.compile(r"Terminating process because the JAX distributed service detected "
-                       r"fatal errors\. This most likely indicates that another task died|"
-                       r"The following tasks are unhealthy \(stopped sending heartbeats\)")
-COLLECTIVE_ERROR = re.compile(r"^SURVIVOR_ERROR (JaxRuntimeError|XlaRuntimeError|"
-                              r"MultihostError): \S", re.MULTILINE)
-
-
-KILL_TEST = "test_killed_process_ends_the_other_with_an_error"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def killed_pair(request, tmp_path_factory):
-  """The kill test's two processes, started with the module when that test is selected: most
-  of that test is the survivor waiting out the heartbeat timeout, which so overlaps the
-  module's other tests instead of idling a worker. Their output goes to files (nobody reads a
-  pipe meanwhile). None without a free port (the test skips). Processes still running at the
-  end of the module are killed."""
-  if not any(item.name == KILL_TEST and item.module is request.module
-             for item in request.session.items):
-    yield None
-    return
-  port = _free_port(skip=False)
-  if port is None:
-    yield None
-    return
-  folder = tmp_path_factory.mktemp("killed_pair")
-  procs, logs = [], []
-  for index in (0, 1):
-    logs.append(open(folder / f"{index}.log", "w+"))
-    # Heartbeat 10 s: short enough for a quick test, long enough that a loaded machine does
-    # not starve a live process past it (which would end the wrong process first).
-    procs.append(subprocess.Popen(
-        [sys.executable, WORKER, "kill"] + _flags(port, index, heartbeat=10), env=_env(4),
-        cwd=ROOT, stdout=logs[-1], stderr=subprocess.STDOUT, text=True))
-  yield procs, logs
-  for p, log in zip(procs, logs):
-    if p.poll() is None:
-      p.kill()
-      p.wait()
-    log.close()
-
-
-def test_killed_process_ends_the_other_with_an_error(killed_pair):
-  if killed_pair is None:
-    pytest.skip("cannot bind a localhost port for the coordinator")
-  procs, logs = killed_pair
-  try:
-    for p in procs:
-      p.wait(timeout=180)  # the bound: heartbeat 10 s plus start-up
-  except subprocess.TimeoutExpired:
-    for q in procs:
-      q.kill()
-    raise AssertionError("a process hung past the test's time bound")
-  outs = []
-  for log in logs:
-    log.seek(0)
-    outs.append(log.read())
-  assert procs[1].returncode == -9, outs[1][-2000:]  # SIGKILL, as intended
-  assert "SUM 24.0" in outs[0], outs[0][-4000:]
-  assert procs[0].returncode != 0, outs[0][-4000:]
-  assert "SURVIVOR_NEVER_STOPPED" not in outs[0]
-  if COLLECTIVE_ERROR.search(outs[0]):  # exit 3, or jax's abort in the same instant
-    assert procs[0].returncode in (3, -signal.SIGABRT), outs[0][-4000:]
-  else:  # jax's fatal error aborts the process (SIGABRT)
-    assert JAX_FATAL.search(outs[0]), outs[0][-4000:]
 
 
 def test_unreachable_coordinator_names_the_address():
