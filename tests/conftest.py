@@ -6,7 +6,8 @@ multi-host workers, binaries run as subprocesses). XLA's persistent cache, keyed
 compiled program, lets each one be compiled once per run. The directory is new for every
 run (made by the controlling process, inherited by workers and children through the
 environment) so that a run never reuses another run's programs, and it is removed at the end.
-Set DISTILLSPEC_TEST_COMPILATION_CACHE=0 to switch it off.
+Set DISTILLSPEC_TEST_COMPILATION_CACHE=0 to switch it off. Every process of the run also
+compiles with compilation.QUICK_XLA_FLAGS (XLA_FLAGS, set here before any backend starts).
 
 Shared fixtures (builders in tests/testing.py): `shared_stages`, the main job's vocab, target
 and raw draft trained once per run for the whole-pipeline tests (marked `pipeline`).
@@ -22,6 +23,9 @@ _OWNER = "_DISTILLSPEC_TEST_CACHE_OWNER"
 
 
 def pytest_configure(config):
+  from compilation import QUICK_XLA_FLAGS  # before any JAX backend starts (compilation.py)
+  if QUICK_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {QUICK_XLA_FLAGS}".strip()
   if os.environ.get("DISTILLSPEC_TEST_COMPILATION_CACHE", "1") == "0":
     return
   if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # a worker: the controller made it

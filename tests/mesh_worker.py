@@ -13,8 +13,11 @@ import re
 import sys
 import tempfile
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compilation import xla_flags  # noqa: E402
+
+os.environ["XLA_FLAGS"] = xla_flags("--xla_force_host_platform_device_count=8")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from distillspec_jax.training import multihost
+from compilation import xla_flags
 
 pytestmark = [pytest.mark.usefixtures("fast_compilation"), pytest.mark.long]  # conftest.py
 
@@ -39,7 +40,7 @@ def _free_port(skip: bool = True):
 
 def _env(devices: int) -> dict:
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices), PYTHONUNBUFFERED="1")
+  env.update(XLA_FLAGS=xla_flags(), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices), PYTHONUNBUFFERED="1")
   return env
 
 

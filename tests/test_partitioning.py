@@ -13,6 +13,8 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from compilation import xla_flags
+
 from distillspec_jax.training import partitioning
 from distillspec_jax.models.model import Model
 
@@ -39,7 +41,6 @@ def test_single_device_mesh_and_errors():
 
 SCRIPT = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     import jax, numpy as np, tempfile
     from jax.sharding import PartitionSpec as P
     from distillspec_jax.training import partitioning
@@ -82,7 +83,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_eight_device_mesh_in_subprocess():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"),
              JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
                        timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import testing
+from compilation import xla_flags
 from test_multihost import _env, _finish, _flags, _free_port
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
@@ -60,7 +61,7 @@ print("RESULT " + json.dumps(out), flush=True)
 def _run_meshes(vocab_from: str, tmp_path) -> dict:
   env = {k: v for k, v in os.environ.items()
          if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"))
   arms = [(d, m, str(tmp_path / f"{d}x{m}")) for d, m in SHAPES]
   done = subprocess.run([sys.executable, "-c", WORKER, vocab_from, json.dumps(SETTINGS),
                          json.dumps(arms)], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -50,8 +50,11 @@ def test_every_remat_policy_gives_the_same_loss_and_gradients(name):
   loss, grads = results["none"]
   for policy in ("minimal", "full"):
     np.testing.assert_allclose(results[policy][0], loss, rtol=1e-6)
+    # Remat recomputes the forward inside the backward's fusions, which XLA may round in
+    # another order: seen up to 8e-9 on gradients of size 5e-3 (the tests' quick XLA flags,
+    # compilation.py). A wrong mask or recomputation differs by orders of magnitude more.
     for got, want in zip(jax.tree.leaves(results[policy][1]), jax.tree.leaves(grads)):
-      np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.max(np.abs(want))))
 
 
 @pytest.mark.parametrize("field,value,words", [
