@@ -78,9 +78,9 @@ def test_eval_binary_on_two_processes_gives_one_process_rows(tmp_path):
   assert sorted(os.listdir(multi / "inferences")) == ["embedded_arithmetic.jsonl"]
   assert (multi / "inferences" / "embedded_arithmetic.jsonl").read_text() == (
       single / "inferences" / "embedded_arithmetic.jsonl").read_text()
+  _check_model_sharded_equals_data_parallel(single, data_parallel, tmp_path)
   # Rows handed to the decoders: the reference every row of each batch; process 0 rows 0-1
   # and process 1 rows 2-3 (the (4, 2) mesh's data axis spans both, 2 rows per process).
-  _check_model_sharded_equals_data_parallel(single, data_parallel, tmp_path)
   calls = json.loads((tmp_path / "rows_single.json").read_text())
   assert calls and all(c == [0, BATCH, BATCH] for c in calls)
   for index, rows in enumerate(([0, 2, BATCH], [2, 4, BATCH])):

@@ -40,7 +40,8 @@ def _free_port(skip: bool = True):
 
 def _env(devices: int) -> dict:
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(XLA_FLAGS=xla_flags(), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices), PYTHONUNBUFFERED="1")
+  env.update(XLA_FLAGS=xla_flags(), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices),
+             PYTHONUNBUFFERED="1")
   return env
 
 

@@ -61,13 +61,22 @@ print("RESULT " + json.dumps(out), flush=True)
 def _run_meshes(vocab_from: str, tmp_path) -> dict:
   env = {k: v for k, v in os.environ.items()
          if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"))
+  env.update(JAX_PLATFORMS="cpu",
+             XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"))
   arms = [(d, m, str(tmp_path / f"{d}x{m}")) for d, m in SHAPES]
   done = subprocess.run([sys.executable, "-c", WORKER, vocab_from, json.dumps(SETTINGS),
                          json.dumps(arms)], cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=900)
   assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
   return json.loads(done.stdout.split("RESULT ", 1)[1])
+
+
+def _close_rows(got: list, want: list, where: str) -> None:
+  """Evaluation rows in the same order (draft, gamma, temperature), tau and alpha to 1e-6."""
+  for a, b in zip(got, want, strict=True):
+    assert [a[k] for k in ("draft", "gamma", "temperature")] == [
+        b[k] for k in ("draft", "gamma", "temperature")]
+    assert (a["tau"], a["alpha"]) == pytest.approx((b["tau"], b["alpha"]), rel=1e-6), (where, a)
 
 
 def _close(got: dict, want: dict, where: str) -> None:
@@ -79,10 +88,7 @@ def _close(got: dict, want: dict, where: str) -> None:
       assert (a["tau"], a["alpha"]) == pytest.approx((b["tau"], b["alpha"]), rel=1e-6), (
           where, stage)
   assert len(got["speculative"]) == len(want["speculative"]) == 2 * 3
-  for a, b in zip(got["speculative"], want["speculative"]):
-    assert [a[k] for k in ("draft", "gamma", "temperature")] == [
-        b[k] for k in ("draft", "gamma", "temperature")]
-    assert (a["tau"], a["alpha"]) == pytest.approx((b["tau"], b["alpha"]), rel=1e-6), (where, a)
+  _close_rows(got["speculative"], want["speculative"], where)
   assert "cache_log_probs" in got and "cache_log_probs" in want
   np.testing.assert_allclose(got["cache_log_probs"], want["cache_log_probs"], rtol=1e-5,
                              atol=1e-5, err_msg=where)
@@ -124,10 +130,7 @@ def _close_across_processes(got: dict, want: dict, process: int) -> None:
   drafts = ("draft_raw", "distill_supervised_kd")
   rows = [r for r in want["speculative"] if r["draft"] in drafts]
   assert len(got["speculative"]) == len(rows) == 2 * 2
-  for a, b in zip(got["speculative"], rows):
-    assert [a[k] for k in ("draft", "gamma", "temperature")] == [
-        b[k] for k in ("draft", "gamma", "temperature")]
-    assert (a["tau"], a["alpha"]) == pytest.approx((b["tau"], b["alpha"]), rel=1e-6), (where, a)
+  _close_rows(got["speculative"], rows, where)
   assert set(got["quality"]) == {"target", *drafts}
   for name, loss in got["quality"].items():
     assert loss == pytest.approx(want["quality"][name], rel=1e-5), (where, name)

@@ -70,6 +70,11 @@ def id_dtype(vocab_size: int) -> np.dtype:
   return np.dtype(np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
 
 
+def _array_dtypes(vocab_size: int) -> dict:
+  """The stored dtype of each cached array (ARRAYS), as written and as read."""
+  return {"log_probs": np.float32, "ids": id_dtype(vocab_size), "tail": np.float32}
+
+
 def bytes_per_token(k: int, vocab_size: int) -> int:
   """Storage per cached position: k log-probs (fp32), k ids, one tail log-mass (fp32)."""
   return k * (4 + id_dtype(vocab_size).itemsize) + 4
@@ -234,8 +239,7 @@ def write_cache(target: Model, target_params, arrays: Mapping[str, np.ndarray], 
     else:
       parts = _run_shard(run, features, start, stop, batch_size, bar)
       if writer:
-        dtypes = {"log_probs": np.float32, "ids": id_dtype(identity["vocab_size"]),
-                  "tail": np.float32}
+        dtypes = _array_dtypes(identity["vocab_size"])
         for name in ARRAYS:
           _save_npy_atomic(_shard_path(cache_dir, index, name), parts[name].astype(dtypes[name]))
         write_json_atomic(_shard_path(cache_dir, index, "meta"), meta)  # the shard is complete
@@ -368,7 +372,7 @@ def open_cache(cache_dir: str, *, target: Model, target_params, arrays, k: int, 
   num, length = data["num_examples"], np.asarray(arrays["decoder_input_tokens"]).shape[1]
   starts = [s["rows"][0] for s in manifest["shards"]]
   shapes = {"log_probs": (num, length, k), "ids": (num, length, k), "tail": (num, length)}
-  dtypes = {"log_probs": np.float32, "ids": id_dtype(vocab_size), "tail": np.float32}
+  dtypes = _array_dtypes(vocab_size)
   out = {}
   for name in ARRAYS:
     paths = [_shard_path(cache_dir, s["index"], name) for s in manifest["shards"]]
