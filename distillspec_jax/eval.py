@@ -45,6 +45,7 @@ from distillspec_jax.core.files import write_text_atomic
 from distillspec_jax.core.validation import check_field_types, check_path, check_positive_int
 from distillspec_jax.decoding.speculative import DraftLength, Lenience, check_pair
 from distillspec_jax.evaluation import evaluate as evaluate_lib
+from distillspec_jax.evaluation import examples as examples_lib
 from distillspec_jax.evaluation import lossy
 from distillspec_jax.evaluation import pinning
 from distillspec_jax.evaluation import quality
@@ -404,13 +405,12 @@ _RUN_FIELDS = ("temperature", "gamma", "lenience", "epsilon", "quality", "tau", 
 
 
 def _evaluate_task(config: EvalConfig, name: str, examples: dict, pair: tuple,
-                   scorer: evaluate_lib.TaskScorer, bar) -> tuple:
+                   scorer: evaluate_lib.TaskScorer, bar, place) -> tuple:
   """(rows, the target alone's quality at the lowest temperature, inference lines) of one
-  task: the target alone and speculative_grid at each temperature."""
+  task: the target alone and speculative_grid at each temperature. `place`: each batch's
+  rows over the mesh's 'data' axis where it divides them (with several processes each
+  hands over only its rows, and all get every output)."""
   target, target_params, draft, draft_params = pair
-  # Each batch's rows over the mesh's 'data' axis where it divides them (the parameters'
-  # mesh; with several processes each hands over only its rows, and all get every output).
-  place = evaluate_lib.batch_placement(eval_mesh(config, target, draft), config.batch_size)
   common = dict(max_new_tokens=config.new_tokens, batch_size=config.batch_size,
                 seed=config.seed, place=place)
   texts = list(zip(examples["prompt_texts"], examples["target_texts"]))
@@ -489,11 +489,16 @@ def evaluate(config: EvalConfig) -> dict:
   register_tasks(config)
   names = task_names(config.mixture_or_task_name)
   splits = {name: eval_split(name, config.split) for name in names}
-  examples = {name: data.get_prompts_and_targets(
-      name, splits[name], config.task_feature_lengths, num_examples=config.eval_examples,
-      on_long_prompt="truncate") for name in names}
-  width = max(e["prompts"].shape[1] for e in examples.values())
   target, target_params, draft, draft_params = _load_pair(config)
+  # Each process reads only the rows it hands to the decoders (process 0 also the timed
+  # first prompts); every process gets every row's texts and lengths.
+  mesh = eval_mesh(config, target, draft)
+  read = {name: examples_lib.read_examples(
+      name, splits[name], config.task_feature_lengths, num_examples=config.eval_examples,
+      mesh=mesh, batch_size=config.batch_size, leading=config.speed.examples,
+      on_long_prompt="truncate") for name in names}
+  examples = {name: pair[0] for name, pair in read.items()}
+  width = max(e["prompts"].shape[1] for e in examples.values())
   capacity = decode_capacity(config, target.config, draft.config, width)
   target = Model(target.config.replace(max_decode_length=capacity))
   draft = Model(draft.config.replace(max_decode_length=capacity))
@@ -510,7 +515,7 @@ def evaluate(config: EvalConfig) -> dict:
     for name in names:
       rows_by_task[name], alone_by_task[name], lines_by_task[name] = _evaluate_task(
           config, name, examples[name], (target, target_params, draft, draft_params),
-          evaluate_lib.TaskScorer(name, vocabulary), bar)
+          evaluate_lib.TaskScorer(name, vocabulary), bar, read[name][1])
   del target_params, draft_params
   _add_timings(config, names, examples, capacity, rows_by_task)
   rows = [r for name in names for r in rows_by_task[name]]

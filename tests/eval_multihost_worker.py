@@ -6,7 +6,9 @@ each evaluation batch this process hands to the decoders.
 
 The eval binary's own flags and parsing (`eval.main`: the multi-host flags first, then gin);
 the only addition is a wrapper around `BatchPlacement.put` that appends [first row, last row
-+ 1, batch rows] of every call to ROWS_JSON (one file per process). With WORKER_KILL_AT=
++ 1, batch rows] of every call to ROWS_JSON (one file per process), and around the data
+layer's reader, which appends the split positions each call read (None: all) to
+ROWS_JSON.read.json. With WORKER_KILL_AT=
 first_batch in the environment, process 1 kills itself (SIGKILL) at its first batch. With
 WORKER_ALSO_DATA_PARALLEL=DIR (one process), the same evaluation runs again on (all devices,
 1) into DIR, its rows in ROWS_JSON.data_parallel.json; the bytes of the target that the first
@@ -29,6 +31,7 @@ from compilation import set_fast_compilation  # noqa: E402
 set_fast_compilation(True)
 
 from distillspec_jax import eval as eval_lib  # noqa: E402
+from distillspec_jax.data import batches as data_batches  # noqa: E402
 from distillspec_jax.evaluation import placement  # noqa: E402
 
 ROWS_PATH = sys.argv[1]
@@ -64,9 +67,21 @@ def _recording_load_pair(config):
   return pair
 
 
+def _recording_read(*args, **kwargs):
+  """The data layer's reader, recording the split positions each call read and tokenized
+  (None: the whole split) to ROWS_JSON's `.read.json`."""
+  examples = _read(*args, **kwargs)
+  _reads.append(None if kwargs.get("rows") is None else examples["positions"].tolist())
+  with open(ROWS_PATH + ".read.json", "w") as f:
+    json.dump(_reads, f)
+  return examples
+
+
 _load_pair, _held = eval_lib._load_pair, []
+_read, _reads = data_batches.get_prompts_and_targets, []
 placement.BatchPlacement.put = _recording_put
 eval_lib._load_pair = _recording_load_pair
+data_batches.get_prompts_and_targets = _recording_read
 
 if __name__ == "__main__":
   config = eval_lib.prepare(sys.argv[2:])

@@ -6,7 +6,8 @@
 
 The multi-host flags go through `multihost.initialize_from_flags`, the binaries' parser.
 Without them it is the one-process reference (run it with 8 CPU devices). Prints one line
-`RESULT {json}`: testing.pipeline_outcome of the finished run and this process's index.
+`RESULT {json}`: testing.pipeline_outcome of the finished run, this process's index and the
+evaluation examples it read (`reads`).
 With WORKER_KILL_AT=<stage> in the environment, process 1 kills itself (SIGKILL) as that
 stage starts.
 """
@@ -19,6 +20,23 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+
+
+def _record_reads() -> list:
+  """Wraps the data layer's reader of evaluation examples in this process (not in the timing
+  process it spawns); the returned list gets [num_examples, the split positions read (None:
+  all)] of every call."""
+  from distillspec_jax.data import batches
+  read, reads = batches.get_prompts_and_targets, []
+
+  def recording(*args, **kwargs):
+    examples = read(*args, **kwargs)
+    reads.append([kwargs.get("num_examples"), None if kwargs.get("rows") is None
+                  else examples["positions"].tolist()])
+    return examples
+
+  batches.get_prompts_and_targets = recording
+  return reads
 
 
 def main(argv):
@@ -43,9 +61,10 @@ def main(argv):
     from distillspec_jax.studies.pipeline import default_stage_functions
     stage_fns = default_stage_functions()
     stage_fns[kill_at] = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+  reads = _record_reads()
   outcome = run_pipeline(config, stage_fns=stage_fns)
   result = dict(testing.pipeline_outcome(config), process=jax.process_index(),
-                processes=jax.process_count(),
+                processes=jax.process_count(), reads=reads,
                 ran=sorted(s for s, v in outcome.items() if v == "ran"))
   print("RESULT " + json.dumps(result), flush=True)
 

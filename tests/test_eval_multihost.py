@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.usefixtures("fast_compilation"), pytest.mark.long]  # 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "eval_multihost_worker.py")
 PRESET = "tiny_encoder_decoder"
-EXAMPLES, BATCH = 6, 4  # two batches, the second padded: 2 real rows and 2 copies
+EXAMPLES, BATCH = 6, 4  # two batches, the second padded: 2 real rows and 2 EOS prompts
 
 
 def _eval_flags(root, model_dir) -> list:
@@ -86,6 +86,11 @@ def test_eval_binary_on_two_processes_gives_one_process_rows(tmp_path):
   for index, rows in enumerate(([0, 2, BATCH], [2, 4, BATCH])):
     mine = json.loads((tmp_path / f"rows_{index}.json").read_text())
     assert len(mine) == len(calls) and all(c == rows for c in mine), mine
+  # Read and tokenized: the reference the whole split; each process only the examples of
+  # its rows (positions 0-1 and 4-5 of the six, 2-3).
+  assert json.loads((tmp_path / "rows_single.json.read.json").read_text()) == [None]
+  for index, positions in enumerate(([0, 1, 4, 5], [2, 3])):
+    assert json.loads((tmp_path / f"rows_{index}.json.read.json").read_text()) == [positions]
 
 
 def _check_model_sharded_equals_data_parallel(sharded_dir, data_parallel_dir, tmp_path):

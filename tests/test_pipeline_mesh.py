@@ -121,6 +121,12 @@ def _close_across_processes(got: dict, want: dict, process: int) -> None:
   where = f"process {process}"
   assert got["process"] == process and got["processes"] == 2
   assert got["ran"] == ["distill_supervised_kd", "evaluate", "report", "teacher_cache"], where
+  # The evaluate stage read and tokenized only this process's rows of the four test prompts
+  # (one row per data shard, two shards per process); nothing read them all.
+  prompts = testing.PIPELINE["eval_examples"]
+  assert prompts == 4
+  eval_reads = [r for r in got["reads"] if r[0] == prompts]
+  assert eval_reads == [[prompts, [2 * process, 2 * process + 1]]], where
   np.testing.assert_allclose(got["cache_log_probs"], want["cache_log_probs"], rtol=1e-5,
                              atol=1e-5, err_msg=where)
   stage = "distill_supervised_kd"

@@ -19,6 +19,7 @@ TensorFlow runs only here (the input pipeline); callers get NumPy arrays.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
@@ -225,11 +226,50 @@ def _pad(rows: Sequence[np.ndarray], width: int) -> np.ndarray:
   return out
 
 
+@dataclasses.dataclass(frozen=True)
+class RowSelection:
+  """The positions of a split's examples one process reads: position i (0-based, in the
+  split's order) when `start <= i % period < stop` (its rows of every evaluation batch of
+  `period` rows), or when `i < leading` (the first prompts, e.g. the timed ones)."""
+
+  period: int
+  start: int
+  stop: int
+  leading: int = 0
+
+  def __post_init__(self):
+    if not 0 <= self.start < self.stop <= self.period:
+      raise ValueError(f"RowSelection rows [{self.start}, {self.stop}) of period {self.period}: "
+                       "need 0 <= start < stop <= period.")
+
+  def keeps(self, position):
+    """Whether the example at `position` (an int64 tensor) is read."""
+    offset = position % self.period
+    return tf.logical_or(tf.logical_and(offset >= self.start, offset < self.stop),
+                         position < self.leading)
+
+
+def _selected_examples(task: seqio.Task, split: str, num: int,
+                       rows: RowSelection) -> tuple:
+  """(the preprocessed examples at the positions `rows` keeps among the split's first `num`
+  (all: num < 0), those positions). Selected from the source's records, before any
+  preprocessor runs, so that the others are never tokenized (seqio's own sharding picks its
+  shard at the source the same way)."""
+  source = task.source.get_dataset(split=split, shuffle=False)
+  source = source.take(num) if num >= 0 else source
+  kept = source.enumerate().filter(lambda i, _: rows.keeps(i))
+  positions = [int(i) for i in tfds.as_numpy(kept.map(lambda i, _: i))]
+  ds = kept.map(lambda _, ex: ex)
+  ds = task.preprocess_postcache(task.preprocess_precache(ds), sequence_length=None)
+  return ds, positions
+
+
 def get_prompts_and_targets(task_name: str, split: str,
                             sequence_lengths: Optional[Mapping[str, int]] = None,
                             num_examples: Optional[int] = None, shuffle: bool = False,
                             seed: Optional[int] = None, on_long_prompt: str = "error",
-                            lm_prompt_length: Optional[int] = None) -> Dict[str, Any]:
+                            lm_prompt_length: Optional[int] = None,
+                            rows: Optional[RowSelection] = None) -> Dict[str, Any]:
   """Prompts and references, tokenized, for decoding evaluation.
 
   Returns a dict:
@@ -245,6 +285,12 @@ def get_prompts_and_targets(task_name: str, split: str,
   its length and P (on_long_prompt='error'); 'truncate' keeps its first P-1
   tokens + EOS, 'skip' drops it.  For LM tasks (no 'inputs') the first
   `lm_prompt_length` target tokens form the prompt.
+
+  `rows` (a RowSelection): only the examples at the positions it keeps are read and
+  tokenized (no shuffling); the dict then also has "positions" [n] (the split positions
+  read, ascending) and "complete" (whether each of them gave exactly one row: False when a
+  preprocessor, 'skip' or an empty LM target dropped one, so rows no longer match positions).
+  It may hold no rows; P and T then come from sequence_lengths (else 0).
   """
   if on_long_prompt not in ("error", "truncate", "skip"):
     raise ValueError(f"on_long_prompt={on_long_prompt!r}; pass 'error', 'truncate' or 'skip'.")
@@ -260,10 +306,22 @@ def get_prompts_and_targets(task_name: str, split: str,
   sequence_lengths = dict(sequence_lengths or {})
   max_p, max_t = sequence_lengths.get("inputs"), sequence_lengths.get("targets")
   eos = task.output_features["targets"].vocabulary.eos_id
-  ds = _untrimmed_examples(task, split, -1 if num_examples is None else num_examples,
-                           shuffle=shuffle, seed=seed)
+  num = -1 if num_examples is None else num_examples
+  if rows is None:
+    ds = _untrimmed_examples(task, split, num, shuffle=shuffle, seed=seed)
+    positions = None
+  elif shuffle:
+    raise ValueError("get_prompts_and_targets: rows= reads examples by their position in the "
+                     "split, which needs shuffle=False.")
+  else:
+    ds, positions = _selected_examples(task, split, num, rows)
   prompts, targets, p_texts, t_texts = [], [], [], []
-  for i, ex in enumerate(tfds.as_numpy(ds)):
+  read = 0  # examples the preprocessors gave
+  for ex in tfds.as_numpy(ds):
+    # The example's position in the split, for errors (a preprocessor that drops or adds
+    # examples shifts it; "complete" then says so).
+    i = read if positions is None else positions[min(read, len(positions) - 1)]
+    read += 1
     tgt = np.asarray(ex["targets"], dtype=np.int32)
     t_text = ex.get("targets_pretokenized", b"")
     t_text = t_text.decode("utf-8") if isinstance(t_text, bytes) else str(t_text)
@@ -292,12 +350,15 @@ def get_prompts_and_targets(task_name: str, split: str,
     targets.append(tgt)
     p_texts.append(p_text)
     t_texts.append(t_text)
-  if not prompts:
+  if not prompts and rows is None:
     raise ValueError(f"No examples left for task {task_name!r} split {split!r} "
                      f"(num_examples={num_examples}, on_long_prompt={on_long_prompt!r}).")
-  p_width = max_p if max_p is not None else max(len(p) for p in prompts)
-  t_width = max_t if max_t is not None else max(len(t) for t in targets)
-  return {
+  p_width = max_p if max_p is not None else max((len(p) for p in prompts), default=0)
+  t_width = max_t if max_t is not None else max((len(t) for t in targets), default=0)
+  selection = {} if positions is None else {
+      "positions": np.asarray(positions, np.int64),
+      "complete": read == len(positions) == len(prompts)}
+  return {**selection,
       "prompts": _pad(prompts, p_width),
       "prompt_lengths": np.asarray([len(p) for p in prompts], dtype=np.int32),
       "targets": _pad(targets, t_width),

@@ -126,15 +126,16 @@ def task_scorer(task: str, vocabulary: Any = None) -> TaskScorer:
 
 def quality_alone(models: Mapping[str, tuple], examples: dict, scorer: TaskScorer, *,
                   max_new_tokens: int, on_done: Optional[Callable[[], None]] = None,
+                  batch_size: Optional[int] = None,
                   place: Optional[BatchPlacement] = None) -> dict:
   """{name: task metrics of greedy decodes, per_token_loss, example_prediction} of each
-  (Model, params) in `models` decoding the examples' prompts alone, in one batch (`place`:
-  its layout, a `batch_placement` of all the prompts)."""
+  (Model, params) in `models` decoding the examples' prompts alone, in batches of
+  `batch_size` (None: one batch; `place`: their layout, a `batch_placement` of that many)."""
   results = {}
   for name, (model, params) in models.items():
     results[name] = quality.quality(model, params, examples["prompts"], examples["targets"],
                                     examples["target_texts"], max_new_tokens,
-                                    scorer.detokenize, scorer.metrics, place)
+                                    scorer.detokenize, scorer.metrics, place, batch_size)
     if on_done:
       on_done()
   return results

@@ -60,41 +60,69 @@ def _logits(model: Model, params, batch: dict):
   return model.logits(params, batch)
 
 
-def per_token_loss(model: Model, params, prompts: np.ndarray, targets: np.ndarray,
-                   place=None) -> float:
-  """Mean cross-entropy (nats) of the reference `targets: [N, T]` given `prompts: [N, P]`.
-  `place` (a placement.BatchPlacement of N rows): the batch laid out by it and the sum taken
-  on the host from every row (the same value however the rows are split)."""
+def _loss_sums(model: Model, params, prompts: np.ndarray, targets: np.ndarray, place,
+               real: int) -> tuple:
+  """(sum of the per-token cross-entropies, tokens scored) of the first `real` rows of one
+  batch. With `place`, both come back from the devices (`place.gather`): each row's loss and
+  mask are those of the process that holds the row, so every process gets every row's."""
   batch, targets, mask = _teacher_forcing(model, np.asarray(prompts), np.asarray(targets))
   if place is None:
-    logits = _logits(model, params, batch)
-    losses = cross_entropy(logits, targets, mask)
-    return float(jnp.sum(losses) / jnp.sum(mask))
+    losses = cross_entropy(_logits(model, params, batch), targets, mask)
+    return jnp.sum(losses[:real]), jnp.sum(mask[:real])
   logits = _logits(model, params, {k: place.put(np.asarray(v)) for k, v in batch.items()})
-  losses = place.gather(cross_entropy(logits, place.put(np.asarray(targets)),
-                                      place.put(np.asarray(mask))))
-  return float(np.sum(losses) / np.sum(np.asarray(mask)))
+  placed_mask = place.put(np.asarray(mask))
+  losses, mask = place.gather((cross_entropy(logits, place.put(np.asarray(targets)),
+                                             placed_mask), placed_mask))
+  return np.sum(losses[:real]), np.sum(mask[:real])
+
+
+def per_token_loss(model: Model, params, prompts: np.ndarray, targets: np.ndarray,
+                   place=None, batch_size: Optional[int] = None) -> float:
+  """Mean cross-entropy (nats) of the reference `targets: [N, T]` given `prompts: [N, P]`, in
+  batches of `batch_size` rows (None: one batch). `place` (a placement.BatchPlacement of
+  `batch_size` rows): each batch laid out by it; the sums are taken on the host from every
+  row (the same value however the rows are split)."""
+  prompts, targets = np.asarray(prompts), np.asarray(targets)
+  batch_size = batch_size or len(prompts)
+  total, count = 0.0, 0.0
+  for index, chunk, real in _batches(prompts, batch_size):
+    start = index * batch_size
+    rows = targets[start:start + batch_size]
+    rows = np.concatenate([rows, np.zeros((batch_size - real,) + rows.shape[1:], rows.dtype)])
+    loss, tokens = _loss_sums(model, params, chunk, rows, place, real)
+    if len(prompts) <= batch_size:  # one batch: the ratio in the arrays' own precision
+      return float(loss / tokens)
+    total, count = total + float(loss), count + float(tokens)
+  return total / count
 
 
 def greedy_predictions(model: Model, params, prompts: np.ndarray, max_new_tokens: int,
-                       detokenize: Callable[[Sequence[int]], str], place=None) -> list:
-  """Texts of greedy decodes of `prompts: [N, P]` in one batch (`place`: laid out by a
-  placement.BatchPlacement of N rows, the outputs gathered to every process)."""
+                       detokenize: Callable[[Sequence[int]], str], place=None,
+                       batch_size: Optional[int] = None) -> list:
+  """Texts of greedy decodes of `prompts: [N, P]` in batches of `batch_size` (None: one
+  batch; `place`: each laid out by a placement.BatchPlacement of `batch_size` rows, the
+  outputs gathered to every process)."""
+  prompts = np.asarray(prompts)
   # Greedy: the key is not read, but across processes every input must be a global array.
   rng = None if place is None else place.key(default_rng())
-  result = _fetched(decode(model, params, max_new_tokens=max_new_tokens, rng=rng,
-                           **_placed(prompt_inputs(model, prompts), place)), place)
-  tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
-  return [detokenize([t for t in row[:n] if t != EOS_ID]) for row, n in zip(tokens, lengths)]
+  predictions = []
+  for _, chunk, real in _batches(prompts, batch_size or len(prompts)):
+    result = _fetched(decode(model, params, max_new_tokens=max_new_tokens, rng=rng,
+                             **_placed(prompt_inputs(model, chunk), place)), place)
+    predictions += _texts(np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real],
+                          detokenize)
+  return predictions
 
 
 def quality(model: Model, params, prompts, targets, target_texts, max_new_tokens, detokenize,
-            metric_fn, place=None) -> dict:
-  """Task metric of greedy decodes plus per-token loss on the references (`place`: as
-  `greedy_predictions`')."""
-  predictions = greedy_predictions(model, params, prompts, max_new_tokens, detokenize, place)
+            metric_fn, place=None, batch_size: Optional[int] = None) -> dict:
+  """Task metric of greedy decodes plus per-token loss on the references, in batches of
+  `batch_size` rows (None: one batch; `place`: as `greedy_predictions`')."""
+  predictions = greedy_predictions(model, params, prompts, max_new_tokens, detokenize, place,
+                                   batch_size)
   metrics = {k: float(v) for k, v in metric_fn(list(target_texts), predictions).items()}
-  metrics["per_token_loss"] = per_token_loss(model, params, prompts, targets, place)
+  metrics["per_token_loss"] = per_token_loss(model, params, prompts, targets, place,
+                                             batch_size)
   metrics["example_prediction"] = predictions[0]
   return metrics
 
@@ -140,11 +168,15 @@ def predicted_alpha(target: Model, target_params, draft: Model, draft_params, pr
   if place is not None:
     # Summed on the host from every row, so that the value does not depend on how the
     # rows are split over devices and processes (a cross-process sum adds in another order).
+    # The mask comes back from the devices too: each row's is that of the process holding
+    # the row's prompt (a process holds only its rows' prompts; evaluation/examples.py).
+    placed_mask = place.put(np.asarray(mask))
+    acceptance, mask = place.gather((_token_acceptance(
+        target, target_params, draft, draft_params,
+        {k: place.put(np.asarray(v)) for k, v in batch.items()}, float(temperature)),
+        placed_mask))
     mask = np.array(mask)
     mask[real:] = 0.0  # the padding rows of the last batch
-    acceptance = place.gather(_token_acceptance(
-        target, target_params, draft, draft_params,
-        {k: place.put(np.asarray(v)) for k, v in batch.items()}, float(temperature)))
     return float(np.sum(acceptance * mask) / max(np.sum(mask), 1.0))
   acceptance = _token_acceptance(target, target_params, draft, draft_params, batch,
                                  float(temperature))
@@ -153,12 +185,15 @@ def predicted_alpha(target: Model, target_params, draft: Model, draft_params, pr
 
 def _batches(prompts: np.ndarray, batch_size: int):
   """(index, [batch_size, P] prompts, real rows) per batch; the last one is padded with
-  copies of its first row so every batch has one shape (one compilation)."""
+  one-token prompts (EOS) so every batch has one shape (one compilation). The padding is the
+  same on every process: it does not depend on which rows a process holds."""
+  padding = np.zeros((1,) + prompts.shape[1:], prompts.dtype)
+  padding[:, 0] = EOS_ID
   for index, start in enumerate(range(0, len(prompts), batch_size)):
     chunk = prompts[start:start + batch_size]
     real = len(chunk)
     if real < batch_size:
-      chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch_size - real, axis=0)])
+      chunk = np.concatenate([chunk, np.repeat(padding, batch_size - real, axis=0)])
     yield index, chunk, real
 
 

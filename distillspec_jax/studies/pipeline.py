@@ -470,6 +470,19 @@ def _test_examples(config: PipelineConfig) -> dict:
   return examples
 
 
+def _evaluation_examples(config: PipelineConfig, mesh) -> tuple:
+  """(examples, placement) of the evaluate stage's test prompts on `mesh`: with several
+  processes each reads only the rows it hands to the decoders (evaluation/examples.py)."""
+  from distillspec_jax.evaluation import examples as examples_lib
+  _register_task(config)
+  examples, place = examples_lib.read_examples(
+      config.eval_task or config.task, "test", config.task_feature_lengths,
+      num_examples=config.eval_examples, mesh=mesh, batch_size=config.eval_batch_size,
+      on_long_prompt="truncate", lm_prompt_length=config.lm_prompt_length)
+  check_speed_prompts(config, examples)
+  return examples, place
+
+
 def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None) -> dict:
   """speed.measure_speed of every draft of the job with its target, on the first
   `speed_examples` test prompts. Loads what it needs, so it can run in a pinned process.
@@ -512,11 +525,9 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   from distillspec_jax.evaluation import evaluate as evaluate_lib
   from distillspec_jax.evaluation import pinning
   target, draft, params = _eval_models_and_params(config)
-  examples = _test_examples(config)
-  # Each batch's rows over the 'data' axis of the mesh the parameters are on.
-  mesh = job_mesh(config, target, draft)
-  place = evaluate_lib.batch_placement(
-      mesh, config.eval_batch_size or len(examples["prompts"]))
+  # Each batch's rows over the 'data' axis of the mesh the parameters are on; each process
+  # reads only its rows of the test split.
+  examples, place = _evaluation_examples(config, job_mesh(config, target, draft))
   primary = multihost.is_primary()
   scorer = evaluate_lib.task_scorer(config.eval_task or config.task, _register_task(
       config).output_features["targets"].vocabulary)
@@ -532,7 +543,7 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
     alone = evaluate_lib.quality_alone(
         {name: (target if name == "target" else draft, p) for name, p in params.items()},
         examples, scorer, max_new_tokens=config.max_new_tokens, on_done=bar.update,
-        place=evaluate_lib.batch_placement(mesh, len(examples["prompts"])))
+        batch_size=config.eval_batch_size, place=place)
     rows = evaluate_lib.speculative_grid(
         target, params["target"], drafts, examples, scorer, gammas=config.gammas,
         temperatures=config.temperatures, max_new_tokens=config.max_new_tokens,
