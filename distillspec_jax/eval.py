@@ -379,7 +379,7 @@ def _load_pair(config: EvalConfig) -> tuple:
 def eval_mesh(config: EvalConfig, target: Model, draft: Model):
   """The (DATA_PARALLEL, MODEL_PARALLEL) mesh of all processes' devices (one process: its
   own), checked against both models: the parameters are laid out on it and each evaluation
-  batch's rows split over its 'data' axis (evaluate.batch_placement)."""
+  batch's rows split over its 'data' axis (examples.read_examples)."""
   mesh = partitioning.make_mesh(config.data_parallel, config.model_parallel,
                                 devices=jax.devices())
   partitioning.check_model_axis({"target": target, "draft": draft}, mesh)
@@ -497,7 +497,7 @@ def evaluate(config: EvalConfig) -> dict:
       name, splits[name], config.task_feature_lengths, num_examples=config.eval_examples,
       mesh=mesh, batch_size=config.batch_size, leading=config.speed.examples,
       on_long_prompt="truncate") for name in names}
-  examples = {name: pair[0] for name, pair in read.items()}
+  examples = {name: value[0] for name, value in read.items()}
   width = max(e["prompts"].shape[1] for e in examples.values())
   capacity = decode_capacity(config, target.config, draft.config, width)
   target = Model(target.config.replace(max_decode_length=capacity))

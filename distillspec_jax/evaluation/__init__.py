@@ -1,1 +1,2 @@
-"""Measuring drafts: task quality and the evaluation rows, the one wall-clock speed measurement, core pinning, the report and the lossy trade-off."""
+"""Measuring drafts: task quality and the evaluation rows, the examples each process reads,
+the one wall-clock speed measurement, core pinning, the report and the lossy trade-off."""

@@ -130,7 +130,8 @@ def quality_alone(models: Mapping[str, tuple], examples: dict, scorer: TaskScore
                   place: Optional[BatchPlacement] = None) -> dict:
   """{name: task metrics of greedy decodes, per_token_loss, example_prediction} of each
   (Model, params) in `models` decoding the examples' prompts alone, in batches of
-  `batch_size` (None: one batch; `place`: their layout, a `batch_placement` of that many)."""
+  `batch_size` (None: one batch; `place`: their layout, a placement.BatchPlacement of that
+  many)."""
   results = {}
   for name, (model, params) in models.items():
     results[name] = quality.quality(model, params, examples["prompts"], examples["targets"],
@@ -139,15 +140,6 @@ def quality_alone(models: Mapping[str, tuple], examples: dict, scorer: TaskScore
     if on_done:
       on_done()
   return results
-
-
-def batch_placement(mesh, batch_size: int) -> Optional[BatchPlacement]:
-  """The `placement.BatchPlacement` of `batch_size` rows on `mesh` (rows over its 'data' axis
-  where it divides them, else replicated; across processes when the mesh spans them), or
-  None without a mesh (arrays as they are)."""
-  if mesh is None:
-    return None
-  return BatchPlacement(mesh, batch_size)
 
 
 def speculative_grid(target, target_params, drafts: Mapping[str, tuple], examples: dict,
@@ -164,7 +156,8 @@ def speculative_grid(target, target_params, drafts: Mapping[str, tuple], example
   `drafts`: {name: (Model, params)}; `batch_size` None: all prompts in one batch (batch b
   samples with fold_in(PRNGKey(seed), b)); `scorer` None: no task metric (quality None);
   `draft_length`: the draft length rule of every configuration (gamma is its gamma_max);
-  `place`: where each batch's rows go and how the outputs come back (`batch_placement`).
+  `place`: where each batch's rows go and how the outputs come back (a
+  placement.BatchPlacement; examples.read_examples gives it with the examples).
   Returns rows {draft, temperature, gamma, lenience, epsilon, quality, tau, tau_stderr, the
   acceptance statistics of decoding/stats.py (mean_acceptance_length,
   draft_acceptance_rate, alpha, alpha_proposed, alpha_distillspec, acceptance_by_position,

@@ -1,6 +1,6 @@
 """Where an evaluation batch lives on a (data, model) mesh, in one process or across several.
 
-  place = BatchPlacement(mesh, batch_size)      # or evaluate.batch_placement(mesh, batch_size)
+  place = BatchPlacement(mesh, batch_size)      # examples.read_examples returns it too
   tokens = place.put(prompts)                   # [batch_size, P] host rows -> a global array
   result = place.gather(decode(..., encoder_input_tokens=tokens, rng=place.key(rng)))
 
