@@ -60,7 +60,9 @@ def read_examples(task: str, split: str, sequence_lengths: Optional[Mapping[str,
     parts = multihost.all_gather_objects(
         {"complete": mine["complete"], **{k: mine[k] for k in SHARED_FIELDS}})
     examples = assemble(parts, mine, sequence_lengths)
-    if examples is not None and (batch_size or len(examples["prompts"]) == num_examples):
+    # No row at all: the whole read below raises the reader's own error for that.
+    if examples is not None and len(examples["prompts"]) and (
+        batch_size or len(examples["prompts"]) == num_examples):
       return examples, place
     logging.warning("Evaluation of %s/%s: the rows do not match the split's positions one to "
                     "one (or fewer than %d examples); every process reads the whole split.",
