@@ -339,17 +339,26 @@ def stage_finetune(config: PipelineConfig, stage: str) -> dict:
 
 def heldout_prompts(config: PipelineConfig, num_examples: int, split: str = "validation",
                     task: Optional[str] = None):
-  """Prompt/target token arrays and texts of held-out examples (data.get_prompts_and_targets).
+  """Prompt/target token arrays and texts of held-out examples (data.get_prompts_and_targets,
+  every one read by this process). Prompts longer than the input length are truncated (as in
+  training)."""
+  return _heldout_examples(config, num_examples, split, task)[0]
 
-  Prompts longer than the input length are truncated (as in training).
-  """
+
+def _heldout_examples(config: PipelineConfig, num_examples: int, split: str,
+                      task: Optional[str], mesh=None, batch_size: Optional[int] = None
+                      ) -> tuple:
+  """(examples, placement) of held-out examples: evaluation.examples.read_examples, so that
+  on a `mesh` spanning processes each reads only the rows of every `batch_size` it holds
+  (placement None without a mesh)."""
   from distillspec_jax.data import batches as data_lib
+  from distillspec_jax.evaluation import examples as examples_lib
   _register_task(config)
   task = task or config.task
   split = split if split in data_lib.get_task(task).splits else "test"
-  return data_lib.get_prompts_and_targets(task, split, config.task_feature_lengths,
-                                          num_examples=num_examples, on_long_prompt="truncate",
-                                          lm_prompt_length=config.lm_prompt_length)
+  return examples_lib.read_examples(
+      task, split, config.task_feature_lengths, num_examples=num_examples, mesh=mesh,
+      batch_size=batch_size, on_long_prompt="truncate", lm_prompt_length=config.lm_prompt_length)
 
 
 
@@ -463,22 +472,12 @@ def check_speed_prompts(config: PipelineConfig, examples: dict) -> None:
                      "prompts; lower speed_examples.")
 
 
-def _test_examples(config: PipelineConfig) -> dict:
-  examples = heldout_prompts(config, config.eval_examples, split="test",
-                             task=config.eval_task or config.task)
-  check_speed_prompts(config, examples)
-  return examples
-
-
-def _evaluation_examples(config: PipelineConfig, mesh) -> tuple:
-  """(examples, placement) of the evaluate stage's test prompts on `mesh`: with several
-  processes each reads only the rows it hands to the decoders (evaluation/examples.py)."""
-  from distillspec_jax.evaluation import examples as examples_lib
-  _register_task(config)
-  examples, place = examples_lib.read_examples(
-      config.eval_task or config.task, "test", config.task_feature_lengths,
-      num_examples=config.eval_examples, mesh=mesh, batch_size=config.eval_batch_size,
-      on_long_prompt="truncate", lm_prompt_length=config.lm_prompt_length)
+def _test_examples(config: PipelineConfig, mesh=None) -> tuple:
+  """(examples, placement) of the evaluation's test prompts, in batches of eval_batch_size on
+  `mesh` (with several processes each reads only its rows; evaluation/examples.py)."""
+  examples, place = _heldout_examples(config, config.eval_examples, "test",
+                                      config.eval_task or config.task, mesh,
+                                      config.eval_batch_size)
   check_speed_prompts(config, examples)
   return examples, place
 
@@ -490,7 +489,7 @@ def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None
   from distillspec_jax.evaluation import pinning
   from distillspec_jax.evaluation import speed
   target, draft, params = _eval_models_and_params(config, mesh=False)
-  prompts = _test_examples(config)["prompts"][:config.speed_examples]
+  prompts = _test_examples(config)[0]["prompts"][:config.speed_examples]
   drafts = {name: (draft, p) for name, p in params.items() if name != "target"}
   return speed.measure_speed(target, params["target"], drafts, prompts, gammas=config.gammas,
                              temperatures=config.temperatures,
@@ -527,7 +526,7 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   target, draft, params = _eval_models_and_params(config)
   # Each batch's rows over the 'data' axis of the mesh the parameters are on; each process
   # reads only its rows of the test split.
-  examples, place = _evaluation_examples(config, job_mesh(config, target, draft))
+  examples, place = _test_examples(config, job_mesh(config, target, draft))
   primary = multihost.is_primary()
   scorer = evaluate_lib.task_scorer(config.eval_task or config.task, _register_task(
       config).output_features["targets"].vocabulary)
