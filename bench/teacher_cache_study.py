@@ -65,7 +65,7 @@ def main(argv=None):
     target, draft = pipeline.models(config)
     target_params = pipeline.load_params(config, "target", target)
     draft_params = pipeline.load_params(config, "distill_supervised_kd", draft)
-    prompts = pipeline._test_examples(config)["prompts"]
+    prompts = pipeline.test_examples(config)[0]["prompts"]
     row = {"k": k}
     for temperature in (0.0, 1.0):
       stats = evaluation.speculative_statistics(

@@ -329,20 +329,12 @@ def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalC
 # --- the run -------------------------------------------------------------------------------
 
 
-def _scalars(writer, row: dict) -> None:
-  tag = (f"{row['task']}/T={row['temperature']}/gamma={row['gamma']}/"
-         f"{row['lenience']}_eps={row['epsilon']}")
-  values = dict(tau=row["tau"], mean_acceptance_length=row["mean_acceptance_length"],
-                draft_acceptance_rate=row["draft_acceptance_rate"],
-                alpha_distillspec=row["alpha_distillspec"],
-                predicted_alpha=row["predicted_alpha"], speedup=row["speedup"],
-                speedup_end_to_end=row["speedup_end_to_end"],
-                speedup_typical=row["speedup_typical"],
-                cost_model_speedup=row["cost_model_speedup"],
-                **{f"quality/{k}": v for k, v in row["quality"].items()})
-  for name, value in values.items():
-    if value is not None:
-      writer.add_scalar(f"{tag}/{name}", value, 0)
+def _scalars(writer, row: evaluate_lib.EvaluationRow) -> None:
+  point = row.point
+  tag = (f"{row.task}/T={point.temperature}/gamma={point.gamma}/"
+         f"{point.lenience}_eps={point.epsilon}")
+  for name, value in row.scalars().items():
+    writer.add_scalar(f"{tag}/{name}", value, 0)
 
 
 def _load_pair(config: EvalConfig) -> tuple:
@@ -398,12 +390,6 @@ def _place(model: Model, params, path: str, mesh):
   return multihost.put_global(params, shardings)
 
 
-# A metrics.json row's fields that come from the speculative_grid row as they are.
-_RUN_FIELDS = ("temperature", "gamma", "lenience", "epsilon", "quality", "tau", "tau_stderr",
-               "mean_acceptance_length", "draft_acceptance_rate", "alpha", "alpha_distillspec",
-               "acceptance_by_position", "draft_acceptance_rate_by_position")
-
-
 def _evaluate_task(config: EvalConfig, name: str, examples: dict, pair: tuple,
                    scorer: evaluate_lib.TaskScorer, bar, place) -> tuple:
   """(rows, the target alone's quality at the lowest temperature, inference lines) of one
@@ -420,30 +406,30 @@ def _evaluate_task(config: EvalConfig, name: str, examples: dict, pair: tuple,
                                  temperature=temperature, detokenize=scorer.detokenize,
                                  metric_fn=scorer.metrics, **common)
     if temperature == min(config.temperatures):
-      alone_quality = alone["quality"]
+      alone_quality = alone.quality
     lines += [dict(decoder="target", temperature=float(temperature), input=i, reference=r,
                    prediction=p, accepted_per_round=None)
-              for (i, r), p in zip(texts, alone["predictions"])]
+              for (i, r), p in zip(texts, alone.predictions)]
     bar.update(1)
     for run in evaluate_lib.speculative_grid(
         target, target_params, {"draft": (draft, draft_params)}, examples, scorer,
         gammas=config.gammas, temperatures=(temperature,), leniences=config.leniences,
         draft_length=config.draft_length,
         on_done=bar.update, **common):
-      rows.append(dict(task=name, **{k: run[k] for k in _RUN_FIELDS},
-                       predicted_alpha=alone["predicted_alpha"]))
-      settings = {k: run[k] for k in ("temperature", "gamma", "lenience", "epsilon")}
-      lines += [dict(decoder="speculative", **settings, input=i, reference=r, prediction=p,
-                     accepted_per_round=a)
-                for (i, r), p, a in zip(texts, run["predictions"], run["accepted_per_round"])]
+      rows.append(evaluate_lib.EvaluationRow.of(name, run,
+                                                predicted_alpha=alone.predicted_alpha))
+      lines += [dict(decoder="speculative", **run.point.to_json(), input=i, reference=r,
+                     prediction=p, accepted_per_round=a)
+                for (i, r), p, a in zip(texts, run.predictions, run.accepted_per_round)]
   return rows, alone_quality, lines
 
 
 def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
                  rows_by_task: dict) -> None:
-  """Times each task's grid in a pinned process (loading the checkpoints itself) and adds
-  the speed fields to its rows (None when speed_examples is 0, and on processes other than
-  0: the timing is one process's batch-1 decodes, and process 0 alone writes the rows)."""
+  """Times each task's grid in a pinned process (loading the checkpoints itself) and gives
+  its rows their speed.SpeedFigures (None when speed_examples is 0, and on processes other
+  than 0: the timing is one process's batch-1 decodes, and process 0 alone writes the
+  rows)."""
   for name in names:
     timing = None
     if config.speed.examples and multihost.is_primary():
@@ -452,10 +438,10 @@ def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
           (config.target_checkpoint_path, config.draft_checkpoint_path),
           (config.target_model, config.draft_model), capacity,
           examples[name]["prompts"][:config.speed.examples], config)
-    for row in rows_by_task[name]:
-      row.update(quality.speed_fields(timing, row["gamma"], row["temperature"],
-                                      Lenience(row["lenience"], row["epsilon"]),
-                                      config.draft_length))
+    if timing is not None:
+      rows_by_task[name] = [dataclasses.replace(row, speed=timing.row(row.draft,
+                                                                        row.point).figures)
+                            for row in rows_by_task[name]]
 
 
 def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict) -> None:
@@ -469,7 +455,7 @@ def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict) -> No
   from tensorboardX import SummaryWriter
   writer = SummaryWriter(os.path.join(config.model_dir, "tensorboard"))
   for row in metrics["rows"]:
-    _scalars(writer, row)
+    _scalars(writer, evaluate_lib.EvaluationRow.from_json(row))
   writer.close()
   if len(config.leniences) > 1:
     lossy.write_tradeoff(metrics, config.model_dir)
@@ -520,12 +506,11 @@ def evaluate(config: EvalConfig) -> dict:
   _add_timings(config, names, examples, capacity, rows_by_task)
   rows = [r for name in names for r in rows_by_task[name]]
   if len(names) > 1:
-    mixture_rows, mixture_alone = quality.mixture_mean(config.mixture_or_task_name,
-                                                       rows_by_task, alone_by_task)
+    mixture_rows, mixture_alone = evaluate_lib.mixture_mean(config.mixture_or_task_name,
+                                                            rows_by_task, alone_by_task)
     rows += mixture_rows
     alone_by_task[config.mixture_or_task_name] = mixture_alone
-  metrics = {"rows": [{k: row[k] for k in quality.ROW_FIELDS} for row in rows],
-             "target_alone": alone_by_task}
+  metrics = {"rows": [row.to_json() for row in rows], "target_alone": alone_by_task}
   if primary:
     _write_outputs(config, metrics, lines_by_task)
   multihost.barrier("eval_outputs_written")

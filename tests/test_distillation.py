@@ -142,7 +142,7 @@ def test_fixed_source_returns_the_fixed_batch():
 def test_loss_is_sequence_divergence_and_grads_only_reach_the_draft():
   target, draft = _models()
   tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
-  batch = D._training_features(SyntheticData(4, vocab_size=VOCAB).batch_at(0), draft)
+  batch = D.training_features(SyntheticData(4, vocab_size=VOCAB).batch_at(0), draft)
   objective = D.DistillationObjective(target, draft, D.DistillationConfig(divergence="rkl"))
   loss, metrics = objective.loss(dp, {"target": tp}, batch)
   expected = divergences.sequence_divergence("rkl", target.logits(tp, batch),
@@ -158,7 +158,7 @@ def test_adaspec_k1_equals_plain_distillation():
   target, draft = _models()
   tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
   rp = draft.init(jax.random.PRNGKey(2))
-  batch = D._training_features(SyntheticData(4, vocab_size=VOCAB).batch_at(0), draft)
+  batch = D.training_features(SyntheticData(4, vocab_size=VOCAB).batch_at(0), draft)
   plain = D.DistillationObjective(target, draft, D.DistillationConfig())
   ada = D.DistillationObjective(target, draft, D.DistillationConfig(top_k_fraction=1.0),
                                 reference=draft)

@@ -144,4 +144,4 @@ def test_data_shard_of_one_process_is_the_whole_batch():
   shard = multihost.data_shard(partitioning.make_mesh(), 8)
   assert (shard.index, shard.num_shards, shard.local_batch_size, shard.rows) == (0, 1, 8,
                                                                                   slice(0, 8))
-  assert multihost.process_shard_info().num_shards == 1
+  assert shard.shard_info().num_shards == 1

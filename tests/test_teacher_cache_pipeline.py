@@ -82,7 +82,7 @@ def test_killed_stage_is_finished_by_the_rerun(tmp_path, monkeypatch):
     pipeline.run_pipeline(config, stage_fns=stages, stages=("teacher_cache",))
   assert pipeline.stage_status(config, "teacher_cache") == "todo"
   with pytest.raises(ValueError, match="no complete teacher cache"):
-    pipeline._open_teacher_cache(config, target, params,
+    pipeline.open_teacher_cache(config, target, params,
                                  pipeline.distillation_config(config, "supervised_kd"))
   monkeypatch.setattr(pipeline, "write_cache",
                       lambda *a, **k: real_write(*a, **dict(k, shard_examples=4)))
@@ -90,6 +90,6 @@ def test_killed_stage_is_finished_by_the_rerun(tmp_path, monkeypatch):
       "vocab": "skipped", "target": "skipped", "teacher_cache": "ran"}
   marker = pipeline.read_json(os.path.join(config.stage_dir("teacher_cache"), pipeline.DONE))
   assert marker["reused_shards"] == 1 and marker["k"] == 4
-  cache = pipeline._open_teacher_cache(config, target, params,
+  cache = pipeline.open_teacher_cache(config, target, params,
                                        pipeline.distillation_config(config, "supervised_kd"))
   assert cache.arrays["teacher_top_ids"][np.arange(10)].shape == (10, 4, 4)

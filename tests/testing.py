@@ -115,7 +115,7 @@ def pipeline_outcome(config) -> dict:
   if os.path.exists(cache):
     import numpy as np
     out["cache_log_probs"] = np.load(cache)[:4, :4].tolist()
-  target = pipeline._eval_models_and_params(config)[2]["target"]
+  target = pipeline.eval_models_and_params(config)[2]["target"]
   out["target_model_sharded"] = sum("model" in str(x.sharding.spec)
                                     for x in jax.tree.leaves(target))
   out["target_leaves"] = len(jax.tree.leaves(target))

@@ -29,13 +29,13 @@ import seqio
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from distillspec_jax.data import tasks as _tasks
+from distillspec_jax.data import tasks
 
 FEATURE_CONVERTERS = ("enc_dec", "decoder")
 
 
 def _registered_names() -> List[str]:
-  _tasks.ensure_default_tasks()
+  tasks.ensure_default_tasks()
   return sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
 
 
@@ -43,7 +43,7 @@ def get_task(task_name: str) -> Union[seqio.Task, seqio.Mixture]:
   """The registered seqio Task or Mixture; ValueError with close names if unknown."""
   if not isinstance(task_name, str):
     raise TypeError(f"task_name must be a string, got {type(task_name).__name__}: {task_name!r}")
-  _tasks.ensure_default_tasks()
+  tasks.ensure_default_tasks()
   if task_name in seqio.MixtureRegistry.names():
     return seqio.MixtureRegistry.get(task_name)
   if task_name in seqio.TaskRegistry.names():
@@ -145,7 +145,7 @@ def check_prompt_lengths(task_name: str, split: str, sequence_lengths: Mapping[s
       continue
     lens = np.asarray(lens)
     too_long = int((lens > length).sum())
-    lenient = task.name in _tasks.tfds_tasks.TRUNCATABLE_INPUT_TASKS
+    lenient = task.name in tasks.tfds_tasks.TRUNCATABLE_INPUT_TASKS
     bad = int((lens > 2 * length).sum()) if lenient else too_long
     if bad / len(lens) > max_truncated_fraction:
       what = "would lose over half of their tokens" if lenient else "are longer"

@@ -211,7 +211,7 @@ def sample_batch(model: Model, params: Params, batch: dict, rng: Array, *,
   return samples_to_batch(result.tokens, result.lengths, batch, model, prompts)
 
 
-def _training_features(batch: dict, model: Model) -> dict:
+def training_features(batch: dict, model: Model) -> dict:
   keys = ["decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights"]
   if model.is_encoder_decoder:
     keys.append("encoder_input_tokens")
@@ -235,7 +235,7 @@ class FinetuneObjective:
   frozen_names = ()
 
   def make_batch(self, params, frozen, batch, rng):
-    return _training_features(batch, self.model), jnp.int32(FIXED)
+    return training_features(batch, self.model), jnp.int32(FIXED)
 
   def loss(self, params, frozen, batch, dropout_rng=None):
     """Mean cross-entropy per loss-weighted token; metrics: loss, accuracy, num_tokens."""
@@ -289,7 +289,7 @@ class DistillationObjective:
     c = self.config
     source_rng, sample_rng = jax.random.split(rng)
     source = select_source(source_rng, c.lambda1, c.lambda2)
-    fixed = _training_features(batch, self.draft)
+    fixed = training_features(batch, self.draft)
     max_new = c.max_new_tokens or fixed["decoder_target_tokens"].shape[1]
     sample = lambda model, p: sample_batch(model, p, fixed, sample_rng, max_new_tokens=max_new,
                                            temperature=c.sampling_temperature)
@@ -339,7 +339,7 @@ class DistillationObjective:
 
 def mean_tvd(target: Model, target_params, draft: Model, draft_params, batch: dict) -> Array:
   """Mean per-sequence TVD(p || q) on a teacher-forced batch (scalar)."""
-  features = _training_features(batch, draft)
+  features = training_features(batch, draft)
   return jnp.mean(divergences.per_sequence_divergence(
       "tvd", target.logits(target_params, features), draft.logits(draft_params, features),
       features["decoder_loss_weights"]))
@@ -363,7 +363,7 @@ def make_tvd_eval_fn(target: Model, target_params, draft: Model, batch: dict, *,
   draft (on-policy); the mean per-sequence TVD(p || q) is reported on both.
   """
   rng_target, rng_draft = jax.random.split(jax.random.PRNGKey(seed))
-  features = _training_features(batch, draft) if "decoder_target_tokens" in batch else batch
+  features = training_features(batch, draft) if "decoder_target_tokens" in batch else batch
   target_batch = sample_batch(target, target_params, features, rng_target,
                               max_new_tokens=max_new_tokens, temperature=temperature)
   tvd = jax.jit(functools.partial(mean_tvd, target, target_params, draft))
@@ -382,7 +382,7 @@ def make_speculative_eval_fn(target: Model, target_params, draft: Model, batch: 
                              temperature: float = 1.0, seed: int = 0,
                              speculative_decode=None):
   """eval_fn(draft_params, step) -> {"tau": block efficiency, "tau_stderr": its standard error
-  over prompts, "alpha": acceptance rate}.
+  over prompts, "draft_acceptance_rate": accepted / drafted (decoding/stats.py)}.
 
   Runs `speculative.speculative_decode` on the held-out prompts of `batch` (fixed rng, so
   successive evaluations differ only through the draft). `speculative_decode` may be injected
@@ -399,6 +399,7 @@ def make_speculative_eval_fn(target: Model, target_params, draft: Model, batch: 
                                 max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
                                 rng=rng, **prompts)
     stats = block_efficiency_stats(result)
-    return {"tau": stats["tau"], "tau_stderr": stats["tau_stderr"], "alpha": stats["alpha"]}
+    return {"tau": stats["tau"], "tau_stderr": stats["tau_stderr"],
+            "draft_acceptance_rate": stats["draft_acceptance_rate"]}
 
   return eval_fn

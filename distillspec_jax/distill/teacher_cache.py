@@ -43,7 +43,7 @@ import numpy as np
 
 from distillspec_jax.core.validation import check_positive_int
 from distillspec_jax.distill import divergences
-from distillspec_jax.distill.objectives import FIXED, DistillationConfig, _training_features
+from distillspec_jax.distill.objectives import FIXED, DistillationConfig, training_features
 from distillspec_jax.core.files import read_json, write_json_atomic
 from distillspec_jax.models.model import Model
 
@@ -221,7 +221,7 @@ def write_cache(target: Model, target_params, arrays: Mapping[str, np.ndarray], 
   bins = bins_fn(target, identity["k"], float(temperature))
 
   def run(batch):  # [batch_size, length] host features -> host bins of every row
-    batch = _training_features(batch, target)
+    batch = training_features(batch, target)
     out = bins(target_params, place(batch) if place else batch)
     return (gather or jax.device_get)(out)
 
@@ -429,7 +429,7 @@ class CachedTeacherObjective:
     if missing:
       raise ValueError(f"The batch has no {missing}: pass the training arrays merged with "
                        "open_cache(...).arrays (teacher_cache.py).")
-    out = _training_features(batch, self.draft)
+    out = training_features(batch, self.draft)
     out.update({n: jnp.asarray(batch[n]) for n in FEATURES.values()})
     return out, jnp.int32(FIXED)
 

@@ -6,9 +6,11 @@
                           scorer, gammas=(3, 5), temperatures=(0.0, 1.0), max_new_tokens=44)
 
 `examples` is data.get_prompts_and_targets' dict: "prompts" [N, P] and "targets" [N, T]
-token arrays, "target_texts" (and "prompt_texts") strings. tau and alpha come from
-decoding/stats.py (through quality.speculative_run); wall-clock speed is speed.py's, with
-the settings of one `SpeedConfig`, shared by the main job's and the eval binary's configs.
+token arrays, "target_texts" (and "prompt_texts") strings. tau and the acceptance rates
+come from decoding/stats.py (through quality.speculative_run, a QualityRow per draft and
+grid point); wall-clock speed is speed.py's, with the settings of one `SpeedConfig`, shared
+by the main job's and the eval binary's configs. `EvaluationRow` joins a QualityRow and its
+timing (speed.SpeedFigures): the row both report.json and metrics.json write.
 """
 
 from __future__ import annotations
@@ -16,19 +18,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+import numpy as np
+
+from distillspec_jax.core.records import JsonRecord, flattened
 from distillspec_jax.core.validation import (check_budget, check_field_types, check_grid,
                                              check_int, check_path, check_positive_int)
 from distillspec_jax.decoding.plain import SamplingConfig
 from distillspec_jax.decoding.speculative import DraftLength, Lenience
 from distillspec_jax.evaluation import quality
+from distillspec_jax.evaluation.grid_point import GridPoint
 from distillspec_jax.evaluation.placement import BatchPlacement
+from distillspec_jax.evaluation.quality import Acceptance, QualityRow
+from distillspec_jax.evaluation.speed import SpeedFigures
 from distillspec_jax.interop import importer
-
-# The flat fields of PipelineConfig and EvalConfig (the gin run files bind them) that make
-# their SpeedConfig: SpeedConfig field -> config field.
-SPEED_FIELDS = {"examples": "speed_examples", "repeats": "speed_repeats",
-                "calls": "speed_calls", "budget_s": "speed_budget_s", "cpus": "speed_cpus"}
-
 
 @dataclasses.dataclass(frozen=True)
 class SpeedConfig:
@@ -61,8 +63,9 @@ class SpeedConfig:
 
   @classmethod
   def of(cls, config) -> "SpeedConfig":
-    """The SpeedConfig of a config's flat `speed_*` fields (SPEED_FIELDS)."""
-    return cls(**{field: getattr(config, flat) for field, flat in SPEED_FIELDS.items()})
+    """The SpeedConfig of a config's flat fields: `speed_<field>` for each of its fields."""
+    return cls(**{field.name: getattr(config, f"speed_{field.name}")
+                  for field in dataclasses.fields(cls)})
 
   def check_prompts(self, eval_examples: int) -> None:
     """Refuses more timed prompts than evaluation prompts (the timed are the first ones)."""
@@ -151,17 +154,14 @@ def speculative_grid(target, target_params, drafts: Mapping[str, tuple], example
                      draft_length: DraftLength = DraftLength(),
                      place: Optional[BatchPlacement] = None) -> list:
   """Speculative decoding of the examples' prompts with the target and each draft at every
-  (temperature, gamma, lenience), in that order per draft, temperatures outermost.
+  (temperature, gamma, lenience), in that order per draft, temperatures outermost: one
+  quality.QualityRow each (its `draft` the name in `drafts`).
 
   `drafts`: {name: (Model, params)}; `batch_size` None: all prompts in one batch (batch b
   samples with fold_in(PRNGKey(seed), b)); `scorer` None: no task metric (quality None);
   `draft_length`: the draft length rule of every configuration (gamma is its gamma_max);
   `place`: where each batch's rows go and how the outputs come back (a
   placement.BatchPlacement; examples.read_examples gives it with the examples).
-  Returns rows {draft, temperature, gamma, lenience, epsilon, quality, tau, tau_stderr, the
-  acceptance statistics of decoding/stats.py (mean_acceptance_length,
-  draft_acceptance_rate, alpha, alpha_proposed, alpha_distillspec, acceptance_by_position,
-  draft_acceptance_rate_by_position), predictions, accepted_per_round}.
   """
   check_decoding_grid(gammas, temperatures, leniences)
   batch_size = batch_size or len(examples["prompts"])
@@ -177,9 +177,99 @@ def speculative_grid(target, target_params, drafts: Mapping[str, tuple], example
               detokenize=scorer.detokenize if scorer else None,
               metric_fn=scorer.metrics if scorer else None, seed=seed,
               draft_length=draft_length, place=place)
-          rows.append(dict(draft=name, temperature=float(temperature), gamma=int(gamma),
-                           lenience=lenience.kind, epsilon=float(lenience.epsilon),
-                           **{k: v for k, v in run.items() if k != "tokens"}))
+          rows.append(dataclasses.replace(run, draft=name))
           if on_done:
             on_done()
   return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationRow(JsonRecord):
+  """One draft at one grid point, evaluated: the row of the main job's report.json
+  (`draft_rows`) and of the eval binary's metrics.json (`rows`), one key per quantity.
+
+  Attributes:
+    task: the task (or the mixture, for the mean over its tasks).
+    draft: the draft's name (the main job: its recipe, or "raw").
+    point: the GridPoint (gamma, temperature, lenience, draft length rule).
+    acceptance: quality.Acceptance (tau, tau_stderr, the acceptance rates).
+    quality: the task's metrics of the speculative outputs (None: not scored).
+    predicted_alpha: the draft's 1 - TVD along the target's own samples (the eval binary;
+      None in the main job).
+    speed: speed.SpeedFigures of the timed prompts (None: not timed; every key null).
+  """
+
+  task: str
+  draft: str
+  point: GridPoint = flattened(GridPoint)
+  acceptance: Acceptance = flattened(Acceptance)
+  quality: Optional[dict] = None
+  predicted_alpha: Optional[float] = None
+  speed: Optional[SpeedFigures] = flattened(SpeedFigures, default=None)
+
+  @classmethod
+  def of(cls, task: str, run: QualityRow, speed: Optional[SpeedFigures] = None,
+         predicted_alpha: Optional[float] = None, draft: Optional[str] = None
+         ) -> "EvaluationRow":
+    """The row of a speculative_grid QualityRow and its timing (`draft`: a name for the
+    report, default the run's)."""
+    return cls(task=task, draft=run.draft if draft is None else draft, point=run.point,
+               quality=run.quality, acceptance=run.acceptance,
+               predicted_alpha=predicted_alpha, speed=speed)
+
+  def scalars(self) -> dict:
+    """{name: number} of every scalar quantity that is set (TensorBoard's tags), the task's
+    metrics as quality/<metric>."""
+    point = set(GridPoint.json_keys())
+    values = {k: v for k, v in self.to_json().items()
+              if k not in point and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    values.update({f"quality/{k}": v for k, v in (self.quality or {}).items()})
+    return values
+
+
+def _mean(values):
+  values = [v for v in values if v is not None]
+  return float(np.mean(values)) if values else None
+
+
+def _mean_field(values: list):
+  """The mixture's value of one field from its tasks' `values` (None where a task has
+  none): the mean; of a [low, high] range or interval, the mean of each end; of a
+  per-position list, the mean at each position over the tasks that have it; of a flag, any."""
+  present = [v for v in values if v is not None]
+  if not present:
+    return None
+  if isinstance(present[0], bool):
+    return any(present)
+  if isinstance(present[0], list):
+    width = max(len(v) for v in present)
+    return [_mean(v[i] if i < len(v) else None for v in present) for i in range(width)]
+  return _mean(present)
+
+
+def mixture_mean(name: str, rows_by_task: Mapping[str, Sequence[EvaluationRow]],
+                 target_alone_by_task: Mapping[str, dict]) -> tuple:
+  """(rows, target_alone) of a mixture: each EvaluationRow every number the mean over its
+  tasks of the same (draft, grid point) row (`_mean_field`: ranges end by end, positions
+  one by one, a flag if any task has it); tau_stderr is the standard error of that mean
+  (sqrt(sum se^2) / n, tasks independent); a metric or field missing in some task is
+  averaged over the tasks that have it."""
+  tasks = list(rows_by_task)
+  keyed = [{(r.draft, r.point): r for r in rows_by_task[t]} for t in tasks]
+  measured = [k for k in EvaluationRow.json_keys()
+              if k not in ("task", "draft", "quality") and k not in GridPoint.json_keys()]
+  rows = []
+  for key, first in keyed[0].items():
+    group = [k[key] for k in keyed if key in k]
+    as_json = [r.to_json() for r in group]
+    metric_names = sorted({m for r in group for m in (r.quality or {})})
+    row = dict(first.to_json(), task=name,
+               quality={m: _mean((r.quality or {}).get(m) for r in group)
+                        for m in metric_names})
+    row.update({k: _mean_field([j[k] for j in as_json]) for k in measured})
+    se = [r.acceptance.tau_stderr for r in group]
+    row["tau_stderr"] = float(np.sqrt(np.sum(np.square(se)))) / len(se)
+    rows.append(EvaluationRow.from_json(row))
+  metric_names = sorted({m for t in tasks for m in target_alone_by_task[t]})
+  alone = {m: _mean(target_alone_by_task[t].get(m) for t in tasks) for m in metric_names}
+  return rows, alone

@@ -3,10 +3,10 @@
 Reads the evaluation binary's metrics.json object ({"rows", "target_alone"}) and nothing
 else. Latency is relative to plain decoding with the target (the largest model), end to end
 as a request sees it: a row's relative latency is 1 / its end-to-end speedup
-(`speedup_end_to_end`: speculative over plain target tokens/s, each prompt's setup included,
-in the same timing turns), and the target alone is at 1.0 by construction. Rows of a
-metrics.json written before the end-to-end figures existed fall back to the decoding
-phase's `speedup`, and the table says so.
+(`end_to_end_speedup`: speculative over plain target tokens/s, each prompt's setup
+included, in the same timing turns), and the target alone is at 1.0 by construction. Rows
+without an end-to-end figure (a metrics.json measured before it existed) fall back to the
+decoding phase's `speedup`, and the table says so.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def primary_metric(metrics: dict, task: str) -> str:
 def _end_to_end(row: dict) -> tuple:
   """(speedup, [min, max] or None, phase) of a metrics.json row: end to end, or the decoding
   phase's for a row written before the end-to-end figures."""
-  if row.get("speedup_end_to_end") is not None:
-    return row["speedup_end_to_end"], row.get("speedup_end_to_end_range"), "end to end"
-  return row.get("speedup"), row.get("speedup_range"), "decoding phase"
+  if row["end_to_end_speedup"] is not None:
+    return row["end_to_end_speedup"], row["end_to_end_speedup_range"], "end to end"
+  return row["speedup"], row["speedup_range"], "decoding phase"
 
 
 def tradeoff_table(metrics: dict, task: Optional[str] = None,
@@ -74,9 +74,9 @@ def tradeoff_table(metrics: dict, task: Optional[str] = None,
                       quality=r["quality"].get(metric),
                       relative_latency=(1.0 / speedup) if speedup else None,
                       relative_latency_range=latency_range, latency_phase=phase,
-                      speedup=speedup, speedup_decode=r.get("speedup"), tau=r["tau"],
-                      draft_acceptance_rate=r.get("draft_acceptance_rate", r.get("alpha")),
-                      alpha_distillspec=r.get("alpha_distillspec")))
+                      speedup=speedup, speedup_decode=r["speedup"], tau=r["tau"],
+                      draft_acceptance_rate=r["draft_acceptance_rate"],
+                      alpha_distillspec=r["alpha_distillspec"]))
   return out
 
 
@@ -116,19 +116,18 @@ def rows_markdown(metrics: dict) -> str:
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in metrics["rows"]:
     quality = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["quality"].items()))
-    flag = " (unreliable: spread > 10%)" if r.get("speedup_unreliable") else ""
-    interval = r.get("speedup_end_to_end_prompt_interval")
+    flag = " (unreliable: spread > 10%)" if r["speedup_unreliable"] else ""
+    interval = r["end_to_end_speedup_prompt_interval"]
     interval = f"{_fmt(interval[0], 2)}-{_fmt(interval[1], 2)}" if interval else "-"
     lines.append(f"| {r['task']} | {_fmt(r['temperature'], 1)} | {r['gamma']} | "
                  f"{r['lenience']} | {_fmt(r['epsilon'], 2)} | {quality} | "
                  f"{_fmt(r['tau'], 2)} ± {_fmt(r['tau_stderr'], 2)} | "
-                 f"{_fmt(r.get('mean_acceptance_length'), 2)} | "
-                 f"{_fmt(r.get('draft_acceptance_rate', r.get('alpha')))} | "
-                 f"{_fmt(r.get('alpha_distillspec'))} | {_fmt(r['predicted_alpha'])} | "
+                 f"{_fmt(r['mean_acceptance_length'], 2)} | "
+                 f"{_fmt(r['draft_acceptance_rate'])} | "
+                 f"{_fmt(r['alpha_distillspec'])} | {_fmt(r['predicted_alpha'])} | "
                  f"{_with_range(r['speedup'], r['speedup_range'])}{flag} | "
-                 f"{_with_range(r.get('speedup_end_to_end'), r.get('speedup_end_to_end_range'))}"
-                 " | "
-                 f"{_with_range(r.get('speedup_typical'), r.get('speedup_typical_range'))} | "
+                 f"{_with_range(r['end_to_end_speedup'], r['end_to_end_speedup_range'])} | "
+                 f"{_with_range(r['typical_end_to_end_speedup'], r['typical_end_to_end_speedup_range'])} | "
                  f"{interval} | "
                  f"{_fmt(r['cost_model_speedup'], 2)} |")
   target = ", ".join(f"{task}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(m.items()))

@@ -2,14 +2,13 @@
 
 Quality: the task metric of greedy decodes (decoded to text, scored by the task's metric
 function) and the per-token cross-entropy on the references. Speculative decoding: block
-efficiency tau with its standard error over prompts, and acceptance alpha, from running the
+efficiency tau with its standard error over prompts, and the acceptance rates, from running the
 engine on the test prompts. Wall-clock speed is measured by `speed.py`.
 
 For the evaluation binary (`eval.py`): `target_alone` (plain decoding's quality, and the
-predicted alpha, the mean of 1 - TVD(p, q) along its samples), `speculative_run` (quality,
-tau, alpha and acceptance by draft position of speculative decoding at one gamma,
-temperature and lenience), `speed_fields` (a row's speedups from `speed.measure_speed`) and
-`mixture_mean` (a mixture's rows as the mean of its tasks').
+predicted alpha, the mean of 1 - TVD(p, q) along its samples) and `speculative_run` (a
+QualityRow: quality, tau, the acceptance statistics and acceptance by draft position of
+speculative decoding at one grid point).
 
 The functions take models, params, token arrays and callables (detokenize, metric_fn), not a
 pipeline. The jobs and the eval binary reach them through one path, `evaluate.py`
@@ -18,6 +17,7 @@ pipeline. The jobs and the eval binary reach them through one path, `evaluate.py
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable, Optional, Sequence
 
@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distillspec_jax.core.records import JsonRecord, flattened
 from distillspec_jax.decoding.plain import SamplingConfig, decode, default_rng, prompt_inputs
 from distillspec_jax.distill.divergences import cross_entropy, expected_acceptance
 from distillspec_jax.models.model import EOS_ID, Model
@@ -32,6 +33,54 @@ from distillspec_jax.decoding.speculative import DraftLength, Lenience, speculat
 from distillspec_jax.decoding.stats import (acceptance_by_position, block_efficiency_stats,
                                             block_statistics,
                                             draft_acceptance_rate_by_position)
+from distillspec_jax.evaluation.grid_point import GridPoint
+
+
+@dataclasses.dataclass(frozen=True)
+class Acceptance(JsonRecord):
+  """How much of the draft the target accepted (decoding/stats.py defines each statistic).
+
+  Attributes:
+    tau: block efficiency, tokens per target call; tau_stderr: its standard error over
+      prompts.
+    mean_acceptance_length: 1 + accepted / rounds (vLLM, llama.cpp).
+    draft_acceptance_rate: accepted / drafted (vLLM).
+    alpha_proposed: accepted by the test (before EOS or the length limit cut) / drafted.
+    alpha_distillspec: accepted / acceptance tests run (DistillSpec's alpha; None when no
+      test ran).
+    acceptance_by_position: DistillSpec's conditional rate at draft positions 1..gamma.
+    draft_acceptance_rate_by_position: the fraction of all rounds accepting position i.
+  """
+
+  tau: float
+  tau_stderr: float
+  mean_acceptance_length: Optional[float] = None
+  draft_acceptance_rate: Optional[float] = None
+  alpha_proposed: Optional[float] = None
+  alpha_distillspec: Optional[float] = None
+  acceptance_by_position: Optional[list] = None
+  draft_acceptance_rate_by_position: Optional[list] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityRow(JsonRecord):
+  """Speculative decoding of an evaluation's prompts at one grid point (`speculative_run`).
+
+  Attributes:
+    draft: the draft's name ("" until `evaluate.speculative_grid` names it).
+    point: the GridPoint decoded.
+    acceptance: the Acceptance statistics.
+    quality: the task's metrics of the outputs (None without a scorer).
+    predictions: each prompt's output text (None without a detokenizer).
+    accepted_per_round: each prompt's accepted draft tokens per round.
+  """
+
+  draft: str
+  point: GridPoint = flattened(GridPoint)
+  acceptance: Acceptance = flattened(Acceptance)
+  quality: Optional[dict] = None
+  predictions: Optional[list] = None
+  accepted_per_round: list = dataclasses.field(default_factory=list)
 
 
 def _teacher_forcing(model: Model, prompts: np.ndarray, targets: np.ndarray):
@@ -221,12 +270,26 @@ def _metrics(metric_fn, references, predictions) -> dict:
   return {k: float(v) for k, v in metric_fn(list(references), list(predictions)).items()}
 
 
+@dataclasses.dataclass(frozen=True)
+class TargetAlone:
+  """Plain target decoding of an evaluation's prompts (`target_alone`).
+
+  Attributes:
+    quality: the task's metrics of the outputs.
+    predictions: each prompt's output text.
+    predicted_alpha: the draft's 1 - TVD along these samples (`predicted_alpha`).
+  """
+
+  quality: dict
+  predictions: list
+  predicted_alpha: float
+
+
 def target_alone(target: Model, target_params, draft: Model, draft_params, examples: dict, *,
                  temperature: float, max_new_tokens: int, batch_size: int, detokenize,
-                 metric_fn, seed: int = 0, place=None) -> dict:
+                 metric_fn, seed: int = 0, place=None) -> "TargetAlone":
   """Plain target decoding of the examples' prompts at `temperature` (batch b samples with
-  fold_in(PRNGKey(seed), b)): {"quality": task metrics, "predictions", "predicted_alpha"
-  (the draft's 1 - TVD along these samples)}. `place` (placement.BatchPlacement): each
+  fold_in(PRNGKey(seed), b)): its TargetAlone. `place` (placement.BatchPlacement): each
   [batch_size, P] batch's rows over the mesh's 'data' axis (this process's rows only when
   the mesh spans processes) and the outputs gathered back to every process."""
   prompts = np.asarray(examples["prompts"])
@@ -246,9 +309,9 @@ def target_alone(target: Model, target_params, draft: Model, draft_params, examp
       acceptance.append(predicted_alpha(target, target_params, draft, draft_params, chunk,
                                         np.asarray(result.tokens), temperature, place, real))
     weights.append(float(np.sum(lengths)))
-  return {"quality": _metrics(metric_fn, examples["target_texts"], predictions),
-          "predictions": predictions,
-          "predicted_alpha": float(np.average(acceptance, weights=weights))}
+  return TargetAlone(quality=_metrics(metric_fn, examples["target_texts"], predictions),
+                     predictions=predictions,
+                     predicted_alpha=float(np.average(acceptance, weights=weights)))
 
 
 def speculative_run(target: Model, target_params, draft: Model, draft_params, examples: dict,
@@ -256,18 +319,16 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
                     max_new_tokens: int, batch_size: int,
                     detokenize: Optional[Callable] = None, metric_fn: Optional[Callable] = None,
                     seed: int = 0, draft_length: DraftLength = DraftLength(),
-                    place=None) -> dict:
+                    place=None) -> QualityRow:
   """Speculative decoding of the examples' prompts in batches of `batch_size` (batch b with
-  fold_in(PRNGKey(seed), b), the keys `target_alone` uses): the task metric of its outputs,
-  tau with its standard error over prompts, the acceptance statistics of decoding/stats.py
-  (mean_acceptance_length, draft_acceptance_rate = alpha, alpha_proposed, alpha_distillspec,
-  acceptance_by_position, draft_acceptance_rate_by_position), and per prompt the prediction
-  and the accepted draft tokens of each round. Without `detokenize` / `metric_fn`,
-  predictions / quality are None. `place`: as `target_alone`'s."""
+  fold_in(PRNGKey(seed), b), the keys `target_alone` uses): a QualityRow of the task metric
+  of its outputs, the Acceptance statistics of decoding/stats.py, and per prompt the
+  prediction and the accepted draft tokens of each round. Without `detokenize` /
+  `metric_fn`, predictions / quality are None. `place`: as `target_alone`'s."""
   prompts = np.asarray(examples["prompts"])
   key = jax.random.PRNGKey(seed)
   sampling = SamplingConfig(float(temperature))
-  predictions, rounds, proposals, tokens_out = [], [], [], []
+  predictions, rounds, proposals = [], [], []
   produced, calls, accepted, drafted, proposed, rejections = [], [], [], [], [], []
   for index, chunk, real in _batches(prompts, batch_size):
     result = speculative_decode(target, target_params, draft, draft_params,
@@ -280,7 +341,6 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
     tokens, lengths = np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real]
     if detokenize is not None:
       predictions += _texts(tokens, lengths, detokenize)
-    tokens_out.append(tokens)
     per_round = np.asarray(result.accepted_per_round)[:real]
     rounds += [[int(n) for n in row if n >= 0] for row in per_round]
     proposals += [[int(k) for k in row if k >= 0]
@@ -292,112 +352,15 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
   scored = detokenize is not None and metric_fn is not None
   per_round = [np.asarray(r, np.int64) for r in rounds] or [np.zeros(0)]
   proposed_rounds = [np.asarray(k, np.int64) for k in proposals] or [np.zeros(0)]
-  return {"quality": _metrics(metric_fn, examples["target_texts"], predictions) if scored
-                     else None,
-          **block_statistics(*map(np.concatenate, (produced, calls, accepted, drafted)),
-                             accepted_proposed=np.concatenate(proposed),
-                             output_rejections=np.concatenate(rejections)),
-          "acceptance_by_position": acceptance_by_position(per_round, gamma, proposed_rounds),
-          "draft_acceptance_rate_by_position": draft_acceptance_rate_by_position(per_round,
-                                                                                 gamma),
-          "predictions": predictions if detokenize is not None else None,
-          "accepted_per_round": rounds, "tokens": np.concatenate(tokens_out)}
-
-
-# Fields of a metrics.json row (the evaluation binary's interface). The acceptance
-# statistics are decoding/stats.py's (`alpha` is draft_acceptance_rate under its earlier
-# name); the speed fields are `speed_fields`'.
-ROW_FIELDS = ("task", "temperature", "gamma", "lenience", "epsilon", "quality", "tau",
-              "tau_stderr", "mean_acceptance_length", "draft_acceptance_rate", "alpha",
-              "alpha_distillspec", "predicted_alpha", "acceptance_by_position",
-              "draft_acceptance_rate_by_position", "speedup", "speedup_range",
-              "speedup_end_to_end", "speedup_end_to_end_range", "speedup_typical",
-              "speedup_typical_range", "speedup_prompt_interval",
-              "speedup_end_to_end_prompt_interval", "speedup_spread",
-              "speedup_end_to_end_spread", "speedup_unreliable", "cost_model_speedup",
-              "cost_model_speedup_end_to_end")
-
-# metrics.json's speed field -> the speed.measure_speed row field it copies.
-SPEED_FIELDS = {"speedup": "speedup", "speedup_range": "speedup_range",
-                "speedup_end_to_end": "end_to_end_speedup",
-                "speedup_end_to_end_range": "end_to_end_speedup_range",
-                "speedup_typical": "typical_end_to_end_speedup",
-                "speedup_typical_range": "typical_end_to_end_speedup_range",
-                "speedup_prompt_interval": "speedup_prompt_interval",
-                "speedup_end_to_end_prompt_interval": "end_to_end_speedup_prompt_interval",
-                "speedup_spread": "speedup_spread",
-                "speedup_end_to_end_spread": "end_to_end_speedup_spread",
-                "speedup_unreliable": "unreliable",
-                "cost_model_speedup": "cost_model_speedup",
-                "cost_model_speedup_end_to_end": "cost_model_end_to_end_speedup"}
-
-
-def speed_fields(timing: Optional[dict], gamma: int, temperature: float,
-                 lenience: Optional[Lenience] = None,
-                 draft_length: DraftLength = DraftLength()) -> dict:
-  """The SPEED_FIELDS of one (gamma, temperature, lenience, draft length rule) from a
-  speed.measure_speed result with one draft (all None when `timing` is None; lenience None:
-  the timing's only one):
-  the decoding phase's speedup, the end-to-end one (setup included, what a request sees),
-  the typical one (end to end, each repeat's median call instead of its fastest windows),
-  each with [min, max] over repeats, the prompt-level 95% intervals, the spreads and the
-  `unreliable` flag."""
-  if timing is None:
-    return dict.fromkeys(SPEED_FIELDS)
-  for row in timing["rows"]:
-    if (row.get("draft_length", "fixed"), row.get("threshold", 0.0)) != (
-        draft_length.rule, float(draft_length.threshold)):
-      continue
-    if (row["gamma"] == int(gamma) and row["temperature"] == float(temperature) and (
-        lenience is None or (row["lenience"], row["epsilon"]) == (lenience.kind,
-                                                                  float(lenience.epsilon)))):
-      return {field: (list(row[key]) if isinstance(row[key], (list, tuple)) else row[key])
-              for field, key in SPEED_FIELDS.items()}
-  raise KeyError(f"The timing has no row for gamma={gamma}, temperature={temperature}, "
-                 f"lenience={lenience}.")
-
-
-def _mean(values):
-  values = [v for v in values if v is not None]
-  return float(np.mean(values)) if values else None
-
-
-def _mean_field(name: str, values: list):
-  """The mixture's value of field `name` from its tasks' `values` (None where a task has
-  none): the mean; of a [low, high] range or interval, the mean of each end; of a
-  per-position list, the mean at each position over the tasks that have it; of a flag, any."""
-  present = [v for v in values if v is not None]
-  if not present:
-    return None
-  if isinstance(present[0], bool):
-    return any(present)
-  if isinstance(present[0], list):
-    width = max(len(v) for v in present)
-    return [_mean(v[i] if i < len(v) else None for v in present) for i in range(width)]
-  return _mean(present)
-
-
-def mixture_mean(name: str, rows_by_task: dict, target_alone_by_task: dict) -> tuple:
-  """(rows, target_alone) of a mixture: every number the mean over its tasks of the same
-  (temperature, gamma, lenience, epsilon) row (`_mean_field`: ranges end by end, positions
-  one by one, a flag if any task has it); tau_stderr is the standard error of that mean
-  (sqrt(sum se^2) / n, tasks independent); a metric or field missing in some task is
-  averaged over the tasks that have it."""
-  tasks = list(rows_by_task)
-  keyed = [{(r["temperature"], r["gamma"], r["lenience"], r["epsilon"]): r
-            for r in rows_by_task[t]} for t in tasks]
-  rows = []
-  for key in keyed[0]:
-    group = [k[key] for k in keyed if key in k]
-    metric_names = sorted({m for r in group for m in r["quality"]})
-    se = [r["tau_stderr"] for r in group]
-    row = dict(task=name, temperature=key[0], gamma=key[1], lenience=key[2], epsilon=key[3],
-               quality={m: _mean(r["quality"].get(m) for r in group) for m in metric_names})
-    for field in ROW_FIELDS:
-      if field not in row:
-        row[field] = _mean_field(field, [r.get(field) for r in group])
-    row["tau_stderr"] = float(np.sqrt(np.sum(np.square(se)))) / len(se)
-    rows.append({field: row[field] for field in ROW_FIELDS})
-  metric_names = sorted({m for t in tasks for m in target_alone_by_task[t]})
-  alone = {m: _mean(target_alone_by_task[t].get(m) for t in tasks) for m in metric_names}
-  return rows, alone
+  statistics = block_statistics(*map(np.concatenate, (produced, calls, accepted, drafted)),
+                                accepted_proposed=np.concatenate(proposed),
+                                output_rejections=np.concatenate(rejections))
+  acceptance = Acceptance.from_json(dict(
+      statistics, acceptance_by_position=acceptance_by_position(per_round, gamma,
+                                                                proposed_rounds),
+      draft_acceptance_rate_by_position=draft_acceptance_rate_by_position(per_round, gamma)))
+  return QualityRow(
+      draft="", point=GridPoint.of(gamma, temperature, lenience, draft_length),
+      quality=_metrics(metric_fn, examples["target_texts"], predictions) if scored else None,
+      acceptance=acceptance, predictions=predictions if detokenize is not None else None,
+      accepted_per_round=rounds)

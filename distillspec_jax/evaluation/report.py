@@ -1,81 +1,58 @@
 """The main job's report: report.json, report.md (the paper's table form) and PNG plots.
 
 report.json:
-  rows / paired_rows: one per (recipe, temperature, gamma), raw draft against distilled draft
-    (every <kind> field once with _raw and once with _distilled):
-    task, temperature, gamma, recipe, tau_<kind> (+ _stderr), tau_gain, the acceptance
-    statistics of decoding/stats.py (mean_acceptance_length_<kind>,
-    draft_acceptance_rate_<kind>, alpha_distillspec_<kind>, acceptance_by_position_<kind>,
-    draft_acceptance_rate_by_position_<kind>; alpha_<kind> is draft_acceptance_rate under
-    its earlier name), speedup_<kind> (decoding phase) with speedup_<kind>_range ([min, max]
-    over timing repeats) and speedup_<kind>_spread, speedup_<kind>_end_to_end (setup
-    included) and speedup_<kind>_typical (end to end, each repeat's median call instead of
-    its fastest windows), each with _range (and the end-to-end one _spread),
-    speedup_<kind>_prompt_interval and speedup_<kind>_end_to_end_prompt_interval (95%
-    bootstrap over the timed prompts), speedup_<kind>_unreliable (a spread above 10%),
-    cost_model_speedup_<kind>, delta_speedup.
-  draft_rows: one per (draft, temperature, gamma), measure_speed's names: recipe, the
-    acceptance statistics, tau, tau_stderr, speedup, speedup_range, end_to_end_speedup,
-    typical_speedup, typical_end_to_end_speedup (each + _range), the spreads, the prompt
-    intervals, unreliable, cost_model_speedup, cost_model_end_to_end_speedup, setup_s,
-    call_overhead_s.
-  An evaluation written before a field existed leaves it None.
-  target_quality, plain_tokens_per_s, machine ({"cpus", "pinned"}), speed_protocol,
-  wall_clock_s (per stage) and wall_clock_total_s, tau_curves.
-For an AdaSPEC comparison "rows" is the per-draft form (recipe in raw / distillspec /
+  draft_rows: one evaluate.EvaluationRow per (draft, temperature, gamma), the draft named by
+    its recipe ("raw" for the raw draft): the same keys as the eval binary's metrics.json
+    rows (docs/evaluation.md lists them).
+  rows / paired_rows: one per (recipe, temperature, gamma), raw draft against distilled
+    draft: task, temperature, gamma, recipe, every measured key of the EvaluationRow (its
+    Acceptance and SpeedFigures) once as <key>_raw and once as <key>_distilled (tau_raw,
+    tau_stderr_raw, end_to_end_speedup_distilled, ...), tau_gain and delta_speedup (of the
+    decoding-phase speedup).
+  target_quality, plain_tokens_per_s, plain (speed.PlainSpeed per temperature), machine
+  ({"cpus", "pinned"}), speed_protocol (speed.SpeedProtocol), wall_clock_s (per stage) and
+  wall_clock_total_s, tau_curves.
+For an AdaSPEC comparison "rows" is the per-draft form (draft in raw / distillspec /
 adaspec). Pure functions of the evaluation results: the stage glue is pipeline.stage_report.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from distillspec_jax.core.files import write_json_atomic, write_text_atomic
 from distillspec_jax.core.validation import check_finite
+from distillspec_jax.evaluation.evaluate import EvaluationRow
+from distillspec_jax.evaluation.speed import SpeedFigures
 
 
-# Acceptance statistics of an evaluation row, reported as they are.
-ACCEPTANCE_FIELDS = ("mean_acceptance_length", "draft_acceptance_rate", "alpha_distillspec",
-                     "acceptance_by_position", "draft_acceptance_rate_by_position")
-# A paired row's speed fields: speedup_<kind><suffix> <- the evaluation row's field.
-PAIRED_SPEED_FIELDS = {"": "speedup", "_range": "speedup_range", "_spread": "speedup_spread",
-                       "_end_to_end": "end_to_end_speedup",
-                       "_end_to_end_range": "end_to_end_speedup_range",
-                       "_end_to_end_spread": "end_to_end_speedup_spread",
-                       "_typical": "typical_end_to_end_speedup",
-                       "_typical_range": "typical_end_to_end_speedup_range",
-                       "_prompt_interval": "speedup_prompt_interval",
-                       "_end_to_end_prompt_interval": "end_to_end_speedup_prompt_interval",
-                       "_unreliable": "unreliable"}
+def _measured(row: EvaluationRow) -> dict:
+  """{key: value} of a row's measured quantities: its Acceptance and its SpeedFigures (every
+  key null when it was not timed)."""
+  speed = row.speed.to_json() if row.speed else dict.fromkeys(SpeedFigures.json_keys())
+  return {**row.acceptance.to_json(), **speed}
 
 
-def _field(row: dict, name: str):
-  """`row[name]`, None when an earlier evaluation lacks it; draft_acceptance_rate is `alpha`
-  under its new name, so an earlier evaluation has it."""
-  if name == "draft_acceptance_rate" and name not in row:
-    return row["alpha"]
-  return row.get(name)
-
-
-def _paired_row(task, recipe, raw: dict, distilled: dict) -> dict:
-  row = dict(
-      task=task, temperature=raw["temperature"], gamma=raw["gamma"], recipe=recipe,
-      tau_raw=raw["tau"], tau_distilled=distilled["tau"],
-      tau_raw_stderr=raw["tau_stderr"], tau_distilled_stderr=distilled["tau_stderr"],
-      tau_gain=distilled["tau"] / raw["tau"] - 1.0,
-      alpha_raw=raw["alpha"], alpha_distilled=distilled["alpha"])
+def _paired_row(task, recipe, raw: EvaluationRow, distilled: EvaluationRow) -> dict:
+  row = dict(task=task, temperature=raw.point.temperature, gamma=raw.point.gamma,
+             recipe=recipe)
   for kind, source in (("raw", raw), ("distilled", distilled)):
-    row.update({f"{name}_{kind}": _field(source, name) for name in ACCEPTANCE_FIELDS})
-    row.update({f"speedup_{kind}{suffix}": source.get(name)
-                for suffix, name in PAIRED_SPEED_FIELDS.items()})
-    row[f"cost_model_speedup_{kind}"] = source["cost_model_speedup"]
-  row["delta_speedup"] = distilled["speedup"] - raw["speedup"]
+    row.update({f"{key}_{kind}": value for key, value in _measured(source).items()})
+  row["tau_gain"] = distilled.acceptance.tau / raw.acceptance.tau - 1.0
+  row["delta_speedup"] = distilled.speed.speedups.speedup - raw.speed.speedups.speedup
   return row
+
+
+def evaluation_rows(evaluation: dict) -> list:
+  """The EvaluationRows of an eval.json object (pipeline.evaluation_json)."""
+  return [EvaluationRow.from_json(r) for r in evaluation["speculative"]]
 
 
 def build_rows(config, evaluation: dict) -> list:
   """One row per (recipe, temperature, gamma): raw draft versus distilled draft."""
-  by_key = {(r["draft"], r["temperature"], r["gamma"]): r for r in evaluation["speculative"]}
+  by_key = {(r.draft, r.point.temperature, r.point.gamma): r
+            for r in evaluation_rows(evaluation)}
   rows = []
   for stage in config.distill_stages:
     for temperature in config.temperatures:
@@ -97,24 +74,12 @@ def draft_names(config) -> dict:
   return names
 
 
-# A draft row's fields copied from its evaluation row (None where an earlier evaluation
-# lacks one).
-DRAFT_ROW_FIELDS = (("temperature", "gamma", "alpha", "tau", "tau_stderr") + ACCEPTANCE_FIELDS
-                    + ("speedup", "speedup_range", "speedup_spread", "end_to_end_speedup",
-                       "end_to_end_speedup_range", "end_to_end_speedup_spread",
-                       "typical_speedup", "typical_speedup_range",
-                       "typical_end_to_end_speedup", "typical_end_to_end_speedup_range",
-                       "speedup_prompt_interval", "end_to_end_speedup_prompt_interval",
-                       "unreliable", "cost_model_speedup", "cost_model_end_to_end_speedup",
-                       "setup_s", "call_overhead_s"))
-
-
 def build_draft_rows(config, evaluation: dict) -> list:
-  """One row per (draft, temperature, gamma)."""
+  """One EvaluationRow (JSON) per (draft, temperature, gamma), the draft named by its
+  recipe."""
   names = draft_names(config)
-  return [dict(task=config.task, recipe=names[r["draft"]],
-               **{field: _field(r, field) for field in DRAFT_ROW_FIELDS})
-          for r in evaluation["speculative"]]
+  return [dataclasses.replace(r, draft=names[r.draft]).to_json()
+          for r in evaluation_rows(evaluation)]
 
 
 def measurement_sentence(report: dict) -> str:
@@ -235,13 +200,13 @@ def _paired_table(report: dict) -> list:
            "| T | gamma | recipe | tau w/o distill | tau DistillSpec | tau gain | speedup w/o | "
            "speedup DistillSpec | delta |", "|---|---|---|---|---|---|---|---|---|"]
   for r in report["paired_rows"]:
-    raw, distilled = (_speed(r[f"speedup_{kind}"], r[f"speedup_{kind}_range"],
-                             r.get(f"speedup_{kind}_unreliable"))
+    raw, distilled = (_speed(r[f"speedup_{kind}"], r[f"speedup_range_{kind}"],
+                             r[f"speedup_unreliable_{kind}"])
                       for kind in ("raw", "distilled"))
     lines.append(
         f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | "
-        f"{r['tau_raw']:.2f} ± {r['tau_raw_stderr']:.2f} | "
-        f"{r['tau_distilled']:.2f} ± {r['tau_distilled_stderr']:.2f} | {r['tau_gain']:+.1%} | "
+        f"{r['tau_raw']:.2f} ± {r['tau_stderr_raw']:.2f} | "
+        f"{r['tau_distilled']:.2f} ± {r['tau_stderr_distilled']:.2f} | {r['tau_gain']:+.1%} | "
         f"{raw} ({r['cost_model_speedup_raw']:.2f}x) | "
         f"{distilled} ({r['cost_model_speedup_distilled']:.2f}x) | "
         f"{r['delta_speedup']:+.2f}x |")
@@ -254,13 +219,13 @@ def _request_table(report: dict) -> list:
            "end | end to end, 95% over prompts | setup (ms) |",
            "|---|---|---|---|---|---|---|---|"]
   for r in report["draft_rows"]:
-    interval = r.get("end_to_end_speedup_prompt_interval")
+    interval = r["end_to_end_speedup_prompt_interval"]
     lines.append(
-        f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | "
-        f"{_speed(r['speedup'], r['speedup_range'], r.get('unreliable'))} | "
+        f"| {r['temperature']:g} | {r['gamma']} | {r['draft']} | "
+        f"{_speed(r['speedup'], r['speedup_range'], r['speedup_unreliable'])} | "
         f"{_speed(r['end_to_end_speedup'], r['end_to_end_speedup_range'])} "
         f"({r['cost_model_end_to_end_speedup']:.2f}x) | "
-        f"{_speed(r.get('typical_end_to_end_speedup'), r.get('typical_end_to_end_speedup_range'))}"
+        f"{_speed(r['typical_end_to_end_speedup'], r['typical_end_to_end_speedup_range'])}"
         f" | {_range(interval) or '-'} | {1e3 * r['setup_s']:.2f} |")
   return lines
 
@@ -275,13 +240,13 @@ def _acceptance_table(report: dict) -> list:
            "| T | gamma | recipe | tau | alpha (DistillSpec) | draft acceptance rate | mean "
            "acceptance length | acceptance by position |", "|---|---|---|---|---|---|---|---|"]
   for r in report["draft_rows"]:
-    positions = r.get("acceptance_by_position")
+    positions = r["acceptance_by_position"]
     positions = " ".join(_number(v, 2) for v in positions) if positions else "-"
-    lines.append(f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | "
+    lines.append(f"| {r['temperature']:g} | {r['gamma']} | {r['draft']} | "
                  f"{r['tau']:.2f} ± {r['tau_stderr']:.2f} | "
-                 f"{_number(r.get('alpha_distillspec'))} | "
+                 f"{_number(r['alpha_distillspec'])} | "
                  f"{_number(r['draft_acceptance_rate'])} | "
-                 f"{_number(r.get('mean_acceptance_length'), 2)} | {positions} |")
+                 f"{_number(r['mean_acceptance_length'], 2)} | {positions} |")
   return lines
 
 
@@ -345,11 +310,11 @@ def plot(config, report: dict, curves: dict, out_dir: str) -> list:
       gammas = [r["gamma"] for r in mine]
       speed_ax.errorbar(gammas, [r[f"speedup_{kind}"] for r in mine],
                         yerr=list(zip(*[_error_bar(r[f"speedup_{kind}"],
-                                                   r[f"speedup_{kind}_range"])
+                                                   r[f"speedup_range_{kind}"])
                                         for r in mine])),
                         marker="o", capsize=3, label=label)
       tau_ax.errorbar(gammas, [r[f"tau_{kind}"] for r in mine],
-                      yerr=[r[f"tau_{kind}_stderr"] for r in mine], marker="o", capsize=3,
+                      yerr=[r[f"tau_stderr_{kind}"] for r in mine], marker="o", capsize=3,
                       label=label)
     speed_ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     speed_ax.set_ylabel("measured speedup over plain decoding")

@@ -26,15 +26,16 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
   same repeat (fair at T > 0, where the two decoders' samples differ in length); we report
   its median, [min, max] and spread over repeats, for the decoding phase (`speedup`), end
   to end (`end_to_end_speedup`, the setup added back), and both again from each repeat's
-  median call instead of its fastest windows (`typical_`); a bootstrap over the prompts
-  gives each figure's prompt-level interval; a row whose decode or end-to-end spread
-  exceeds SPREAD_LIMIT (10%) is flagged `unreliable` (`compared_speedups`).
+  median call instead of its fastest windows (`typical_speedup`,
+  `typical_end_to_end_speedup`); a bootstrap over the prompts gives each figure's
+  prompt-level interval; a row whose decode or end-to-end spread exceeds SPREAD_LIMIT (10%)
+  is flagged `speedup_unreliable` (`compared_speedups`, a `Speedups` record).
 - The cost-model speedup predicts both times from per-call costs measured in the same cycles
   and windows: plain = (tokens - 1) target steps per prompt (exactly the calls plain
   decoding makes after its setup); speculative = per round one
   2-token and gamma - 1 one-token draft calls and one (gamma + 1)-token verification. Model
   calls are timed in jitted loops fed the previous call's outputs (see `_repeated_extend`).
-- Reported apart: `plain[T]["call_overhead_s"]`, the fastest whole call less its windows
+- Reported apart: `plain[T].call_overhead_s`, the fastest whole call less its windows
   (dispatch and the call's own fixed work: paid once per call of N prompts, outside every
   window); `per_call_s["stamp"]`, the clock read each window holds (a loop over the prompts
   that does nothing; it is in both decoders' windows, once per prompt); `interference`, how
@@ -49,6 +50,7 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -61,9 +63,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+from distillspec_jax.core.records import JsonRecord, flattened
 from distillspec_jax.core.validation import check_budget, check_grid, check_positive_int
 from distillspec_jax.decoding.plain import (SamplingConfig, cache_capacity, decode_start, decode_steps, prompt_inputs)
 from distillspec_jax.models.model import Model
+from distillspec_jax.evaluation.grid_point import GridPoint
 from distillspec_jax.evaluation.pinning import machine_info
 from distillspec_jax.decoding.speculative import (DraftLength, Lenience, speculative_rounds,
                                                   speculative_start, start_state_for_gamma)
@@ -186,19 +190,35 @@ def quiet_timeline(windows_log: Sequence[tuple], key, parts: int = 10,
   return [float(group.mean()) for group in np.array_split(near, parts)]
 
 
+@dataclasses.dataclass(frozen=True)
+class InterleavedTimes:
+  """`interleaved_times`' result, key -> per function.
+
+  Attributes:
+    windows: key -> [repeat r's time]: the sum over the function's W windows of each
+      window's fastest time among repeat r's calls.
+    calls: key -> [repeat r's fastest whole call], as the host saw it (dispatch and the
+      call's fixed costs included).
+    typical: key -> the median over all timed calls of a call's windows' sum (what a single
+      call costs on the host as it was).
+    calls_per_repeat: how many cycles each repeat got (a key `order` holds k times got k
+      calls in each).
+    log: (key, repeat, window seconds [W]) of every timed call, in order.
+  """
+
+  windows: dict
+  calls: dict
+  typical: dict
+  calls_per_repeat: int
+  log: list
+
+
 def interleaved_times(functions: Mapping[object, Callable], repeats: int,
                       timed_per_turn: int = 5, progress: Optional[Callable] = None,
-                      budget_s: float = 0.0, windows_log: Optional[list] = None,
-                      order: Optional[Sequence] = None) -> tuple:
-  """(windows, calls, typical, calls_per_repeat) of `functions` (key -> callable returning
-  (result, stamps [W + 1]), e.g. a `_stamped_scan` over W prompts).
-
-  windows[key][r]: the sum over the function's W windows of each window's fastest time among
-  repeat r's calls; calls[key][r]: repeat r's fastest whole call, as the host saw it
-  (dispatch and the call's fixed costs included); typical[key]: the median over all timed
-  calls of a call's windows' sum (what a single call costs on the host as it was);
-  calls_per_repeat: how many cycles each repeat got (a key `order` holds k times got k
-  calls in each).
+                      budget_s: float = 0.0,
+                      order: Optional[Sequence] = None) -> InterleavedTimes:
+  """The InterleavedTimes of `functions` (key -> callable returning (result, stamps
+  [W + 1]), e.g. a `_stamped_scan` over W prompts).
 
   After one untimed cycle (compiled code and weights warm), timed cycles each call the
   functions in `order` (below; default every function once); cycle c belongs to repeat
@@ -212,8 +232,8 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
   window of a few milliseconds (one prompt) is far more often free of it than a call of a
   hundred, and more calls make it likelier that every window met a quiet moment
   (docs/speed.md). `progress(seconds since the first timed cycle)` is called after each
-  cycle. `windows_log`, if given, gets (key, repeat, window seconds [W]) of every timed call
-  (`repeat_times` turns it into `windows`, also for fewer calls). `order`: the keys one
+  cycle. The result's `log` holds every timed call's windows (`repeat_times` turns it into
+  `windows`, also for fewer calls). `order`: the keys one
   cycle calls, in order (default: each function once); a key may come more than once, and
   every call of it counts toward its repeat's fastest windows.
   """
@@ -245,10 +265,7 @@ def interleaved_times(functions: Mapping[object, Callable], repeats: int,
     rounds += 1
   typical = {key: statistics.median(float(np.sum(w)) for k, _, w in log if k == key)
              for key in functions}
-  windows = repeat_times(log, repeats)
-  if windows_log is not None:
-    windows_log.extend(log)
-  return windows, calls, typical, rounds
+  return InterleavedTimes(repeat_times(log, repeats), calls, typical, rounds, log)
 
 
 def cycle_order(functions: Mapping, often: Sequence, times: int) -> list:
@@ -390,29 +407,186 @@ def _spread(values: Sequence[float]) -> float:
 
 
 # A speed row whose decode-phase or end-to-end spread over repeats exceeds this is flagged
-# `unreliable`: its repeats disagree by more than the differences the rows are read for.
+# `speedup_unreliable`: its repeats disagree by more than the differences the rows are read for.
 SPREAD_LIMIT = 0.10
 
 
-def _summary(name: str, per_repeat: Sequence[float]) -> dict:
-  """{name, name_range ([min, max]), name_spread} of per-repeat values."""
-  return {name: statistics.median(per_repeat), f"{name}_range": [min(per_repeat),
-                                                                 max(per_repeat)],
-          f"{name}_spread": _spread(per_repeat)}
+@dataclasses.dataclass(frozen=True)
+class Speedups(JsonRecord):
+  """One speculative configuration's speedups over plain decoding (`compared_speedups`).
 
-
-def compared_speedups(tokens: int, spec: dict, plain_tokens: int, plain: dict) -> dict:
-  """The speedups of one speculative row against plain decoding, each with its median,
-  [min, max] and spread over repeats: `speedup` (decoding phase, each window's fastest),
-  `end_to_end_speedup` (the setup added back), `typical_speedup` and
-  `typical_end_to_end_speedup` (each repeat's median call instead of its fastest windows);
-  `speedup_prompt_interval` and `end_to_end_speedup_prompt_interval` (95% bootstrap over
-  prompts, `prompt_interval`, of each prompt's fastest windows); `unreliable` (the decode or
-  end-to-end spread exceeds SPREAD_LIMIT).
-
-  spec, plain: per-repeat seconds "decode", "setup", "typical_decode", "typical_setup"; per
-  prompt "prompt_tokens", "prompt_decode", "prompt_setup" ([N] each).
+  Each figure is the median over repeats of the repeat's tokens per second over plain
+  decoding's, with its [min, max] (`_range`) and (max - min) / median (`_spread`):
+    speedup: the decoding phase (each prompt's fastest window among a repeat's calls).
+    end_to_end_speedup: the setup (encoders, prefill) added back: what a request sees.
+    typical_speedup / typical_end_to_end_speedup: the same two from each repeat's median
+      call instead of its fastest windows (the host as it was).
+    speedup_repeats: each repeat's decoding-phase speedup.
+    speedup_prompt_interval / end_to_end_speedup_prompt_interval: 95% bootstrap intervals
+      over the timed prompts (`prompt_interval`).
+    speedup_unreliable: the decoding-phase or end-to-end spread exceeds SPREAD_LIMIT.
   """
+
+  speedup: float
+  speedup_range: list
+  speedup_spread: float
+  speedup_repeats: list
+  end_to_end_speedup: float
+  end_to_end_speedup_range: list
+  end_to_end_speedup_spread: float
+  typical_speedup: float
+  typical_speedup_range: list
+  typical_speedup_spread: float
+  typical_end_to_end_speedup: float
+  typical_end_to_end_speedup_range: list
+  typical_end_to_end_speedup_spread: float
+  speedup_prompt_interval: list
+  end_to_end_speedup_prompt_interval: list
+  speedup_unreliable: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedFigures(JsonRecord):
+  """What an evaluation row reports of its timing: the measured speedups and the rest.
+
+  Attributes:
+    speedups: the measured Speedups.
+    cost_model_speedup / cost_model_end_to_end_speedup: both figures predicted from per-call
+      costs timed in the same cycles (None for an adaptive draft length rule).
+    tokens_per_s / plain_tokens_per_s: decoding-phase rates, speculative and plain.
+    setup_s: the speculative setup's median seconds (all timed prompts).
+    call_overhead_s: the fastest whole call less its windows (dispatch, fixed work).
+    timed_tau: tau over the timed prompts (an evaluation's `tau` is over all its prompts).
+  """
+
+  speedups: Speedups = flattened(Speedups)
+  cost_model_speedup: Optional[float] = None
+  cost_model_end_to_end_speedup: Optional[float] = None
+  tokens_per_s: float = 0.0
+  plain_tokens_per_s: float = 0.0
+  setup_s: float = 0.0
+  call_overhead_s: float = 0.0
+  timed_tau: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedRow(JsonRecord):
+  """One timed speculative configuration of `measure_speed`.
+
+  Attributes:
+    draft: the draft's name (a key of measure_speed's `drafts`).
+    point: the grid point timed (GridPoint: gamma, temperature, lenience, draft length).
+    figures: its SpeedFigures.
+    drafted / draft_calls / rounds / tokens: totals over the timed prompts (draft tokens
+      proposed, draft model calls, verification rounds, tokens produced).
+    seconds: median over repeats of the decoding plus the setup.
+  """
+
+  draft: str
+  point: GridPoint = flattened(GridPoint)
+  figures: SpeedFigures = flattened(SpeedFigures)
+  drafted: int = 0
+  draft_calls: int = 0
+  rounds: int = 0
+  tokens: int = 0
+  seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainSpeed(JsonRecord):
+  """Plain target decoding's timing at one temperature (`measure_speed`'s `plain`).
+
+  Attributes:
+    tokens: tokens produced over the timed prompts.
+    seconds / seconds_range: median and [min, max] over repeats of decoding plus setup.
+    decode_seconds / typical_decode_seconds: the decoding phase, from each repeat's fastest
+      windows and from its median call.
+    tokens_per_s: decoding-phase rate.
+    setup_s: the setup's median seconds (encoder and prefill of every prompt).
+    cost_model_decode_seconds: (tokens - 1) target steps per prompt at the timed step cost.
+    call_overhead_s: the fastest whole call less its windows.
+  """
+
+  tokens: int
+  seconds: float
+  seconds_range: list
+  decode_seconds: float
+  typical_decode_seconds: float
+  tokens_per_s: float
+  setup_s: float
+  cost_model_decode_seconds: float
+  call_overhead_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedProtocol(JsonRecord):
+  """How a measurement was timed (the report's measurement sentence reads it).
+
+  Attributes:
+    num_prompts: prompts timed, each alone. repeats: timing repeats. timed_per_repeat: cycles
+    each repeat got. plain_calls_per_cycle: calls of each plain decoding per cycle.
+    budget_s: seconds of timing asked for (0: exactly the minimum). max_new_tokens: the
+    decoding budget.
+  """
+
+  num_prompts: int
+  repeats: int
+  timed_per_repeat: int
+  plain_calls_per_cycle: int
+  budget_s: float
+  max_new_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedMeasurement(JsonRecord):
+  """`measure_speed`'s result.
+
+  Attributes:
+    rows: one SpeedRow per timed speculative configuration.
+    plain: str(temperature) -> PlainSpeed.
+    per_call_s: per-call costs: "target_step", "verification_<gamma>",
+      "<draft>:draft_step_<1|2>" (per model call) and "stamp" (per prompt).
+    interference: {"target_step", "verification_<max gamma>"}: a typical call's time over
+      its fastest windows, less 1.
+    quiet_timeline: {"plain", "verification_<max gamma>"}: `quiet_timeline` of each.
+    machine: pinning.machine_info().
+    protocol: the SpeedProtocol.
+  """
+
+  rows: tuple
+  plain: dict
+  per_call_s: dict
+  interference: dict
+  quiet_timeline: dict
+  machine: dict
+  protocol: SpeedProtocol
+
+  def row(self, draft: str, point: GridPoint) -> SpeedRow:
+    """The row of `draft` at `point`, or a KeyError naming them."""
+    for row in self.rows:
+      if row.draft == draft and row.point == point:
+        return row
+    raise KeyError(f"The timing has no row for draft {draft!r} at {point}.")
+
+  @classmethod
+  def from_json(cls, data) -> "SpeedMeasurement":
+    return cls(rows=tuple(SpeedRow.from_json(r) for r in data["rows"]),
+               plain={t: PlainSpeed.from_json(p) for t, p in data["plain"].items()},
+               per_call_s=data["per_call_s"], interference=data["interference"],
+               quiet_timeline=data["quiet_timeline"], machine=data["machine"],
+               protocol=SpeedProtocol.from_json(data["protocol"]))
+
+
+def _summary(per_repeat: Sequence[float]) -> tuple:
+  """(median, [min, max], spread) of per-repeat values."""
+  return statistics.median(per_repeat), [min(per_repeat), max(per_repeat)], _spread(per_repeat)
+
+
+def compared_speedups(tokens: int, spec: dict, plain_tokens: int, plain: dict) -> Speedups:
+  """The Speedups of one speculative configuration against plain decoding, from per-repeat
+  seconds "decode", "setup", "typical_decode", "typical_setup" and per prompt
+  "prompt_tokens", "prompt_decode", "prompt_setup" ([N] each) of `spec` and `plain`
+  (`_decoder_times`)."""
   def per_repeat(kind):
     ratio = lambda s, p: paired_speedups(tokens, s, plain_tokens, p)
     if kind.endswith("end_to_end"):
@@ -422,19 +596,17 @@ def compared_speedups(tokens: int, spec: dict, plain_tokens: int, plain: dict) -
     phase = "typical_decode" if kind.startswith("typical") else "decode"
     return ratio(spec[phase], plain[phase])
 
-  fields = {"speedup_repeats": per_repeat("decode")}
-  fields.update(_summary("speedup", fields["speedup_repeats"]))
-  for kind, name in (("end_to_end", "end_to_end_speedup"), ("typical", "typical_speedup"),
-                     ("typical_end_to_end", "typical_end_to_end_speedup")):
-    fields.update(_summary(name, per_repeat(kind)))
+  repeats = per_repeat("decode")
+  decode, end_to_end = _summary(repeats), _summary(per_repeat("end_to_end"))
+  typical, typical_end_to_end = _summary(per_repeat("typical")), _summary(
+      per_repeat("typical_end_to_end"))
   prompt = lambda d, total: d["prompt_decode"] + (d["prompt_setup"] if total else 0.0)
-  for total, name in ((False, "speedup"), (True, "end_to_end_speedup")):
-    fields[f"{name}_prompt_interval"] = prompt_interval(
-        spec["prompt_tokens"], prompt(spec, total), plain["prompt_tokens"],
-        prompt(plain, total))
-  fields["unreliable"] = bool(max(fields["speedup_spread"],
-                                  fields["end_to_end_speedup_spread"]) > SPREAD_LIMIT)
-  return fields
+  decode_interval, end_to_end_interval = (prompt_interval(
+      spec["prompt_tokens"], prompt(spec, total), plain["prompt_tokens"], prompt(plain, total))
+      for total in (False, True))
+  return Speedups(*decode[:3], repeats, *end_to_end, *typical, *typical_end_to_end,
+                  decode_interval, end_to_end_interval,
+                  bool(max(decode[2], end_to_end[2]) > SPREAD_LIMIT))
 
 
 def timed_lenience(lenience: Lenience) -> Lenience:
@@ -595,12 +767,10 @@ def _decoding_functions(target: Model, target_params, drafts: Mapping[str, tuple
 
 
 def _timed_cycles(functions: dict, repeats: int, *, timed_per_turn: int, budget_s: float,
-                  order: list, progress: bool) -> tuple:
-  """`interleaved_times` of `functions` in cycles of `order`, with a progress bar: returns
-  (windows, calls, typical, calls_per_repeat, the windows log)."""
+                  order: list, progress: bool) -> InterleavedTimes:
+  """`interleaved_times` of `functions` in cycles of `order`, with a progress bar."""
   from tqdm.auto import tqdm
   minimum = repeats * timed_per_turn
-  log = []
   with tqdm(total=minimum, desc="speed (timing cycles)", disable=not progress,
             dynamic_ncols=True) as bar:
     def advance(elapsed):
@@ -612,10 +782,8 @@ def _timed_cycles(functions: dict, repeats: int, *, timed_per_turn: int, budget_
         bar.total = max(minimum, expected, bar.n)
         bar.refresh()
 
-    times, whole_calls, typical, timed_per_repeat = interleaved_times(
-        functions, repeats, timed_per_turn=timed_per_turn, progress=advance,
-        budget_s=budget_s, windows_log=log, order=order)
-  return times, whole_calls, typical, timed_per_repeat, log
+    return interleaved_times(functions, repeats, timed_per_turn=timed_per_turn,
+                             progress=advance, budget_s=budget_s, order=order)
 
 
 def _per_call_costs(times: dict, typical: dict, extends: dict, num_prompts: int,
@@ -649,7 +817,7 @@ def _call_overhead(timing: dict, key) -> float:
   return statistics.median(c - w for c, w in zip(timing["calls"][key], timing["windows"][key]))
 
 
-def _plain_summary(runs: dict, timing: dict, cost: dict, temperature) -> dict:
+def _plain_summary(runs: dict, timing: dict, cost: dict, temperature) -> PlainSpeed:
   """`measure_speed`'s plain[T]: plain decoding's tokens, times and cost model at T."""
   key = ("plain", temperature)
   lengths = np.asarray(runs[key]["lengths"])
@@ -657,7 +825,7 @@ def _plain_summary(runs: dict, timing: dict, cost: dict, temperature) -> dict:
   times = _decoder_times(runs, timing, key, ("setup_plain", temperature))
   decode, setup = times["decode"], times["setup"]
   total = [d + u for d, u in zip(decode, setup)]
-  return dict(
+  return PlainSpeed(
       tokens=tokens, seconds=statistics.median(total), seconds_range=[min(total), max(total)],
       decode_seconds=statistics.median(decode),
       typical_decode_seconds=statistics.median(times["typical_decode"]),
@@ -669,15 +837,16 @@ def _plain_summary(runs: dict, timing: dict, cost: dict, temperature) -> dict:
 
 
 def _speculative_rows(runs: dict, timing: dict, cost: dict, model_of: dict, temperature,
-                      plain: dict, *, gammas: Sequence[int], leniences: Sequence[Lenience],
+                      plain: PlainSpeed, *, gammas: Sequence[int],
+                      leniences: Sequence[Lenience],
                       draft_lengths: Sequence[DraftLength] = (DraftLength(),)) -> list:
-  """`measure_speed`'s rows at one temperature, against `plain` (its `_plain_summary`).
+  """`measure_speed`'s SpeedRows at one temperature, against `plain` (its `_plain_summary`).
 
   An adaptive DraftLength's rows have no cost model (None): its verifications have widths
   the per-call costs do not time."""
   plain_times = _decoder_times(runs, timing, ("plain", temperature),
                                ("setup_plain", temperature))
-  plain_tokens, predicted_plain = plain["tokens"], plain["cost_model_decode_seconds"]
+  plain_tokens, predicted_plain = plain.tokens, plain.cost_model_decode_seconds
   rows = []
   for draft, names in model_of.items():
     draft_one, draft_two = (cost[f"{names[0]}:draft_step_{w}"] for w in (1, 2))
@@ -696,22 +865,20 @@ def _speculative_rows(runs: dict, timing: dict, cost: dict, model_of: dict, temp
       predicted = rounds * (draft_two + (gamma - 1) * draft_one
                             + cost[f"verification_{gamma}"])
       model = lambda value: None if rule.adaptive else value
-      rows.append(dict(
-          draft=name, gamma=int(gamma), temperature=float(temperature),
-          lenience=lenience.kind, epsilon=float(lenience.epsilon),
-          draft_length=rule.rule, threshold=float(rule.threshold),
-          **compared_speedups(tokens, times, plain_tokens, plain_times),
+      figures = SpeedFigures(
+          speedups=compared_speedups(tokens, times, plain_tokens, plain_times),
           cost_model_speedup=model((tokens / predicted) / (plain_tokens / predicted_plain)),
           cost_model_end_to_end_speedup=model((tokens / (setup_spec + predicted)) / (
-              plain_tokens / (plain["setup_s"] + predicted_plain))),
-          drafted=int(np.sum(result["drafted"])),
-          draft_calls=int(np.sum(result["draft_calls"])),
+              plain_tokens / (plain.setup_s + predicted_plain))),
           tokens_per_s=tokens / statistics.median(spec_decode),
           plain_tokens_per_s=plain_tokens / statistics.median(plain_times["decode"]),
-          tau=float(np.sum(result["produced"])) / max(rounds, 1), rounds=rounds,
-          tokens=tokens, seconds=statistics.median(
-              [d + u for d, u in zip(spec_decode, times["setup"])]),
-          setup_s=setup_spec, call_overhead_s=_call_overhead(timing, key)))
+          setup_s=setup_spec, call_overhead_s=_call_overhead(timing, key),
+          timed_tau=float(np.sum(result["produced"])) / max(rounds, 1))
+      rows.append(SpeedRow(
+          draft=name, point=GridPoint.of(gamma, temperature, lenience, rule), figures=figures,
+          drafted=int(np.sum(result["drafted"])),
+          draft_calls=int(np.sum(result["draft_calls"])), rounds=rounds, tokens=tokens,
+          seconds=statistics.median([d + u for d, u in zip(spec_decode, times["setup"])])))
   return rows
 
 
@@ -724,7 +891,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
                   plain_calls_per_cycle: int = 3,
                   before_timing: Optional[Callable] = None,
                   windows_log: Optional[list] = None, progress: bool = True,
-                  draft_lengths: Sequence[DraftLength] = (DraftLength(),)) -> dict:
+                  draft_lengths: Sequence[DraftLength] = (DraftLength(),)) -> SpeedMeasurement:
   """Measured and cost-model speedups of every (draft, gamma, temperature) over plain decoding.
 
   Args:
@@ -757,16 +924,10 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
       keys are ("plain", T), (draft, gamma, T, timed Lenience), ("setup_plain", T),
       ("setup_speculative", T, draft), ("per_call", name) and ("stamp",).
   Returns:
-    {"rows": [{draft, gamma, temperature, lenience, epsilon, the speedups of
-    `compared_speedups` (speedup, end_to_end_speedup, typical_speedup,
-    typical_end_to_end_speedup, each with _range and _spread; speedup_repeats; the two
-    _prompt_interval; unreliable), cost_model_speedup, cost_model_end_to_end_speedup,
-    tokens_per_s, plain_tokens_per_s, tau, rounds, tokens, seconds, setup_s,
-    call_overhead_s}], "plain": {temperature: {...}}, "per_call_s": {...}, "interference":
-    {"target_step": x, "verification_<max gamma>": y}, "quiet_timeline": {...}, "machine":
-    machine_info(), "num_prompts", "repeats", "timed_per_repeat" (cycles each repeat got:
-    one call of each function per cycle, `plain_calls_per_cycle` of each plain decoding),
-    "plain_calls_per_cycle", "budget_s", "max_new_tokens"}.
+    A SpeedMeasurement: a SpeedRow per timed configuration, plain decoding's PlainSpeed per
+    temperature, the per-call costs, `interference`, `quiet_timeline`, the machine and the
+    SpeedProtocol (`timed_per_repeat`: cycles each repeat got, one call of each function
+    per cycle, `plain_calls_per_cycle` of each plain decoding).
 
     `speedup` compares the decoding loops only (the setup is a fixed cost per prompt that
     speculative decoding cannot shorten; timed apart, its noise stays out of the ratio);
@@ -804,18 +965,20 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   if before_timing is not None:
     before_timing()
 
-  times, whole_calls, typical, timed_per_repeat, log = _timed_cycles(
+  timed = _timed_cycles(
       functions, repeats, timed_per_turn=timed_per_turn, budget_s=budget_s,
       order=cycle_order(functions, [("plain", t) for t in temperatures],
                         plain_calls_per_cycle), progress=progress)
+  log = timed.log
   if windows_log is not None:
     windows_log.extend(log)
   largest = f"verification_{max(gammas)}"
-  parts = min(10, repeats * timed_per_repeat)
+  parts = min(10, repeats * timed.calls_per_repeat)
   timeline = {"plain": quiet_timeline(log, ("plain", temperatures[0]), parts),
               largest: quiet_timeline(log, ("per_call", largest), parts)}
-  cost, interference = _per_call_costs(times, typical, extends, num_prompts, largest)
-  timing = {"windows": times, "calls": whole_calls, "fastest": prompt_fastest(log),
+  cost, interference = _per_call_costs(timed.windows, timed.typical, extends, num_prompts,
+                                       largest)
+  timing = {"windows": timed.windows, "calls": timed.calls, "fastest": prompt_fastest(log),
             "typical": repeat_typical_times(log, repeats)}
 
   plain_info, rows = {}, []
@@ -824,9 +987,10 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     plain_info[str(float(temperature))] = plain
     rows += _speculative_rows(runs, timing, cost, model_of, temperature, plain, gammas=gammas,
                               leniences=leniences, draft_lengths=draft_lengths)
-  return dict(rows=rows, plain=plain_info, per_call_s=cost, interference=interference,
-              quiet_timeline=timeline, machine=machine_info(),
-              num_prompts=num_prompts, repeats=int(repeats),
-              timed_per_repeat=int(timed_per_repeat),
-              plain_calls_per_cycle=int(plain_calls_per_cycle), budget_s=float(budget_s),
-              max_new_tokens=int(max_new_tokens))
+  protocol = SpeedProtocol(num_prompts=num_prompts, repeats=int(repeats),
+                           timed_per_repeat=int(timed.calls_per_repeat),
+                           plain_calls_per_cycle=int(plain_calls_per_cycle),
+                           budget_s=float(budget_s), max_new_tokens=int(max_new_tokens))
+  return SpeedMeasurement(rows=tuple(rows), plain=plain_info, per_call_s=cost,
+                          interference=interference, quiet_timeline=timeline,
+                          machine=machine_info(), protocol=protocol)

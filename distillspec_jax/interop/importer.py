@@ -49,7 +49,7 @@ def save_ours(params: Params, path: str) -> None:
 
 def _ours_params_dir(path: str) -> Optional[str]:
   try:
-    return checkpoints._params_dir(path)[0]  # pylint: disable=protected-access
+    return checkpoints.params_dir_of(path)[0]
   except FileNotFoundError:
     return None
 

@@ -288,7 +288,7 @@ class LlamaDecoder(nn.Module):
 
   def setup(self):
     c = self.config
-    layer = network._rematerialised(LlamaLayer, c.remat_policy,  # pylint: disable=protected-access
+    layer = network.rematerialised(LlamaLayer, c.remat_policy,
                                     deterministic_argnum=6)
     self.layers = [layer(c) for _ in range(c.num_decoder_layers)]
     self.decoder_norm = layers.RMSNorm(c.norm_epsilon, c.activation_dtype)

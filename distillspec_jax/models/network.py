@@ -33,7 +33,7 @@ _SAVEABLE = {"minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable
              "full": None}
 
 
-def _rematerialised(layer_class, policy: str, deterministic_argnum: int):
+def rematerialised(layer_class, policy: str, deterministic_argnum: int):
   """`layer_class`, or it wrapped in `nn.remat` with `policy` (config.REMAT_POLICIES).
 
   Parameter names and values are unchanged (remat changes what a backward pass keeps, not the
@@ -124,7 +124,7 @@ class Encoder(nn.Module):
     self.relpos_bias = layers.RelativePositionBiases(
         c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads,
         bidirectional=True, dtype=c.activation_dtype)
-    layer = _rematerialised(EncoderLayer, c.remat_policy, deterministic_argnum=3)
+    layer = rematerialised(EncoderLayer, c.remat_policy, deterministic_argnum=3)
     self.layers = [layer(c) for _ in range(c.num_encoder_layers)]
     self.encoder_norm = layers.RMSNorm(dtype=c.activation_dtype)
     self.dropout = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))
@@ -154,7 +154,7 @@ class Decoder(nn.Module):
     self.relpos_bias = layers.RelativePositionBiases(
         c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads,
         bidirectional=False, dtype=c.activation_dtype)
-    layer = _rematerialised(DecoderLayer, c.remat_policy, deterministic_argnum=7)
+    layer = rematerialised(DecoderLayer, c.remat_policy, deterministic_argnum=7)
     self.layers = [layer(c, self.has_cross_attention) for _ in range(c.num_decoder_layers)]
     self.decoder_norm = layers.RMSNorm(dtype=c.activation_dtype)
     self.dropout = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))

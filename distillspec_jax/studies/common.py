@@ -84,23 +84,20 @@ def distill_toward(config, stage: str, teacher, teacher_params, student, student
   first CURVE_PROMPTS validation prompts) every `config.eval_every` steps.
 
   Returns the stage summary: recipe fields, final_loss and tau_curve [{step, tau, tau_stderr,
-  alpha}] starting at step 0.
+  draft_acceptance_rate}] starting at step 0.
   """
   prompts = pipeline.heldout_prompts(config, CURVE_PROMPTS)["prompts"]
   eval_fn = make_speculative_eval_fn(teacher, teacher_params, student,
                                      prompt_inputs(student, prompts),
                                      max_new_tokens=config.max_new_tokens, gamma=5,
                                      temperature=0.0, seed=config.seed)
-  train_config = pipeline._train_config(config, stage, config.distill_steps,  # pylint: disable=protected-access
-                                        config.distill_learning_rate,
-                                        eval_every=config.eval_every)
+  train_config = pipeline.stage_train_config(config, stage, config.distill_steps,
+                                             config.distill_learning_rate,
+                                             eval_every=config.eval_every)
   start = eval_fn(student_params, 0)
   result = distill(train_config, teacher, teacher_params, student, pipeline.train_data(config),
                    distillation, init_params=student_params, eval_fn=eval_fn)
-  curve = [{"step": 0, "tau": start["tau"], "tau_stderr": start["tau_stderr"],
-            "alpha": start["alpha"]}]
-  curve += [{"step": r["step"], "tau": r["eval/tau"], "tau_stderr": r.get("eval/tau_stderr"),
-             "alpha": r["eval/alpha"]} for r in result.full_history if "eval/tau" in r]
+  curve = pipeline.tau_curve(start, result.full_history)
   losses = [r["loss"] for r in result.history if "loss" in r]
   return {"divergence": distillation.divergence, "lambda1": distillation.lambda1,
           "lambda2": distillation.lambda2,

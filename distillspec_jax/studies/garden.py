@@ -220,7 +220,7 @@ def stage_middle_finetune(config: GardenConfig, stage: str) -> dict:
   from distillspec_jax.training.trainer import finetune
   model = model_of(config, stage)
   steps = config.middle_steps or config.target_steps
-  train_config = pipeline._train_config(config, stage, steps, config.learning_rate)  # pylint: disable=protected-access
+  train_config = pipeline.stage_train_config(config, stage, steps, config.learning_rate)
   result = finetune(train_config, model, pipeline.train_data(config))
   losses = [r["loss"] for r in result.history if "loss" in r]
   return {"final_loss": float(losses[-1]) if losses else float("nan"),
@@ -275,7 +275,7 @@ def stage_evaluate(config: GardenConfig, stage: str) -> dict:
   from distillspec_jax.evaluation import pinning
   examples = pipeline.heldout_prompts(config, config.eval_examples, split="test")
   pipeline.check_speed_prompts(config, examples)
-  scorer = evaluate_lib.task_scorer(config.task, pipeline._register_task(  # pylint: disable=protected-access
+  scorer = evaluate_lib.task_scorer(config.task, pipeline.register_task(
       config).output_features["targets"].vocabulary)
   results = {"alone": {}, "pairs": [], "num_params": {}}
   points = config.points()

@@ -182,7 +182,7 @@ def _trained_vocabulary_path(config: PipelineConfig) -> str:
   return os.path.join(config.stage_dir("vocab"), "sentencepiece.model")
 
 
-def _register_task(config: PipelineConfig, vocabulary=None):
+def register_task(config: PipelineConfig, vocabulary=None):
   """Registers the task with the job's vocabulary (the embedded task's own, or the one the
   vocab stage trained, or the task's default)."""
   from distillspec_jax.data import batches as data_lib
@@ -205,10 +205,10 @@ def stage_vocab(config: PipelineConfig, stage: str) -> dict:
     embedded.build_embedded_vocabulary(config.stage_dir(stage), config.vocab_size)
   elif config.train_vocabulary:
     from distillspec_jax.data import train_vocabulary, vocabularies
-    _register_task(config, vocabulary=vocabularies.T5_DEFAULT_SPM_PATH)  # texts only
+    register_task(config, vocabulary=vocabularies.T5_DEFAULT_SPM_PATH)  # texts only
     train_vocabulary.train_vocabulary_for_task(config.task, _trained_vocabulary_path(config),
                                                vocab_size=config.vocab_size)
-  task = _register_task(config)
+  task = register_task(config)
   vocabulary = task.output_features["targets"].vocabulary
   summary = {"vocab_size": int(config.model_vocab_size or vocabulary.vocab_size)}
   if not config.in_memory_data:
@@ -251,7 +251,7 @@ def train_data(config: PipelineConfig):
   factory (the trainer re-creates it and skips the consumed batches on resume)."""
   if not config.in_memory_data:
     from distillspec_jax.data import batches as data_lib
-    _register_task(config)
+    register_task(config)
     # Each process streams its own seqio shard (multihost.DataShard.shard_info()).
     return lambda shard=None: data_lib.get_dataset(
         config.task, "train", config.task_feature_lengths,
@@ -298,7 +298,7 @@ def load_params(config: PipelineConfig, stage: str, model: Model, mesh=None,
 # --- training stages -------------------------------------------------------------------------
 
 
-def _train_config(config: PipelineConfig, stage: str, steps: int, learning_rate: float,
+def stage_train_config(config: PipelineConfig, stage: str, steps: int, learning_rate: float,
                   eval_every: int = 0, initial_checkpoint_path: Optional[str] = None
                   ) -> TrainConfig:
   return TrainConfig(model_dir=config.stage_dir(stage), train_steps=steps,
@@ -311,6 +311,16 @@ def _train_config(config: PipelineConfig, stage: str, steps: int, learning_rate:
                      eval_every=eval_every, progress_bar=config.progress_bar,
                      data_parallel=config.data_parallel,
                      model_parallel=config.model_parallel)
+
+
+def tau_curve(start: dict, history: list) -> list:
+  """[{step, tau, tau_stderr, draft_acceptance_rate}] of a distillation: `start` (the eval
+  function's result before training, at step 0) then every logged evaluation of `history`
+  (the trainer's records, whose evaluation keys are "eval/<key>")."""
+  curve = [dict(step=0, **start)]
+  curve += [dict(step=r["step"], **{k: r.get(f"eval/{k}") for k in start})
+            for r in history if "eval/tau" in r]
+  return curve
 
 
 def _last_loss(history: list) -> float:
@@ -331,7 +341,7 @@ def stage_finetune(config: PipelineConfig, stage: str) -> dict:
   learning_rate = config.learning_rate
   if stage == "target" and config.target_learning_rate is not None:
     learning_rate = config.target_learning_rate
-  result = finetune(_train_config(config, stage, steps, learning_rate,
+  result = finetune(stage_train_config(config, stage, steps, learning_rate,
                                   initial_checkpoint_path=start), model, train_data(config),
                     restore_fn=importer.restore_any)
   return {"final_loss": _last_loss(result.history), "num_params": model.num_params()}
@@ -353,7 +363,7 @@ def _heldout_examples(config: PipelineConfig, num_examples: int, split: str,
   (placement None without a mesh)."""
   from distillspec_jax.data import batches as data_lib
   from distillspec_jax.evaluation import examples as examples_lib
-  _register_task(config)
+  register_task(config)
   task = task or config.task
   split = split if split in data_lib.get_task(task).splits else "test"
   return examples_lib.read_examples(
@@ -380,20 +390,17 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
                                      prompt_inputs(draft, prompts),
                                      max_new_tokens=config.max_new_tokens, gamma=5,
                                      temperature=0.0, seed=config.seed)
-  train_config = _train_config(config, stage, config.distill_steps_of(recipe),
+  train_config = stage_train_config(config, stage, config.distill_steps_of(recipe),
                                config.distill_learning_rate, eval_every=config.eval_every)
   start = eval_fn(draft_params, 0)
   if recipe in config.cached_recipes:
-    cache = _open_teacher_cache(config, target, target_params, distillation)
+    cache = open_teacher_cache(config, target, target_params, distillation)
     result = train(train_config, CachedTeacherObjective(draft, distillation),
                    _cached_train_data(config, cache), init_params=draft_params, eval_fn=eval_fn)
   else:
     result = distill(train_config, target, target_params, draft, train_data(config),
                      distillation, init_params=draft_params, eval_fn=eval_fn, **reference)
-  curve = [{"step": 0, "tau": start["tau"], "tau_stderr": start["tau_stderr"],
-            "alpha": start["alpha"]}]
-  curve += [{"step": r["step"], "tau": r["eval/tau"], "tau_stderr": r.get("eval/tau_stderr"),
-             "alpha": r["eval/alpha"]} for r in result.full_history if "eval/tau" in r]
+  curve = tau_curve(start, result.full_history)
   kept = [r["kept_fraction"] for r in result.history if "kept_fraction" in r]
   return {"recipe": recipe, "divergence": distillation.divergence,
           "lambda1": distillation.lambda1, "lambda2": distillation.lambda2,
@@ -434,7 +441,7 @@ def stage_teacher_cache(config: PipelineConfig, stage: str) -> dict:
       "k": config.teacher_cache_k}
 
 
-def _open_teacher_cache(config: PipelineConfig, target: Model, target_params, distillation):
+def open_teacher_cache(config: PipelineConfig, target: Model, target_params, distillation):
   return open_cache(config.stage_dir("teacher_cache"), target=target,
                     target_params=target_params, arrays=_train_arrays(config),
                     k=config.teacher_cache_k, task=config.task,
@@ -451,7 +458,7 @@ def _cached_train_data(config: PipelineConfig, cache) -> "InMemoryData":
 # --- evaluation and report -----------------------------------------------------------------------
 
 
-def _eval_models_and_params(config: PipelineConfig, mesh: bool = True) -> tuple:
+def eval_models_and_params(config: PipelineConfig, mesh: bool = True) -> tuple:
   """(target, draft, {stage name: params}) of every trained model of the job, restored
   straight into their shards on the job's mesh (over every process's devices; `mesh` False:
   whole on this process's default device, e.g. the pinned timing process)."""
@@ -472,7 +479,7 @@ def check_speed_prompts(config: PipelineConfig, examples: dict) -> None:
                      "prompts; lower speed_examples.")
 
 
-def _test_examples(config: PipelineConfig, mesh=None) -> tuple:
+def test_examples(config: PipelineConfig, mesh=None) -> tuple:
   """(examples, placement) of the evaluation's test prompts, in batches of eval_batch_size on
   `mesh` (with several processes each reads only its rows; evaluation/examples.py)."""
   examples, place = _heldout_examples(config, config.eval_examples, "test",
@@ -488,8 +495,8 @@ def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None
   `windows_log`: as measure_speed's (in this process only)."""
   from distillspec_jax.evaluation import pinning
   from distillspec_jax.evaluation import speed
-  target, draft, params = _eval_models_and_params(config, mesh=False)
-  prompts = _test_examples(config)[0]["prompts"][:config.speed_examples]
+  target, draft, params = eval_models_and_params(config, mesh=False)
+  prompts = test_examples(config)[0]["prompts"][:config.speed_examples]
   drafts = {name: (draft, p) for name, p in params.items() if name != "target"}
   return speed.measure_speed(target, params["target"], drafts, prompts, gammas=config.gammas,
                              temperatures=config.temperatures,
@@ -498,20 +505,6 @@ def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None
                              before_timing=pinning.wait_for_release,
                              windows_log=windows_log, seed=config.seed,
                              progress=config.progress_bar)
-
-
-# What eval.json keeps of a speculative_grid row (the task metric is of its outputs).
-_SPECULATIVE_KEYS = ("draft", "gamma", "temperature", "tau", "tau_stderr", "alpha",
-                     "alpha_proposed", "quality", "mean_acceptance_length",
-                     "draft_acceptance_rate", "alpha_distillspec", "acceptance_by_position",
-                     "draft_acceptance_rate_by_position")
-_SPEED_KEYS = ("speedup", "speedup_range", "speedup_spread", "speedup_repeats",
-               "cost_model_speedup", "end_to_end_speedup", "end_to_end_speedup_range",
-               "end_to_end_speedup_spread", "typical_speedup", "typical_speedup_range",
-               "typical_end_to_end_speedup", "typical_end_to_end_speedup_range",
-               "speedup_prompt_interval", "end_to_end_speedup_prompt_interval", "unreliable",
-               "cost_model_end_to_end_speedup", "tokens_per_s", "plain_tokens_per_s", "setup_s",
-               "call_overhead_s")
 
 
 def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
@@ -523,12 +516,12 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   from tqdm.auto import tqdm
   from distillspec_jax.evaluation import evaluate as evaluate_lib
   from distillspec_jax.evaluation import pinning
-  target, draft, params = _eval_models_and_params(config)
+  target, draft, params = eval_models_and_params(config)
   # Each batch's rows over the 'data' axis of the mesh the parameters are on; each process
   # reads only its rows of the test split.
-  examples, place = _test_examples(config, job_mesh(config, target, draft))
+  examples, place = test_examples(config, job_mesh(config, target, draft))
   primary = multihost.is_primary()
-  scorer = evaluate_lib.task_scorer(config.eval_task or config.task, _register_task(
+  scorer = evaluate_lib.task_scorer(config.eval_task or config.task, register_task(
       config).output_features["targets"].vocabulary)
   drafts = {name: (draft, params[name]) for name in ("draft_raw",) + config.distill_stages}
   total = len(params) + len(config.temperatures) * len(drafts) * len(config.gammas)
@@ -552,22 +545,22 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
     timing = timing_run.result()
   if not primary:  # process 0 writes eval.json; the others only took part in the decodes
     return {"num_test_prompts": int(len(examples["prompts"]))}
-  results = {"quality": alone, "speculative": [{k: row[k] for k in _SPECULATIVE_KEYS}
-                                               for row in rows]}
-  by_key = {(r["draft"], r["gamma"], r["temperature"]): r for r in timing["rows"]}
-  for row in results["speculative"]:
-    timed = by_key[(row["draft"], row["gamma"], row["temperature"])]
-    row.update({k: timed[k] for k in _SPEED_KEYS})
-    row["speed_prompts_tau"] = timed["tau"]
-  results.update(plain=timing["plain"], per_call_s=timing["per_call_s"],
-                 machine=timing["machine"], interference=timing["interference"],
-                 quiet_timeline=timing["quiet_timeline"],
-                 speed_protocol={k: timing[k] for k in ("num_prompts", "repeats",
-                                                        "timed_per_repeat",
-                                                        "plain_calls_per_cycle", "budget_s",
-                                                        "max_new_tokens")})
-  write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
+  rows = [evaluate_lib.EvaluationRow.of(config.task, run,
+                                        timing.row(run.draft, run.point).figures)
+          for run in rows]
+  write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"),
+                    evaluation_json(alone, rows, timing))
   return {"num_test_prompts": int(len(examples["prompts"]))}
+
+
+def evaluation_json(quality: dict, rows: list, timing) -> dict:
+  """eval.json: the models' quality, the drafts' EvaluationRows ("speculative") and the
+  timing's plain decoding, per-call costs, machine and protocol (a speed.SpeedMeasurement)."""
+  measured = timing.to_json()
+  return {"quality": quality, "speculative": [row.to_json() for row in rows],
+          "plain": measured["plain"], "per_call_s": measured["per_call_s"],
+          "machine": measured["machine"], "interference": measured["interference"],
+          "quiet_timeline": measured["quiet_timeline"], "speed_protocol": measured["protocol"]}
 
 
 def _no_timing(config: PipelineConfig) -> None:

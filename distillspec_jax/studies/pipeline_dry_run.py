@@ -33,7 +33,7 @@ def _lengths(config: PipelineConfig) -> dict:
 def _train_stage(config: PipelineConfig, stage: str, objective, steps: int,
                  learning_rate: float, models: dict,
                  frozen_dtype: Optional[str] = None) -> dry_run.Stage:
-  train_config = pipeline._train_config(  # pylint: disable=protected-access
+  train_config = pipeline.stage_train_config(
       config, stage, steps, learning_rate)
   spec = train_config.optimizer_spec
   lengths = _lengths(config)

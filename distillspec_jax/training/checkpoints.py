@@ -193,7 +193,7 @@ class Checkpointer:
     self.manager.close()
 
 
-def _params_dir(path: str) -> tuple[str, str]:
+def params_dir_of(path: str) -> tuple[str, str]:
   """Finds the `params` item of a checkpoint given a MODEL_DIR (latest step) or a step dir."""
   path = os.path.abspath(os.fspath(path))
   if os.path.isdir(os.path.join(path, "params")):
@@ -218,7 +218,7 @@ def restore_params(path: str, abstract_params: Params) -> Params:
     path: a MODEL_DIR (its latest step is used) or one step directory.
     abstract_params: tree of `jax.ShapeDtypeStruct` (with `.sharding` to restore sharded).
   """
-  params_dir, step_dir = _params_dir(path)
+  params_dir, step_dir = params_dir_of(path)
   lines = shape_mismatches(abstract_params, params_metadata(params_dir))
   if lines:
     _raise_mismatch(step_dir, lines)

@@ -303,16 +303,6 @@ def data_shard(mesh: jax.sharding.Mesh, batch_size: int) -> DataShard:
                    local_batch_size=local, global_batch_size=batch_size)
 
 
-def process_shard_info(mesh: Optional[jax.sharding.Mesh] = None,
-                       batch_size: Optional[int] = None):
-  """seqio.ShardInfo of this process: from its rows of the mesh's batch when `mesh` and
-  `batch_size` are given (T5X's data layout), else (process index, process count)."""
-  import seqio
-  if mesh is not None and batch_size is not None:
-    return data_shard(mesh, batch_size).shard_info()
-  return seqio.ShardInfo(index=jax.process_index(), num_shards=jax.process_count())
-
-
 def global_batch(local_batch: dict, mesh: jax.sharding.Mesh, shard: DataShard) -> dict:
   """Global arrays [global_batch_size, ...] split over 'data' from this process's rows."""
   sharding = partitioning.batch_sharding(mesh)

@@ -40,14 +40,6 @@ from distillspec_jax.data.tasks.tfds_tasks import TFDS_TASK_NAMES, register_tfds
 _DEFAULTS_REGISTERED = False
 
 
-def register_default_tasks() -> None:
-  """(Re-)registers the TFDS tasks and the embedded task with their defaults."""
-  global _DEFAULTS_REGISTERED
-  register_tfds_tasks()
-  register_embedded_task()
-  _DEFAULTS_REGISTERED = True
-
-
 def ensure_default_tasks() -> None:
   """Registers the default tasks once per process, leaving any registered under the same
   name before (say, the embedded task with a run's own vocabulary) as they are."""

@@ -242,7 +242,7 @@ def _records_dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = N
       {k: tf.constant(v, dtype=tf.string, shape=[len(v)]) for k, v in cols.items()})
 
 
-def _source(split_files: SplitFiles, read_fn: Callable) -> seqio.FunctionDataSource:
+def records_source(split_files: SplitFiles, read_fn: Callable) -> seqio.FunctionDataSource:
   return seqio.FunctionDataSource(
       dataset_fn=functools.partial(_records_dataset_fn, split_files=dict(split_files),
                                    read_fn=read_fn),
@@ -271,7 +271,7 @@ def register_gsm8k_files(directory: str, vocabulary: Optional[vocabularies.Vocab
   """GSM8K from JSONL {"question","answer"}: zero-shot CoT prompt -> reasoning + '#### N'."""
   files = _resolve_split_files(directory, split_files, (".jsonl",), name)
   return tfds_tasks.register_task(
-      name, source=_source(files, functools.partial(_jsonl_records, keys=("question", "answer"))),
+      name, source=records_source(files, functools.partial(_jsonl_records, keys=("question", "answer"))),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),
       preprocessors=tfds_tasks.text_task_preprocessors(prep.gsm8k_cot),
       metric_fns=list(tfds_tasks.GSM8K_METRICS))
@@ -284,7 +284,7 @@ def register_xsum_files(directory: str, vocabulary: Optional[vocabularies.VocabL
   files = _resolve_split_files(directory, split_files, (".jsonl",), name)
   tfds_tasks.mark_inputs_truncatable(name)
   return tfds_tasks.register_task(
-      name, source=_source(files, functools.partial(_jsonl_records, keys=("document", "summary"))),
+      name, source=records_source(files, functools.partial(_jsonl_records, keys=("document", "summary"))),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),
       preprocessors=tfds_tasks.text_task_preprocessors(
           prep.summarize, article_key="document", summary_key="summary"),
@@ -299,7 +299,7 @@ def register_cnn_dailymail_files(directory: str,
   files = _resolve_split_files(directory, split_files, (".jsonl",), name)
   tfds_tasks.mark_inputs_truncatable(name)
   return tfds_tasks.register_task(
-      name, source=_source(files, _cnndm_records),
+      name, source=records_source(files, _cnndm_records),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),
       preprocessors=tfds_tasks.text_task_preprocessors(
           prep.summarize, article_key="article", summary_key="highlights"),
@@ -321,7 +321,7 @@ def register_wmt_files(directory: str, vocabulary: Optional[vocabularies.VocabLi
   for split, fs in files.items():  # Check pairing now (names only, no reads).
     wmt_pairs(fs, source_language, target_language)
   return tfds_tasks.register_task(
-      name, source=_source(files, functools.partial(
+      name, source=records_source(files, functools.partial(
           _wmt_records, source_language=source_language, target_language=target_language)),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),
       preprocessors=tfds_tasks.text_task_preprocessors(
@@ -335,7 +335,7 @@ def register_lm1b_files(directory: str, vocabulary: Optional[vocabularies.VocabL
   """LM1B from text files, one sentence a line: decoder-only, 'targets' only."""
   files = _resolve_split_files(directory, split_files, (".txt",), name)
   return tfds_tasks.register_task(
-      name, source=_source(files, _lines_records),
+      name, source=records_source(files, _lines_records),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary),
                                                with_inputs=False),
       preprocessors=tfds_tasks.lm_task_preprocessors(text_key="text"),

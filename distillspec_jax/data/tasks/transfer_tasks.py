@@ -74,7 +74,7 @@ def _register(name: str, directory: str, suffixes, read_fn, vocabulary) -> seqio
   if not files:
     raise FileNotFoundError(f"{name}: no {'/'.join(suffixes)} files in {directory!r}.")
   return tfds_tasks.register_task(
-      name, source=file_tasks._source(files, read_fn),  # pylint: disable=protected-access
+      name, source=file_tasks.records_source(files, read_fn),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),
       preprocessors=tfds_tasks.text_task_preprocessors(cot_question_answer),
       metric_fns=[functools.partial(metrics.rouge, score_keys=("rouge1", "rougeL"))])
