@@ -30,7 +30,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from distillspec_jax.distill import objectives as distillation
+from distillspec_jax.distill import objectives as objectives_lib
 from distillspec_jax.training import partitioning
 from distillspec_jax.distill import teacher_cache
 from distillspec_jax.training import trainer
@@ -44,7 +44,7 @@ def _block(tree):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", required=True, help="JSON file to write")
-  parser.add_argument("--recipe", default="gkd", choices=sorted(distillation.RECIPES))
+  parser.add_argument("--recipe", default="gkd", choices=sorted(objectives_lib.RECIPES))
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--batch_size", type=int, default=16)
   parser.add_argument("--input_length", type=int, default=48)
@@ -62,8 +62,8 @@ def main(argv=None):
   draft = Model.from_name(args.draft)
   if args.teacher_cache is not None:
     return _cache_comparison(args, target, draft)
-  dc = distillation.DistillationConfig.from_recipe(args.recipe)
-  objective = distillation.DistillationObjective(target, draft, dc)
+  dc = objectives_lib.DistillationConfig.from_recipe(args.recipe)
+  objective = objectives_lib.DistillationObjective(target, draft, dc)
   config = trainer.TrainConfig(model_dir="/tmp/unused", train_steps=args.steps,
                                batch_size=args.batch_size, optimizer="adafactor")
   mesh = partitioning.make_mesh()
@@ -130,8 +130,8 @@ def _cache_comparison(args, target, draft):
   """SupervisedKD with the live target vs from a top-k cache, on the same batches."""
   import tempfile
   k = teacher_cache.check_k(args.teacher_cache, target.config.vocab_size)
-  dc = distillation.DistillationConfig.from_recipe("supervised_kd")
-  objectives = {"live_target": distillation.DistillationObjective(target, draft, dc),
+  dc = objectives_lib.DistillationConfig.from_recipe("supervised_kd")
+  objectives = {"live_target": objectives_lib.DistillationObjective(target, draft, dc),
                 "teacher_cache": teacher_cache.CachedTeacherObjective(draft, dc)}
   config = trainer.TrainConfig(model_dir="/tmp/unused", train_steps=args.steps,
                                batch_size=args.batch_size, optimizer="adafactor")

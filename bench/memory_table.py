@@ -65,7 +65,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from distillspec_jax.core import files  # noqa: E402
-from distillspec_jax.distill import objectives as distillation  # noqa: E402
+from distillspec_jax.distill import objectives  # noqa: E402
 from distillspec_jax.models.model import Model  # noqa: E402
 from distillspec_jax.training import partitioning  # noqa: E402
 from distillspec_jax.training import trainer  # noqa: E402
@@ -92,8 +92,8 @@ def step_program(target: Model, draft: Model, recipe: str, mesh, batch_size: int
   """The trainer's distillation step of `recipe` with the paper's Adafactor (TrainConfig's
   defaults) on abstract sharded inputs (dry_run.train_step_program)."""
   config = trainer.TrainConfig(model_dir="unused", train_steps=1, batch_size=batch_size)
-  objective = distillation.DistillationObjective(
-      target, draft, distillation.DistillationConfig.from_recipe(
+  objective = objectives.DistillationObjective(
+      target, draft, objectives.DistillationConfig.from_recipe(
           recipe, max_new_tokens=lengths["targets"]))  # as pipeline.distillation_config
   return dry_run.train_step_program(objective, config.optimizer_spec, mesh, batch_size,
                                     lengths, frozen_param_dtype=target_param_dtype)
@@ -191,7 +191,7 @@ def main(argv=None):
   parser.add_argument("--slices", default="v4-8,v4-32", help=f"comma list of {sorted(SLICES)}")
   parser.add_argument("--meshes", default=None,
                       help="override the candidates: e.g. '2x2,1x4' (data x model)")
-  parser.add_argument("--recipe", default="gkd", choices=sorted(distillation.RECIPES))
+  parser.add_argument("--recipe", default="gkd", choices=sorted(objectives.RECIPES))
   parser.add_argument("--method", default="compile", choices=("compile", "eval_shape"))
   parser.add_argument("--batch_size", type=int, default=BATCH_SIZE)
   parser.add_argument("--inputs_length", type=int, default=LENGTHS["inputs"])

@@ -1,4 +1,4 @@
-"""CPU cost of one token draw: `decoding.sample_from_probabilities` and `decoding.sample_tokens`.
+"""CPU cost of one token draw: `plain_lib.sample_from_probabilities` and `plain_lib.sample_tokens`.
 
 For vocabularies 256 and 32,128 (T5's) and batch 1 and 8, each quantity is timed as a jitted
 `lax.fori_loop` of `--draws` draws (a fresh key per draw, every token summed so that none is
@@ -42,11 +42,11 @@ def per_draw_seconds(fn, args, draws, repeats):
 def run(draws: int, repeats: int) -> dict:
   import jax
   import jax.numpy as jnp
-  from distillspec_jax.decoding import plain as decoding
+  from distillspec_jax.decoding import plain as plain_lib
 
   # The uniforms one draw takes per row: [batch, UNIFORMS_PER_DRAW] (a plain [batch] before
   # the two-level sampler, which this benchmark was first run against).
-  per_draw = getattr(decoding, "UNIFORMS_PER_DRAW", None)
+  per_draw = getattr(plain_lib, "UNIFORMS_PER_DRAW", None)
   uniform_shape = () if per_draw is None else (per_draw,)
 
   def looped(step):
@@ -59,9 +59,9 @@ def run(draws: int, repeats: int) -> dict:
       return jax.lax.fori_loop(0, draws, body, jnp.int32(0))
     return jax.jit(fn)
 
-  sampler = looped(lambda probs, key: decoding.sample_from_probabilities(
+  sampler = looped(lambda probs, key: plain_lib.sample_from_probabilities(
       probs, jax.random.uniform(key, probs.shape[:1] + uniform_shape)))
-  sample_tokens = looped(lambda logits, key: decoding.sample_tokens(logits, key, 1.0))
+  sample_tokens = looped(lambda logits, key: plain_lib.sample_tokens(logits, key, 1.0))
   rows = []
   for vocab in VOCABS:
     for batch in BATCHES:

@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax.evaluation import quality as evaluation
+from distillspec_jax.evaluation import quality
 from distillspec_jax.core import files
 from distillspec_jax.studies import pipeline
 from distillspec_jax.main import load_pipeline  # noqa: E402
@@ -68,7 +68,7 @@ def main(argv=None):
     prompts = pipeline.test_examples(config)[0]["prompts"]
     row = {"k": k}
     for temperature in (0.0, 1.0):
-      stats = evaluation.speculative_statistics(
+      stats = quality.speculative_statistics(
           target, target_params, draft, draft_params, prompts, gamma=args.gamma,
           temperature=temperature, max_new_tokens=config.max_new_tokens, seed=config.seed)
       row[f"T{temperature:g}"] = {key: stats[key] for key in ("tau", "tau_stderr", "alpha")}

@@ -1,7 +1,7 @@
 """Our speculative decoding vs transformers' assisted generation, same weights, same CPU.
 
     python bench/vs_transformers.py --out bench.json \\
-        [--target PATH --draft PATH]      # any checkpoint convert.py reads (hf, t5x, ours)
+        [--target PATH --draft PATH]      # any checkpoint importer.py reads (hf, t5x, ours)
         [--gamma 4 --max-new-tokens 32 --input-len 16 --num-prompts 8 --repeats 3]
 
 Default models: a random T5 1.1 pair, target 4+4 layers d_model 256, draft 1+1 layers d_model
@@ -34,8 +34,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax.interop import importer as convert
-from distillspec_jax.decoding import plain as decoding
+from distillspec_jax.interop import importer
+from distillspec_jax.decoding import plain
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.models.config import TransformerConfig  # noqa: E402
 from distillspec_jax.models.model import Model  # noqa: E402
@@ -59,8 +59,8 @@ def _models(args):
   if bool(args.target) != bool(args.draft):
     raise SystemExit("Pass both --target and --draft, or neither (random default pair).")
   if args.target:
-    target_params, target_config = convert.load_checkpoint(args.target)
-    draft_params, draft_config = convert.load_checkpoint(args.draft)
+    target_params, target_config = importer.load_checkpoint(args.target)
+    draft_params, draft_config = importer.load_checkpoint(args.draft)
     source = {"target": args.target, "draft": args.draft}
   else:
     target_config, draft_config = DEFAULT_TARGET, DEFAULT_DRAFT
@@ -94,7 +94,7 @@ def _ours(target, target_params, draft, draft_params, prompts, args, batch):
   """Runs our engine over all prompts in chunks of `batch`; returns (seconds, tokens, tau)."""
   if speculative_decode is None:
     raise SystemExit(f"distillspec_jax.decoding.speculative is not available: {_SPECULATIVE_IMPORT_ERROR}")
-  sampling = decoding.SamplingConfig(0.0, eos_id=NO_EOS)
+  sampling = plain.SamplingConfig(0.0, eos_id=NO_EOS)
   max_length = args.max_new_tokens + args.gamma + 8
   chunks = [jnp.asarray(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]
 
@@ -117,11 +117,11 @@ def _ours(target, target_params, draft, draft_params, prompts, args, batch):
 
 
 def _ours_greedy(model, params, prompts, args, batch):
-  sampling = decoding.SamplingConfig(0.0, eos_id=NO_EOS)
+  sampling = plain.SamplingConfig(0.0, eos_id=NO_EOS)
   chunks = [jnp.asarray(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]
 
   def run():
-    out = [decoding.decode(model, params, encoder_input_tokens=c,
+    out = [plain.decode(model, params, encoder_input_tokens=c,
                            max_new_tokens=args.max_new_tokens, sampling=sampling,
                            max_length=args.max_new_tokens + 8).tokens for c in chunks]
     return jax.block_until_ready(out)

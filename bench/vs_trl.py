@@ -64,7 +64,7 @@ def run_ours(steps: int, warmup: int, seed: int) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from distillspec_jax.distill import objectives as distillation
+  from distillspec_jax.distill import objectives
   from distillspec_jax.training import partitioning
   from distillspec_jax.training import trainer
   from distillspec_jax.models.config import TransformerConfig
@@ -81,8 +81,8 @@ def run_ours(steps: int, warmup: int, seed: int) -> dict:
                              norm_epsilon=1e-6, max_decode_length=160)
 
   target, draft = Model(config("target")), Model(config("draft"))
-  dc = distillation.DistillationConfig.from_recipe("gkd", max_new_tokens=SHAPES["new_tokens"])
-  objective = distillation.DistillationObjective(target, draft, dc)
+  dc = objectives.DistillationConfig.from_recipe("gkd", max_new_tokens=SHAPES["new_tokens"])
+  objective = objectives.DistillationObjective(target, draft, dc)
   tc = trainer.TrainConfig(model_dir="/tmp/unused", train_steps=steps, batch_size=16,
                            optimizer="adamw", learning_rate=SHAPES["learning_rate"],
                            warmup_steps=0, decay_steps=steps + warmup)

@@ -286,16 +286,16 @@ def register_tasks(config: EvalConfig) -> None:
 def task_names(name: str) -> list:
   """The tasks of a mixture, or [name]."""
   import seqio
-  from distillspec_jax.data import batches as data
-  task = data.get_task(name)
+  from distillspec_jax.data import batches
+  task = batches.get_task(name)
   if isinstance(task, seqio.Mixture):
     return sorted(t.name for t in task.tasks)
   return [name]
 
 
 def eval_split(task_name: str, split: Optional[str]) -> str:
-  from distillspec_jax.data import batches as data
-  splits = sorted(data.get_task(task_name).splits)
+  from distillspec_jax.data import batches
+  splits = sorted(batches.get_task(task_name).splits)
   if split:
     if split not in splits:
       raise ValueError(f"Task {task_name!r} has no split {split!r} (it has {splits}); pass "
@@ -464,7 +464,7 @@ def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict) -> No
 def evaluate(config: EvalConfig) -> dict:
   """Runs the evaluation and writes every output; returns the metrics.json object."""
   from tqdm.auto import tqdm
-  from distillspec_jax.data import batches as data
+  from distillspec_jax.data import batches
   config.check_inputs()
   # Every process takes part in every decode (one mesh over all of them, each process
   # handing over its rows of each batch) and gets every output; process 0 alone writes, and
@@ -488,7 +488,7 @@ def evaluate(config: EvalConfig) -> dict:
   capacity = decode_capacity(config, target.config, draft.config, width)
   target = Model(target.config.replace(max_decode_length=capacity))
   draft = Model(draft.config.replace(max_decode_length=capacity))
-  vocabulary = data.get_vocabulary(names[0])
+  vocabulary = batches.get_vocabulary(names[0])
   if vocabulary.vocab_size > target.config.vocab_size:
     raise ValueError(f"The task's vocabulary has {vocabulary.vocab_size} pieces but the models "
                      f"have vocab_size={target.config.vocab_size}; pass the checkpoints' "
@@ -609,5 +609,5 @@ if __name__ == "__main__":
   # and _timings from distillspec_jax.eval, not from __main__. The evaluation's own refusals
   # (a split the task lacks, checkpoints that do not pair) come before its decodes: every
   # user error exits 2 with its message.
-  from distillspec_jax import eval as _eval_module
-  sys.exit(gin_utils.exit_on_user_error(_eval_module.main))
+  from distillspec_jax import eval as eval_lib
+  sys.exit(gin_utils.exit_on_user_error(eval_lib.main))

@@ -36,7 +36,7 @@ import gin
 import jax
 
 from distillspec_jax.training import checkpoints
-from distillspec_jax.distill import objectives as distillation
+from distillspec_jax.distill import objectives
 from distillspec_jax import gin_utils
 from distillspec_jax.training import multihost
 from distillspec_jax.training import partitioning
@@ -105,7 +105,7 @@ def run(mode: str = "distill", model: Optional[Model] = None,
       raise gin_utils.GinConfigError("Distillation needs a recipe: include one of "
                                      "gin/recipes/{supervised_kd,seqkd,imitkd,fdistill,gkd}.gin.")
     # Vocabulary / kind checks now, not after data loading.
-    distillation.DistillationObjective(target, model, distillation_config)
+    objectives.DistillationObjective(target, model, distillation_config)
   return RunSpec(mode=mode, model=model, train_config=train_config,
                  mixture_or_task_name=mixture_or_task_name,
                  task_feature_lengths=dict(task_feature_lengths or {}), target=target,
@@ -146,14 +146,14 @@ def make_data(spec: RunSpec, split: str, batch_size: int, seed: int, repeat: boo
                                  vocab_size=spec.model.config.vocab_size,
                                  seed=seed + (0 if split == "train" else 10_000),
                                  decoder_only=decoder_only)
-  from distillspec_jax.data import batches as data
+  from distillspec_jax.data import batches as batches_lib
   converter = "decoder" if decoder_only else "enc_dec"
 
   def factory(shard=None):
     # Seeded shuffle: the same order after a restart; the trainer skips consumed batches.
     # Multi-host: each process streams its own seqio shard of local_batch_size rows.
     sharded = shard is not None and shard.num_shards > 1
-    return data.get_dataset(spec.mixture_or_task_name, split, spec.task_feature_lengths,
+    return batches_lib.get_dataset(spec.mixture_or_task_name, split, spec.task_feature_lengths,
                             shard.local_batch_size if sharded else batch_size,
                             feature_converter=converter, shuffle=repeat, seed=seed,
                             num_epochs=None if repeat else 1, drop_remainder=True,
@@ -194,7 +194,7 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
     held_out = _first_batch(make_data(spec, spec.eval_split, spec.eval_batch_size,
                                       config.seed, repeat=False))
     new_tokens = held_out["decoder_target_tokens"].shape[1]
-    eval_fn = distillation.make_speculative_eval_fn(
+    eval_fn = objectives.make_speculative_eval_fn(
         spec.target, target_params, spec.model, held_out, max_new_tokens=new_tokens,
         gamma=spec.eval_gamma, temperature=spec.eval_temperature, seed=config.seed)
   return trainer.distill(config, spec.target, target_params, spec.model, train_data,
@@ -231,9 +231,9 @@ def dry_run_stages(spec: RunSpec) -> list:
   inputs, targets = _lengths(spec)
   lengths = {"inputs": inputs, "targets": targets}
   if spec.mode == "finetune":
-    objective, models = distillation.FinetuneObjective(spec.model), {"model": spec.model}
+    objective, models = objectives.FinetuneObjective(spec.model), {"model": spec.model}
   else:
-    objective = distillation.DistillationObjective(spec.target, spec.model,
+    objective = objectives.DistillationObjective(spec.target, spec.model,
                                                    spec.distillation_config)
     models = {"target": spec.target, "draft": spec.model}
   stages = [dry_run.Stage(spec.mode, lambda mesh, batch: dry_run.train_step_program(

@@ -31,7 +31,7 @@ from compilation import set_fast_compilation  # noqa: E402
 set_fast_compilation(True)
 
 from distillspec_jax import eval as eval_lib  # noqa: E402
-from distillspec_jax.data import batches as data_batches  # noqa: E402
+from distillspec_jax.data import batches  # noqa: E402
 from distillspec_jax.evaluation import placement  # noqa: E402
 
 ROWS_PATH = sys.argv[1]
@@ -78,10 +78,10 @@ def _recording_read(*args, **kwargs):
 
 
 _load_pair, _held = eval_lib._load_pair, []
-_read, _reads = data_batches.get_prompts_and_targets, []
+_read, _reads = batches.get_prompts_and_targets, []
 placement.BatchPlacement.put = _recording_put
 eval_lib._load_pair = _recording_load_pair
-data_batches.get_prompts_and_targets = _recording_read
+batches.get_prompts_and_targets = _recording_read
 
 if __name__ == "__main__":
   config = eval_lib.prepare(sys.argv[2:])

@@ -19,10 +19,10 @@ import mesh_worker as mw  # noqa: E402  (sets XLA_FLAGS: 8 simulated CPU devices
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from distillspec_jax.decoding import plain as decoding  # noqa: E402
+from distillspec_jax.decoding import plain  # noqa: E402
 from distillspec_jax.decoding import speculative  # noqa: E402
 from distillspec_jax.decoding import stats as stats_lib  # noqa: E402
-from distillspec_jax.distill import objectives as distillation  # noqa: E402
+from distillspec_jax.distill import objectives  # noqa: E402
 from distillspec_jax.models.model import Model  # noqa: E402
 from distillspec_jax.training import partitioning  # noqa: E402
 from distillspec_jax.training import trainer  # noqa: E402
@@ -56,16 +56,16 @@ def check_decode():
   """On-policy samples, speculative outputs and tau / alpha / TVD on each mesh equal one
   device; the compiled speculative program takes the rules' shardings and gathers no
   model-sharded parameter."""
-  sampling = decoding.SamplingConfig(temperature=1.0)
+  sampling = plain.SamplingConfig(temperature=1.0)
   key = jax.random.PRNGKey(11)
-  sample = jax.jit(lambda p, batch, rng: distillation.sample_batch(
+  sample = jax.jit(lambda p, batch, rng: objectives.sample_batch(
       DRAFT, p, batch, rng, max_new_tokens=8, temperature=1.0))
   results = {}
   for shape in ((1, 1),) + mw.MESHES:
     mesh = mw.one_device_mesh() if shape == (1, 1) else partitioning.make_mesh(*shape)
     target_params, draft_params = mw.place(mesh)
     batch = mw.batch_on(mesh)
-    prompts = distillation.prompt_tokens_from_batch(batch)
+    prompts = objectives.prompt_tokens_from_batch(batch)
     if shape == (1, 1):
       spec = speculative.speculative_decode(TARGET, target_params, DRAFT, draft_params,
                                             prompt_tokens=prompts, max_new_tokens=8, gamma=3,
@@ -83,7 +83,7 @@ def check_decode():
       spec = compiled(target_params, draft_params, None, prompts, key)
     samples = sample(draft_params, batch, key)
     stats = stats_lib.block_efficiency_stats(spec)
-    tvd = float(jax.jit(distillation.mean_tvd, static_argnums=(0, 2))(
+    tvd = float(jax.jit(objectives.mean_tvd, static_argnums=(0, 2))(
         TARGET, target_params, DRAFT, draft_params, batch))
     results[shape] = dict(samples=jax.device_get(samples), tokens=np.asarray(spec.tokens),
                           stats=stats, tvd=tvd)

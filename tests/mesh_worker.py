@@ -30,8 +30,8 @@ import numpy as np  # noqa: E402
 
 from distillspec_jax.decoding import stats as stats_lib
 from distillspec_jax.training import checkpoints
-from distillspec_jax.decoding import plain as decoding
-from distillspec_jax.distill import objectives as distillation
+from distillspec_jax.decoding import plain
+from distillspec_jax.distill import objectives
 from distillspec_jax.training import multihost
 from distillspec_jax.training import partitioning
 from distillspec_jax.decoding import speculative
@@ -104,8 +104,8 @@ def close(a, b, where, rtol=1e-5, atol=1e-6):
 
 def check_step():
   """A distillation step (on-policy: every step samples from the draft) on each mesh."""
-  objective = distillation.DistillationObjective(
-      TARGET, DRAFT, distillation.DistillationConfig(lambda1=0.0, lambda2=1.0,
+  objective = objectives.DistillationObjective(
+      TARGET, DRAFT, objectives.DistillationConfig(lambda1=0.0, lambda2=1.0,
                                                      max_new_tokens=8))
   config = trainer.TrainConfig(model_dir="/tmp/unused", train_steps=1, batch_size=BATCH,
                                optimizer="adafactor", learning_rate=1e-2, warmup_steps=0,
@@ -138,7 +138,7 @@ def check_step():
         assert local < 0.75 * opt_bytes, (shape, local, opt_bytes)
     new_state, metrics = step_fn(*args)
     check_param_shardings(new_state.params, DRAFT, mesh, f"updated params {shape}")
-    assert int(metrics["source"]) == distillation.DRAFT
+    assert int(metrics["source"]) == objectives.DRAFT
     results[shape] = (float(metrics["loss"]), jax.device_get(new_state.params))
     print(shape, "loss", results[shape][0], flush=True)
   loss, params = results[(1, 1)]
@@ -149,9 +149,9 @@ def check_step():
 
 def check_decode():
   """On-policy samples, speculative outputs and the speculative evaluation on each mesh."""
-  sampling = decoding.SamplingConfig(temperature=1.0)
+  sampling = plain.SamplingConfig(temperature=1.0)
   key = jax.random.PRNGKey(11)
-  sample = jax.jit(lambda p, batch, rng: distillation.sample_batch(
+  sample = jax.jit(lambda p, batch, rng: objectives.sample_batch(
       DRAFT, p, batch, rng, max_new_tokens=8, temperature=1.0))
   results = {}
   for shape in ((1, 1),) + MESHES:
@@ -183,7 +183,7 @@ def check_decode():
       check_no_param_gather(compiled, shapes, f"on-policy sampling {shape}")
       samples = compiled(draft_params, batch, key)
     stats = stats_lib.block_efficiency_stats(spec)  # the evaluation's tau / alpha
-    tvd = float(jax.jit(distillation.mean_tvd, static_argnums=(0, 2))(
+    tvd = float(jax.jit(objectives.mean_tvd, static_argnums=(0, 2))(
         TARGET, target_params, DRAFT, draft_params, batch))
     results[shape] = dict(samples=jax.device_get(samples), tokens=np.asarray(spec.tokens),
                           stats=stats, tvd=tvd)

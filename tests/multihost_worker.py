@@ -30,7 +30,7 @@ set_fast_compilation(True)
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from distillspec_jax.distill import objectives as distillation
+from distillspec_jax.distill import objectives
 from distillspec_jax.training import partitioning
 from distillspec_jax.training import trainer
 import testing  # noqa: E402  (tests/testing.py: the tiny pair)
@@ -105,7 +105,7 @@ def main():
       target, mesh))(jax.random.PRNGKey(1))
   data = RecordingData(os.path.join(out_dir, f"rows_{index}.json"))
   result = trainer.distill(config, target, target_params, draft, data,
-                           distillation.DistillationConfig(lambda1=1.0, lambda2=0.5), mesh=mesh)
+                           objectives.DistillationConfig(lambda1=1.0, lambda2=0.5), mesh=mesh)
   losses = [r["loss"] for r in result.history if "loss" in r]
   kernel = result.state.params["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
   params = multihost_utils.process_allgather(result.state.params, tiled=True)

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from distillspec_jax.training import checkpoints as C
+from distillspec_jax.training import checkpoints
 from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
@@ -26,13 +26,13 @@ def _equal(a, b):
 
 def test_round_trip_and_keep_last_n(tmp_path):
   _, params, opt_state = _state()
-  ck = C.Checkpointer(str(tmp_path), save_every=2, keep=2)
+  ck = checkpoints.Checkpointer(str(tmp_path), save_every=2, keep=2)
   saved = [ck.save(step, params, opt_state, {"note": "x"}) for step in range(7)]
   assert saved == [True, False, True, False, True, False, True]
   ck.wait()
   assert ck.all_steps() == [4, 6]
-  restored, restored_opt, meta = C.Checkpointer(str(tmp_path)).restore(
-      6, C.abstract_like(params), C.abstract_like(opt_state))
+  restored, restored_opt, meta = checkpoints.Checkpointer(str(tmp_path)).restore(
+      6, checkpoints.abstract_like(params), checkpoints.abstract_like(opt_state))
   _equal(params, restored)
   _equal(jax.tree.leaves(opt_state), jax.tree.leaves(restored_opt))
   assert meta == {"note": "x", "step": 6}
@@ -42,49 +42,49 @@ def test_round_trip_and_keep_last_n(tmp_path):
 def test_failed_save_keeps_previous_checkpoint(tmp_path):
   """A save that dies midway (here: an unserialisable item) never becomes a step."""
   _, params, opt_state = _state()
-  ck = C.Checkpointer(str(tmp_path), save_every=1)
+  ck = checkpoints.Checkpointer(str(tmp_path), save_every=1)
   ck.save(1, params, opt_state)
   ck.wait()
   with pytest.raises(Exception):
     ck.save(2, params, opt_state, {"bad": object()})
     ck.wait()
-  fresh = C.Checkpointer(str(tmp_path))
+  fresh = checkpoints.Checkpointer(str(tmp_path))
   assert fresh.latest_step() == 1
   assert not os.path.exists(tmp_path / "2" / "commit_success.txt")
-  restored, _, _ = fresh.restore(1, C.abstract_like(params), C.abstract_like(opt_state))
+  restored, _, _ = fresh.restore(1, checkpoints.abstract_like(params), checkpoints.abstract_like(opt_state))
   _equal(params, restored)
 
 
 def test_leftover_temporary_directory_is_ignored(tmp_path):
   """A process killed mid-save leaves `<step>.orbax-checkpoint-tmp-*`: never restored."""
   _, params, opt_state = _state()
-  ck = C.Checkpointer(str(tmp_path), save_every=1)
+  ck = checkpoints.Checkpointer(str(tmp_path), save_every=1)
   ck.save(3, params, opt_state)
   ck.close()
   partial = tmp_path / "5.orbax-checkpoint-tmp-1234567" / "params"
   partial.mkdir(parents=True)
   (partial / "garbage").write_bytes(b"\0" * 10)
-  fresh = C.Checkpointer(str(tmp_path))
+  fresh = checkpoints.Checkpointer(str(tmp_path))
   assert fresh.latest_step() == 3
-  restored = C.restore_params(str(tmp_path), C.abstract_like(params))
+  restored = checkpoints.restore_params(str(tmp_path), checkpoints.abstract_like(params))
   _equal(params, restored)
 
 
 def test_leftover_temporary_directories_are_removed_when_a_checkpointer_opens(tmp_path):
   """Both orbax spellings of an unfinished save are deleted; finalized steps are kept."""
   _, params, opt_state = _state()
-  ck = C.Checkpointer(str(tmp_path), save_every=1)
+  ck = checkpoints.Checkpointer(str(tmp_path), save_every=1)
   ck.save(3, params, opt_state)
   ck.close()
   leftovers = ["5.orbax-checkpoint-tmp", "6.orbax-checkpoint-tmp-1234567"]
   for name in leftovers:
     (tmp_path / name / "params").mkdir(parents=True)
     (tmp_path / name / "params" / "garbage").write_bytes(b"\0" * 10)
-  fresh = C.Checkpointer(str(tmp_path), save_every=1)
+  fresh = checkpoints.Checkpointer(str(tmp_path), save_every=1)
   assert sorted(os.listdir(tmp_path)) == ["3"]
   assert fresh.removed_temporary == leftovers
   assert fresh.latest_step() == 3
-  restored, _, _ = fresh.restore(3, C.abstract_like(params), C.abstract_like(opt_state))
+  restored, _, _ = fresh.restore(3, checkpoints.abstract_like(params), checkpoints.abstract_like(opt_state))
   _equal(params, restored)
   fresh.save(4, params, opt_state)  # the manager still writes new steps there
   fresh.close()
@@ -93,27 +93,27 @@ def test_leftover_temporary_directories_are_removed_when_a_checkpointer_opens(tm
 
 def test_restore_params_from_model_dir_or_step_dir(tmp_path):
   _, params, opt_state = _state()
-  ck = C.Checkpointer(str(tmp_path / "run"), save_every=1)
+  ck = checkpoints.Checkpointer(str(tmp_path / "run"), save_every=1)
   ck.save(7, params, opt_state)
   ck.close()
-  _equal(params, C.restore_params(str(tmp_path / "run"), C.abstract_like(params)))
-  _equal(params, C.restore_params(str(tmp_path / "run" / "7"), C.abstract_like(params)))
-  C.save_params(str(tmp_path / "exported"), params)
-  _equal(params, C.restore_params(str(tmp_path / "exported"), C.abstract_like(params)))
+  _equal(params, checkpoints.restore_params(str(tmp_path / "run"), checkpoints.abstract_like(params)))
+  _equal(params, checkpoints.restore_params(str(tmp_path / "run" / "7"), checkpoints.abstract_like(params)))
+  checkpoints.save_params(str(tmp_path / "exported"), params)
+  _equal(params, checkpoints.restore_params(str(tmp_path / "exported"), checkpoints.abstract_like(params)))
   with pytest.raises(FileNotFoundError, match="restore_fn"):
-    C.restore_params(str(tmp_path / "nothing"), C.abstract_like(params))
+    checkpoints.restore_params(str(tmp_path / "nothing"), checkpoints.abstract_like(params))
 
 
 def test_other_model_shape_is_a_clear_error(tmp_path):
   _, params, opt_state = _state(emb_dim=64)
   other_model, other_params, _ = _state(emb_dim=32)
-  ck = C.Checkpointer(str(tmp_path), save_every=1)
+  ck = checkpoints.Checkpointer(str(tmp_path), save_every=1)
   ck.save(1, params, opt_state)
   ck.close()
   with pytest.raises(ValueError) as error:
-    C.Checkpointer(str(tmp_path)).check_compatible(1, other_model.param_shapes())
+    checkpoints.Checkpointer(str(tmp_path)).check_compatible(1, other_model.param_shapes())
   message = str(error.value)
   assert "checkpoint shape (64" in message and "model shape (32" in message
   assert message.count("\n  ") <= 5  # only the first few mismatches
   with pytest.raises(ValueError, match="another model shape"):
-    C.restore_params(str(tmp_path), C.abstract_like(other_params))
+    checkpoints.restore_params(str(tmp_path), checkpoints.abstract_like(other_params))

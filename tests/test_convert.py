@@ -10,7 +10,7 @@ import pytest
 from distillspec_jax import convert
 from distillspec_jax.interop import importer
 from distillspec_jax.interop import hf_t5
-from distillspec_jax.interop import t5x as t5x_checkpoints
+from distillspec_jax.interop import t5x as t5x_lib
 from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.model import Model
 
@@ -59,7 +59,7 @@ def test_cli_chain_hf_ours_t5x_hf_is_exact(tmp_path, params, capsys):
 def test_load_initial_params_autodetects_every_format(tmp_path, params):
   model = Model(TINY)
   hf_t5.save_hf(params, TINY, str(tmp_path / "hf"))
-  t5x_checkpoints.save_t5x(params, str(tmp_path / "t5x_model_dir"), step=3)
+  t5x_lib.save_t5x(params, str(tmp_path / "t5x_model_dir"), step=3)
   importer.save_ours(params, str(tmp_path / "ours"))
   paths = {"hf": tmp_path / "hf", "t5x": tmp_path / "t5x_model_dir", "ours": tmp_path / "ours",
            "safetensors_file": tmp_path / "hf" / "model.safetensors"}
@@ -143,7 +143,7 @@ def test_check_checkpoint_reads_shapes_for_every_format(tmp_path, params):
   """The train binary's up-front check: the format back, or one paragraph naming the first
   mismatching parameters (from stored shapes; nothing is loaded)."""
   hf_t5.save_hf(params, TINY, str(tmp_path / "hf"))
-  t5x_checkpoints.save_t5x(params, str(tmp_path / "t5x"), step=1)
+  t5x_lib.save_t5x(params, str(tmp_path / "t5x"), step=1)
   importer.save_ours(params, str(tmp_path / "ours"))
   wider = TINY.replace(mlp_dim=128)
   for fmt in ("hf", "t5x", "ours"):

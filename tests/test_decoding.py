@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from distillspec_jax.core import validation
-from distillspec_jax.decoding import plain as decoding
+from distillspec_jax.decoding import plain
 from distillspec_jax.decoding.plain import SamplingConfig
 from distillspec_jax.models.model import DECODER_START_ID, EOS_ID, PAD_ID, Model
 
@@ -38,7 +38,7 @@ def inputs_for(model, seed=0):
 
 def run(model, params, inputs, **kwargs):
   kwargs.setdefault("max_new_tokens", MAX_NEW)
-  result = decoding.decode(model, params, **inputs, **kwargs)
+  result = plain.decode(model, params, **inputs, **kwargs)
   return np.asarray(result.tokens), np.asarray(result.lengths)
 
 
@@ -161,34 +161,34 @@ def test_request_longer_than_cache_is_rejected():
   model, params = model_and_params("tiny_encoder_decoder")
   inputs = inputs_for(model)
   with pytest.raises(ValueError) as info:
-    decoding.decode(model, params, **inputs, max_new_tokens=128)
+    plain.decode(model, params, **inputs, max_new_tokens=128)
   message = str(info.value)
   assert "129" in message and "max_length=128" in message  # 1 start token + 128 > 128
   assert "raise max_length" in message and "max_new_tokens" in message
   with pytest.raises(ValueError, match="max_length=16"):
-    decoding.decode(model, params, **inputs, max_new_tokens=16, max_length=16)
+    plain.decode(model, params, **inputs, max_new_tokens=16, max_length=16)
 
   model, params = model_and_params("tiny_decoder_only")
   inputs = inputs_for(model)  # prompt width 6, plus the start token
   with pytest.raises(ValueError) as info:
-    decoding.decode(model, params, **inputs, max_new_tokens=122)
+    plain.decode(model, params, **inputs, max_new_tokens=122)
   assert "129" in str(info.value) and "max_length=128" in str(info.value)
 
 
 def test_other_bad_requests():
   model, params = model_and_params("tiny_encoder_decoder")
   with pytest.raises(ValueError, match="encoder_input_tokens"):
-    decoding.decode(model, params, prompt_tokens=jnp.ones((1, 3), jnp.int32), max_new_tokens=2)
+    plain.decode(model, params, prompt_tokens=jnp.ones((1, 3), jnp.int32), max_new_tokens=2)
   with pytest.raises(ValueError, match=r"temperature=-1\.0 must be >= 0"):
     SamplingConfig(temperature=-1.0)
 
 
 def test_probabilities_and_sample_tokens():
   logits = jnp.array([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
-  np.testing.assert_array_equal(decoding.probabilities(logits, 0.0), [[0, 1, 0], [1, 0, 0]])
-  np.testing.assert_allclose(decoding.probabilities(logits, 1.0), jax.nn.softmax(logits),
+  np.testing.assert_array_equal(plain.probabilities(logits, 0.0), [[0, 1, 0], [1, 0, 0]])
+  np.testing.assert_allclose(plain.probabilities(logits, 1.0), jax.nn.softmax(logits),
                              rtol=1e-6)
-  np.testing.assert_array_equal(decoding.sample_tokens(logits, jax.random.PRNGKey(0), 0.0), [1, 0])
+  np.testing.assert_array_equal(plain.sample_tokens(logits, jax.random.PRNGKey(0), 0.0), [1, 0])
 
 
 def test_decode_arguments_are_checked():
@@ -196,16 +196,16 @@ def test_decode_arguments_are_checked():
   inputs = inputs_for(model)
   for bad in (0, -1):
     with pytest.raises(ValueError, match=f"max_new_tokens={bad} must be an integer >= 1"):
-      decoding.decode(model, params, **inputs, max_new_tokens=bad)
+      plain.decode(model, params, **inputs, max_new_tokens=bad)
   with pytest.raises(ValueError, match="max_new_tokens=True is a bool"):
-    decoding.decode(model, params, **inputs, max_new_tokens=True)
+    plain.decode(model, params, **inputs, max_new_tokens=True)
   with pytest.raises(ValueError, match="max_length=0 must be an integer >= 1"):
-    decoding.decode(model, params, **inputs, max_new_tokens=4, max_length=0)
+    plain.decode(model, params, **inputs, max_new_tokens=4, max_length=0)
   # Exactly enough cache (start token + 6 prompt columns + 4 new tokens) runs, one less fails.
-  exact = decoding.decode(model, params, **inputs, max_new_tokens=np.int64(4), max_length=11)
+  exact = plain.decode(model, params, **inputs, max_new_tokens=np.int64(4), max_length=11)
   np.testing.assert_array_equal(exact.tokens, run(model, params, inputs, max_new_tokens=4)[0])
   with pytest.raises(ValueError, match="needs 11 decoder positions.*max_length=10"):
-    decoding.decode(model, params, **inputs, max_new_tokens=4, max_length=10)
+    plain.decode(model, params, **inputs, max_new_tokens=4, max_length=10)
 
 
 def test_check_positive_int():
@@ -222,7 +222,7 @@ def test_sampling_needs_a_key_greedy_does_not():
   model, params = model_and_params("tiny_encoder_decoder")
   inputs = inputs_for(model)
   with pytest.raises(ValueError, match=r"pass rng=jax.random.PRNGKey\(seed\)"):
-    decoding.decode(model, params, **inputs, max_new_tokens=3,
+    plain.decode(model, params, **inputs, max_new_tokens=3,
                     sampling=SamplingConfig(temperature=0.7))
   tokens, _ = run(model, params, inputs, max_new_tokens=3)  # greedy: no key needed
   assert tokens.shape == (4, 3)
@@ -233,10 +233,10 @@ def test_interior_prompt_padding_is_refused():
   prompts = np.array([[5, 6, 7, 0], [5, 0, 7, 0]], np.int32)
   for array in (prompts, jnp.asarray(prompts)):
     with pytest.raises(ValueError, match=r"row 1 has padding \(id 0\) at position 1"):
-      decoding.decode(model, params, prompt_tokens=array, max_new_tokens=2)
-  decoding.check_prompt_padding(np.array([[5, 6, 0, 0], [7, 0, 0, 0], [0, 0, 0, 0]]))
+      plain.decode(model, params, prompt_tokens=array, max_new_tokens=2)
+  plain.check_prompt_padding(np.array([[5, 6, 0, 0], [7, 0, 0, 0], [0, 0, 0, 0]]))
   with pytest.raises(ValueError, match="row 0 has padding .* at position 0"):
-    decoding.check_prompt_padding(np.array([[0, 5]]))
+    plain.check_prompt_padding(np.array([[0, 5]]))
 
 
 def test_distillation_sampler_refuses_more_tokens_than_the_cache():

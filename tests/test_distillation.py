@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import testing
 
-from distillspec_jax.distill import objectives as D
+from distillspec_jax.distill import objectives
 from distillspec_jax.distill import divergences
 from distillspec_jax.models.model import Model
 from distillspec_jax.training.trainer import SyntheticData
@@ -25,7 +25,7 @@ def _models():
 def test_source_selection_follows_lambdas(lambda1, lambda2):
   n = 20000
   keys = jax.random.split(jax.random.PRNGKey(0), n)
-  sources = np.asarray(jax.vmap(lambda k: D.select_source(k, lambda1, lambda2))(keys))
+  sources = np.asarray(jax.vmap(lambda k: objectives.select_source(k, lambda1, lambda2))(keys))
   counts = np.bincount(sources, minlength=3) / n
   expected = np.array([lambda1, (1 - lambda1) * lambda2, (1 - lambda1) * (1 - lambda2)])
   # 5 binomial standard errors (exact 0 / 1 probabilities must give exact 0 / 1 counts).
@@ -35,7 +35,7 @@ def test_source_selection_follows_lambdas(lambda1, lambda2):
 
 def test_source_selection_is_a_function_of_the_key():
   key = jax.random.PRNGKey(3)
-  assert int(D.select_source(key, 0.4, 0.5)) == int(D.select_source(key, 0.4, 0.5))
+  assert int(objectives.select_source(key, 0.4, 0.5)) == int(objectives.select_source(key, 0.4, 0.5))
 
 
 @pytest.mark.parametrize("kwargs,needle", [
@@ -49,7 +49,7 @@ def test_source_selection_is_a_function_of_the_key():
 ])
 def test_bad_config_names_value_and_fix(kwargs, needle):
   with pytest.raises(ValueError) as error:
-    D.DistillationConfig(**kwargs)
+    objectives.DistillationConfig(**kwargs)
   message = str(error.value)
   assert needle in message
   assert "[0, 1]" in message or "(0, 1)" in message or "one of" in message or "(0, 1]" in message
@@ -59,14 +59,14 @@ def test_different_vocabularies_rejected():
   target = Model.from_name("tiny_encoder_decoder", vocab_size=64)
   draft = Model.from_name("demo_draft", vocab_size=128)
   with pytest.raises(ValueError, match="vocab_size=128.*vocab_size=64"):
-    D.DistillationObjective(target, draft)
+    objectives.DistillationObjective(target, draft)
 
 
 def test_reference_with_another_vocabulary_is_reported_as_the_reference():
   target, draft = _models()
   reference = Model.from_name("demo_draft", vocab_size=128)
   with pytest.raises(ValueError) as error:
-    D.DistillationObjective(target, draft, D.DistillationConfig(top_k_fraction=0.5), reference)
+    objectives.DistillationObjective(target, draft, objectives.DistillationConfig(top_k_fraction=0.5), reference)
   message = str(error.value)
   assert "The reference's vocab_size=128 differs from the target's vocab_size=64" in message
   assert "draft" not in message
@@ -75,14 +75,14 @@ def test_reference_with_another_vocabulary_is_reported_as_the_reference():
 def test_adaspec_needs_reference_and_fraction():
   target, draft = _models()
   with pytest.raises(ValueError, match="reference"):
-    D.DistillationObjective(target, draft, D.DistillationConfig(top_k_fraction=0.5))
+    objectives.DistillationObjective(target, draft, objectives.DistillationConfig(top_k_fraction=0.5))
 
 
 def test_samples_to_batch_encoder_decoder():
   target, _ = _models()
   batch = SyntheticData(2, vocab_size=VOCAB).batch_at(0)
   tokens = jnp.array([[5, 6, 1, 0], [7, 1, 0, 0]], jnp.int32)
-  out = D.samples_to_batch(tokens, jnp.array([3, 2]), batch, target)
+  out = objectives.samples_to_batch(tokens, jnp.array([3, 2]), batch, target)
   width = batch["decoder_target_tokens"].shape[1]
   assert out["decoder_target_tokens"].shape == (2, width)
   np.testing.assert_array_equal(out["decoder_target_tokens"][:, :4], tokens)
@@ -96,10 +96,10 @@ def test_samples_to_batch_decoder_only_places_sample_after_prompt():
   model = Model.from_name("tiny_decoder_only", vocab_size=VOCAB)
   batch = SyntheticData(2, input_length=3, target_length=4, vocab_size=VOCAB,
                         decoder_only=True).batch_at(0)
-  prompts = D.prompt_tokens_from_batch(batch)
+  prompts = objectives.prompt_tokens_from_batch(batch)
   n = np.asarray(jnp.sum(prompts > 0, axis=1))
   tokens = jnp.array([[9, 1, 0], [8, 8, 1]], jnp.int32)
-  out = D.samples_to_batch(tokens, jnp.array([2, 3]), batch, model, prompts)
+  out = objectives.samples_to_batch(tokens, jnp.array([2, 3]), batch, model, prompts)
   for row in range(2):
     targets = np.asarray(out["decoder_target_tokens"][row])
     weights = np.asarray(out["decoder_loss_weights"][row])
@@ -113,12 +113,12 @@ def test_on_policy_batch_is_drawn_from_the_draft():
   target, draft = _models()
   tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
   batch = SyntheticData(4, vocab_size=VOCAB).batch_at(0)
-  objective = D.DistillationObjective(target, draft, D.DistillationConfig(lambda1=0.0,
+  objective = objectives.DistillationObjective(target, draft, objectives.DistillationConfig(lambda1=0.0,
                                                                           lambda2=1.0))
   out, source = jax.jit(objective.make_batch)(dp, {"target": tp}, batch, jax.random.PRNGKey(5))
-  assert int(source) == D.DRAFT
+  assert int(source) == objectives.DRAFT
   _, sample_rng = jax.random.split(jax.random.PRNGKey(5))
-  expected = D.sample_batch(draft, dp, batch, sample_rng, max_new_tokens=8, temperature=1.0)
+  expected = objectives.sample_batch(draft, dp, batch, sample_rng, max_new_tokens=8, temperature=1.0)
   for k in expected:
     np.testing.assert_array_equal(out[k], expected[k])
   # Weights are 1 up to and including EOS, 0 after.
@@ -133,17 +133,17 @@ def test_fixed_source_returns_the_fixed_batch():
   target, draft = _models()
   tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
   batch = SyntheticData(4, vocab_size=VOCAB).batch_at(0)
-  objective = D.DistillationObjective(target, draft, D.DistillationConfig(lambda1=1.0))
+  objective = objectives.DistillationObjective(target, draft, objectives.DistillationConfig(lambda1=1.0))
   out, source = objective.make_batch(dp, {"target": tp}, batch, jax.random.PRNGKey(0))
-  assert int(source) == D.FIXED
+  assert int(source) == objectives.FIXED
   np.testing.assert_array_equal(out["decoder_target_tokens"], batch["decoder_target_tokens"])
 
 
 def test_loss_is_sequence_divergence_and_grads_only_reach_the_draft():
   target, draft = _models()
   tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
-  batch = D.training_features(SyntheticData(4, vocab_size=VOCAB).batch_at(0), draft)
-  objective = D.DistillationObjective(target, draft, D.DistillationConfig(divergence="rkl"))
+  batch = objectives.training_features(SyntheticData(4, vocab_size=VOCAB).batch_at(0), draft)
+  objective = objectives.DistillationObjective(target, draft, objectives.DistillationConfig(divergence="rkl"))
   loss, metrics = objective.loss(dp, {"target": tp}, batch)
   expected = divergences.sequence_divergence("rkl", target.logits(tp, batch),
                                              draft.logits(dp, batch),
@@ -158,9 +158,9 @@ def test_adaspec_k1_equals_plain_distillation():
   target, draft = _models()
   tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
   rp = draft.init(jax.random.PRNGKey(2))
-  batch = D.training_features(SyntheticData(4, vocab_size=VOCAB).batch_at(0), draft)
-  plain = D.DistillationObjective(target, draft, D.DistillationConfig())
-  ada = D.DistillationObjective(target, draft, D.DistillationConfig(top_k_fraction=1.0),
+  batch = objectives.training_features(SyntheticData(4, vocab_size=VOCAB).batch_at(0), draft)
+  plain = objectives.DistillationObjective(target, draft, objectives.DistillationConfig())
+  ada = objectives.DistillationObjective(target, draft, objectives.DistillationConfig(top_k_fraction=1.0),
                                 reference=draft)
   frozen = {"target": tp, "reference": rp}
   grad_plain = jax.grad(lambda p: plain.loss(p, frozen, batch)[0])(dp)
@@ -170,7 +170,7 @@ def test_adaspec_k1_equals_plain_distillation():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8),
                grad_plain, grad_ada)
   # k < 1 drops tokens: a different (smaller-or-equal) loss.
-  half = D.DistillationObjective(target, draft, D.DistillationConfig(top_k_fraction=0.5),
+  half = objectives.DistillationObjective(target, draft, objectives.DistillationConfig(top_k_fraction=0.5),
                                  reference=draft)
   loss_half, metrics = half.loss(dp, frozen, batch)
   assert float(loss_half) < float(plain.loss(dp, frozen, batch)[0])
@@ -178,10 +178,10 @@ def test_adaspec_k1_equals_plain_distillation():
 
 
 def test_recipes_table():
-  assert D.DistillationConfig.from_recipe("gkd").lambda2 == 1.0
-  assert D.DistillationConfig.from_recipe("fdistill").divergence == "tvd"
+  assert objectives.DistillationConfig.from_recipe("gkd").lambda2 == 1.0
+  assert objectives.DistillationConfig.from_recipe("fdistill").divergence == "tvd"
   with pytest.raises(ValueError, match="Unknown recipe"):
-    D.DistillationConfig.from_recipe("nope")
+    objectives.DistillationConfig.from_recipe("nope")
 
 
 @pytest.mark.parametrize("kwargs,needle", [
@@ -195,7 +195,7 @@ def test_recipes_table():
 def test_config_values_are_type_checked(kwargs, needle):
   """A quoted number was coerced by float(...) and a bool taken as 1; both are refused."""
   with pytest.raises(TypeError) as error:
-    D.DistillationConfig(**kwargs)
+    objectives.DistillationConfig(**kwargs)
   message = str(error.value)
   assert needle in message and "DistillationConfig." in message
   if isinstance(next(iter(kwargs.values())), str):
@@ -203,6 +203,6 @@ def test_config_values_are_type_checked(kwargs, needle):
 
 
 def test_config_takes_ints_and_numpy_numbers_as_real_numbers():
-  config = D.DistillationConfig(lambda1=1, lambda2=np.float32(0.5), max_new_tokens=np.int64(4),
+  config = objectives.DistillationConfig(lambda1=1, lambda2=np.float32(0.5), max_new_tokens=np.int64(4),
                                 top_k_fraction=None)
   assert config.lambda1 == 1 and config.max_new_tokens == 4

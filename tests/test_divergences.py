@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from distillspec_jax.distill import divergences as dv
+from distillspec_jax.distill import divergences
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
@@ -53,7 +53,7 @@ def random_logits(seed, shape=(3, 5, 11), scale=2.0):
 @pytest.mark.parametrize("beta", [0.5, 0.2])
 def test_matches_numpy_formula(name, beta):
   t, d = random_logits(0), random_logits(1)
-  got = dv.token_divergence(name, t, d, beta=beta)
+  got = divergences.token_divergence(name, t, d, beta=beta)
   want = np_divergence(name, np_softmax(t), np_softmax(d), beta)
   assert got.shape == (3, 5)
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-6)
@@ -62,7 +62,7 @@ def test_matches_numpy_formula(name, beta):
 @pytest.mark.parametrize("name", NAMES)
 def test_temperatures_match_numpy(name):
   t, d = random_logits(2), random_logits(3)
-  got = dv.token_divergence(name, t, d, target_temperature=0.7, draft_temperature=1.9)
+  got = divergences.token_divergence(name, t, d, target_temperature=0.7, draft_temperature=1.9)
   want = np_divergence(name, np_softmax(t, 0.7), np_softmax(d, 1.9))
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-6)
 
@@ -70,10 +70,10 @@ def test_temperatures_match_numpy(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_nonnegative_and_zero_iff_equal(name):
   t, d = random_logits(4), random_logits(5)
-  different = np.asarray(dv.token_divergence(name, t, d))
+  different = np.asarray(divergences.token_divergence(name, t, d))
   assert np.all(different > 1e-4)
   # A constant shift of the logits leaves the distribution unchanged.
-  same = np.asarray(dv.token_divergence(name, t, t + 3.0))
+  same = np.asarray(divergences.token_divergence(name, t, t + 3.0))
   np.testing.assert_allclose(same, 0.0, atol=1e-5)
   assert np.all(same >= -1e-6)
 
@@ -81,14 +81,14 @@ def test_nonnegative_and_zero_iff_equal(name):
 def test_jsd_half_is_symmetric_and_general_beta_is_not():
   t, d = random_logits(6), random_logits(7)
   np.testing.assert_allclose(
-      dv.token_divergence("jsd", t, d, beta=0.5), dv.token_divergence("jsd", d, t, beta=0.5),
+      divergences.token_divergence("jsd", t, d, beta=0.5), divergences.token_divergence("jsd", d, t, beta=0.5),
       rtol=1e-5, atol=1e-7)
   # JSD[beta](p||q) == JSD[1-beta](q||p), and differs from JSD[beta](q||p).
   np.testing.assert_allclose(
-      dv.token_divergence("jsd", t, d, beta=0.2), dv.token_divergence("jsd", d, t, beta=0.8),
+      divergences.token_divergence("jsd", t, d, beta=0.2), divergences.token_divergence("jsd", d, t, beta=0.8),
       rtol=1e-5, atol=1e-7)
   assert not np.allclose(
-      dv.token_divergence("jsd", t, d, beta=0.2), dv.token_divergence("jsd", d, t, beta=0.2))
+      divergences.token_divergence("jsd", t, d, beta=0.2), divergences.token_divergence("jsd", d, t, beta=0.2))
 
 
 # ---------------------------------------------------------------------------
@@ -105,7 +105,7 @@ def test_draft_gradient_matches_central_finite_differences(name):
     w = jnp.asarray(rng.uniform(0.5, 1.5, (2, 3)))
 
     def f(draft):
-      return jnp.sum(w * dv.token_divergence(name, t, draft, beta=0.3))
+      return jnp.sum(w * divergences.token_divergence(name, t, draft, beta=0.3))
 
     grad = np.asarray(jax.grad(f)(d))
     assert grad.dtype == np.float64
@@ -123,9 +123,9 @@ def test_draft_gradient_matches_central_finite_differences(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_no_gradient_to_target(name):
   t, d = random_logits(9), random_logits(10)
-  grad_t = jax.grad(lambda x: jnp.sum(dv.token_divergence(name, x, d)))(t)
+  grad_t = jax.grad(lambda x: jnp.sum(divergences.token_divergence(name, x, d)))(t)
   assert np.all(np.asarray(grad_t) == 0.0)
-  grad_d = jax.grad(lambda x: jnp.sum(dv.token_divergence(name, t, x)))(d)
+  grad_d = jax.grad(lambda x: jnp.sum(divergences.token_divergence(name, t, x)))(d)
   assert np.any(np.asarray(grad_d) != 0.0)
 
 
@@ -139,7 +139,7 @@ def test_extreme_logits_are_finite(name):
   rng = np.random.default_rng(11)
   t = (1e4 * rng.choice([-1.0, 1.0], (2, 4, 9))).astype(np.float32)
   d = (1e4 * rng.choice([-1.0, 1.0], (2, 4, 9))).astype(np.float32)
-  value, grad = jax.value_and_grad(lambda x: jnp.sum(dv.token_divergence(name, t, x)))(d)
+  value, grad = jax.value_and_grad(lambda x: jnp.sum(divergences.token_divergence(name, t, x)))(d)
   assert np.isfinite(float(value))
   assert np.all(np.isfinite(np.asarray(grad)))
 
@@ -149,11 +149,11 @@ def test_extreme_logits_values():
   t = np.array([[[1e4, -1e4, 0.0]]], np.float32)
   d = np.array([[[-1e4, 1e4, 0.0]]], np.float32)
   # KL(p||q) = log p_0 - log q_0 = 0 - (-2e4); symmetric for RKL.
-  np.testing.assert_allclose(dv.token_divergence("fkl", t, d), [[2e4]], rtol=1e-6)
-  np.testing.assert_allclose(dv.token_divergence("rkl", t, d), [[2e4]], rtol=1e-6)
+  np.testing.assert_allclose(divergences.token_divergence("fkl", t, d), [[2e4]], rtol=1e-6)
+  np.testing.assert_allclose(divergences.token_divergence("rkl", t, d), [[2e4]], rtol=1e-6)
   # Disjoint supports: JSD(0.5) = log 2, TVD = 1.
-  np.testing.assert_allclose(dv.token_divergence("jsd", t, d), [[np.log(2.0)]], rtol=1e-6)
-  np.testing.assert_allclose(dv.token_divergence("tvd", t, d), [[1.0]], rtol=1e-6)
+  np.testing.assert_allclose(divergences.token_divergence("jsd", t, d), [[np.log(2.0)]], rtol=1e-6)
+  np.testing.assert_allclose(divergences.token_divergence("tvd", t, d), [[1.0]], rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -170,14 +170,14 @@ def test_masked_vocabulary(name, how):
     t[..., ~real], d[..., ~real] = -np.inf, -np.inf
 
   value, grad = jax.value_and_grad(
-      lambda x: jnp.sum(dv.token_divergence(name, t, x, beta=0.4, **kwargs)))(d)
+      lambda x: jnp.sum(divergences.token_divergence(name, t, x, beta=0.4, **kwargs)))(d)
   grad = np.asarray(grad)
   assert np.all(np.isfinite(grad))
   assert np.all(grad[..., ~real] == 0.0)
   # Equals the divergence over the real sub-vocabulary only.
   want = np_divergence(name, np_softmax(t[..., real]), np_softmax(d[..., real]), 0.4)
   np.testing.assert_allclose(
-      np.asarray(dv.token_divergence(name, t, d, beta=0.4, **kwargs)), want, rtol=2e-4, atol=2e-6)
+      np.asarray(divergences.token_divergence(name, t, d, beta=0.4, **kwargs)), want, rtol=2e-4, atol=2e-6)
   assert np.isfinite(float(value))
 
 
@@ -189,7 +189,7 @@ def test_partial_support_zero_probabilities(name):
   t[..., :2] = -np.inf
   if name == "rkl":  # KL(q||p) is +inf when p = 0 < q; use a shared zero instead.
     d[..., :2] = -np.inf
-  value, grad = jax.value_and_grad(lambda x: jnp.sum(dv.token_divergence(name, t, x)))(d)
+  value, grad = jax.value_and_grad(lambda x: jnp.sum(divergences.token_divergence(name, t, x)))(d)
   assert np.isfinite(float(value))
   assert np.all(np.isfinite(np.asarray(grad)))
   p, q = np_softmax(t), np_softmax(d)
@@ -204,7 +204,7 @@ def test_partial_support_zero_probabilities(name):
           np.where(q > 0, q * np.log(q / m), 0.0), -1)
     else:
       want = 0.5 * np.sum(np.abs(p - q), -1)
-  np.testing.assert_allclose(np.asarray(dv.token_divergence(name, t, d)), want, rtol=2e-4,
+  np.testing.assert_allclose(np.asarray(divergences.token_divergence(name, t, d)), want, rtol=2e-4,
                              atol=2e-6)
 
 
@@ -227,13 +227,13 @@ def test_sequence_averaging(name):
   for b in range(4):
     total = mask[b].sum()
     want_rows.append(0.0 if total == 0 else float((per_token[b] * mask[b]).sum() / total))
-  got_rows = dv.per_sequence_divergence(name, t, d, mask)
+  got_rows = divergences.per_sequence_divergence(name, t, d, mask)
   np.testing.assert_allclose(np.asarray(got_rows), want_rows, rtol=2e-4, atol=2e-6)
-  got = dv.sequence_divergence(name, t, d, mask)
+  got = divergences.sequence_divergence(name, t, d, mask)
   assert got.shape == ()
   np.testing.assert_allclose(float(got), np.mean(want_rows), rtol=2e-4, atol=2e-6)
 
-  grad = jax.grad(lambda x: dv.sequence_divergence(name, t, x, mask))(d)
+  grad = jax.grad(lambda x: divergences.sequence_divergence(name, t, x, mask))(d)
   grad = np.asarray(grad)
   assert np.all(np.isfinite(grad))
   assert np.all(grad[2] == 0.0)  # empty row
@@ -243,7 +243,7 @@ def test_sequence_averaging(name):
 def test_sequence_all_padding_is_zero_not_nan():
   t, d = random_logits(18, (2, 3, 5)), random_logits(19, (2, 3, 5))
   mask = np.zeros((2, 3), np.float32)
-  value, grad = jax.value_and_grad(lambda x: dv.sequence_divergence("fkl", t, x, mask))(d)
+  value, grad = jax.value_and_grad(lambda x: divergences.sequence_divergence("fkl", t, x, mask))(d)
   assert float(value) == 0.0
   assert np.all(np.asarray(grad) == 0.0)
 
@@ -251,8 +251,8 @@ def test_sequence_all_padding_is_zero_not_nan():
 def test_jit_compatible():
   t, d = random_logits(20), random_logits(21)
   mask = np.ones((3, 5), np.float32)
-  f = jax.jit(lambda a, b, m: dv.sequence_divergence("jsd", a, b, m, beta=0.3))
-  np.testing.assert_allclose(float(f(t, d, mask)), float(dv.sequence_divergence(
+  f = jax.jit(lambda a, b, m: divergences.sequence_divergence("jsd", a, b, m, beta=0.3))
+  np.testing.assert_allclose(float(f(t, d, mask)), float(divergences.sequence_divergence(
       "jsd", t, d, mask, beta=0.3)), rtol=1e-6)
 
 
@@ -266,11 +266,11 @@ def test_expected_acceptance_equals_speculative_sampling_expectation():
   p, q = np_softmax(t), np_softmax(d)
   # E_{y ~ q}[min(1, p(y) / q(y))], evaluated directly.
   want = np.sum(q * np.minimum(1.0, p / q), axis=-1)
-  np.testing.assert_allclose(np.asarray(dv.expected_acceptance(t, d)), want, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(divergences.expected_acceptance(t, d)), want, rtol=1e-5)
   np.testing.assert_allclose(
-      np.asarray(dv.expected_acceptance(p, q, from_logits=False)), want, rtol=1e-5)
+      np.asarray(divergences.expected_acceptance(p, q, from_logits=False)), want, rtol=1e-5)
   np.testing.assert_allclose(
-      np.asarray(dv.expected_acceptance(t, d)), 1.0 - np.asarray(dv.token_divergence("tvd", t, d)),
+      np.asarray(divergences.expected_acceptance(t, d)), 1.0 - np.asarray(divergences.token_divergence("tvd", t, d)),
       rtol=1e-6, atol=1e-7)
 
 
@@ -281,9 +281,9 @@ def test_cross_entropy():
   mask = (rng.uniform(size=(3, 5)) > 0.3).astype(np.float32)
   log_q = np.log(np_softmax(logits))
   want = -np.take_along_axis(log_q, targets[..., None], -1)[..., 0]
-  np.testing.assert_allclose(np.asarray(dv.cross_entropy(logits, targets)), want, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(divergences.cross_entropy(logits, targets)), want, rtol=1e-5)
   np.testing.assert_allclose(
-      np.asarray(dv.cross_entropy(logits, targets, mask)), want * mask, rtol=1e-5)
+      np.asarray(divergences.cross_entropy(logits, targets, mask)), want * mask, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------
@@ -294,18 +294,18 @@ def test_cross_entropy():
 def test_unknown_name_raises_and_lists_valid_names():
   t = random_logits(26)
   with pytest.raises(ValueError, match="'kl'") as info:
-    dv.token_divergence("kl", t, t)
+    divergences.token_divergence("kl", t, t)
   for name in NAMES:
     assert repr(name) in str(info.value)
   with pytest.raises(ValueError, match="'js'"):
-    dv.sequence_divergence("js", t, t, np.ones((3, 5)))
+    divergences.sequence_divergence("js", t, t, np.ones((3, 5)))
 
 
 @pytest.mark.parametrize("beta", [0.0, 1.0, -0.1, 1.5])
 def test_bad_beta_raises(beta):
   t = random_logits(27)
   with pytest.raises(ValueError, match=repr(beta).replace(".", r"\.")):
-    dv.token_divergence("jsd", t, t, beta=beta)
+    divergences.token_divergence("jsd", t, t, beta=beta)
 
 
 @pytest.mark.parametrize("kw", ["target_temperature", "draft_temperature"])
@@ -313,7 +313,7 @@ def test_bad_beta_raises(beta):
 def test_bad_temperature_raises(kw, value):
   t = random_logits(28)
   with pytest.raises(ValueError, match=kw):
-    dv.token_divergence("fkl", t, t, **{kw: value})
+    divergences.token_divergence("fkl", t, t, **{kw: value})
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -327,13 +327,13 @@ def test_nan_logits_propagate_not_read_as_zero_probability(name, which):
     target = target.at[0, 1].set(jnp.nan)
   else:
     draft = draft.at[0, 1].set(jnp.nan)
-  per_token = dv.token_divergence(name, target, draft)
+  per_token = divergences.token_divergence(name, target, draft)
   assert np.isnan(float(per_token[0, 1]))
   assert np.all(np.isfinite(np.delete(np.asarray(per_token).reshape(-1), 1)))
   mask = jnp.ones((2, 3))
-  loss = dv.sequence_divergence(name, target, draft, mask)
+  loss = divergences.sequence_divergence(name, target, draft, mask)
   assert np.isnan(float(loss))
-  grad = jax.grad(lambda d: dv.sequence_divergence(name, target, d, mask))(draft)
+  grad = jax.grad(lambda d: divergences.sequence_divergence(name, target, d, mask))(draft)
   if not (name == "tvd" and which == "target"):  # d|q - NaN|/dq = sign(NaN) is 0 in XLA;
     assert np.isnan(np.asarray(grad)).any()      # the NaN loss still stops the trainer
 
@@ -342,5 +342,5 @@ def test_nan_logits_propagate_not_read_as_zero_probability(name, which):
 def test_nan_in_one_logit_of_a_row_propagates(name):
   target = jnp.zeros((1, 1, 5)).at[0, 0, 2].set(jnp.nan)
   draft = jnp.zeros((1, 1, 5))
-  assert np.isnan(float(dv.token_divergence(name, target, draft)[0, 0]))
-  assert np.isnan(float(dv.token_divergence(name, draft, target)[0, 0]))
+  assert np.isnan(float(divergences.token_divergence(name, target, draft)[0, 0]))
+  assert np.isnan(float(divergences.token_divergence(name, draft, target)[0, 0]))

@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from distillspec_jax.data import batches as data
+from distillspec_jax.data import batches as batches_lib
 from distillspec_jax.data.tasks import embedded
 from distillspec_jax.data.tasks import metrics
 
@@ -119,7 +119,7 @@ def test_token_lengths_fit_short_sequences(vocab):
 
 def test_batches_and_seeded_shuffle(task_name):
   lengths = embedded.DEFAULT_SEQUENCE_LENGTHS
-  first = [next(data.get_dataset(task_name, "train", lengths, batch_size=8, shuffle=True,
+  first = [next(batches_lib.get_dataset(task_name, "train", lengths, batch_size=8, shuffle=True,
                                  seed=3, num_epochs=None)) for _ in range(2)]
   assert set(first[0]) == {"encoder_input_tokens", "decoder_input_tokens",
                            "decoder_target_tokens", "decoder_loss_weights"}
@@ -130,17 +130,17 @@ def test_batches_and_seeded_shuffle(task_name):
 
 
 def test_metric_on_references_and_wrong_answers(task_name):
-  got = data.get_prompts_and_targets(task_name, "test", embedded.DEFAULT_SEQUENCE_LENGTHS,
+  got = batches_lib.get_prompts_and_targets(task_name, "test", embedded.DEFAULT_SEQUENCE_LENGTHS,
                                      num_examples=20)
   refs = got["target_texts"]
-  assert data.compute_metrics(task_name, refs, refs) == {"accuracy": pytest.approx(100.0)}
+  assert batches_lib.compute_metrics(task_name, refs, refs) == {"accuracy": pytest.approx(100.0)}
   wrong = [re.sub(r"#### (\d+)", lambda m: f"#### {int(m.group(1)) + 1}", r) for r in refs]
   assert metrics.gsm8k_accuracy(refs, wrong)["accuracy"] == 0.0
 
 
 def test_prefix_lm_batches(task_name, vocab):
   lengths = embedded.DEFAULT_SEQUENCE_LENGTHS
-  batch = next(data.get_dataset(task_name, "validation", lengths, batch_size=4,
+  batch = next(batches_lib.get_dataset(task_name, "validation", lengths, batch_size=4,
                                 feature_converter="decoder"))
   total = lengths["inputs"] + lengths["targets"]
   assert batch["decoder_target_tokens"].shape == (4, total)

@@ -1,4 +1,4 @@
-"""The evaluation binary (distillspec_jax/eval.py) and its library (evaluation.py, lossy.py)
+"""The evaluation binary (distillspec_jax/eval.py) and its library (quality_lib.py, lossy.py)
 on tiny random models: outputs, the lossless limit of lenience, mixtures, BBH files, errors."""
 
 import dataclasses
@@ -12,7 +12,7 @@ import pytest
 
 from distillspec_jax.decoding import stats
 from distillspec_jax.training import checkpoints
-from distillspec_jax.evaluation import quality as evaluation
+from distillspec_jax.evaluation import quality as quality_lib
 from distillspec_jax import gin_utils
 from distillspec_jax.evaluation import lossy
 from distillspec_jax import eval as eval_lib
@@ -87,7 +87,7 @@ def test_the_binary_run_as_a_module_writes_every_output_with_finite_numbers(setu
   assert set(on_disk) == {"rows", "target_alone"}
   assert len(on_disk["rows"]) == 1 * 1 * 2  # temperatures x gammas x leniences
   for row in on_disk["rows"]:
-    assert tuple(row) == evaluation.ROW_FIELDS  # the interface, in its order
+    assert tuple(row) == quality_lib.ROW_FIELDS  # the interface, in its order
     assert row["task"] == "embedded_arithmetic" and row["lenience"] == "lin"
     for key in ("tau", "tau_stderr", "alpha", "predicted_alpha", "speedup",
                 "cost_model_speedup"):
@@ -256,21 +256,21 @@ def test_mixture_mean_is_the_mean_of_speed_numbers_too():
                 quality={"m": tau * 10}, tau=tau, tau_stderr=0.1, alpha=tau / 3,
                 predicted_alpha=0.5, acceptance_by_position=[0.5, None], speedup=speedup,
                 speedup_range=[speedup - 0.1, speedup + 0.1], cost_model_speedup=speedup)
-  rows, alone = evaluation.mixture_mean("mix", {"a": [row("a", 1.5, 1.2)],
+  rows, alone = quality_lib.mixture_mean("mix", {"a": [row("a", 1.5, 1.2)],
                                                 "b": [row("b", 2.5, 1.6)]},
                                         {"a": {"m": 10.0}, "b": {"m": 30.0}})
   assert rows[0]["speedup"] == pytest.approx(1.4)
   assert rows[0]["speedup_range"] == pytest.approx([1.3, 1.5])
   assert rows[0]["acceptance_by_position"] == [0.5, None]
   assert rows[0]["quality"] == {"m": pytest.approx(20.0)} and alone == {"m": 20.0}
-  assert tuple(rows[0]) == evaluation.ROW_FIELDS
+  assert tuple(rows[0]) == quality_lib.ROW_FIELDS
   # Fields a task lacks (an earlier metrics.json) stay None; flags are any task's.
   assert rows[0]["speedup_end_to_end"] is None
   newer = lambda task, tau, speedup, flag: dict(
       row(task, tau, speedup), speedup_end_to_end=speedup - 0.2,
       speedup_end_to_end_range=[speedup - 0.3, speedup - 0.1], speedup_unreliable=flag,
       alpha_distillspec=tau / 4)
-  rows, _ = evaluation.mixture_mean("mix", {"a": [newer("a", 1.5, 1.2, False)],
+  rows, _ = quality_lib.mixture_mean("mix", {"a": [newer("a", 1.5, 1.2, False)],
                                             "b": [newer("b", 2.5, 1.6, True)]},
                                     {"a": {"m": 10.0}, "b": {"m": 30.0}})
   assert rows[0]["speedup_end_to_end"] == pytest.approx(1.2)
@@ -290,12 +290,12 @@ def test_acceptance_by_position_and_predicted_alpha(setup):
   samples = np.random.default_rng(2).integers(2, 256, (3, 5)).astype(np.int32)
   # A draft identical to the target is predicted to be always accepted, at T = 0 and T = 1.
   for temperature in (0.0, 1.0):
-    assert evaluation.predicted_alpha(target, params, target, params, prompts, samples,
+    assert quality_lib.predicted_alpha(target, params, target, params, prompts, samples,
                                       temperature) == pytest.approx(1.0)
   draft = Model(model_config("tiny_encoder_decoder", num_decoder_layers=1, vocab_size=256,
                              max_decode_length=32))
   draft_params = checkpoints.restore_params(setup["draft"], draft.param_shapes())
-  assert evaluation.predicted_alpha(target, params, draft, draft_params, prompts, samples,
+  assert quality_lib.predicted_alpha(target, params, draft, draft_params, prompts, samples,
                                     1.0) < 1.0
 
 

@@ -1,4 +1,4 @@
-"""Per-process reading of the evaluation examples: data.RowSelection (the data layer reads and
+"""Per-process reading of the evaluation examples: batches_lib.RowSelection (the data layer reads and
 tokenizes only the selected positions) and evaluation/examples.py (every row's texts and
 lengths from every process's part; the tokens only where they were read). The two-process
 runs themselves are in test_eval_multihost.py and test_pipeline_mesh.py."""
@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from distillspec_jax.data import batches as data
+from distillspec_jax.data import batches as batches_lib
 from distillspec_jax.evaluation import examples as examples_lib
 from distillspec_jax.evaluation import quality
 from distillspec_jax.models.config import model_config
@@ -22,20 +22,20 @@ TASK, SPLIT, LENGTHS, COUNT = "embedded_arithmetic", "test", {"inputs": 48, "tar
 
 @pytest.fixture(scope="module")
 def whole():
-  return data.get_prompts_and_targets(TASK, SPLIT, LENGTHS, num_examples=COUNT,
+  return batches_lib.get_prompts_and_targets(TASK, SPLIT, LENGTHS, num_examples=COUNT,
                                       on_long_prompt="truncate")
 
 
 def _read(selection, lengths=LENGTHS, **kwargs):
-  return data.get_prompts_and_targets(TASK, SPLIT, lengths, num_examples=COUNT,
+  return batches_lib.get_prompts_and_targets(TASK, SPLIT, lengths, num_examples=COUNT,
                                       rows=selection, **dict(dict(on_long_prompt="truncate"),
                                                               **kwargs))
 
 
 @pytest.mark.parametrize("selection, positions", [
-    (data.RowSelection(4, 1, 3), [1, 2, 5, 6, 9, 10]),
-    (data.RowSelection(4, 2, 4, leading=2), [0, 1, 2, 3, 6, 7, 10]),
-    (data.RowSelection(COUNT, 0, COUNT), list(range(COUNT)))])
+    (batches_lib.RowSelection(4, 1, 3), [1, 2, 5, 6, 9, 10]),
+    (batches_lib.RowSelection(4, 2, 4, leading=2), [0, 1, 2, 3, 6, 7, 10]),
+    (batches_lib.RowSelection(COUNT, 0, COUNT), list(range(COUNT)))])
 def test_row_selection_reads_the_rows_of_the_whole_read(whole, selection, positions):
   part = _read(selection)
   assert part["positions"].tolist() == positions and part["complete"]
@@ -47,17 +47,17 @@ def test_row_selection_reads_the_rows_of_the_whole_read(whole, selection, positi
 
 def test_a_dropped_row_makes_the_part_incomplete():
   # Prompts of more than 8 tokens are skipped: the rows no longer match the positions.
-  part = _read(data.RowSelection(2, 0, 1), {"inputs": 8, "targets": 48},
+  part = _read(batches_lib.RowSelection(2, 0, 1), {"inputs": 8, "targets": 48},
                on_long_prompt="skip")
   assert not part["complete"] and len(part["prompts"]) < len(part["positions"])
   with pytest.raises(ValueError, match="shuffle=False"):
-    _read(data.RowSelection(2, 0, 1), shuffle=True, seed=0)
+    _read(batches_lib.RowSelection(2, 0, 1), shuffle=True, seed=0)
 
 
 @pytest.mark.parametrize("start, stop, period", [(2, 2, 4), (-1, 2, 4), (0, 5, 4)])
 def test_row_selection_refuses_empty_or_outside_rows(start, stop, period):
   with pytest.raises(ValueError, match=rf"\[{start}, {stop}\) of period {period}"):
-    data.RowSelection(period, start, stop)
+    batches_lib.RowSelection(period, start, stop)
 
 
 def _parts(selections):
@@ -69,7 +69,7 @@ def _parts(selections):
 
 def test_assemble_gives_every_process_every_row(whole):
   # Two processes of a batch of 4 rows: rows 0-1 and 2-3; process 0 also reads the first 3.
-  reads, parts = _parts([data.RowSelection(4, 0, 2, leading=3), data.RowSelection(4, 2, 4)])
+  reads, parts = _parts([batches_lib.RowSelection(4, 0, 2, leading=3), batches_lib.RowSelection(4, 2, 4)])
   for mine in reads:
     got = examples_lib.assemble(parts, mine, LENGTHS)
     local = np.isin(np.arange(COUNT), mine["positions"])
@@ -84,7 +84,7 @@ def test_assemble_gives_every_process_every_row(whole):
 
 
 def test_assemble_without_lengths_takes_the_longest_row_of_all_processes(whole):
-  reads, parts = _parts([data.RowSelection(4, 0, 2), data.RowSelection(4, 2, 4)])
+  reads, parts = _parts([batches_lib.RowSelection(4, 0, 2), batches_lib.RowSelection(4, 2, 4)])
   for mine in reads:
     got = examples_lib.assemble(parts, mine, None)
     assert got["prompts"].shape == (COUNT, int(whole["prompt_lengths"].max()))
@@ -92,7 +92,7 @@ def test_assemble_without_lengths_takes_the_longest_row_of_all_processes(whole):
 
 
 def test_assemble_refuses_incomplete_or_uncovered_parts():
-  reads, parts = _parts([data.RowSelection(4, 0, 2), data.RowSelection(4, 2, 4)])
+  reads, parts = _parts([batches_lib.RowSelection(4, 0, 2), batches_lib.RowSelection(4, 2, 4)])
   assert examples_lib.assemble([dict(parts[0], complete=False), parts[1]], reads[0],
                                LENGTHS) is None
   with pytest.raises(ValueError, match="cover every row"):

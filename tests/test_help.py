@@ -10,7 +10,7 @@ import pytest
 from distillspec_jax import eval as eval_lib
 from distillspec_jax import gin_utils
 from distillspec_jax import main as main_lib
-from distillspec_jax import train as train_lib
+from distillspec_jax import train
 
 FLAGS = ("--gin_file=FILE", "--gin.NAME=VALUE", "--gin_bindings", "--gin_search_paths",
          "--coordinator_address", "--help")
@@ -21,7 +21,7 @@ BINARIES = {
                                              "TARGET_CHECKPOINT_PATH", "DRAFT_CHECKPOINT_PATH",
                                              "TEACHER_CACHE_K", "gin/runs/demo.gin",
                                              "gin/runs/garden.gin"), ("gin/runs/eval_demo.gin",)),
-    "distillspec_jax.train": (train_lib.main, ("MODEL_DIR", "TRAIN_STEPS", "BATCH_SIZE",
+    "distillspec_jax.train": (train.main, ("MODEL_DIR", "TRAIN_STEPS", "BATCH_SIZE",
                                                "INITIAL_CHECKPOINT_PATH", "LAMBDA1",
                                                "gin/runs/distill_tiny.gin"), ("gin/runs/demo.gin",)),
     "distillspec_jax.eval": (eval_lib.main, ("MODEL_DIR", "TARGET_CHECKPOINT_PATH",

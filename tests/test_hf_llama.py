@@ -253,19 +253,19 @@ def test_distilled_draft_serves_as_assistant_model_of_its_target_in_transformers
   """A draft distilled here (a few on-policy steps) and exported, used by transformers'
   assisted generation for the exported target: the target's greedy output, ours and theirs."""
   torch, transformers = _transformers()
-  from distillspec_jax.distill import objectives as D
-  from distillspec_jax.training import trainer as T
+  from distillspec_jax.distill import objectives
+  from distillspec_jax.training import trainer
   target = Model.from_name("tiny_llama", vocab_size=VOCAB, max_decode_length=32)
   draft = Model.from_name("tiny_llama", vocab_size=VOCAB, num_decoder_layers=1,
                           num_kv_heads=1, max_decode_length=32)
   target_params = target.init(jax.random.PRNGKey(2))
-  config = T.TrainConfig(model_dir=str(tmp_path / "draft"), train_steps=2, batch_size=4,
+  config = trainer.TrainConfig(model_dir=str(tmp_path / "draft"), train_steps=2, batch_size=4,
                          optimizer="adamw", learning_rate=3e-3, warmup_steps=0,
                          decay_steps=10, save_every=2, log_every=1, progress_bar=False)
-  data = T.SyntheticData(4, input_length=4, target_length=6, vocab_size=VOCAB,
+  data = trainer.SyntheticData(4, input_length=4, target_length=6, vocab_size=VOCAB,
                          decoder_only=True)
-  draft_params = T.distill(config, target, target_params, draft, data,
-                           D.DistillationConfig.from_recipe("gkd")).state.params
+  draft_params = trainer.distill(config, target, target_params, draft, data,
+                           objectives.DistillationConfig.from_recipe("gkd")).state.params
   for name, model, params in (("target", target, target_params),
                               ("draft", draft, draft_params)):
     importer.save_checkpoint(jax.device_get(params), model.config, str(tmp_path / name), "hf")

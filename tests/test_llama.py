@@ -10,12 +10,12 @@ from jax.sharding import AbstractMesh, PartitionSpec
 
 from distillspec_jax.decoding.plain import SamplingConfig, decode
 from distillspec_jax.decoding.speculative import Lenience, speculative_decode
-from distillspec_jax.distill import objectives as D
+from distillspec_jax.distill import objectives
 from distillspec_jax.models.config import TransformerConfig, model_config
 from distillspec_jax.models.llama import rope_inverse_frequencies
 from distillspec_jax.models.model import Model
 from distillspec_jax.training import partitioning
-from distillspec_jax.training import trainer as T
+from distillspec_jax.training import trainer as trainer_lib
 from test_speculative import _exact_sequence_distribution, _goodness_of_fit_pvalue
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
@@ -219,12 +219,12 @@ def test_distillation_steps_on_a_llama_pair(tmp_path):
   """On-policy GKD (draft samples) with AdaSPEC selection on a Llama pair: finite losses, every
   draft parameter moves."""
   target, tp, draft, _ = _pair()
-  config = T.TrainConfig(model_dir=str(tmp_path), train_steps=3, batch_size=4,
+  config = trainer_lib.TrainConfig(model_dir=str(tmp_path), train_steps=3, batch_size=4,
                          optimizer="adamw", learning_rate=3e-3, warmup_steps=0,
                          decay_steps=10, save_every=3, log_every=1, progress_bar=False)
-  data = T.SyntheticData(4, input_length=4, target_length=6, vocab_size=97, decoder_only=True)
-  result = T.distill(config, target, tp, draft, data,
-                     D.DistillationConfig(lambda1=0.0, lambda2=1.0, top_k_fraction=0.5,
+  data = trainer_lib.SyntheticData(4, input_length=4, target_length=6, vocab_size=97, decoder_only=True)
+  result = trainer_lib.distill(config, target, tp, draft, data,
+                     objectives.DistillationConfig(lambda1=0.0, lambda2=1.0, top_k_fraction=0.5,
                                           max_new_tokens=6),
                      reference=draft, reference_params=draft.init(jax.random.PRNGKey(5)))
   losses = [r["loss"] for r in result.history if "loss" in r]

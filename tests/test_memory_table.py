@@ -16,7 +16,7 @@ sys.path.insert(0, "bench")
 import memory_table as mt  # sets XLA_FLAGS before JAX starts
 import jax
 import numpy as np
-from distillspec_jax.distill import objectives as distillation
+from distillspec_jax.distill import objectives
 from distillspec_jax.training import partitioning
 from distillspec_jax.training import trainer
 from distillspec_jax.models.model import Model
@@ -31,8 +31,8 @@ for shape in ((4, 2), (2, 4)):
                    overrides={"vocab_size": 64})
   mesh = partitioning.make_mesh(*shape, devices=jax.devices()[:8])
   _, state_sh, frozen_sh = trainer.make_train_step(
-      distillation.DistillationObjective(
-          target, draft, distillation.DistillationConfig(max_new_tokens=8)),
+      objectives.DistillationObjective(
+          target, draft, objectives.DistillationConfig(max_new_tokens=8)),
       trainer.TrainConfig(model_dir="unused", train_steps=1).optimizer_spec, mesh)
   # Real arrays (zeros; no compile) placed with the trainer's shardings.
   put = lambda shapes, shardings: jax.tree.map(

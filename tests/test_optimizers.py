@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from distillspec_jax.training import optimizers as opt
+from distillspec_jax.training import optimizers
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
@@ -24,11 +24,11 @@ def closed_form_lr(step, base=3e-4, warmup=5000, total=300000, final=0.1):
 
 
 def test_paper_constants():
-  assert opt.PAPER_BASE_LEARNING_RATE == 3e-4
-  assert opt.PAPER_WARMUP_STEPS == 5000
-  assert opt.PAPER_TOTAL_STEPS == 300_000
-  assert opt.PAPER_FINAL_FRACTION == 0.1
-  assert opt.PAPER_BATCH_SIZE == 32
+  assert optimizers.PAPER_BASE_LEARNING_RATE == 3e-4
+  assert optimizers.PAPER_WARMUP_STEPS == 5000
+  assert optimizers.PAPER_TOTAL_STEPS == 300_000
+  assert optimizers.PAPER_FINAL_FRACTION == 0.1
+  assert optimizers.PAPER_BATCH_SIZE == 32
 
 
 @pytest.mark.parametrize(
@@ -43,12 +43,12 @@ def test_paper_constants():
     ],
 )
 def test_paper_schedule_landmarks(step, expected):
-  schedule = opt.learning_rate_schedule()
+  schedule = optimizers.learning_rate_schedule()
   np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-5, atol=1e-12)
 
 
 def test_paper_schedule_matches_closed_form_everywhere():
-  schedule = opt.learning_rate_schedule()
+  schedule = optimizers.learning_rate_schedule()
   steps = [1, 1234, 4999, 5001, 10000, 77777, 150000, 222222, 299999, 300001, 10**6]
   for step in steps:
     np.testing.assert_allclose(float(schedule(step)), closed_form_lr(step), rtol=1e-5,
@@ -59,13 +59,13 @@ def test_paper_schedule_matches_closed_form_everywhere():
 
 
 def test_custom_schedule_and_degenerate_warmup():
-  schedule = opt.learning_rate_schedule(1.0, warmup_steps=10, total_steps=110, final_fraction=0.5)
+  schedule = optimizers.learning_rate_schedule(1.0, warmup_steps=10, total_steps=110, final_fraction=0.5)
   for step in [0, 5, 10, 35, 60, 85, 110, 200]:
     np.testing.assert_allclose(
         float(schedule(step)), closed_form_lr(step, 1.0, 10, 110, 0.5), rtol=1e-5, atol=1e-7)
-  no_warmup = opt.learning_rate_schedule(1.0, warmup_steps=0, total_steps=100)
+  no_warmup = optimizers.learning_rate_schedule(1.0, warmup_steps=0, total_steps=100)
   np.testing.assert_allclose(float(no_warmup(0)), 1.0, rtol=1e-6)
-  only_warmup = opt.learning_rate_schedule(1.0, warmup_steps=100, total_steps=100)
+  only_warmup = optimizers.learning_rate_schedule(1.0, warmup_steps=100, total_steps=100)
   np.testing.assert_allclose(float(only_warmup(50)), 0.5, rtol=1e-6)
   np.testing.assert_allclose(float(only_warmup(100)), 0.1, rtol=1e-6)
 
@@ -83,19 +83,19 @@ def test_custom_schedule_and_degenerate_warmup():
 )
 def test_schedule_validation(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    opt.learning_rate_schedule(**kwargs)
+    optimizers.learning_rate_schedule(**kwargs)
 
 
 def test_unknown_optimizer_raises():
   with pytest.raises(ValueError, match="'sgd'.*'adafactor'.*'adamw'"):
-    opt.make_optimizer("sgd")
+    optimizers.make_optimizer("sgd")
 
 
 def test_bad_optimizer_arguments_raise():
   with pytest.raises(ValueError, match="learning rate"):
-    opt.make_optimizer("adamw", -1.0)
+    optimizers.make_optimizer("adamw", -1.0)
   with pytest.raises(ValueError, match="weight_decay"):
-    opt.make_optimizer("adamw", 1e-3, weight_decay=-0.1)
+    optimizers.make_optimizer("adamw", 1e-3, weight_decay=-0.1)
 
 
 def _run_quadratic(optimizer, steps=200):
@@ -131,18 +131,18 @@ def _run_quadratic(optimizer, steps=200):
     ],
 )
 def test_optimizer_reduces_quadratic(name, kwargs):
-  schedule = opt.learning_rate_schedule(0.05, warmup_steps=10, total_steps=200)
-  first, last = _run_quadratic(opt.make_optimizer(name, schedule, **kwargs))
+  schedule = optimizers.learning_rate_schedule(0.05, warmup_steps=10, total_steps=200)
+  first, last = _run_quadratic(optimizers.make_optimizer(name, schedule, **kwargs))
   assert last < 0.05 * first, (first, last)
 
 
 def test_default_optimizer_uses_paper_schedule():
   # With the paper schedule step 0 has lr 0, so the first update is exactly zero.
-  optimizer = opt.make_optimizer()
+  optimizer = optimizers.make_optimizer()
   params = {"w": jnp.ones((3, 3))}
   state = optimizer.init(params)
   updates, _ = optimizer.update({"w": jnp.ones((3, 3))}, state, params)
   assert np.all(np.asarray(updates["w"]) == 0.0)
-  updates, _ = opt.make_optimizer("adafactor", 1e-2).update(
-      {"w": jnp.ones((3, 3))}, opt.make_optimizer("adafactor", 1e-2).init(params), params)
+  updates, _ = optimizers.make_optimizer("adafactor", 1e-2).update(
+      {"w": jnp.ones((3, 3))}, optimizers.make_optimizer("adafactor", 1e-2).init(params), params)
   assert np.all(np.asarray(updates["w"]) < 0.0)

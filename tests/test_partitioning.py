@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent("""
     from jax.sharding import PartitionSpec as P
     from distillspec_jax.training import partitioning
     from distillspec_jax.training import trainer
-    from distillspec_jax.distill import objectives as distillation
+    from distillspec_jax.distill import objectives
     from distillspec_jax.models.model import Model
     assert jax.device_count() == 8, jax.devices()
     mesh = partitioning.make_mesh(data=4, model=2)
@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent("""
         optimizer="adafactor", learning_rate=1e-2, warmup_steps=0, decay_steps=10,
         save_every=2, log_every=2, data_parallel=4, model_parallel=2, progress_bar=False)
     result = trainer.distill(config, target, target.init(jax.random.PRNGKey(1)), draft,
-        trainer.SyntheticData(8, vocab_size=64), distillation.DistillationConfig(lambda1=0.3, lambda2=0.5))
+        trainer.SyntheticData(8, vocab_size=64), objectives.DistillationConfig(lambda1=0.3, lambda2=0.5))
     losses = [r["loss"] for r in result.history if "loss" in r]
     assert all(np.isfinite(losses)), losses
     kernel = result.state.params["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]

@@ -1,4 +1,4 @@
-"""The token sampler (`decoding.sample_from_probabilities`) at T5's 32,128-entry vocabulary:
+"""The token sampler (`plain.sample_from_probabilities`) at T5's 32,128-entry vocabulary:
 draw frequencies against exact probabilities, including a heavy tail of tiny probabilities that
 a single fp32 inverse CDF over the vocabulary never draws; support and edge cases."""
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from distillspec_jax.decoding import plain as decoding
+from distillspec_jax.decoding import plain
 
 T5_VOCAB = 32128
 
@@ -20,13 +20,13 @@ def _draw_chunk(probs, uniforms, sampler):
   return jax.vmap(lambda u: sampler(probs[None], u[None])[0])(uniforms)
 
 
-def _draw(probs, num_draws, seed, sampler=decoding.sample_from_probabilities, chunk=250_000):
+def _draw(probs, num_draws, seed, sampler=plain.sample_from_probabilities, chunk=250_000):
   """`num_draws` tokens from `probs: [V]`, uniforms from PRNGKey(seed) in chunks."""
   key = jax.random.PRNGKey(seed)
   out = []
   for start in range(0, num_draws, chunk):
     uniforms = jax.random.uniform(jax.random.fold_in(key, start),
-                                  (min(chunk, num_draws - start), decoding.UNIFORMS_PER_DRAW))
+                                  (min(chunk, num_draws - start), plain.UNIFORMS_PER_DRAW))
     out.append(np.asarray(_draw_chunk(jnp.asarray(probs), uniforms, sampler)))
   return np.concatenate(out)
 
@@ -41,7 +41,7 @@ def _single_cdf_draws(probs, num_draws, seed):
   for start in range(0, num_draws, chunk):
     uniforms = np.asarray(jax.random.uniform(
         jax.random.fold_in(key, start),
-        (min(chunk, num_draws - start), decoding.UNIFORMS_PER_DRAW)))
+        (min(chunk, num_draws - start), plain.UNIFORMS_PER_DRAW)))
     threshold = (np.float32(1.0) - uniforms[:, 0]) * cdf[-1]  # fp32, as before
     out.append(np.minimum(np.searchsorted(cdf, threshold, side="left"), len(cdf) - 1))
   return np.concatenate(out)
@@ -111,21 +111,21 @@ def test_support_edges_and_padding():
   edge = np.float32(1.0) - np.finfo(np.float32).epsneg  # largest uniform below 1
   for u in [(0.0, 0.0), (edge, edge), (0.0, edge), (edge, 0.0), (0.5, 0.5), (0.3, 0.9)]:
     uniform = jnp.tile(jnp.asarray(u, jnp.float32), (5, 1))
-    tokens = np.asarray(decoding.sample_from_probabilities(jnp.asarray(probs), uniform))
+    tokens = np.asarray(plain.sample_from_probabilities(jnp.asarray(probs), uniform))
     assert np.all(tokens < vocab)
     assert np.all(probs[np.arange(5), tokens] > 0), (u, tokens)
   # Inverse CDF: a uniform of 0 takes the last positive entry, one just below 1 the first.
-  low = decoding.sample_from_probabilities(jnp.asarray(probs), jnp.zeros((5, 2)))
-  high = decoding.sample_from_probabilities(jnp.asarray(probs), jnp.full((5, 2), edge))
+  low = plain.sample_from_probabilities(jnp.asarray(probs), jnp.zeros((5, 2)))
+  high = plain.sample_from_probabilities(jnp.asarray(probs), jnp.full((5, 2), edge))
   np.testing.assert_array_equal(low, [200, 299, 299, 130, 259])
   np.testing.assert_array_equal(high, [3, 299, 0, 130, 6])
 
 
 def test_sample_tokens_is_deterministic_given_its_uniforms():
   logits = jax.random.normal(jax.random.PRNGKey(0), (4, T5_VOCAB))
-  uniform = jax.random.uniform(jax.random.PRNGKey(1), (4, decoding.UNIFORMS_PER_DRAW))
-  a = decoding.sample_tokens(logits, None, 1.0, uniform)
-  b = decoding.sample_tokens(logits, None, 1.0, uniform)
+  uniform = jax.random.uniform(jax.random.PRNGKey(1), (4, plain.UNIFORMS_PER_DRAW))
+  a = plain.sample_tokens(logits, None, 1.0, uniform)
+  b = plain.sample_tokens(logits, None, 1.0, uniform)
   np.testing.assert_array_equal(a, b)
-  c = decoding.sample_tokens(logits, jax.random.PRNGKey(2), 1.0)
+  c = plain.sample_tokens(logits, jax.random.PRNGKey(2), 1.0)
   assert c.shape == (4,) and c.dtype == jnp.int32

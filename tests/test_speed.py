@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from distillspec_jax.decoding import stats
-from distillspec_jax.evaluation import quality as evaluation
+from distillspec_jax.evaluation import quality
 from distillspec_jax.evaluation import pinning
 from distillspec_jax.evaluation import speed
 from distillspec_jax.decoding.plain import SamplingConfig, prompt_inputs
@@ -130,10 +130,10 @@ def test_a_lenience_grid_is_timed_in_one_measurement_with_lossless_rules_shared(
     tokens += int(result.lengths[0])
   assert (eps["tau"], eps["rounds"], eps["tokens"]) == (pytest.approx(produced / calls), calls,
                                                        tokens)
-  fields = evaluation.speed_fields(out, 2, 1.0, lossy)
+  fields = quality.speed_fields(out, 2, 1.0, lossy)
   assert fields["speedup"] == eps["speedup"] and fields["speedup_range"] == eps["speedup_range"]
   with pytest.raises(KeyError, match="lenience"):
-    evaluation.speed_fields(out, 2, 1.0, Lenience("exp", 0.5))
+    quality.speed_fields(out, 2, 1.0, Lenience("exp", 0.5))
 
 
 @pytest.mark.parametrize("leniences, message", [
@@ -407,7 +407,7 @@ def test_an_adaptive_draft_length_is_timed_beside_the_fixed_gammas(pair):
   low, high = adaptive["end_to_end_speedup_range"]
   assert 0 < low <= adaptive["end_to_end_speedup"] <= high
   # The eval binary's fields are the fixed rule's.
-  assert evaluation.speed_fields(out, 3, 0.0)["speedup"] == fixed["speedup"]
+  assert quality.speed_fields(out, 3, 0.0)["speedup"] == fixed["speedup"]
   with pytest.raises(ValueError, match="draft_lengths has 'confidence'"):
     speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, _prompts(2),
                         gammas=(3,), temperatures=(0.0,), max_new_tokens=8,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import testing
 
-from distillspec_jax.interop import t5x as t5x_checkpoints
+from distillspec_jax.interop import t5x as t5x_lib
 from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
@@ -73,14 +73,14 @@ def test_t5x_layout_imports_exactly(tmp_path):
   assert (ckpt / "target.encoder.layers_0.attention.query.kernel" / ".zarray").exists()
   assert (ckpt / "target.decoder.logits_dense.kernel").is_dir()
   for path in (str(ckpt), str(ckpt / "checkpoint"), str(tmp_path / "model_dir")):
-    loaded = t5x_checkpoints.load_t5x(path, TINY)
+    loaded = t5x_lib.load_t5x(path, TINY)
     want, got = _flat(params), _flat(loaded)
     assert want.keys() == got.keys()
     for key in want:
       assert got[key].dtype == np.float32
       np.testing.assert_array_equal(got[key], want[key], err_msg=str(key))
-  assert t5x_checkpoints.is_t5x_checkpoint(str(tmp_path / "model_dir"))
-  assert not t5x_checkpoints.is_t5x_checkpoint(str(tmp_path))
+  assert t5x_lib.is_t5x_checkpoint(str(tmp_path / "model_dir"))
+  assert not t5x_lib.is_t5x_checkpoint(str(tmp_path))
 
 
 def test_relocated_checkpoint_still_loads(tmp_path):
@@ -88,7 +88,7 @@ def test_relocated_checkpoint_still_loads(tmp_path):
   params = Model(TINY).init(jax.random.PRNGKey(1))
   _write_t5x_like_public(params, str(tmp_path / "a"))
   os.rename(tmp_path / "a", tmp_path / "b")
-  loaded = t5x_checkpoints.load_t5x(str(tmp_path / "b"), TINY)
+  loaded = t5x_lib.load_t5x(str(tmp_path / "b"), TINY)
   np.testing.assert_array_equal(loaded["token_embedder"]["embedding"],
                                 np.asarray(params["token_embedder"]["embedding"]))
 
@@ -98,28 +98,28 @@ def test_wrong_shapes_are_refused_with_first_mismatches(tmp_path):
   _write_t5x_like_public(params, str(tmp_path / "ckpt"))
   other = TINY.replace(vocab_size=256)
   with pytest.raises(ValueError) as info:
-    t5x_checkpoints.load_t5x(str(tmp_path / "ckpt"), other)
+    t5x_lib.load_t5x(str(tmp_path / "ckpt"), other)
   message = str(info.value)
   assert "decoder/logits_dense/kernel: expected (64, 256), found (64, 128)" in message
   assert "token_embedder/embedding: expected (256, 64), found (128, 64)" in message
   assert "2 mismatches" in message
   with pytest.raises(ValueError, match=r"relpos_bias/rel_embedding: expected \(8, 32\), found \(4, 32\)"):
-    t5x_checkpoints.load_t5x(str(tmp_path / "ckpt"), TINY.replace(num_heads=8, head_dim=8))
+    t5x_lib.load_t5x(str(tmp_path / "ckpt"), TINY.replace(num_heads=8, head_dim=8))
 
 
 def test_save_t5x_round_trip_and_orbax_written_checkpoint(tmp_path):
   import orbax.checkpoint as ocp
   params = Model(TINY).init(jax.random.PRNGKey(3))
-  directory = t5x_checkpoints.save_t5x(params, str(tmp_path / "t5x"), step=5)
+  directory = t5x_lib.save_t5x(params, str(tmp_path / "t5x"), step=5)
   assert directory.endswith("checkpoint_5")
-  loaded = t5x_checkpoints.load_t5x(str(tmp_path / "t5x"), TINY)
+  loaded = t5x_lib.load_t5x(str(tmp_path / "t5x"), TINY)
   for key, value in _flat(params).items():
     np.testing.assert_array_equal(_flat(loaded)[key], value)
 
   # An orbax PyTree save with T5X's top-level structure {"target", "state"}.
   orbax_dir = str(tmp_path / "orbax" / "checkpoint_7")
   ocp.PyTreeCheckpointer().save(orbax_dir, {"target": params, "state": {"step": np.int32(7)}})
-  loaded = t5x_checkpoints.load_t5x(str(tmp_path / "orbax"), TINY)
+  loaded = t5x_lib.load_t5x(str(tmp_path / "orbax"), TINY)
   for key, value in _flat(params).items():
     np.testing.assert_array_equal(_flat(loaded)[key], value)
 
@@ -148,21 +148,21 @@ def test_shapes_come_from_metadata_without_reading_arrays(tmp_path):
   want = _shapes(params)
   public = str(tmp_path / "public")
   _write_t5x_like_public(params, public)
-  t5x_checkpoints.save_t5x(params, str(tmp_path / "ours_writer"), step=2)
+  t5x_lib.save_t5x(params, str(tmp_path / "ours_writer"), step=2)
   assert _remove_chunks(public) > 0 and _remove_chunks(str(tmp_path / "ours_writer")) > 0
   # The data is really gone: TensorStore reads missing chunks as the fill value.
-  gone = t5x_checkpoints.load_t5x(public, TINY)["token_embedder"]["embedding"]
+  gone = t5x_lib.load_t5x(public, TINY)["token_embedder"]["embedding"]
   assert not np.any(gone) and np.any(np.asarray(params["token_embedder"]["embedding"]))
   orbax_dir = str(tmp_path / "orbax" / "checkpoint_7")
   ocp.PyTreeCheckpointer().save(orbax_dir, {"target": params, "state": {"step": np.int32(7)}})
   for path in (public, str(tmp_path / "ours_writer"), str(tmp_path / "orbax")):
-    assert _shapes(t5x_checkpoints.read_t5x_shapes(path)) == want, path
+    assert _shapes(t5x_lib.read_t5x_shapes(path)) == want, path
 
 
 def test_shapes_from_the_zarr_header_when_the_spec_has_none(tmp_path):
   from flax import serialization
   params = Model(TINY).init(jax.random.PRNGKey(5))
-  directory = t5x_checkpoints.save_t5x(params, str(tmp_path / "t5x"))
+  directory = t5x_lib.save_t5x(params, str(tmp_path / "t5x"))
   with open(os.path.join(directory, "checkpoint"), "rb") as f:
     tree = serialization.msgpack_restore(f.read())
   strip = lambda t: ({k: strip(v) for k, v in t.items() if k != "metadata"}  # noqa: E731
@@ -170,4 +170,4 @@ def test_shapes_from_the_zarr_header_when_the_spec_has_none(tmp_path):
   with open(os.path.join(directory, "checkpoint"), "wb") as f:
     f.write(serialization.msgpack_serialize(strip(tree)))
   _remove_chunks(directory)
-  assert _shapes(t5x_checkpoints.read_t5x_shapes(directory)) == _shapes(params)
+  assert _shapes(t5x_lib.read_t5x_shapes(directory)) == _shapes(params)

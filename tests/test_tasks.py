@@ -1,4 +1,4 @@
-"""seqio tasks: TFDS-backed (mock data), file-backed, BBH, errors, shared data."""
+"""seqio tasks: TFDS-backed (mock data), file-backed, BBH, errors, shared batches_lib."""
 
 import json
 import os
@@ -12,7 +12,7 @@ import pytest
 import seqio
 import tensorflow_datasets as tfds
 
-from distillspec_jax.data import batches as data
+from distillspec_jax.data import batches as batches_lib
 from distillspec_jax.data import vocabularies
 from distillspec_jax.data import tasks
 from distillspec_jax.data.tasks import embedded
@@ -73,7 +73,7 @@ def test_default_tasks_registered_on_demand_not_on_import():
 def test_tfds_enc_dec_tasks_under_mock_data(vocab, tfds_names, name, prefix, suffix):
   lengths = {"inputs": 64, "targets": 32}
   with tfds.testing.mock_data(num_examples=5):
-    batch = next(data.get_dataset(name, "train", lengths, batch_size=3))
+    batch = next(batches_lib.get_dataset(name, "train", lengths, batch_size=3))
   assert set(batch) == {"encoder_input_tokens", "decoder_input_tokens",
                         "decoder_target_tokens", "decoder_loss_weights"}
   assert batch["encoder_input_tokens"].shape == (3, 64)
@@ -93,18 +93,18 @@ def test_tfds_enc_dec_tasks_under_mock_data(vocab, tfds_names, name, prefix, suf
 
 def test_tfds_lm1b_decoder_only_under_mock_data(vocab, tfds_names):
   with tfds.testing.mock_data(num_examples=4):
-    batch = next(data.get_dataset("lm1b_t", "train", {"targets": 24}, batch_size=2,
+    batch = next(batches_lib.get_dataset("lm1b_t", "train", {"targets": 24}, batch_size=2,
                                   feature_converter="decoder"))
   assert set(batch) == {"decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights"}
   assert batch["decoder_target_tokens"].shape == (2, 24)
   assert (batch["decoder_target_tokens"][:, 0] > 1).all()  # Text starts right away.
   with pytest.raises(ValueError, match="decoder-only"):
-    data.get_dataset("lm1b_t", "train", {"inputs": 8, "targets": 24}, batch_size=2)
+    batches_lib.get_dataset("lm1b_t", "train", {"inputs": 8, "targets": 24}, batch_size=2)
 
 
 def test_tfds_gsm8k_as_prefix_lm(vocab, tfds_names):
   with tfds.testing.mock_data(num_examples=4):
-    batch = next(data.get_dataset("gsm8k_t", "test", {"inputs": 64, "targets": 32},
+    batch = next(batches_lib.get_dataset("gsm8k_t", "test", {"inputs": 64, "targets": 32},
                                   batch_size=2, feature_converter="decoder"))
   assert batch["decoder_target_tokens"].shape == (2, 96)
   causal = batch["decoder_causal_attention"][0]
@@ -157,7 +157,7 @@ def test_register_file_tasks_and_read(vocab, data_dir):
   names = tasks.register_file_tasks(str(data_dir), vocabulary=vocab)
   assert names == ["gsm8k_files", "xsum_files", "cnn_dailymail_files", "wmt_en_de_files",
                    "lm1b_files", "bbh_boolean_expressions", "bbh_date_understanding", "bbh"]
-  got = data.get_prompts_and_targets("gsm8k_files", "train", {"inputs": 64, "targets": 64})
+  got = batches_lib.get_prompts_and_targets("gsm8k_files", "train", {"inputs": 64, "targets": 64})
   assert got["prompt_texts"] == ["Q: Natalia sold 48 clips in April." + COT,
                                  "Q: How many clips?" + COT]
   assert got["target_texts"][0] == "She sold 48 / 2 = 24 in May. In all 48 + 24 = 72. #### 72"
@@ -166,24 +166,24 @@ def test_register_file_tasks_and_read(vocab, data_dir):
   assert _dec(vocab, got["targets"][0]) == got["target_texts"][0]
   assert got["prompts"].shape == (2, 64) and got["targets"].shape == (2, 64)
 
-  xs = data.get_prompts_and_targets("xsum_files", "validation")
+  xs = batches_lib.get_prompts_and_targets("xsum_files", "validation")
   assert xs["prompt_texts"] == ["summarize: The quick brown fox jumps."]
   assert xs["target_texts"] == ["A fox jumps."]
-  cn = data.get_prompts_and_targets("cnn_dailymail_files", "test")
+  cn = batches_lib.get_prompts_and_targets("cnn_dailymail_files", "test")
   assert cn["prompt_texts"] == ["summarize: The lazy dog sleeps."]
-  wmt = data.get_prompts_and_targets("wmt_en_de_files", "test")
+  wmt = batches_lib.get_prompts_and_targets("wmt_en_de_files", "test")
   assert wmt["prompt_texts"] == ["translate English to German: The quick fox.",
                                  "translate English to German: Two lights."]
   assert wmt["target_texts"] == ["Der schnelle Fuchs.", "Zwei Ampeln."]
 
-  batch = next(data.get_dataset("lm1b_files", "train", {"targets": 16}, batch_size=4,
+  batch = next(batches_lib.get_dataset("lm1b_files", "train", {"targets": 16}, batch_size=4,
                                 feature_converter="decoder"))
   assert batch["decoder_target_tokens"].shape == (2, 16)  # Blank line skipped.
   assert _dec(vocab, batch["decoder_target_tokens"][1]) == "The lazy dog ."
-  lm = data.get_prompts_and_targets("lm1b_files", "validation", lm_prompt_length=2)
+  lm = batches_lib.get_prompts_and_targets("lm1b_files", "validation", lm_prompt_length=2)
   assert lm["prompt_lengths"].tolist() == [2]
 
-  enc = next(data.get_dataset("wmt_en_de_files", "test", {"inputs": 32, "targets": 16},
+  enc = next(batches_lib.get_dataset("wmt_en_de_files", "test", {"inputs": 32, "targets": 16},
                               batch_size=2))
   assert enc["encoder_input_tokens"].shape == (2, 32)
 
@@ -193,7 +193,7 @@ def test_cnndm_specbench_layout(vocab, tmp_path):
       {"question_id": 1, "turns": ["Summarize: The lazy dog sleeps."],
        "reference": ["Dog sleeps."]}])
   tasks.register_cnn_dailymail_files(str(tmp_path / "cnndm"), vocabulary=vocab, name="cnn_sb")
-  got = data.get_prompts_and_targets("cnn_sb", "test")  # No split in the name -> test.
+  got = batches_lib.get_prompts_and_targets("cnn_sb", "test")  # No split in the name -> test.
   assert got["prompt_texts"] == ["summarize: The lazy dog sleeps."]
   assert got["target_texts"] == ["Dog sleeps."]
 
@@ -201,17 +201,17 @@ def test_cnndm_specbench_layout(vocab, tmp_path):
 def test_bbh_tasks_and_mixture(vocab, data_dir):
   names = tasks.register_bbh_tasks(str(data_dir / "bbh"), vocabulary=vocab)
   assert names == ["bbh_boolean_expressions", "bbh_date_understanding", "bbh"]
-  got = data.get_prompts_and_targets("bbh_date_understanding", "test")
+  got = batches_lib.get_prompts_and_targets("bbh_date_understanding", "test")
   assert got["prompt_texts"] == ["Q: Which date? Options:\n(A) today\n(B) tomorrow" + COT]
   assert got["target_texts"] == ["(B)"]
-  assert data.compute_metrics("bbh_date_understanding", ["(B)"], ["So the answer is (B)."]) == {
+  assert batches_lib.compute_metrics("bbh_date_understanding", ["(B)"], ["So the answer is (B)."]) == {
       "exact_match": 100.0}
-  batches = list(data.get_dataset("bbh", "test", {"inputs": 64, "targets": 8}, batch_size=4))
+  batches = list(batches_lib.get_dataset("bbh", "test", {"inputs": 64, "targets": 8}, batch_size=4))
   assert len(batches) == 1 and batches[0]["encoder_input_tokens"].shape == (3, 64)  # One epoch.
   prompts = sorted(_dec(vocab, r) for r in batches[0]["encoder_input_tokens"])
   assert prompts == sorted(["Q: True and False is" + COT, "Q: not False is" + COT,
                             vocab.decode(vocab.encode(got["prompt_texts"][0]))])
-  batch = next(data.get_dataset("bbh", "test", {"inputs": 64, "targets": 8}, batch_size=4,
+  batch = next(batches_lib.get_dataset("bbh", "test", {"inputs": 64, "targets": 8}, batch_size=4,
                                 shuffle=True, seed=0, num_epochs=None))
   assert batch["encoder_input_tokens"].shape == (4, 64)
 
@@ -222,10 +222,10 @@ def test_malformed_jsonl_line_names_file_and_line(vocab, tmp_path):
   _write_jsonl(path, [{"question": "a", "answer": "#### 1"}, "{not json", ])
   tasks.register_gsm8k_files(str(tmp_path / "gsm8k"), vocabulary=vocab, name="bad_gsm8k")
   with pytest.raises(ValueError, match=rf"{path}:2: malformed JSON"):
-    data.get_prompts_and_targets("bad_gsm8k", "train")
+    batches_lib.get_prompts_and_targets("bad_gsm8k", "train")
   _write_jsonl(path, [{"question": "a", "answer": "#### 1"}, {"question": "b"}])
   with pytest.raises(ValueError, match=rf"{path}:2: missing field\(s\) \['answer'\]"):
-    data.get_prompts_and_targets("bad_gsm8k", "train")
+    batches_lib.get_prompts_and_targets("bad_gsm8k", "train")
 
 
 def test_malformed_bbh_file_names_file_and_line(vocab, tmp_path):
@@ -234,10 +234,10 @@ def test_malformed_bbh_file_names_file_and_line(vocab, tmp_path):
   bad.write_text('{"examples": [\n {"input": "a", "target": "b"},\n {"input": "c" "target"}\n]}')
   tasks.register_bbh_tasks(str(tmp_path / "bbh"), vocabulary=vocab, mixture_name="bbh_bad")
   with pytest.raises(ValueError, match=rf"{bad}:3: malformed JSON"):
-    data.get_prompts_and_targets("bbh_navigate", "test")
+    batches_lib.get_prompts_and_targets("bbh_navigate", "test")
   bad.write_text('{"examples": [\n {"input": "a", "target": "b"},\n {"input": "c"}\n]}')
   with pytest.raises(ValueError, match=rf"{bad}:3: example 1"):
-    data.get_prompts_and_targets("bbh_navigate", "test")
+    batches_lib.get_prompts_and_targets("bbh_navigate", "test")
 
 
 def test_malformed_text_and_missing_fields(vocab, tmp_path):
@@ -246,13 +246,13 @@ def test_malformed_text_and_missing_fields(vocab, tmp_path):
   (lm / "train.txt").write_bytes(b"fine line\nbad \xff byte\n")
   tasks.register_lm1b_files(str(lm), vocabulary=vocab, name="bad_lm1b")
   with pytest.raises(ValueError, match=rf"{lm / 'train.txt'}:2: not valid UTF-8"):
-    next(data.get_dataset("bad_lm1b", "train", {"targets": 8}, batch_size=1,
+    next(batches_lib.get_dataset("bad_lm1b", "train", {"targets": 8}, batch_size=1,
                           feature_converter="decoder"))
   path = tmp_path / "xsum" / "test.jsonl"
   _write_jsonl(path, [{"document": "d", "summary": "s"}, {"document": "d", "summary": 3}])
   tasks.register_xsum_files(str(tmp_path / "xsum"), vocabulary=vocab, name="bad_xsum")
   with pytest.raises(ValueError, match=rf"{path}:2: field 'summary' must be a string"):
-    data.get_prompts_and_targets("bad_xsum", "test")
+    batches_lib.get_prompts_and_targets("bad_xsum", "test")
 
 
 def test_misaligned_wmt_files(vocab, tmp_path):
@@ -262,7 +262,7 @@ def test_misaligned_wmt_files(vocab, tmp_path):
   (d / "test.de").write_text("x\n")
   tasks.register_wmt_files(str(d), vocabulary=vocab, name="bad_wmt")
   with pytest.raises(ValueError, match=r"line count.*test\.en has 2 lines"):
-    data.get_prompts_and_targets("bad_wmt", "test")
+    batches_lib.get_prompts_and_targets("bad_wmt", "test")
 
 
 def test_missing_data_directory(tmp_path):
@@ -280,21 +280,21 @@ def test_missing_data_directory(tmp_path):
 
 def test_unknown_task_name():
   with pytest.raises(ValueError) as e:
-    data.get_dataset("gsm8kk", "train", {"inputs": 8, "targets": 8}, batch_size=1)
+    batches_lib.get_dataset("gsm8kk", "train", {"inputs": 8, "targets": 8}, batch_size=1)
   assert "'gsm8kk' is not registered" in str(e.value) and "'gsm8k'" in str(e.value)
   with pytest.raises(ValueError, match="register_file_tasks"):
-    data.get_task("xsum_filez_files")
+    batches_lib.get_task("xsum_filez_files")
 
 
 def test_unknown_split_and_bad_lengths(vocab, tfds_names):
   with pytest.raises(ValueError, match=r"no split 'validation'.*\['test', 'train'\]"):
-    data.get_dataset("gsm8k_t", "validation", {"inputs": 8, "targets": 8}, batch_size=1)
+    batches_lib.get_dataset("gsm8k_t", "validation", {"inputs": 8, "targets": 8}, batch_size=1)
   with pytest.raises(ValueError, match="positive int"):
-    data.get_dataset("gsm8k_t", "train", {"inputs": 0, "targets": 8}, batch_size=1)
+    batches_lib.get_dataset("gsm8k_t", "train", {"inputs": 0, "targets": 8}, batch_size=1)
   with pytest.raises(ValueError, match="needs lengths for 'inputs' and 'targets'"):
-    data.get_dataset("gsm8k_t", "train", {"targets": 8}, batch_size=1)
+    batches_lib.get_dataset("gsm8k_t", "train", {"targets": 8}, batch_size=1)
   with pytest.raises(ValueError, match="feature_converter='nope'"):
-    data.get_dataset("gsm8k_t", "train", {"inputs": 8, "targets": 8}, batch_size=1,
+    batches_lib.get_dataset("gsm8k_t", "train", {"inputs": 8, "targets": 8}, batch_size=1,
                      feature_converter="nope")
 
 
@@ -302,14 +302,14 @@ def test_sequence_length_too_small_for_prompts(vocab, data_dir):
   tasks.register_gsm8k_files(str(data_dir / "gsm8k"), vocabulary=vocab)
   needed = len(vocab.encode("Q: Natalia sold 48 clips in April." + COT)) + 1
   with pytest.raises(ValueError) as e:
-    data.get_dataset("gsm8k_files", "train", {"inputs": 4, "targets": 64}, batch_size=1)
+    batches_lib.get_dataset("gsm8k_files", "train", {"inputs": 4, "targets": 64}, batch_size=1)
   msg = str(e.value)
   assert "sequence_lengths['inputs']=4 is too small" in msg and str(needed) in msg
   with pytest.raises(ValueError) as e:
-    data.get_prompts_and_targets("gsm8k_files", "train", {"inputs": 10, "targets": 64})
+    batches_lib.get_prompts_and_targets("gsm8k_files", "train", {"inputs": 10, "targets": 64})
   assert f"Prompt 0 of task 'gsm8k_files'" in str(e.value)
   assert f"has {needed} tokens but sequence_lengths['inputs']=10" in str(e.value)
-  cut = data.get_prompts_and_targets("gsm8k_files", "train", {"inputs": 10, "targets": 64},
+  cut = batches_lib.get_prompts_and_targets("gsm8k_files", "train", {"inputs": 10, "targets": 64},
                                      on_long_prompt="truncate")
   assert cut["prompt_lengths"].max() == 10 and cut["prompts"][0, 9] == vocab.eos_id
 
@@ -330,26 +330,26 @@ def test_shared_data_through_file_tasks(vocab):
     assert n in names
   with open(SHARED_DATA / "gsm8k" / "test.jsonl") as f:
     first = json.loads(f.readline())
-  got = data.get_prompts_and_targets("gsm8k_files", "test", num_examples=3)
+  got = batches_lib.get_prompts_and_targets("gsm8k_files", "test", num_examples=3)
   assert got["prompt_texts"][0] == "Q: " + first["question"].strip() + COT
   assert got["target_texts"][0].endswith("#### " + first["answer"].split("####")[-1].strip())
   assert "<<" not in got["target_texts"][0]
 
   with open(SHARED_DATA / "xsum" / "test_1000.jsonl") as f:
     first = json.loads(f.readline())
-  xs = data.get_prompts_and_targets("xsum_files", "test", num_examples=2,
+  xs = batches_lib.get_prompts_and_targets("xsum_files", "test", num_examples=2,
                                     on_long_prompt="truncate", sequence_lengths={"inputs": 512})
   assert xs["target_texts"][0] == first["summary"].strip()
   assert xs["prompt_texts"][0].startswith("summarize: " + first["document"].strip()[:50])
 
   en = (SHARED_DATA / "wmt" / "newstest2014.de-en.ref.en.txt").read_text().split("\n")[0]
   de = (SHARED_DATA / "wmt" / "newstest2014.de-en.src.de.txt").read_text().split("\n")[0]
-  wmt = data.get_prompts_and_targets("wmt_en_de_files", "test", num_examples=2)
+  wmt = batches_lib.get_prompts_and_targets("wmt_en_de_files", "test", num_examples=2)
   assert wmt["prompt_texts"][0] == "translate English to German: " + en.strip()
   assert wmt["target_texts"][0] == de.strip()
 
   line = (SHARED_DATA / "lm1b" / "heldout_shards10-11.dev.txt").read_text().split("\n")[0]
-  batch = next(data.get_dataset("lm1b_files", "validation", {"targets": 256}, batch_size=2,
+  batch = next(batches_lib.get_dataset("lm1b_files", "validation", {"targets": 256}, batch_size=2,
                                 feature_converter="decoder"))
   assert batch["decoder_target_tokens"].shape == (2, 256)
   assert _dec(vocab, batch["decoder_target_tokens"][0]) == vocab.decode(vocab.encode(line.strip()))
@@ -362,9 +362,9 @@ def test_document_tasks_allow_moderate_truncation(vocab, tmp_path):
   n = len(vocab.encode("summarize: " + doc)) + 1
   # Every document is cut, but keeps more than half: normal for summarization.
   length = n // 2 + 2
-  batch = next(data.get_dataset("xsum_long", "train", {"inputs": length, "targets": 8},
+  batch = next(batches_lib.get_dataset("xsum_long", "train", {"inputs": length, "targets": 8},
                                 batch_size=4))
   assert batch["encoder_input_tokens"].shape == (4, length)
   assert (batch["encoder_input_tokens"] > 0).all()
   with pytest.raises(ValueError, match="would lose over half of their tokens"):
-    data.get_dataset("xsum_long", "train", {"inputs": n // 2 - 1, "targets": 8}, batch_size=4)
+    batches_lib.get_dataset("xsum_long", "train", {"inputs": n // 2 - 1, "targets": 8}, batch_size=4)

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from distillspec_jax import main as main_binary
+from distillspec_jax import main as main_lib
 from distillspec_jax.studies import pipeline
 from distillspec_jax.distill import teacher_cache
 from distillspec_jax.studies.pipeline import PipelineConfig
@@ -33,7 +33,7 @@ def test_stages_and_dependencies_with_the_cache(tmp_path):
 def test_gin_switch_turns_it_on():
   argv = ["--gin_file=gin/runs/demo.gin", "--gin_file=gin/recipes/teacher_cache.gin",
           "--gin.TEACHER_CACHE_K=8"]
-  config = main_binary.load_pipeline(argv)
+  config = main_lib.load_pipeline(argv)
   assert (config.teacher_cache_k, config.cached_recipes) == (8, ("supervised_kd",))
 
 

@@ -15,7 +15,7 @@ from distillspec_jax import train
 from distillspec_jax.distill.objectives import FinetuneObjective
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.interop import importer
-from distillspec_jax.interop import t5x as t5x_checkpoints
+from distillspec_jax.interop import t5x as t5x_lib
 from distillspec_jax.models.model import Model
 from distillspec_jax.training.trainer import SyntheticData
 
@@ -60,7 +60,7 @@ def hf_dir(tmp_path_factory):
 def t5x_dir(tmp_path_factory):
   """Parameters of the gin model in T5X's layout (a MODEL_DIR of checkpoint_<step>)."""
   path = str(tmp_path_factory.mktemp("t5x"))
-  t5x_checkpoints.save_t5x(MODEL.init(jax.random.PRNGKey(7)), path, step=5)
+  t5x_lib.save_t5x(MODEL.init(jax.random.PRNGKey(7)), path, step=5)
   return path
 
 
@@ -122,7 +122,7 @@ def _bad_paths(tmp_path):
   (empty / "weights.txt").write_text("not a checkpoint")
   other = str(tmp_path / "other_t5x")  # another model: mlp_dim 96 instead of 128
   other_model = Model.from_name("tiny_encoder_decoder", vocab_size=64, mlp_dim=96)
-  t5x_checkpoints.save_t5x(other_model.init(jax.random.PRNGKey(0)), other, step=1)
+  t5x_lib.save_t5x(other_model.init(jax.random.PRNGKey(0)), other, step=1)
   return {"missing": (str(tmp_path / "nowhere"), "does not exist"),
           "unknown format": (str(empty), "Cannot tell the checkpoint format"),
           "other shapes": (other, "mlp/wi_0/kernel: checkpoint shape (64, 96) vs model shape "

@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from distillspec_jax.distill import objectives as D
-from distillspec_jax.training import trainer as T
+from distillspec_jax.distill import objectives
+from distillspec_jax.training import trainer as trainer_lib
 from distillspec_jax.models.model import Model
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
@@ -28,20 +28,20 @@ def _config(model_dir, steps, **kw):
                   decay_steps=20, save_every=3, keep_checkpoints=2, log_every=2,
                   progress_bar=False)
   defaults.update(kw)
-  return T.TrainConfig(model_dir=str(model_dir), train_steps=steps, **defaults)
+  return trainer_lib.TrainConfig(model_dir=str(model_dir), train_steps=steps, **defaults)
 
 
 def test_resume_after_crash_matches_uninterrupted_run(tmp_path):
   """2k straight == k, drop everything, restart in the same MODEL_DIR up to 2k (bitwise)."""
   target, target_params, draft = _pair()
   # All three sources, dropout and an iterator-factory data source (skipped on resume).
-  dc = D.DistillationConfig(lambda1=0.34, lambda2=0.5)
-  data = lambda: (T.SyntheticData(4, vocab_size=VOCAB).batch_at(s) for s in range(10**6))
+  dc = objectives.DistillationConfig(lambda1=0.34, lambda2=0.5)
+  data = lambda: (trainer_lib.SyntheticData(4, vocab_size=VOCAB).batch_at(s) for s in range(10**6))
   k = 3
-  straight = T.distill(_config(tmp_path / "a", 2 * k), target, target_params, draft, data, dc)
-  first = T.distill(_config(tmp_path / "b", k), target, target_params, draft, data, dc)
+  straight = trainer_lib.distill(_config(tmp_path / "a", 2 * k), target, target_params, draft, data, dc)
+  first = trainer_lib.distill(_config(tmp_path / "b", k), target, target_params, draft, data, dc)
   del first  # "crash": nothing survives but MODEL_DIR
-  resumed = T.distill(_config(tmp_path / "b", 2 * k), target, target_params, draft, data, dc)
+  resumed = trainer_lib.distill(_config(tmp_path / "b", 2 * k), target, target_params, draft, data, dc)
   assert int(resumed.state.step) == 2 * k
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                straight.state.params, resumed.state.params)
@@ -59,7 +59,7 @@ def test_finetune_lowers_cross_entropy_and_writes_metrics(tmp_path):
   config = _config(tmp_path, 60, batch_size=8, optimizer="adamw", learning_rate=3e-3,
                    warmup_steps=0, decay_steps=60, save_every=30, log_every=10)
   calls = []
-  result = T.finetune(config, model, T.SyntheticData(8, vocab_size=VOCAB),
+  result = trainer_lib.finetune(config, model, trainer_lib.SyntheticData(8, vocab_size=VOCAB),
                       eval_fn=lambda p, s: calls.append(s) or {"x": 1.0})
   losses = [r["loss"] for r in result.history if "loss" in r]
   assert losses[-1] < losses[0] - 0.5
@@ -78,10 +78,10 @@ def test_on_policy_distillation_lowers_tvd_and_raises_tau(tmp_path):
   # A peaked ("trained-ish") fixed target: random init gives near-uniform next tokens.
   logits = target_params["decoder"]["logits_dense"]
   logits["kernel"] = logits["kernel"] * 4.0
-  held_out = T.SyntheticData(16, input_length=6, target_length=8, vocab_size=VOCAB,
+  held_out = trainer_lib.SyntheticData(16, input_length=6, target_length=8, vocab_size=VOCAB,
                              seed=99).batch_at(0)
-  tvd_eval = D.make_tvd_eval_fn(target, target_params, draft, held_out, max_new_tokens=8)
-  spec_eval = D.make_speculative_eval_fn(target, target_params, draft, held_out,
+  tvd_eval = objectives.make_tvd_eval_fn(target, target_params, draft, held_out, max_new_tokens=8)
+  spec_eval = objectives.make_speculative_eval_fn(target, target_params, draft, held_out,
                                          max_new_tokens=8, gamma=3)
   eval_fn = lambda p, s: {**tvd_eval(p, s), **spec_eval(p, s)}
   init_key, _ = jax.random.split(jax.random.PRNGKey(0))  # the trainer's init key for seed 0
@@ -89,9 +89,9 @@ def test_on_policy_distillation_lowers_tvd_and_raises_tau(tmp_path):
   config = _config(tmp_path, 100, batch_size=8, optimizer="adamw", learning_rate=5e-3,
                    warmup_steps=0, decay_steps=100, save_every=1000, log_every=50,
                    eval_every=100)
-  data = T.SyntheticData(8, input_length=6, target_length=8, vocab_size=VOCAB)
-  result = T.distill(config, target, target_params, draft, data,
-                     D.DistillationConfig.from_recipe("gkd"), eval_fn=eval_fn)
+  data = trainer_lib.SyntheticData(8, input_length=6, target_length=8, vocab_size=VOCAB)
+  result = trainer_lib.distill(config, target, target_params, draft, data,
+                     objectives.DistillationConfig.from_recipe("gkd"), eval_fn=eval_fn)
   after = [r for r in result.history if "eval/tau" in r][-1]
   assert all(r["source_total/draft"] == r["step"] for r in result.history if "loss" in r)
   assert after["eval/tvd_on_target_samples"] < before["tvd_on_target_samples"] - 0.1
@@ -101,10 +101,10 @@ def test_on_policy_distillation_lowers_tvd_and_raises_tau(tmp_path):
 
 def test_model_dir_with_another_models_checkpoint(tmp_path):
   small = Model.from_name("demo_draft", vocab_size=VOCAB)
-  T.finetune(_config(tmp_path, 3), small, T.SyntheticData(4, vocab_size=VOCAB))
+  trainer_lib.finetune(_config(tmp_path, 3), small, trainer_lib.SyntheticData(4, vocab_size=VOCAB))
   other = Model.from_name("demo_draft", vocab_size=VOCAB, emb_dim=32)
   with pytest.raises(ValueError) as error:
-    T.finetune(_config(tmp_path, 6), other, T.SyntheticData(4, vocab_size=VOCAB))
+    trainer_lib.finetune(_config(tmp_path, 6), other, trainer_lib.SyntheticData(4, vocab_size=VOCAB))
   message = str(error.value)
   assert "another model shape" in message and "(64," in message and "(32," in message
   assert "fresh MODEL_DIR" in message
@@ -113,16 +113,16 @@ def test_model_dir_with_another_models_checkpoint(tmp_path):
 def test_batch_size_mismatch_and_missing_target(tmp_path):
   model = Model.from_name("demo_draft", vocab_size=VOCAB)
   with pytest.raises(ValueError, match="batch_size=4"):
-    T.finetune(_config(tmp_path / "a", 2), model, T.SyntheticData(2, vocab_size=VOCAB))
+    trainer_lib.finetune(_config(tmp_path / "a", 2), model, trainer_lib.SyntheticData(2, vocab_size=VOCAB))
   target, _, draft = _pair()
   with pytest.raises(ValueError, match="frozen params"):
-    T.train(_config(tmp_path / "b", 2), D.DistillationObjective(target, draft),
-            T.SyntheticData(4, vocab_size=VOCAB))
+    trainer_lib.train(_config(tmp_path / "b", 2), objectives.DistillationObjective(target, draft),
+            trainer_lib.SyntheticData(4, vocab_size=VOCAB))
 
 
 def test_initial_checkpoint_path_and_restore_hook(tmp_path):
   model = Model.from_name("demo_draft", vocab_size=VOCAB)
-  first = T.finetune(_config(tmp_path / "a", 3), model, T.SyntheticData(4, vocab_size=VOCAB))
+  first = trainer_lib.finetune(_config(tmp_path / "a", 3), model, trainer_lib.SyntheticData(4, vocab_size=VOCAB))
   seen = []
 
   def restore_fn(path, abstract):
@@ -131,7 +131,7 @@ def test_initial_checkpoint_path_and_restore_hook(tmp_path):
     return restore_params(path, abstract)
 
   config = _config(tmp_path / "b", 0, initial_checkpoint_path=str(tmp_path / "a"))
-  second = T.finetune(config, model, T.SyntheticData(4, vocab_size=VOCAB),
+  second = trainer_lib.finetune(config, model, trainer_lib.SyntheticData(4, vocab_size=VOCAB),
                       restore_fn=restore_fn)
   assert seen == [str(tmp_path / "a")]
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
@@ -144,20 +144,20 @@ def test_decoder_only_mixture_with_adaspec_hook(tmp_path):
   draft = Model.from_name("tiny_decoder_only", vocab_size=VOCAB, num_decoder_layers=1)
   reference_params = draft.init(jax.random.PRNGKey(7))
   config = _config(tmp_path, 6, optimizer="adamw", learning_rate=3e-3, log_every=6)
-  data = T.SyntheticData(4, input_length=4, target_length=6, vocab_size=VOCAB,
+  data = trainer_lib.SyntheticData(4, input_length=4, target_length=6, vocab_size=VOCAB,
                          decoder_only=True)
-  result = T.distill(config, target, target.init(jax.random.PRNGKey(1)), draft, data,
-                     D.DistillationConfig(lambda1=0.34, lambda2=0.5, top_k_fraction=0.5),
+  result = trainer_lib.distill(config, target, target.init(jax.random.PRNGKey(1)), draft, data,
+                     objectives.DistillationConfig(lambda1=0.34, lambda2=0.5, top_k_fraction=0.5),
                      reference=draft, reference_params=reference_params)
   record = result.history[-1]
   assert np.isfinite(record["loss"]) and record["loss"] <= record["divergence"]
   assert 0.3 < record["kept_fraction"] < 0.8
-  assert sum(record[f"source_total/{s}"] for s in D.SOURCES) == 6
+  assert sum(record[f"source_total/{s}"] for s in objectives.SOURCES) == 6
 
 
 def test_model_dir_written_with_another_optimizer(tmp_path):
   model = Model.from_name("demo_draft", vocab_size=VOCAB)
-  T.finetune(_config(tmp_path, 3, optimizer="adamw"), model, T.SyntheticData(4, vocab_size=VOCAB))
+  trainer_lib.finetune(_config(tmp_path, 3, optimizer="adamw"), model, trainer_lib.SyntheticData(4, vocab_size=VOCAB))
   with pytest.raises(ValueError, match="optimizer state does not match"):
-    T.finetune(_config(tmp_path, 6, optimizer="adafactor"), model,
-               T.SyntheticData(4, vocab_size=VOCAB))
+    trainer_lib.finetune(_config(tmp_path, 6, optimizer="adafactor"), model,
+               trainer_lib.SyntheticData(4, vocab_size=VOCAB))

@@ -1,7 +1,7 @@
 """Bridge from seqio tasks to the JAX side: NumPy batches with T5X feature names.
 
-    from distillspec_jax.data import batches as data
-    it = data.get_dataset("embedded_arithmetic", "train", {"inputs": 48, "targets": 48},
+    from distillspec_jax.data import batches as batches_lib
+    it = batches_lib.get_dataset("embedded_arithmetic", "train", {"inputs": 48, "targets": 48},
                           batch_size=32, shuffle=True, seed=0, num_epochs=None)
     batch = next(it)   # encoder_input_tokens, decoder_input_tokens,
                        # decoder_target_tokens, decoder_loss_weights: int32 [32, L]

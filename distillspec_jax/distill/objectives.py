@@ -24,7 +24,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from distillspec_jax.decoding import plain as decoding
+from distillspec_jax.decoding import plain
 from distillspec_jax.decoding import speculative
 from distillspec_jax.decoding.stats import block_efficiency_stats
 from distillspec_jax.distill import divergences
@@ -190,22 +190,22 @@ def samples_to_batch(tokens: Array, lengths: Array, batch: dict, model: Model,
 
 def sample_batch(model: Model, params: Params, batch: dict, rng: Array, *,
                  max_new_tokens: int, temperature: float, eos_id: int = EOS_ID) -> dict:
-  """y ~ model(. | x) for the batch's prompts (jitted `decoding.decode`), as a training batch.
+  """y ~ model(. | x) for the batch's prompts (jitted `plain.decode`), as a training batch.
 
   The decode cache holds exactly the request (1 start token + prompt width + max_new_tokens);
   a request past the model's cache capacity (`max_decode_length`) is refused."""
-  sampling = decoding.SamplingConfig(temperature=temperature, eos_id=eos_id)
+  sampling = plain.SamplingConfig(temperature=temperature, eos_id=eos_id)
   max_new_tokens = validation.check_positive_int(max_new_tokens, "max_new_tokens")
   prompt_width = 0 if model.is_encoder_decoder else prompt_tokens_from_batch(batch).shape[1]
-  decoding.check_capacity(1 + prompt_width, max_new_tokens, model.config.max_decode_length,
+  plain.check_capacity(1 + prompt_width, max_new_tokens, model.config.max_decode_length,
                           f"the sampler's max_new_tokens={max_new_tokens} after the prompt")
   if model.is_encoder_decoder:
-    result = decoding.decode(model, params, encoder_input_tokens=batch["encoder_input_tokens"],
+    result = plain.decode(model, params, encoder_input_tokens=batch["encoder_input_tokens"],
                              max_new_tokens=max_new_tokens, sampling=sampling, rng=rng,
                              max_length=1 + max_new_tokens)
     return samples_to_batch(result.tokens, result.lengths, batch, model)
   prompts = prompt_tokens_from_batch(batch)
-  result = decoding.decode(model, params, prompt_tokens=prompts, max_new_tokens=max_new_tokens,
+  result = plain.decode(model, params, prompt_tokens=prompts, max_new_tokens=max_new_tokens,
                            sampling=sampling, rng=rng,
                            max_length=1 + prompts.shape[1] + max_new_tokens)
   return samples_to_batch(result.tokens, result.lengths, batch, model, prompts)
@@ -351,7 +351,7 @@ def mean_tvd(target: Model, target_params, draft: Model, draft_params, batch: di
 def _prompt_kwargs(model: Model, batch: dict) -> dict:
   prompts = (batch["encoder_input_tokens"] if model.is_encoder_decoder
              else prompt_tokens_from_batch(batch))
-  return decoding.prompt_inputs(model, prompts)
+  return plain.prompt_inputs(model, prompts)
 
 
 def make_tvd_eval_fn(target: Model, target_params, draft: Model, batch: dict, *,
@@ -390,7 +390,7 @@ def make_speculative_eval_fn(target: Model, target_params, draft: Model, batch: 
   """
   if speculative_decode is None:
     speculative_decode = speculative.speculative_decode
-  sampling = decoding.SamplingConfig(temperature=temperature)
+  sampling = plain.SamplingConfig(temperature=temperature)
   prompts = _prompt_kwargs(draft, batch)
   rng = jax.random.PRNGKey(seed)
 

@@ -5,7 +5,7 @@
   rows = speculative_grid(target, target_params, {"draft": (draft, params)}, examples,
                           scorer, gammas=(3, 5), temperatures=(0.0, 1.0), max_new_tokens=44)
 
-`examples` is data.get_prompts_and_targets' dict: "prompts" [N, P] and "targets" [N, T]
+`examples` is batches_lib.get_prompts_and_targets' dict: "prompts" [N, P] and "targets" [N, T]
 token arrays, "target_texts" (and "prompt_texts") strings. tau and the acceptance rates
 come from decoding/stats.py (through quality.speculative_run, a QualityRow per draft and
 grid point); wall-clock speed is speed.py's, with the settings of one `SpeedConfig`, shared
@@ -117,14 +117,14 @@ class TaskScorer:
     return self.vocabulary.decode([int(i) for i in ids])
 
   def metrics(self, references: Sequence[str], predictions: Sequence[str]) -> dict:
-    from distillspec_jax.data import batches as data
-    return data.compute_metrics(self.task, list(references), list(predictions))
+    from distillspec_jax.data import batches as batches_lib
+    return batches_lib.compute_metrics(self.task, list(references), list(predictions))
 
 
 def task_scorer(task: str, vocabulary: Any = None) -> TaskScorer:
   """The scorer of a registered task (`vocabulary` None: its targets' vocabulary)."""
-  from distillspec_jax.data import batches as data
-  return TaskScorer(task, vocabulary if vocabulary is not None else data.get_vocabulary(task))
+  from distillspec_jax.data import batches as batches_lib
+  return TaskScorer(task, vocabulary if vocabulary is not None else batches_lib.get_vocabulary(task))
 
 
 def quality_alone(models: Mapping[str, tuple], examples: dict, scorer: TaskScorer, *,

@@ -6,7 +6,7 @@
 Every evaluation batch of `batch_size` rows is split over the mesh's 'data' axis
 (placement.BatchPlacement); a process hands the decoders only the rows its devices hold. So
 each process reads and tokenizes only the examples at those positions of the split
-(data.RowSelection: rows [start, stop) of every `batch_size`; process 0 also the first
+(batches.RowSelection: rows [start, stop) of every `batch_size`; process 0 also the first
 `leading`, which it times alone), picked from the source's records before any preprocessor
 runs. What every process needs of every row is small and is gathered
 (`multihost.all_gather_objects`): the texts (metrics and inference lines are computed from
@@ -28,7 +28,7 @@ from typing import Mapping, Optional
 import jax
 import numpy as np
 
-from distillspec_jax.data import batches as data
+from distillspec_jax.data import batches
 from distillspec_jax.evaluation.placement import BatchPlacement
 from distillspec_jax.training import multihost
 
@@ -42,20 +42,20 @@ def read_examples(task: str, split: str, sequence_lengths: Optional[Mapping[str,
                   leading: int = 0, **reading) -> tuple:
   """(examples, placement) of this process's evaluation of `task`.
 
-  examples: data.get_prompts_and_targets' dict over all N rows ("prompts" [N, P], "targets"
+  examples: batches.get_prompts_and_targets' dict over all N rows ("prompts" [N, P], "targets"
     [N, T], lengths [N], texts), with "local" bool [N]: the rows whose tokens this process
     read (the others are zeros). placement: the BatchPlacement of every batch (`batch_size`
     rows; None = all N in one batch), or None without a mesh.
-  `reading`: more keyword arguments of data.get_prompts_and_targets (on_long_prompt,
+  `reading`: more keyword arguments of batches.get_prompts_and_targets (on_long_prompt,
   lm_prompt_length).
   """
   period = batch_size or num_examples
   place = None if mesh is None else BatchPlacement(mesh, period)
   if place is not None and jax.process_count() > 1 and place.split:
     rows = place.rows
-    selection = data.RowSelection(period, rows.start, rows.stop,
+    selection = batches.RowSelection(period, rows.start, rows.stop,
                                   leading if multihost.is_primary() else 0)
-    mine = data.get_prompts_and_targets(task, split, sequence_lengths,
+    mine = batches.get_prompts_and_targets(task, split, sequence_lengths,
                                         num_examples=num_examples, rows=selection, **reading)
     parts = multihost.all_gather_objects(
         {"complete": mine["complete"], **{k: mine[k] for k in SHARED_FIELDS}})
@@ -67,7 +67,7 @@ def read_examples(task: str, split: str, sequence_lengths: Optional[Mapping[str,
     logging.warning("Evaluation of %s/%s: the rows do not match the split's positions one to "
                     "one (or fewer than %d examples); every process reads the whole split.",
                     task, split, num_examples)
-  examples = data.get_prompts_and_targets(task, split, sequence_lengths,
+  examples = batches.get_prompts_and_targets(task, split, sequence_lengths,
                                           num_examples=num_examples, **reading)
   examples["local"] = np.ones(len(examples["prompts"]), bool)
   if mesh is not None:

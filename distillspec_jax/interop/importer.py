@@ -29,7 +29,7 @@ import numpy as np
 
 from distillspec_jax.interop import hf_llama
 from distillspec_jax.interop import hf_t5
-from distillspec_jax.interop import t5x as t5x_checkpoints
+from distillspec_jax.interop import t5x as t5x_lib
 from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.model import Model
 from distillspec_jax.training import checkpoints
@@ -167,7 +167,7 @@ def detect_format(path: str) -> str:
   if os.path.isdir(path) and _ours_params_dir(path) is not None:
     return "ours"
   try:
-    t5x_checkpoints.resolve_checkpoint_dir(path)
+    t5x_lib.resolve_checkpoint_dir(path)
     return "t5x"
   except FileNotFoundError:
     pass
@@ -194,10 +194,10 @@ def load_checkpoint(path: str, config: Optional[TransformerConfig] = None, *,
     return _hf_family(path, config).load_hf(path, config)
   if fmt == "t5x":
     if config is None:
-      stored = t5x_checkpoints.read_t5x_params(path)
+      stored = t5x_lib.read_t5x_params(path)
       _refuse_llama_without_config(stored, path)
       config = config_from_params(stored)
-    return t5x_checkpoints.load_t5x(path, config), config
+    return t5x_lib.load_t5x(path, config), config
   if fmt == "ours":
     if config is None:
       stored = _ours_shapes(path)
@@ -229,7 +229,7 @@ def stored_shapes(path: str, config: TransformerConfig, fmt: Optional[str] = Non
   if fmt == "hf":
     return _hf_family(path, config).shapes_from_hf(hf_t5.read_hf_shapes(path), config)
   if fmt == "t5x":
-    return t5x_checkpoints.read_t5x_shapes(path)
+    return t5x_lib.read_t5x_shapes(path)
   if fmt == "ours":
     return _ours_shapes(path)
   raise ValueError(f"Unknown format {fmt!r}; use one of {FORMATS}.")
@@ -314,6 +314,6 @@ def save_checkpoint(params: Params, config: TransformerConfig, path: str, fmt: s
   elif fmt == "hf":
     hf_t5.save_hf(params, config, path)
   elif fmt == "t5x":
-    t5x_checkpoints.save_t5x(params, path)
+    t5x_lib.save_t5x(params, path)
   else:
     raise ValueError(f"Unknown format {fmt!r}; use one of {FORMATS}.")

@@ -38,7 +38,7 @@ import numpy as np
 
 from distillspec_jax.core.validation import check_field_types, check_finite, check_positive_int
 from distillspec_jax.studies import pipeline
-from distillspec_jax.studies import common as studies
+from distillspec_jax.studies import common
 from distillspec_jax.models.config import model_config
 from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.core.files import read_json, write_json_atomic, write_text_atomic
@@ -128,7 +128,7 @@ class GardenConfig(PipelineConfig):
 
   def check_inputs(self) -> None:
     super().check_inputs()
-    studies.check_reuse_run_dir(self.reuse_run_dir)
+    common.check_reuse_run_dir(self.reuse_run_dir)
 
   @property
   def middle_sizes(self) -> tuple:
@@ -196,7 +196,7 @@ class GardenConfig(PipelineConfig):
   def stage_functions(self) -> dict:
     fns = {"vocab": pipeline.stage_vocab, "target": pipeline.stage_finetune,
            "draft_raw": pipeline.stage_finetune}
-    fns = {k: studies.reusing(fn, self.reuse_run_dir) for k, fn in fns.items()}
+    fns = {k: common.reusing(fn, self.reuse_run_dir) for k, fn in fns.items()}
     fns.update({self.raw_stage(s): stage_middle_finetune for s in self.middle_sizes})
     fns.update({s: stage_garden_distill for s in self.distill_stages})
     fns.update(evaluate=stage_evaluate, report=stage_report)
@@ -241,7 +241,7 @@ def stage_garden_distill(config: GardenConfig, stage: str) -> dict:
     overrides["divergence"] = config.divergence
   distillation = DistillationConfig.from_recipe(config.recipes[0], **overrides)
   teacher, student = model_of(config, teacher_stage), model_of(config, stage)
-  summary = studies.distill_toward(
+  summary = common.distill_toward(
       config, stage, teacher, _params(config, teacher_stage), student,
       _params(config, config.raw_stage(student_size)), distillation)
   return dict(summary, recipe=config.recipes[0], teacher=teacher_stage,

@@ -185,7 +185,7 @@ def _trained_vocabulary_path(config: PipelineConfig) -> str:
 def register_task(config: PipelineConfig, vocabulary=None):
   """Registers the task with the job's vocabulary (the embedded task's own, or the one the
   vocab stage trained, or the task's default)."""
-  from distillspec_jax.data import batches as data_lib
+  from distillspec_jax.data import batches as batches_lib
   from distillspec_jax.data import tasks
   if config.task == tasks.EMBEDDED_TASK_NAME:
     vocabulary = tasks.embedded.embedded_vocabulary(config.stage_dir("vocab"), config.vocab_size)
@@ -194,12 +194,12 @@ def register_task(config: PipelineConfig, vocabulary=None):
     if vocabulary is None and config.train_vocabulary:
       vocabulary = _trained_vocabulary_path(config)
     tasks.register_file_tasks(config.data_dir, vocabulary=vocabulary)
-  return data_lib.get_task(config.task)
+  return batches_lib.get_task(config.task)
 
 
 def stage_vocab(config: PipelineConfig, stage: str) -> dict:
   """Builds the vocabulary and tokenizes the train split once into train.npz."""
-  from distillspec_jax.data import batches as data_lib
+  from distillspec_jax.data import batches as batches_lib
   from distillspec_jax.data.tasks import embedded
   if config.task == embedded.TASK_NAME:
     embedded.build_embedded_vocabulary(config.stage_dir(stage), config.vocab_size)
@@ -221,7 +221,7 @@ def stage_vocab(config: PipelineConfig, stage: str) -> dict:
   if config.train_examples and total:
     total = min(total, config.train_examples)
   arrays, count = {}, 0
-  batches = data_lib.get_dataset(config.task, "train", config.task_feature_lengths,
+  batches = batches_lib.get_dataset(config.task, "train", config.task_feature_lengths,
                                  batch_size=1024, feature_converter=config.feature_converter)
   progress = tqdm(batches, desc="tokenize train split", unit="batch", dynamic_ncols=True,
                   total=-(-total // 1024) if total else None, disable=not config.progress_bar)
@@ -250,10 +250,10 @@ def train_data(config: PipelineConfig):
   """The training data source: indexed in-memory arrays, or a deterministic seqio stream
   factory (the trainer re-creates it and skips the consumed batches on resume)."""
   if not config.in_memory_data:
-    from distillspec_jax.data import batches as data_lib
+    from distillspec_jax.data import batches as batches_lib
     register_task(config)
     # Each process streams its own seqio shard (multihost.DataShard.shard_info()).
-    return lambda shard=None: data_lib.get_dataset(
+    return lambda shard=None: batches_lib.get_dataset(
         config.task, "train", config.task_feature_lengths,
         shard.local_batch_size if shard else config.batch_size, shuffle=True,
         seed=config.seed, num_epochs=None, drop_remainder=True,
@@ -361,11 +361,11 @@ def _heldout_examples(config: PipelineConfig, num_examples: int, split: str,
   """(examples, placement) of held-out examples: evaluation.examples.read_examples, so that
   on a `mesh` spanning processes each reads only the rows of every `batch_size` it holds
   (placement None without a mesh)."""
-  from distillspec_jax.data import batches as data_lib
+  from distillspec_jax.data import batches as batches_lib
   from distillspec_jax.evaluation import examples as examples_lib
   register_task(config)
   task = task or config.task
-  split = split if split in data_lib.get_task(task).splits else "test"
+  split = split if split in batches_lib.get_task(task).splits else "test"
   return examples_lib.read_examples(
       task, split, config.task_feature_lengths, num_examples=num_examples, mesh=mesh,
       batch_size=batch_size, on_long_prompt="truncate", lm_prompt_length=config.lm_prompt_length)

@@ -27,9 +27,9 @@ from typing import Optional
 import numpy as np
 
 from distillspec_jax.core.validation import check_field_types, check_finite
-from distillspec_jax.evaluation import evaluate as evaluate_lib
+from distillspec_jax.evaluation import evaluate
 from distillspec_jax.studies import pipeline
-from distillspec_jax.studies import common as studies
+from distillspec_jax.studies import common as common_lib
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
 from distillspec_jax.distill.divergences import DIVERGENCES
 from distillspec_jax.core.files import read_json, write_json_atomic, write_text_atomic
@@ -88,7 +88,7 @@ class RecipeGridConfig(PipelineConfig):
 
   def check_inputs(self) -> None:
     super().check_inputs()
-    studies.check_reuse_run_dir(self.reuse_run_dir)
+    common_lib.check_reuse_run_dir(self.reuse_run_dir)
 
   @property
   def cells(self) -> tuple:
@@ -109,7 +109,7 @@ class RecipeGridConfig(PipelineConfig):
     return super().dependencies(stage)
 
   def stage_functions(self) -> dict:
-    reuse = lambda fn: studies.reusing(fn, self.reuse_run_dir)
+    reuse = lambda fn: common_lib.reusing(fn, self.reuse_run_dir)
     return {"vocab": reuse(pipeline.stage_vocab), "target": reuse(pipeline.stage_finetune),
             "draft_raw": reuse(pipeline.stage_finetune), "distill": stage_cell,
             "report": stage_report}
@@ -152,7 +152,7 @@ def stage_cell(config: RecipeGridConfig, stage: str) -> dict:
       recipe, divergence=divergence, max_new_tokens=config.task_feature_lengths["targets"])
   target, draft = pipeline.models(config)
   target_params = pipeline.load_params(config, "target", target)
-  summary = studies.distill_toward(config, stage, target, target_params, draft,
+  summary = common_lib.distill_toward(config, stage, target, target_params, draft,
                                    pipeline.load_params(config, "draft_raw", draft),
                                    distillation)
   params = pipeline.load_params(config, stage, draft)
@@ -165,7 +165,7 @@ def grid_statistics(config: RecipeGridConfig, target, target_params, draft, draf
   """[{gamma, temperature, tau, tau_stderr, alpha}] of one draft on the first
   `eval_examples` test prompts (fixed seed: every cell sees the same prompts and keys)."""
   examples = pipeline.heldout_prompts(config, config.eval_examples, split="test")
-  rows = evaluate_lib.speculative_grid(
+  rows = evaluate.speculative_grid(
       target, target_params, {"draft": (draft, draft_params)}, examples, None,
       gammas=config.gammas, temperatures=config.temperatures,
       max_new_tokens=config.max_new_tokens, seed=config.seed)

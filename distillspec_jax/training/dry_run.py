@@ -34,7 +34,6 @@ per-device shapes on far fewer simulated devices (bench/memory_table.py measured
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import time
 from typing import Any, Callable, Optional, Sequence

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from distillspec_jax.data import vocabularies
 from distillspec_jax.data.tasks import metrics
-from distillspec_jax.data.tasks import preprocessors as prep
+from distillspec_jax.data.tasks import preprocessors
 from distillspec_jax.data.tasks import tfds_tasks
 
 MIXTURE_NAME = "bbh"
@@ -104,7 +104,7 @@ def register_bbh_tasks(directory: str, vocabulary: Optional[vocabularies.VocabLi
         splits=("test",))
     tfds_tasks.register_task(
         name, source=source, output_features=tfds_tasks.text_features(vocab),
-        preprocessors=tfds_tasks.text_task_preprocessors(prep.bbh_cot),
+        preprocessors=tfds_tasks.text_task_preprocessors(preprocessors.bbh_cot),
         metric_fns=[metrics.bbh_exact_match])
     names.append(name)
   tfds_tasks.register_mixture(mixture_name, names)

@@ -37,7 +37,7 @@ import tensorflow as tf
 from distillspec_jax.data import vocabularies
 from distillspec_jax.data.tasks import bbh
 from distillspec_jax.data.tasks import metrics
-from distillspec_jax.data.tasks import preprocessors as prep
+from distillspec_jax.data.tasks import preprocessors
 from distillspec_jax.data.tasks import tfds_tasks
 
 SPLIT_ALIASES = {
@@ -273,7 +273,7 @@ def register_gsm8k_files(directory: str, vocabulary: Optional[vocabularies.Vocab
   return tfds_tasks.register_task(
       name, source=records_source(files, functools.partial(_jsonl_records, keys=("question", "answer"))),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),
-      preprocessors=tfds_tasks.text_task_preprocessors(prep.gsm8k_cot),
+      preprocessors=tfds_tasks.text_task_preprocessors(preprocessors.gsm8k_cot),
       metric_fns=list(tfds_tasks.GSM8K_METRICS))
 
 
@@ -287,7 +287,7 @@ def register_xsum_files(directory: str, vocabulary: Optional[vocabularies.VocabL
       name, source=records_source(files, functools.partial(_jsonl_records, keys=("document", "summary"))),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),
       preprocessors=tfds_tasks.text_task_preprocessors(
-          prep.summarize, article_key="document", summary_key="summary"),
+          preprocessors.summarize, article_key="document", summary_key="summary"),
       metric_fns=list(tfds_tasks.SUMMARIZATION_METRICS))
 
 
@@ -302,7 +302,7 @@ def register_cnn_dailymail_files(directory: str,
       name, source=records_source(files, _cnndm_records),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),
       preprocessors=tfds_tasks.text_task_preprocessors(
-          prep.summarize, article_key="article", summary_key="highlights"),
+          preprocessors.summarize, article_key="article", summary_key="highlights"),
       metric_fns=list(tfds_tasks.SUMMARIZATION_METRICS))
 
 
@@ -325,7 +325,7 @@ def register_wmt_files(directory: str, vocabulary: Optional[vocabularies.VocabLi
           _wmt_records, source_language=source_language, target_language=target_language)),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),
       preprocessors=tfds_tasks.text_task_preprocessors(
-          prep.translate, source_language=source_language, target_language=target_language),
+          preprocessors.translate, source_language=source_language, target_language=target_language),
       metric_fns=list(tfds_tasks.TRANSLATION_METRICS))
 
 

@@ -20,14 +20,14 @@ seqio.DecoderFeatureConverter(pack=False) with lengths for 'inputs' and
 from __future__ import annotations
 
 import functools
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import seqio
 import tensorflow as tf
 
 from distillspec_jax.data import vocabularies
 from distillspec_jax.data.tasks import metrics
-from distillspec_jax.data.tasks import preprocessors as prep
+from distillspec_jax.data.tasks import preprocessors
 
 TFDS_TASK_NAMES = ("xsum", "cnn_dailymail", "gsm8k", "wmt14_en_de", "lm1b")
 
@@ -64,14 +64,14 @@ def register_mixture(name: str, tasks: Sequence[str], default_rate: float = 1.0,
 def text_task_preprocessors(format_fn: Callable, **kwargs) -> list:
   """[format (with kwargs), drop empty, tokenize, append EOS after trimming]."""
   return [functools.partial(format_fn, **kwargs) if kwargs else format_fn,
-          prep.filter_empty, seqio.preprocessors.tokenize,
+          preprocessors.filter_empty, seqio.preprocessors.tokenize,
           seqio.preprocessors.append_eos_after_trim]
 
 
 def lm_task_preprocessors(text_key: str = "text") -> list:
   """[text -> targets, drop empty, tokenize, append EOS after trimming]."""
-  return [functools.partial(prep.lm_text, text_key=text_key),
-          functools.partial(prep.filter_empty, keys=("targets",)),
+  return [functools.partial(preprocessors.lm_text, text_key=text_key),
+          functools.partial(preprocessors.filter_empty, keys=("targets",)),
           seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim]
 
 
@@ -127,26 +127,26 @@ def register_tfds_tasks(vocabulary: Optional[vocabularies.VocabLike] = None,
   three = ("train", "validation", "test")
   names = []
   register_task(f"xsum{suffix}", source=source("xsum:1.1.0", three), output_features=feats,
-                preprocessors=text_task_preprocessors(prep.summarize, article_key="document",
+                preprocessors=text_task_preprocessors(preprocessors.summarize, article_key="document",
                                                       summary_key="summary"),
                 metric_fns=list(SUMMARIZATION_METRICS))
   names.append(f"xsum{suffix}")
   mark_inputs_truncatable(f"xsum{suffix}")
   register_task(f"cnn_dailymail{suffix}", source=source("cnn_dailymail:3.4.0", three),
                 output_features=feats,
-                preprocessors=text_task_preprocessors(prep.summarize, article_key="article",
+                preprocessors=text_task_preprocessors(preprocessors.summarize, article_key="article",
                                                       summary_key="highlights"),
                 metric_fns=list(SUMMARIZATION_METRICS))
   names.append(f"cnn_dailymail{suffix}")
   mark_inputs_truncatable(f"cnn_dailymail{suffix}")
   register_task(f"gsm8k{suffix}", source=source("gsm8k:1.0.0", ("train", "test")),
                 output_features=feats,
-                preprocessors=text_task_preprocessors(prep.gsm8k_cot),
+                preprocessors=text_task_preprocessors(preprocessors.gsm8k_cot),
                 metric_fns=list(GSM8K_METRICS))
   names.append(f"gsm8k{suffix}")
   register_task(f"wmt14_en_de{suffix}", source=source("wmt14_translate/de-en:1.0.0", three),
                 output_features=feats,
-                preprocessors=text_task_preprocessors(prep.translate, source_language="en",
+                preprocessors=text_task_preprocessors(preprocessors.translate, source_language="en",
                                                       target_language="de"),
                 metric_fns=list(TRANSLATION_METRICS))
   names.append(f"wmt14_en_de{suffix}")

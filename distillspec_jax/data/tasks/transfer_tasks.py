@@ -25,13 +25,13 @@ import tensorflow as tf
 
 from distillspec_jax.data import vocabularies
 from distillspec_jax.data.tasks import file_tasks, metrics
-from distillspec_jax.data.tasks import preprocessors as prep
+from distillspec_jax.data.tasks import preprocessors as preprocessors_lib
 from distillspec_jax.data.tasks import tfds_tasks
 
 
 @seqio.map_over_dataset
 def _cot(x):
-  return {"inputs": prep.cot_prompt(x["question"]), "targets": tf.strings.strip(x["answer"])}
+  return {"inputs": preprocessors_lib.cot_prompt(x["question"]), "targets": tf.strings.strip(x["answer"])}
 
 
 def cot_question_answer(dataset: tf.data.Dataset) -> tf.data.Dataset:
