@@ -55,7 +55,7 @@ def run(args):
                       gammas=args.gammas or ([1, 5] if args.quick else list(range(1, 9))),
                       temperatures=args.temperatures or [0.0, 1.0],
                       max_new_tokens=args.max_new_tokens,
-                      repeats=args.repeats or (3 if args.quick else 7), eos_id=-1)
+                      repeats=args.repeats or (3 if args.quick else 7), eos_id=-1).to_json()
   step = out["per_call_s"]["target_step"]
   for row in out["rows"]:
     row["c"] = out["per_call_s"]["draft:draft_step_1"] / step
@@ -68,7 +68,7 @@ def run(args):
 
 def print_table(report):
   header = ("gamma", "temperature", "tau", "c", "speedup", "spread", "cost_model", "overhead")
-  keys = ("gamma", "temperature", "tau", "c", "speedup", "speedup_spread",
+  keys = ("gamma", "temperature", "timed_tau", "c", "speedup", "speedup_spread",
           "cost_model_speedup", "overhead")
   print(" | ".join(f"{h:>11}" for h in header))
   for row in report["rows"]:

@@ -71,7 +71,7 @@ def main(argv=None):
       stats = quality.speculative_statistics(
           target, target_params, draft, draft_params, prompts, gamma=args.gamma,
           temperature=temperature, max_new_tokens=config.max_new_tokens, seed=config.seed)
-      row[f"T{temperature:g}"] = {key: stats[key] for key in ("tau", "tau_stderr", "alpha")}
+      row[f"T{temperature:g}"] = stats.to_json()
     distill_dir = config.stage_dir("distill_supervised_kd")
     marker = files.read_json(os.path.join(distill_dir, pipeline.DONE))
     row.update(distill_wall_clock_s=marker["wall_clock_s"], final_loss=marker["final_loss"],
@@ -83,12 +83,13 @@ def main(argv=None):
     results["variants"][name] = row
     print(json.dumps({name: row}), flush=True)
   files.write_json_atomic(args.out, results)
-  print("\n| variant | tau T=0 | tau T=1 | alpha T=0 | alpha T=1 | distill s | cache MB |")
+  print("\n| variant | tau T=0 | tau T=1 | draft acceptance rate T=0 | draft acceptance rate "
+        "T=1 | distill s | cache MB |")
   print("|---|---:|---:|---:|---:|---:|---:|")
   for name, row in results["variants"].items():
     print(f"| {name} | {row['T0']['tau']:.3f} ± {row['T0']['tau_stderr']:.3f} | "
-          f"{row['T1']['tau']:.3f} ± {row['T1']['tau_stderr']:.3f} | {row['T0']['alpha']:.3f} | "
-          f"{row['T1']['alpha']:.3f} | {row['distill_wall_clock_s']:.0f} | "
+          f"{row['T1']['tau']:.3f} ± {row['T1']['tau_stderr']:.3f} | {row['T0']['draft_acceptance_rate']:.3f} | "
+          f"{row['T1']['draft_acceptance_rate']:.3f} | {row['distill_wall_clock_s']:.0f} | "
           f"{row.get('cache_bytes', 0) / 2**20:.0f} |")
   return results
 

@@ -41,9 +41,10 @@ def speedups(log: list, result: dict, calls: int) -> dict:
   """(draft, gamma, T) -> speedup per repeat from each repeat's first `calls` cycles."""
   from distillspec_jax.evaluation import speed
   from distillspec_jax.decoding.speculative import Lenience
-  per_cycle = {("plain", t): result.get("plain_calls_per_cycle", 1)
+  per_cycle = {("plain", t): result["protocol"]["plain_calls_per_cycle"]
                for t in {row["temperature"] for row in result["rows"]}}
-  times = speed.repeat_times(log, result["repeats"], calls, calls_per_cycle=per_cycle)
+  times = speed.repeat_times(log, result["protocol"]["repeats"], calls,
+                             calls_per_cycle=per_cycle)
   out = {}
   for row in result["rows"]:
     temperature = row["temperature"]
@@ -56,14 +57,19 @@ def speedups(log: list, result: dict, calls: int) -> dict:
   return out
 
 
+def _with_protocol(result: dict, **changes) -> dict:
+  """`result` (a SpeedMeasurement's JSON) as if its protocol had `changes`."""
+  return {**result, "protocol": {**result["protocol"], **changes}}
+
+
 def row_spreads(rows: dict) -> dict:
   """row -> (max - min) / median of its speedups per repeat."""
   return {k: (max(v) - min(v)) / statistics.median(v) for k, v in rows.items()}
 
 
 def summarise(log: list, result: dict, grid: list) -> list:
-  everything = {k: statistics.median(v)
-                for k, v in speedups(log, result, result["timed_per_repeat"]).items()}
+  calls = result["protocol"]["timed_per_repeat"]
+  everything = {k: statistics.median(v) for k, v in speedups(log, result, calls).items()}
   lines = []
   for calls in grid:
     rows = speedups(log, result, calls)
@@ -82,13 +88,13 @@ def pooled_speedups(log: list, result: dict) -> dict:
   """(draft, gamma, T) -> speedup from each window's fastest time over all calls, pooled into
   one repeat."""
   one = [(key, 0, windows) for key, _, windows in log]
-  return {k: v[0] for k, v in speedups(one, {**result, "repeats": 1}, None).items()}
+  return {k: v[0] for k, v in speedups(one, _with_protocol(result, repeats=1), None).items()}
 
 
 def one_plain_call_per_cycle(log: list, result: dict) -> list:
   """`log` with only the first of each cycle's plain-decoding calls: the same cycles as
   timed, as if plain decoding had been called once per cycle (`plain_calls_per_cycle` = 1)."""
-  per_cycle = result.get("plain_calls_per_cycle", 1)
+  per_cycle = result["protocol"]["plain_calls_per_cycle"]
   seen, kept = {}, []
   for key, repeat, windows in log:
     if key[0] == "plain":
@@ -148,9 +154,9 @@ def main(argv=None) -> None:
   from distillspec_jax.main import load_pipeline
   config = load_pipeline(gin_args + [f"--gin.PipelineConfig.speed_budget_s={args.budget}"])
   log = []
-  result = pipeline.measure_run_speed(config, windows_log=log)
-  grid = sorted({min(int(c), result["timed_per_repeat"]) for c in args.calls.split(",")}
-                | {result["timed_per_repeat"]})
+  result = pipeline.measure_run_speed(config, windows_log=log).to_json()
+  timed = result["protocol"]["timed_per_repeat"]
+  grid = sorted({min(int(c), timed) for c in args.calls.split(",")} | {timed})
   lines = summarise(log, result, grid)
   for line in lines:
     print(f"{line['calls']:3d} calls per repeat: largest spread {line['max_spread']:.1%}, "
@@ -174,19 +180,19 @@ def main(argv=None) -> None:
         f"{max(ratios):.2f}")
   # The same cycles with every plain call against the first of each cycle's only.
   plain_calls = {
-      f"{result['plain_calls_per_cycle']} per cycle": spread_counts(
+      f"{result['protocol']['plain_calls_per_cycle']} per cycle": spread_counts(
           speedups(log, result, None)),
       "1 per cycle (the first)": spread_counts(
-          speedups(one_plain_call_per_cycle(log, result), {**result,
-                                                           "plain_calls_per_cycle": 1}, None))}
+          speedups(one_plain_call_per_cycle(log, result), _with_protocol(
+              result, plain_calls_per_cycle=1), None))}
   for name, counts in plain_calls.items():
     print(f"plain decoding {name}: {counts['rows_spread_within_10_percent']} of "
           f"{len(result['rows'])} spreads within 10%, median spread "
           f"{counts['median_spread']:.1%}")
-  report = {"budget_s": args.budget, "timed_per_repeat": result["timed_per_repeat"],
-            "plain_calls_per_cycle": result["plain_calls_per_cycle"],
+  report = {"budget_s": args.budget, "timed_per_repeat": result["protocol"]["timed_per_repeat"],
+            "plain_calls_per_cycle": result["protocol"]["plain_calls_per_cycle"],
             "spreads_by_plain_calls": plain_calls,
-            "repeats": result["repeats"], "interference": result["interference"],
+            "repeats": result["protocol"]["repeats"], "interference": result["interference"],
             "per_call_s": result["per_call_s"], "machine": result["machine"],
             "by_calls": lines, "quiet_timeline": timeline, "pooled_speedups": floors}
   with open(args.out, "w") as f:

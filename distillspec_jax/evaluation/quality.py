@@ -178,14 +178,14 @@ def quality(model: Model, params, prompts, targets, target_texts, max_new_tokens
 
 def speculative_statistics(target: Model, target_params, draft: Model, draft_params, prompts,
                            *, gamma: int, temperature: float, max_new_tokens: int,
-                           seed: int = 0, lenience: Lenience = Lenience()) -> dict:
-  """tau (with its standard error over prompts) and alpha of speculative decoding of
+                           seed: int = 0, lenience: Lenience = Lenience()) -> Acceptance:
+  """The Acceptance statistics (without the per-position ones) of speculative decoding of
   `prompts: [N, P]` in one batch (the statistics do not depend on the batching)."""
   result = speculative_decode(target, target_params, draft, draft_params,
                               max_new_tokens=max_new_tokens, gamma=gamma,
                               sampling=SamplingConfig(temperature), lenience=lenience,
                               rng=jax.random.PRNGKey(seed), **prompt_inputs(target, prompts))
-  return block_efficiency_stats(result)
+  return Acceptance.from_json(block_efficiency_stats(result))
 
 
 # --- the evaluation binary's measurements (distillspec_jax/eval.py) ------------------------------

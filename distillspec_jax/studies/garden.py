@@ -42,6 +42,8 @@ from distillspec_jax.studies import common
 from distillspec_jax.models.config import model_config
 from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.core.files import read_json, write_json_atomic, write_text_atomic
+from distillspec_jax.evaluation import evaluate
+from distillspec_jax.evaluation import speed
 from distillspec_jax.models.model import Model
 from distillspec_jax.studies.pipeline import PipelineConfig
 
@@ -252,7 +254,6 @@ def measure_garden_speed(config: GardenConfig) -> dict:
   """{target stage: speed.measure_speed result} with that target's drafts of the garden's
   pairs (none for models only used alone). Loads what it needs, so it can run pinned."""
   from tqdm.auto import tqdm
-  from distillspec_jax.evaluation import speed
   prompts = pipeline.heldout_prompts(config, config.speed_examples, split="test")["prompts"]
   targets = list(dict.fromkeys(t for _, t, _ in config.points()))
   timing = {}
@@ -271,11 +272,10 @@ def stage_evaluate(config: GardenConfig, stage: str) -> dict:
   """Quality of every model alone and of every pair's speculative outputs (T = 0), tau of
   every pair, and the timing; writes `<run_dir>/evaluate/eval.json`."""
   from tqdm.auto import tqdm
-  from distillspec_jax.evaluation import evaluate as evaluate_lib
   from distillspec_jax.evaluation import pinning
   examples = pipeline.heldout_prompts(config, config.eval_examples, split="test")
   pipeline.check_speed_prompts(config, examples)
-  scorer = evaluate_lib.task_scorer(config.task, pipeline.register_task(
+  scorer = evaluate.task_scorer(config.task, pipeline.register_task(
       config).output_features["targets"].vocabulary)
   results = {"alone": {}, "pairs": [], "num_params": {}}
   points = config.points()
@@ -286,21 +286,20 @@ def stage_evaluate(config: GardenConfig, stage: str) -> dict:
       target_params = _params(config, target_stage)
       results["num_params"][target_stage] = target.num_params()
       if draft_stage is None:
-        results["alone"].update(evaluate_lib.quality_alone(
+        results["alone"].update(evaluate.quality_alone(
             {target_stage: (target, target_params)}, examples, scorer,
             max_new_tokens=config.max_new_tokens))
       else:
-        row, = evaluate_lib.speculative_grid(
+        row, = evaluate.speculative_grid(
             target, target_params, {draft_stage: (model_of(config, draft_stage),
                                                   _params(config, draft_stage))},
             examples, scorer, gammas=config.gammas, temperatures=config.temperatures,
             max_new_tokens=config.max_new_tokens, seed=config.seed)
         results["pairs"].append({"strategy": strategy, "target": target_stage,
-                                 "draft": draft_stage,
-                                 **{k: row[k] for k in ("quality", "tau", "tau_stderr",
-                                                        "alpha")}})
+                                 **evaluate.EvaluationRow.of(config.task, row).to_json()})
       bar.update(1)
-  results["timing"] = pinning.run_pinned(config.speed_cpus, measure_garden_speed, config)
+  results["timing"] = {stage: timing.to_json() for stage, timing in pinning.run_pinned(
+      config.speed_cpus, measure_garden_speed, config).items()}
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
   return {"num_test_prompts": int(len(examples["prompts"]))}
 
@@ -308,33 +307,35 @@ def stage_evaluate(config: GardenConfig, stage: str) -> dict:
 # --- report --------------------------------------------------------------------------------------
 
 
-def _seconds_per_token(plain: dict) -> tuple:
-  """(median, [min, max]) end-to-end seconds per token of a measure_speed 'plain' entry."""
-  tokens = plain["tokens"]
-  return plain["seconds"] / tokens, [s / tokens for s in plain["seconds_range"]]
+def _seconds_per_token(plain) -> tuple:
+  """(median, [min, max]) end-to-end seconds per token of a speed.PlainSpeed."""
+  return plain.seconds / plain.tokens, [s / plain.tokens for s in plain.seconds_range]
 
 
 def build_points(config: GardenConfig, evaluation_result: dict) -> list:
   """report.json's points [{strategy, target, draft, quality, relative_latency,
   relative_latency_range, pareto, ...}] from the evaluate stage's eval.json."""
-  timing = evaluation_result["timing"]
-  reference, _ = _seconds_per_token(timing["target"]["plain"]["0.0"])
-  pairs = {(p["target"], p["draft"]): p for p in evaluation_result["pairs"]}
+  timing = {stage: speed.SpeedMeasurement.from_json(measured)
+            for stage, measured in evaluation_result["timing"].items()}
+  reference, _ = _seconds_per_token(timing["target"].plain["0.0"])
+  pairs = {(p["target"], p["draft"]): evaluate.EvaluationRow.from_json(p)
+           for p in evaluation_result["pairs"]}
   points = []
   for strategy, target_stage, draft_stage in config.points():
-    plain_spt, plain_range = _seconds_per_token(timing[target_stage]["plain"]["0.0"])
+    plain_spt, plain_range = _seconds_per_token(timing[target_stage].plain["0.0"])
     if draft_stage is None:
       metrics = evaluation_result["alone"][target_stage]
       latency, latency_range, extra = plain_spt, plain_range, {}
     else:
       pair = pairs[(target_stage, draft_stage)]
-      metrics = pair["quality"]
-      row = next(r for r in timing[target_stage]["rows"] if r["draft"] == draft_stage)
-      low, high = row["end_to_end_speedup_range"]
-      latency = plain_spt / row["end_to_end_speedup"]
+      metrics = pair.quality
+      speedups = next(r for r in timing[target_stage].rows
+                      if r.draft == draft_stage).figures.speedups
+      low, high = speedups.end_to_end_speedup_range
+      latency = plain_spt / speedups.end_to_end_speedup
       latency_range = [plain_spt / high, plain_spt / low]
-      extra = {"tau": pair["tau"], "tau_stderr": pair["tau_stderr"],
-               "end_to_end_speedup": row["end_to_end_speedup"]}
+      extra = {"tau": pair.acceptance.tau, "tau_stderr": pair.acceptance.tau_stderr,
+               "end_to_end_speedup": speedups.end_to_end_speedup}
     if config.quality_metric not in metrics:
       raise ValueError(f"quality_metric={config.quality_metric!r} is not among the task's "
                        f"metrics {sorted(k for k in metrics if k != 'example_prediction')}; "

@@ -9,7 +9,7 @@ from typing import Optional
 
 from distillspec_jax.core.validation import (check_field_types, check_int, check_path,
                                              check_positive_int)
-from distillspec_jax.distill.objectives import DistillationConfig
+from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
 from distillspec_jax.evaluation.evaluate import (SpeedConfig, check_checkpoint,
                                                  check_decoding_grid)
 from distillspec_jax.models.config import DTYPES, REMAT_POLICIES, model_config
@@ -50,7 +50,7 @@ class PipelineConfig:
       example that form the decoding prompt.
     eval_task: the task evaluated (None = `task`; e.g. BBH for a draft distilled on GSM8K,
       the paper's cross-task transfer).
-    recipes: distillation recipes to run (distillation.RECIPES names); divergence: their
+    recipes: distillation recipes to run (objectives.RECIPES names); divergence: their
       divergence (None = each recipe's default).
     gammas / temperatures: the speculative decoding grid of the evaluation.
     eval_examples: test prompts for quality and tau.
@@ -164,7 +164,8 @@ class PipelineConfig:
       check_int(getattr(self, name), name, 0)
     self._check_scale()
     if not self.recipes:
-      raise ValueError("recipes is empty; name at least one of distillation.RECIPES.")
+      raise ValueError(f"recipes=() is empty; name at least one of {sorted(RECIPES)} (e.g. "
+                       "--gin.RECIPES=\"('supervised_kd',)\").")
     for recipe, steps in (self.recipe_steps or {}).items():
       if recipe not in self.recipes:
         raise ValueError(f"recipe_steps names {recipe!r}, which is not in "
@@ -274,7 +275,7 @@ class PipelineConfig:
 
 
 def distillation_config(config: PipelineConfig, recipe: str) -> DistillationConfig:
-  """The DistillationConfig of a recipe name (distillation.RECIPES, or "adaspec")."""
+  """The DistillationConfig of a recipe name (objectives.RECIPES, or "adaspec")."""
   overrides = {"max_new_tokens": config.task_feature_lengths["targets"]}
   if config.divergence:
     overrides["divergence"] = config.divergence

@@ -9,7 +9,7 @@ Stages (run_pipeline's bookkeeping, so an interrupted grid resumes cell by cell)
   vocab, target, draft_raw       the main job's (or copied from `reuse_run_dir`, e.g. runs/demo)
   distill_<recipe>-<divergence>  one cell: the raw draft distilled with that recipe and
                                  divergence for `distill_steps`, tau over the steps (gamma=5,
-                                 T=0, 32 validation prompts), then tau / alpha at every gamma
+                                 T=0, 32 validation prompts), then tau / draft_acceptance_rate at every gamma
                                  in `gammas` and T in `temperatures` on `eval_examples` test
                                  prompts; all of it in the cell's DONE.json
   report                         report.json, report.md, grid_heatmap.png, grid_tau_curves.png
@@ -50,7 +50,7 @@ class RecipeGridConfig(PipelineConfig):
   """A PipelineConfig whose distillation stages are the cells recipes x divergences.
 
   Attributes (besides PipelineConfig's; `divergence` must stay None):
-    recipes: data sources (distillation.RECIPES names).
+    recipes: data sources (objectives.RECIPES names).
     divergences: divergences.DIVERGENCES names; "jsd" is JSD(beta) with the recipes'
       beta = 0.5.
     gammas / temperatures: the grid's evaluation points (the paper's grid: gamma 5, T 0 and 1).
@@ -145,7 +145,7 @@ def _print_grid_progress(config: RecipeGridConfig, stage: str) -> None:
 
 def stage_cell(config: RecipeGridConfig, stage: str) -> dict:
   """One cell: the raw draft distilled with the cell's recipe and divergence, then tau and
-  alpha at every (gamma, temperature) of the grid on the test prompts."""
+  the acceptance rates at every (gamma, temperature) of the grid on the test prompts."""
   _print_grid_progress(config, stage)
   recipe, divergence = parse_cell_stage(stage)
   distillation = DistillationConfig.from_recipe(
@@ -162,22 +162,23 @@ def stage_cell(config: RecipeGridConfig, stage: str) -> dict:
 
 
 def grid_statistics(config: RecipeGridConfig, target, target_params, draft, draft_params) -> list:
-  """[{gamma, temperature, tau, tau_stderr, alpha}] of one draft on the first
-  `eval_examples` test prompts (fixed seed: every cell sees the same prompts and keys)."""
+  """[{gamma, temperature, and the quality.Acceptance keys (tau, tau_stderr,
+  draft_acceptance_rate, ...)}] of one draft on the first `eval_examples` test prompts
+  (fixed seed: every cell sees the same prompts and keys)."""
   examples = pipeline.heldout_prompts(config, config.eval_examples, split="test")
   rows = evaluate.speculative_grid(
       target, target_params, {"draft": (draft, draft_params)}, examples, None,
       gammas=config.gammas, temperatures=config.temperatures,
       max_new_tokens=config.max_new_tokens, seed=config.seed)
-  return [{k: row[k] for k in ("gamma", "temperature", "tau", "tau_stderr", "alpha")}
-          for row in rows]
+  return [dict(gamma=row.point.gamma, temperature=row.point.temperature,
+               **row.acceptance.to_json()) for row in rows]
 
 
 # --- report --------------------------------------------------------------------------------------
 
 
 def build_cells(config: RecipeGridConfig, markers: dict) -> list:
-  """report.json's cells [{recipe, divergence, temperature, gamma, tau, tau_stderr, alpha,
+  """report.json's cells [{recipe, divergence, temperature, gamma, tau, tau_stderr, ...,
   final_loss, wall_clock_s}] from {stage: DONE.json summary}."""
   cells = []
   for recipe, divergence in config.cells:
