@@ -8,7 +8,7 @@ stages are copied into `<work_dir>/<variant>/`, then each variant runs the main 
 distill_supervised_kd stage with the demo's settings and `--steps` distillation steps:
 "live" against the running target, "k<K>" from a teacher cache of K ids (the stage
 teacher_cache writes it first; K = vocabulary size is the full distribution). Every variant
-sees the same batches (same seed). tau and alpha at gamma = 5, T = 0 and T = 1, on the demo's
+sees the same batches (same seed). tau and the draft acceptance rate at gamma = 5, T = 0 and T = 1, on the demo's
 128 test prompts, are written to `--out` with the stages' wall clocks and the cache sizes.
 """
 

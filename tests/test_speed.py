@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from distillspec_jax.decoding import stats
-from distillspec_jax.evaluation import quality
+from distillspec_jax.evaluation.grid_point import GridPoint
 from distillspec_jax.evaluation import pinning
 from distillspec_jax.evaluation import speed
 from distillspec_jax.decoding.plain import SamplingConfig, prompt_inputs
@@ -42,9 +42,9 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
   out = speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, prompts,
                             gammas=(2, 3), temperatures=(0.0,), max_new_tokens=8,
                             repeats=2, seed=3, timed_per_turn=1, budget_s=2.0,
-                            progress=False)
+                            progress=False).to_json()
   # A budget adds calls beyond the minimum one per repeat (a cycle here takes ~0.2 s).
-  assert out["budget_s"] == 2.0 and out["timed_per_repeat"] > 1
+  assert out["protocol"]["budget_s"] == 2.0 and out["protocol"]["timed_per_repeat"] > 1
   # (T = 1 rows: the main job's smoke test.)
   assert {(r["draft"], r["gamma"], r["temperature"]) for r in out["rows"]} == {
       ("a", 2, 0.0), ("a", 3, 0.0)}
@@ -66,8 +66,8 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
     for name in ("speedup", "end_to_end_speedup"):
       low, high = row[f"{name}_prompt_interval"]
       assert 0 < low <= high
-    assert row["unreliable"] == (max(row["speedup_spread"], row["end_to_end_speedup_spread"])
-                                 > speed.SPREAD_LIMIT)
+    assert row["speedup_unreliable"] == (
+        max(row["speedup_spread"], row["end_to_end_speedup_spread"]) > speed.SPREAD_LIMIT)
     assert row["call_overhead_s"] >= 0
   assert out["machine"]["pinned"] == sorted(os.sched_getaffinity(0))
   assert set(out["per_call_s"]) >= {"target_step", "verification_2", "verification_3",
@@ -79,7 +79,7 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
   # Every window's fastest call is near its fastest: some share is quiet, none above 1.
   assert set(out["quiet_timeline"]) == {"plain", "verification_3"}
   for shares in out["quiet_timeline"].values():
-    assert len(shares) == min(10, 2 * out["timed_per_repeat"])
+    assert len(shares) == min(10, 2 * out["protocol"]["timed_per_repeat"])
     assert max(shares) > 0 and all(0 <= share <= 1 for share in shares)
   assert all(value >= 0 for value in out["interference"].values())
   assert 0 < out["per_call_s"]["stamp"] < out["plain"]["0.0"]["decode_seconds"] / len(prompts)
@@ -96,7 +96,7 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
       calls += int(result.target_calls[0])
       tokens += int(result.lengths[0])
     greedy = [r for r in out["rows"] if r["gamma"] == gamma][0]
-    assert greedy["tau"] == pytest.approx(produced / calls)
+    assert greedy["timed_tau"] == pytest.approx(produced / calls)
     assert (greedy["rounds"], greedy["tokens"]) == (calls, tokens)
 
 
@@ -108,8 +108,9 @@ def test_a_lenience_grid_is_timed_in_one_measurement_with_lossless_rules_shared(
   common = dict(gammas=(2,), temperatures=(1.0,), max_new_tokens=8, repeats=2, seed=5,
                 timed_per_turn=1, progress=False)
   log = []
-  out = speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, prompts,
-                            leniences=grid, windows_log=log, **common)
+  measured = speed.measure_speed(target, target_params, {"a": (draft, draft_params)},
+                                 prompts, leniences=grid, windows_log=log, **common)
+  out = measured.to_json()
   assert [(r["lenience"], r["epsilon"]) for r in out["rows"]] == [
       ("lin", 1.0), ("sq", 1.0), ("lin", 0.3)]
   # Every kind at epsilon 1 is the same (lossless) rule: timed once, reported for each.
@@ -128,12 +129,14 @@ def test_a_lenience_grid_is_timed_in_one_measurement_with_lossless_rules_shared(
     produced += int(result.produced[0])
     calls += int(result.target_calls[0])
     tokens += int(result.lengths[0])
-  assert (eps["tau"], eps["rounds"], eps["tokens"]) == (pytest.approx(produced / calls), calls,
-                                                       tokens)
-  fields = quality.speed_fields(out, 2, 1.0, lossy)
-  assert fields["speedup"] == eps["speedup"] and fields["speedup_range"] == eps["speedup_range"]
-  with pytest.raises(KeyError, match="lenience"):
-    quality.speed_fields(out, 2, 1.0, Lenience("exp", 0.5))
+  assert (eps["timed_tau"], eps["rounds"], eps["tokens"]) == (
+      pytest.approx(produced / calls), calls, tokens)
+  # An evaluation row finds its timing by its grid point; the JSON form reads back the same.
+  speedups = measured.row("a", GridPoint.of(2, 1.0, lossy)).figures.speedups
+  assert speedups.speedup == eps["speedup"] and speedups.speedup_range == eps["speedup_range"]
+  assert speed.SpeedMeasurement.from_json(out) == measured
+  with pytest.raises(KeyError, match="no row"):
+    measured.row("a", GridPoint.of(2, 1.0, Lenience("exp", 0.5)))
 
 
 @pytest.mark.parametrize("leniences, message", [
@@ -258,8 +261,10 @@ def test_interleaved_times_keep_each_windows_fastest_time_per_repeat(monkeypatch
     return call
 
   monkeypatch.setattr(speed.time, "perf_counter", lambda: clock[0])
-  times, calls, typical, rounds = speed.interleaved_times(
-      {"a": timed("a"), "b": timed("b")}, 2, timed_per_turn=3)
+  timed_calls = speed.interleaved_times({"a": timed("a"), "b": timed("b")}, 2,
+                                        timed_per_turn=3)
+  times, calls, typical, rounds = (timed_calls.windows, timed_calls.calls,
+                                   timed_calls.typical, timed_calls.calls_per_repeat)
   assert rounds == 3  # no budget: exactly timed_per_turn calls per repeat
   assert order == ["a", "b"] * 7  # interleaved: every cycle calls each function once
   # Repeat 0 = cycles 0, 2, 4: windows (5, 1), (2, 6), (4, 3) -> 2 + 1, from different calls;
@@ -284,9 +289,8 @@ def test_interleaved_times_keep_calling_in_whole_rounds_within_the_budget(monkey
     return None, np.array([0, int(window * 1_000_000)], np.int32)
 
   monkeypatch.setattr(speed.time, "perf_counter", lambda: clock[0])
-  log = []
-  times, calls, typical, rounds = speed.interleaved_times({"a": call}, 2, timed_per_turn=1,
-                                                          budget_s=5.0, windows_log=log)
+  timed_calls = speed.interleaved_times({"a": call}, 2, timed_per_turn=1, budget_s=5.0)
+  times, rounds, log = timed_calls.windows, timed_calls.calls_per_repeat, timed_calls.log
   assert count[0] == 1 + 4 and rounds == 2  # one untimed call, then 2 rounds of 2
   # Repeat 0 = calls 2, 4 (windows 1, 1/4); repeat 1 = calls 3, 5 (1, 1/5).
   assert times["a"] == pytest.approx([1 / 4, 1 / 5], abs=1e-5)
@@ -295,10 +299,12 @@ def test_interleaved_times_keep_calling_in_whole_rounds_within_the_budget(monkey
   assert speed.repeat_times(log, 2) == times
   assert speed.repeat_times(log, 2, calls=1)["a"] == pytest.approx([1.0, 1.0], abs=1e-5)
   # With a budget of 6 s the third round fits (ends at 6 s).
-  _, _, _, rounds = speed.interleaved_times({"a": call}, 2, timed_per_turn=1, budget_s=6.0)
+  rounds = speed.interleaved_times({"a": call}, 2, timed_per_turn=1,
+                                   budget_s=6.0).calls_per_repeat
   assert rounds == 3
   # The minimum rounds run even when the budget is spent.
-  _, _, _, rounds = speed.interleaved_times({"a": call}, 2, timed_per_turn=4, budget_s=1.0)
+  rounds = speed.interleaved_times({"a": call}, 2, timed_per_turn=4,
+                                   budget_s=1.0).calls_per_repeat
   assert rounds == 4
   for bad in (-1.0, float("nan"), "60"):
     with pytest.raises(ValueError, match="budget_s="):
@@ -320,10 +326,9 @@ def test_a_key_called_more_often_per_cycle_gets_every_call_in_its_repeat(monkeyp
 
   order = speed.cycle_order({"p": None, "s": None, "t": None, "u": None}, ["p"], 2)
   assert order == ["p", "s", "p", "t", "u"]  # spread over the cycle: before each half
-  log = []
-  times, _, _, rounds = speed.interleaved_times({"p": timed("p"), "s": timed("s")}, 2,
-                                                timed_per_turn=2, windows_log=log,
-                                                order=["p", "s", "p"])
+  timed_calls = speed.interleaved_times({"p": timed("p"), "s": timed("s")}, 2,
+                                        timed_per_turn=2, order=["p", "s", "p"])
+  times, rounds, log = timed_calls.windows, timed_calls.calls_per_repeat, timed_calls.log
   assert rounds == 2
   # One untimed cycle (calls 1-2; warm-up calls each function once), then 4 cycles of 3.
   assert made == ["p", "s"] + ["p", "s", "p"] * 4
@@ -379,16 +384,16 @@ def test_compared_speedups_decode_end_to_end_typical_and_the_spread_flag():
           "typical_setup": [2.0, 2.0], "prompt_tokens": np.array([5, 5]),
           "prompt_decode": np.array([1.0, 1.0]), "prompt_setup": np.array([1.0, 1.0])}
   out = speed.compared_speedups(10, spec, 10, plain)
-  assert out["speedup_repeats"] == [2.0, 1.6]
-  assert out["speedup_range"] == [1.6, 2.0] and out["speedup"] == pytest.approx(1.8)
-  assert out["end_to_end_speedup_range"] == pytest.approx([6 / 5, 6 / 4])
-  assert out["typical_speedup_range"] == pytest.approx([5 / 4, 6 / 3])
-  assert out["typical_end_to_end_speedup_range"] == pytest.approx([8 / 6, 8 / 5])
-  assert out["speedup_prompt_interval"] == [pytest.approx(2.0)] * 2
-  assert out["end_to_end_speedup_prompt_interval"] == [pytest.approx(1.5)] * 2
-  assert out["speedup_spread"] == pytest.approx(0.4 / 1.8) and out["unreliable"]
+  assert out.speedup_repeats == [2.0, 1.6]
+  assert out.speedup_range == [1.6, 2.0] and out.speedup == pytest.approx(1.8)
+  assert out.end_to_end_speedup_range == pytest.approx([6 / 5, 6 / 4])
+  assert out.typical_speedup_range == pytest.approx([5 / 4, 6 / 3])
+  assert out.typical_end_to_end_speedup_range == pytest.approx([8 / 6, 8 / 5])
+  assert out.speedup_prompt_interval == [pytest.approx(2.0)] * 2
+  assert out.end_to_end_speedup_prompt_interval == [pytest.approx(1.5)] * 2
+  assert out.speedup_spread == pytest.approx(0.4 / 1.8) and out.speedup_unreliable
   steady = dict(spec, decode=[2.0, 2.1], setup=[2.0, 2.0])
-  assert not speed.compared_speedups(10, steady, 10, plain)["unreliable"]
+  assert not speed.compared_speedups(10, steady, 10, plain).speedup_unreliable
 
 
 def test_an_adaptive_draft_length_is_timed_beside_the_fixed_gammas(pair):
@@ -399,15 +404,15 @@ def test_an_adaptive_draft_length_is_timed_beside_the_fixed_gammas(pair):
                             gammas=(3,), temperatures=(0.0,), max_new_tokens=8, repeats=2,
                             timed_per_turn=1, progress=False,
                             draft_lengths=(DraftLength(), rule))
-  fixed, adaptive = out["rows"]
+  fixed, adaptive = (row.to_json() for row in out.rows)
   assert (fixed["draft_length"], adaptive["draft_length"]) == ("fixed", "confidence")
   assert adaptive["threshold"] == 0.05 and adaptive["cost_model_speedup"] is None
   assert fixed["drafted"] == 3 * fixed["rounds"]
   assert adaptive["rounds"] <= adaptive["drafted"] <= 3 * adaptive["rounds"]
   low, high = adaptive["end_to_end_speedup_range"]
   assert 0 < low <= adaptive["end_to_end_speedup"] <= high
-  # The eval binary's fields are the fixed rule's.
-  assert quality.speed_fields(out, 3, 0.0)["speedup"] == fixed["speedup"]
+  # The eval binary's row at the fixed rule's point is the fixed rule's.
+  assert out.row("a", GridPoint.of(3, 0.0)).figures.speedups.speedup == fixed["speedup"]
   with pytest.raises(ValueError, match="draft_lengths has 'confidence'"):
     speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, _prompts(2),
                         gammas=(3,), temperatures=(0.0,), max_new_tokens=8,
