@@ -4,33 +4,39 @@ import math
 
 import pytest
 
+from distillspec_jax.evaluation import evaluate
+from distillspec_jax.evaluation import quality
 from distillspec_jax.evaluation import report as report_lib
+from distillspec_jax.evaluation import speed
+from distillspec_jax.evaluation.grid_point import GridPoint
 from distillspec_jax.studies.pipeline import PipelineConfig
 
 
-def _row(draft, temperature, gamma, tau, speedup):
-  return dict(draft=draft, temperature=temperature, gamma=gamma, tau=tau, tau_stderr=0.05,
-              alpha=0.5, alpha_proposed=0.55, speedup=speedup,
-              speedup_range=[speedup - 0.02, speedup + 0.03], cost_model_speedup=speedup + 0.05,
-              end_to_end_speedup=speedup - 0.1,
-              end_to_end_speedup_range=[speedup - 0.12, speedup - 0.08],
-              cost_model_end_to_end_speedup=speedup - 0.05, setup_s=0.01)
-
-
-def _new_fields(row, unreliable=False):
-  """The fields an evaluation has had since the serving engines' statistics and the
-  end-to-end and typical speedups (an earlier eval.json lacks them)."""
-  speedup = row["speedup"]
-  return dict(row, mean_acceptance_length=1 + row["gamma"] * 0.5, draft_acceptance_rate=0.5,
-              alpha_distillspec=0.7, acceptance_by_position=[0.7] * row["gamma"],
-              draft_acceptance_rate_by_position=[0.5] * row["gamma"],
-              speedup_spread=0.03, end_to_end_speedup_spread=0.2 if unreliable else 0.04,
-              typical_speedup=speedup - 0.2, typical_speedup_range=[speedup - 0.3, speedup],
-              typical_end_to_end_speedup=speedup - 0.25,
-              typical_end_to_end_speedup_range=[speedup - 0.3, speedup - 0.2],
-              speedup_prompt_interval=[speedup - 0.2, speedup + 0.2],
-              end_to_end_speedup_prompt_interval=[speedup - 0.3, speedup + 0.1],
-              unreliable=unreliable, call_overhead_s=0.002)
+def _row(draft, temperature, gamma, tau, speedup, unreliable=False):
+  """An eval.json row (an EvaluationRow's JSON) with made-up numbers."""
+  speedups = speed.Speedups(
+      speedup=speedup, speedup_range=[speedup - 0.02, speedup + 0.03], speedup_spread=0.03,
+      speedup_repeats=[speedup - 0.02, speedup + 0.03], end_to_end_speedup=speedup - 0.1,
+      end_to_end_speedup_range=[speedup - 0.12, speedup - 0.08],
+      end_to_end_speedup_spread=0.2 if unreliable else 0.04, typical_speedup=speedup - 0.2,
+      typical_speedup_range=[speedup - 0.3, speedup], typical_speedup_spread=0.25,
+      typical_end_to_end_speedup=speedup - 0.25,
+      typical_end_to_end_speedup_range=[speedup - 0.3, speedup - 0.2],
+      typical_end_to_end_speedup_spread=0.08,
+      speedup_prompt_interval=[speedup - 0.2, speedup + 0.2],
+      end_to_end_speedup_prompt_interval=[speedup - 0.3, speedup + 0.1],
+      speedup_unreliable=unreliable)
+  figures = speed.SpeedFigures(
+      speedups=speedups, cost_model_speedup=speedup + 0.05,
+      cost_model_end_to_end_speedup=speedup - 0.05, tokens_per_s=100.0 * speedup,
+      plain_tokens_per_s=100.0, setup_s=0.01, call_overhead_s=0.002, timed_tau=tau)
+  acceptance = quality.Acceptance(
+      tau=tau, tau_stderr=0.05, mean_acceptance_length=1 + gamma * 0.5,
+      draft_acceptance_rate=0.5, alpha_proposed=0.55, alpha_distillspec=0.7,
+      acceptance_by_position=[0.7] * gamma, draft_acceptance_rate_by_position=[0.5] * gamma)
+  return evaluate.EvaluationRow(task="t", draft=draft, point=GridPoint(gamma, temperature),
+                                acceptance=acceptance, quality={"accuracy": 0.5},
+                                speed=figures).to_json()
 
 
 def _evaluation(config):
@@ -59,9 +65,12 @@ def test_report_rows_sentence_and_plots(tmp_path):
   assert len(report["paired_rows"]) == 2 * 2 * 2
   row = report["paired_rows"][0]
   assert row["recipe"] == "gkd" and row["tau_gain"] == pytest.approx(3.6 / 3.0 - 1)
-  assert row["speedup_distilled_range"] == [1.38, 1.43]
+  assert row["speedup_range_distilled"] == [1.38, 1.43]
   assert row["cost_model_speedup_raw"] == pytest.approx(1.25)
-  assert row["tau_raw_stderr"] == 0.05
+  assert row["tau_stderr_raw"] == 0.05
+  # Every draft row has the keys of the eval binary's metrics.json rows.
+  assert all(tuple(r) == evaluate.EvaluationRow.json_keys() for r in report["draft_rows"])
+  assert {r["draft"] for r in report["draft_rows"]} == {"raw", "gkd", "supervised_kd"}
   assert report["wall_clock_total_s"] == 12.0
   assert "pinned to core 1" in report["measurement"] and "2-core" in report["measurement"]
   assert "ran 25% (target step) and 80% (verification 5) slower" in report["measurement"]
@@ -82,25 +91,26 @@ def test_report_refuses_non_finite_numbers(tmp_path):
   config = PipelineConfig(run_dir=str(tmp_path), gammas=(3,), temperatures=(0.0,))
   evaluation = _evaluation(config)
   evaluation["speculative"][1]["speedup_range"] = [math.nan, 1.4]
-  with pytest.raises(ValueError, match="non-finite speedup_(distilled_)?range"):
+  with pytest.raises(ValueError, match="non-finite speedup_range"):
     report_lib.build_report(config, evaluation, {}, {})
 
 
 def test_report_carries_the_engines_statistics_and_a_requests_speedups(tmp_path):
   config = PipelineConfig(run_dir=str(tmp_path), gammas=(3,), temperatures=(1.0,))
   evaluation = _evaluation(config)
-  evaluation["speculative"] = [_new_fields(r, unreliable=r["draft"] == "draft_raw")
+  evaluation["speculative"] = [_row(r["draft"], r["temperature"], r["gamma"], r["tau"],
+                                    r["speedup"], unreliable=r["draft"] == "draft_raw")
                                for r in evaluation["speculative"]]
   report = report_lib.build_report(config, evaluation, {}, {})
   row = report["rows"][0]
-  assert row["speedup_distilled_end_to_end"] == pytest.approx(1.4 - 0.1)
-  assert row["speedup_distilled_end_to_end_range"] == pytest.approx([1.4 - 0.12, 1.4 - 0.08])
-  assert row["speedup_distilled_typical"] == pytest.approx(1.4 - 0.25)
-  assert row["speedup_distilled_typical_range"] == pytest.approx([1.1, 1.2])
-  assert row["speedup_raw_end_to_end_prompt_interval"] == pytest.approx([0.9, 1.3])
+  assert row["end_to_end_speedup_distilled"] == pytest.approx(1.4 - 0.1)
+  assert row["end_to_end_speedup_range_distilled"] == pytest.approx([1.4 - 0.12, 1.4 - 0.08])
+  assert row["typical_end_to_end_speedup_distilled"] == pytest.approx(1.4 - 0.25)
+  assert row["typical_end_to_end_speedup_range_distilled"] == pytest.approx([1.1, 1.2])
+  assert row["end_to_end_speedup_prompt_interval_raw"] == pytest.approx([0.9, 1.3])
   assert row["mean_acceptance_length_raw"] == 2.5 and row["alpha_distillspec_distilled"] == 0.7
   assert row["acceptance_by_position_distilled"] == [0.7] * 3
-  assert row["speedup_raw_unreliable"] and not row["speedup_distilled_unreliable"]
+  assert row["speedup_unreliable_raw"] and not row["speedup_unreliable_distilled"]
   markdown = report_lib.render_markdown(config, report)
   # The raw draft's spread exceeds 10%: its speedups are flagged, the distilled ones not.
   assert "| 1 | 3 | raw | 1.20x [1.18, 1.23] unreliable |" in markdown
@@ -110,10 +120,13 @@ def test_report_carries_the_engines_statistics_and_a_requests_speedups(tmp_path)
   assert "- end to end: the setup added back" in markdown
 
 
-def test_report_of_an_evaluation_written_before_the_new_fields(tmp_path):
+def test_report_of_an_untimed_evaluation_and_of_one_missing_a_quantity(tmp_path):
   config = PipelineConfig(run_dir=str(tmp_path), gammas=(3,), temperatures=(0.0,))
-  report = report_lib.build_report(config, _evaluation(config), {}, {})
-  row = report["rows"][0]
-  assert row["speedup_raw_typical"] is None and row["mean_acceptance_length_raw"] is None
-  markdown = report_lib.render_markdown(config, report)
-  assert "| 0 | 3 | gkd | 3.60 ± 0.05 | - | 0.500 | - | - |" in markdown
+  evaluation = _evaluation(config)
+  untimed = [dict(r, **dict.fromkeys(speed.SpeedFigures.json_keys()))
+             for r in evaluation["speculative"]]
+  rows = report_lib.evaluation_rows({"speculative": untimed})
+  assert all(r.speed is None for r in rows) and rows[0].acceptance.tau == 3.0
+  del evaluation["speculative"][0]["tau"]
+  with pytest.raises(KeyError, match="Acceptance needs 'tau'"):
+    report_lib.build_report(config, evaluation, {}, {})
