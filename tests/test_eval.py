@@ -12,6 +12,7 @@ import pytest
 
 from distillspec_jax.decoding import stats
 from distillspec_jax.training import checkpoints
+from distillspec_jax.evaluation import evaluate
 from distillspec_jax.evaluation import quality as quality_lib
 from distillspec_jax import gin_utils
 from distillspec_jax.evaluation import lossy
@@ -87,9 +88,9 @@ def test_the_binary_run_as_a_module_writes_every_output_with_finite_numbers(setu
   assert set(on_disk) == {"rows", "target_alone"}
   assert len(on_disk["rows"]) == 1 * 1 * 2  # temperatures x gammas x leniences
   for row in on_disk["rows"]:
-    assert tuple(row) == quality_lib.ROW_FIELDS  # the interface, in its order
+    assert tuple(row) == evaluate.EvaluationRow.json_keys()  # the interface, in its order
     assert row["task"] == "embedded_arithmetic" and row["lenience"] == "lin"
-    for key in ("tau", "tau_stderr", "alpha", "predicted_alpha", "speedup",
+    for key in ("tau", "tau_stderr", "draft_acceptance_rate", "predicted_alpha", "speedup",
                 "cost_model_speedup"):
       assert math.isfinite(row[key]), (key, row)
     assert 1.0 <= row["tau"] <= row["gamma"] + 1
@@ -97,12 +98,12 @@ def test_the_binary_run_as_a_module_writes_every_output_with_finite_numbers(setu
     assert len(row["acceptance_by_position"]) == row["gamma"]
     assert row["speedup_range"][0] <= row["speedup"] <= row["speedup_range"][1]
     # The serving engines' statistics beside the paper's (decoding/stats.py).
-    assert row["draft_acceptance_rate"] == row["alpha"]
     assert row["mean_acceptance_length"] == pytest.approx(
         1 + row["gamma"] * row["draft_acceptance_rate"])
     assert len(row["draft_acceptance_rate_by_position"]) == row["gamma"]
-    assert row["alpha_distillspec"] is None or row["alpha_distillspec"] >= row["alpha"]
-    for name in ("speedup_end_to_end", "speedup_typical"):
+    assert (row["alpha_distillspec"] is None
+            or row["alpha_distillspec"] >= row["draft_acceptance_rate"])
+    for name in ("end_to_end_speedup", "typical_speedup", "typical_end_to_end_speedup"):
       low, high = row[f"{name}_range"]
       assert low <= row[name] <= high, name
     assert isinstance(row["speedup_unreliable"], bool)
@@ -127,7 +128,7 @@ def test_the_binary_run_as_a_module_writes_every_output_with_finite_numbers(setu
   assert all(math.isfinite(r["relative_latency"]) for r in table)
   # Relative latency is end to end, as a request sees it.
   for line, row in zip([r for r in table if r["decoder"] == "speculative"], on_disk["rows"]):
-    assert line["relative_latency"] == pytest.approx(1 / row["speedup_end_to_end"])
+    assert line["relative_latency"] == pytest.approx(1 / row["end_to_end_speedup"])
 
   # Bad input: exit status 2 and the message, no traceback.
   done = subprocess.run(command + ["--gin.DRAFT_CHECKPOINT_PATH=/nonexistent/draft"],
@@ -139,11 +140,11 @@ def test_the_binary_run_as_a_module_writes_every_output_with_finite_numbers(setu
 
 def test_relative_latency_of_the_target_alone_is_one():
   metrics = {"target_alone": {"t": {"accuracy": 50.0}},
-             "rows": [dict(task="t", temperature=1.0, gamma=3, lenience=k, epsilon=e,
-                           quality={"accuracy": q}, tau=2.0, tau_stderr=0.1, alpha=0.5,
-                           predicted_alpha=0.5, acceptance_by_position=[0.5] * 3,
-                           speedup=s, speedup_range=[s - 0.1, s + 0.4],
-                           cost_model_speedup=s)
+             "rows": [_metrics_row(task="t", temperature=1.0, gamma=3, lenience=k, epsilon=e,
+                                   quality={"accuracy": q}, tau=2.0, tau_stderr=0.1,
+                                   draft_acceptance_rate=0.5, predicted_alpha=0.5,
+                                   acceptance_by_position=[0.5] * 3, speedup=s,
+                                   speedup_range=[s - 0.1, s + 0.4], cost_model_speedup=s)
                       for k, e, q, s in (("lin", 1.0, 50.0, 1.6), ("lin", 0.3, 40.0, 2.0))]}
   table = lossy.tradeoff_table(metrics)
   assert table[0]["decoder"] == "target alone" and table[0]["relative_latency"] == 1.0
@@ -151,18 +152,19 @@ def test_relative_latency_of_the_target_alone_is_one():
   assert [r["relative_latency"] for r in table[1:]] == [1 / 1.6, 1 / 2.0]
   # The latency's range over repeats is 1 / the speedup's: the fastest repeat is the lowest.
   assert table[1]["relative_latency_range"] == pytest.approx([1 / 2.0, 1 / 1.5])
-  # A metrics.json written before the end-to-end figures: the decoding phase's, said so.
+  # A row without an end-to-end figure (measured before it existed): the decoding phase's,
+  # said so.
   assert table[1]["latency_phase"] == "decoding phase"
   markdown = lossy.table_markdown(table, "accuracy")
   assert "0.625 [0.500, 0.667] (decoding phase only: an earlier metrics.json)" in markdown
 
 
 def test_relative_latency_is_end_to_end():
-  row = dict(task="t", temperature=1.0, gamma=3, lenience="lin", epsilon=1.0,
-             quality={"accuracy": 50.0}, tau=2.0, tau_stderr=0.1, alpha=0.4,
-             draft_acceptance_rate=0.4, alpha_distillspec=0.6, predicted_alpha=0.6,
-             speedup=1.6, speedup_range=[1.5, 1.7], speedup_end_to_end=1.25,
-             speedup_end_to_end_range=[1.2, 1.3])
+  row = _metrics_row(task="t", temperature=1.0, gamma=3, lenience="lin", epsilon=1.0,
+                     quality={"accuracy": 50.0}, tau=2.0, tau_stderr=0.1,
+                     draft_acceptance_rate=0.4, alpha_distillspec=0.6, predicted_alpha=0.6,
+                     speedup=1.6, speedup_range=[1.5, 1.7], end_to_end_speedup=1.25,
+                     end_to_end_speedup_range=[1.2, 1.3])
   table = lossy.tradeoff_table({"target_alone": {"t": {"accuracy": 50.0}}, "rows": [row]})
   assert table[1]["relative_latency"] == pytest.approx(1 / 1.25)
   assert table[1]["relative_latency_range"] == pytest.approx([1 / 1.3, 1 / 1.2])
@@ -238,7 +240,7 @@ def test_bbh_mixture_reads_public_layout_and_reports_the_mean_of_its_tasks(setup
     mixture = [r for r in metrics["rows"] if r["gamma"] == gamma and r["task"] == "bbh"]
     assert len(per_task) == 2 and len(mixture) == 1
     mixture = mixture[0]
-    for key in ("tau", "alpha", "predicted_alpha"):
+    for key in ("tau", "draft_acceptance_rate", "predicted_alpha"):
       assert mixture[key] == pytest.approx(np.mean([r[key] for r in per_task]))
     for metric in mixture["quality"]:
       assert mixture["quality"][metric] == pytest.approx(
@@ -250,33 +252,41 @@ def test_bbh_mixture_reads_public_layout_and_reports_the_mean_of_its_tasks(setup
     assert alone["bbh"][metric] == pytest.approx(np.mean([alone[t][metric] for t in tasks]))
 
 
+def _metrics_row(**fields) -> dict:
+  """A metrics.json row: every EvaluationRow key, null where `fields` does not set it."""
+  return dict(dict.fromkeys(evaluate.EvaluationRow.json_keys()), draft="draft", **fields)
+
+
 def test_mixture_mean_is_the_mean_of_speed_numbers_too():
-  def row(task, tau, speedup):
-    return dict(task=task, temperature=0.0, gamma=2, lenience="lin", epsilon=1.0,
-                quality={"m": tau * 10}, tau=tau, tau_stderr=0.1, alpha=tau / 3,
-                predicted_alpha=0.5, acceptance_by_position=[0.5, None], speedup=speedup,
-                speedup_range=[speedup - 0.1, speedup + 0.1], cost_model_speedup=speedup)
-  rows, alone = quality_lib.mixture_mean("mix", {"a": [row("a", 1.5, 1.2)],
-                                                "b": [row("b", 2.5, 1.6)]},
-                                        {"a": {"m": 10.0}, "b": {"m": 30.0}})
-  assert rows[0]["speedup"] == pytest.approx(1.4)
-  assert rows[0]["speedup_range"] == pytest.approx([1.3, 1.5])
-  assert rows[0]["acceptance_by_position"] == [0.5, None]
-  assert rows[0]["quality"] == {"m": pytest.approx(20.0)} and alone == {"m": 20.0}
-  assert tuple(rows[0]) == quality_lib.ROW_FIELDS
-  # Fields a task lacks (an earlier metrics.json) stay None; flags are any task's.
-  assert rows[0]["speedup_end_to_end"] is None
-  newer = lambda task, tau, speedup, flag: dict(
-      row(task, tau, speedup), speedup_end_to_end=speedup - 0.2,
-      speedup_end_to_end_range=[speedup - 0.3, speedup - 0.1], speedup_unreliable=flag,
+  def row(task, tau, speedup, **more):
+    return evaluate.EvaluationRow.from_json(_metrics_row(
+        task=task, temperature=0.0, gamma=2, lenience="lin", epsilon=1.0, draft_length="fixed",
+        threshold=0.0, quality={"m": tau * 10}, tau=tau, tau_stderr=0.1,
+        draft_acceptance_rate=tau / 3, predicted_alpha=0.5, acceptance_by_position=[0.5, None],
+        speedup=speedup, speedup_range=[speedup - 0.1, speedup + 0.1],
+        cost_model_speedup=speedup, **more))
+  rows, alone = evaluate.mixture_mean("mix", {"a": [row("a", 1.5, 1.2)],
+                                             "b": [row("b", 2.5, 1.6)]},
+                                      {"a": {"m": 10.0}, "b": {"m": 30.0}})
+  mixed = rows[0].to_json()
+  assert mixed["task"] == "mix" and mixed["speedup"] == pytest.approx(1.4)
+  assert mixed["speedup_range"] == pytest.approx([1.3, 1.5])
+  assert mixed["acceptance_by_position"] == [0.5, None]
+  assert mixed["quality"] == {"m": pytest.approx(20.0)} and alone == {"m": 20.0}
+  # Quantities no task has stay None; flags are any task's.
+  assert mixed["end_to_end_speedup"] is None
+  newer = lambda task, tau, speedup, flag: row(
+      task, tau, speedup, end_to_end_speedup=speedup - 0.2,
+      end_to_end_speedup_range=[speedup - 0.3, speedup - 0.1], speedup_unreliable=flag,
       alpha_distillspec=tau / 4)
-  rows, _ = quality_lib.mixture_mean("mix", {"a": [newer("a", 1.5, 1.2, False)],
-                                            "b": [newer("b", 2.5, 1.6, True)]},
-                                    {"a": {"m": 10.0}, "b": {"m": 30.0}})
-  assert rows[0]["speedup_end_to_end"] == pytest.approx(1.2)
-  assert rows[0]["speedup_end_to_end_range"] == pytest.approx([1.1, 1.3])
-  assert rows[0]["speedup_unreliable"] is True
-  assert rows[0]["alpha_distillspec"] == pytest.approx(0.5)
+  rows, _ = evaluate.mixture_mean("mix", {"a": [newer("a", 1.5, 1.2, False)],
+                                         "b": [newer("b", 2.5, 1.6, True)]},
+                                  {"a": {"m": 10.0}, "b": {"m": 30.0}})
+  mixed = rows[0].to_json()
+  assert mixed["end_to_end_speedup"] == pytest.approx(1.2)
+  assert mixed["end_to_end_speedup_range"] == pytest.approx([1.1, 1.3])
+  assert mixed["speedup_unreliable"] is True
+  assert mixed["alpha_distillspec"] == pytest.approx(0.5)
 
 
 def test_acceptance_by_position_and_predicted_alpha(setup):
@@ -409,4 +419,4 @@ def test_the_adaptive_draft_length_rule_runs_through_the_binary(setup, tmp_path)
   metrics = eval_lib.evaluate(config)
   (row,) = metrics["rows"]
   assert row["mean_acceptance_length"] == pytest.approx(1 + row["draft_acceptance_rate"])
-  assert row["speedup_end_to_end"] is not None and row["speedup"] is not None
+  assert row["end_to_end_speedup"] is not None and row["speedup"] is not None
