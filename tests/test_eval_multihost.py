@@ -107,7 +107,7 @@ def _check_model_sharded_equals_data_parallel(sharded_dir, data_parallel_dir, tm
   assert len(got["rows"]) == len(want["rows"]) == 2
   for a, b in zip(got["rows"], want["rows"]):
     assert (a["temperature"], a["gamma"]) == (b["temperature"], b["gamma"])
-    assert (a["tau"], a["alpha"], a["quality"]) == (b["tau"], b["alpha"], b["quality"]), (a, b)
+    assert (a["tau"], a["draft_acceptance_rate"], a["quality"]) == (b["tau"], b["draft_acceptance_rate"], b["quality"]), (a, b)
   assert got["target_alone"] == want["target_alone"]
   # On (8, 1) the data axis (8) does not divide the batch (4): every device decodes it whole.
   calls = json.loads((tmp_path / "rows_single.json.data_parallel.json").read_text())

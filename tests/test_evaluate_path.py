@@ -45,14 +45,15 @@ def pair():
 
 def test_speculative_grid_rows(pair):
   target, target_params, draft, draft_params, examples = pair
-  rows = evaluate_lib.speculative_grid(
+  rows = [row.to_json() for row in evaluate_lib.speculative_grid(
       target, target_params, {"raw": (draft, draft_params), "self": (target, target_params)},
       examples, _Scorer(), gammas=(2, 3), temperatures=(1.0,),
-      leniences=(Lenience(), Lenience("lin", 0.5)), max_new_tokens=6, batch_size=3)
+      leniences=(Lenience(), Lenience("lin", 0.5)), max_new_tokens=6, batch_size=3)]
   keys = [(r["temperature"], r["draft"], r["gamma"], r["epsilon"]) for r in rows]
   assert keys == [(1.0, d, g, e) for d in ("raw", "self") for g in (2, 3) for e in (1.0, 0.5)]
   for row in rows:
-    assert 1.0 <= row["tau"] <= row["gamma"] + 1 and 0.0 <= row["alpha"] <= 1.0
+    assert 1.0 <= row["tau"] <= row["gamma"] + 1
+    assert 0.0 <= row["draft_acceptance_rate"] <= 1.0
     assert math.isfinite(row["tau_stderr"]) and len(row["acceptance_by_position"]) == row[
         "gamma"]
     assert row["quality"]["count"] == 5.0 and len(row["predictions"]) == 5
@@ -66,10 +67,10 @@ def test_batching_scorer_and_models_alone(pair):
   grid = lambda scorer, batch_size: evaluate_lib.speculative_grid(
       target, target_params, {"raw": (draft, draft_params)}, examples, scorer, gammas=(3,),
       temperatures=(0.0,), max_new_tokens=6, batch_size=batch_size)
-  whole, = grid(_Scorer(), None)
-  batched, = grid(None, 2)
+  whole, = (row.to_json() for row in grid(_Scorer(), None))
+  batched, = (row.to_json() for row in grid(None, 2))
   # Greedy decoding does not depend on the batching; without a scorer there is no text.
-  for key in ("tau", "tau_stderr", "alpha", "accepted_per_round"):
+  for key in ("tau", "tau_stderr", "draft_acceptance_rate", "accepted_per_round"):
     assert batched[key] == whole[key]
   assert batched["quality"] is None and batched["predictions"] is None
   alone = evaluate_lib.quality_alone({"target": (target, target_params),

@@ -57,10 +57,10 @@ def test_demo_pipeline_smoke_and_reuse(tmp_path, shared_stages):
     assert 1.0 <= row["tau_raw"] <= row["gamma"] + 1
   for row in report["paired_rows"]:
     for kind in ("raw", "distilled"):
-      low, high = row[f"speedup_{kind}_range"]
+      low, high = row[f"speedup_range_{kind}"]
       assert low <= row[f"speedup_{kind}"] <= high
       assert math.isfinite(row[f"cost_model_speedup_{kind}"])
-      assert row[f"tau_{kind}_stderr"] >= 0
+      assert row[f"tau_stderr_{kind}"] >= 0
   for row in report["draft_rows"]:
     assert set(row) >= {"speedup_range", "cost_model_speedup", "tau_stderr",
                         "end_to_end_speedup"}
@@ -107,10 +107,10 @@ def test_adaspec_job_reuses_copied_stages_and_its_reference(tmp_path, shared_sta
                                                            "report"}
   assert _mtimes(ada, reused) == before
   report = json.load(open(tmp_path / "ada" / "report.json"))
-  assert {r["recipe"] for r in report["rows"]} == {"raw", "distillspec", "adaspec"}
+  assert {r["draft"] for r in report["rows"]} == {"raw", "distillspec", "adaspec"}
   for row in report["rows"]:
-    assert set(row) >= {"task", "temperature", "gamma", "recipe", "alpha", "tau"}
-    assert 0.0 <= row["alpha"] <= 1.0 and 1.0 <= row["tau"] <= row["gamma"] + 1
+    assert set(row) >= {"task", "temperature", "gamma", "draft", "draft_acceptance_rate", "tau"}
+    assert 0.0 <= row["draft_acceptance_rate"] <= 1.0 and 1.0 <= row["tau"] <= row["gamma"] + 1
   marker = json.load(open(os.path.join(ada.stage_dir("distill_adaspec"), pipeline.DONE)))
   assert marker["top_k_fraction"] == 0.4
   assert abs(marker["kept_fraction_last"] - 0.4) < 0.05

@@ -1,12 +1,12 @@
 """The main job on a (data, model) mesh (DATA_PARALLEL / MODEL_PARALLEL), in one process and
 across two: the shortened pipeline (testing.PIPELINE: two steps per stage, four test prompts)
 on (4, 2) and on (8, 1) over 8 simulated CPU devices gives the losses of (1, 1) on one device
-(rtol 1e-5) and the same tau and alpha (the teacher cache's top-k log-probs within 1e-5, so
+(rtol 1e-5) and the same tau and draft acceptance rate (the teacher cache's top-k log-probs within 1e-5, so
 the SupervisedKD it feeds trains alike); its report has one set of rows. Then the same job on
 (4, 2) over two processes x 4 CPU devices (jax.distributed on localhost, the binaries'
 flags), from the (4, 2) run's vocab, target and raw draft: its teacher cache, SupervisedKD
 from that cache, evaluation and report give the 8-device (4, 2) process's cache, loss, tau,
-alpha and per-token losses; one report, written by process 0.
+draft acceptance rate and per-token losses; one report, written by process 0.
 
 The two 8-device arms run in one child process (XLA_FLAGS must be set before JAX starts); the
 one-device arm runs here on copies of the session's trained vocab, target and raw draft
@@ -72,11 +72,11 @@ def _run_meshes(vocab_from: str, tmp_path) -> dict:
 
 
 def _close_rows(got: list, want: list, where: str) -> None:
-  """Evaluation rows in the same order (draft, gamma, temperature), tau and alpha to 1e-6."""
+  """Evaluation rows in the same order (draft, gamma, temperature), tau and draft acceptance rate to 1e-6."""
   for a, b in zip(got, want, strict=True):
     assert [a[k] for k in ("draft", "gamma", "temperature")] == [
         b[k] for k in ("draft", "gamma", "temperature")]
-    assert (a["tau"], a["alpha"]) == pytest.approx((b["tau"], b["alpha"]), rel=1e-6), (where, a)
+    assert (a["tau"], a["draft_acceptance_rate"]) == pytest.approx((b["tau"], b["draft_acceptance_rate"]), rel=1e-6), (where, a)
 
 
 def _close(got: dict, want: dict, where: str) -> None:
@@ -85,7 +85,7 @@ def _close(got: dict, want: dict, where: str) -> None:
         where, stage)
   for stage in ("distill_gkd", "distill_supervised_kd"):
     for a, b in zip(got[stage]["tau_curve"], want[stage]["tau_curve"]):
-      assert (a["tau"], a["alpha"]) == pytest.approx((b["tau"], b["alpha"]), rel=1e-6), (
+      assert (a["tau"], a["draft_acceptance_rate"]) == pytest.approx((b["tau"], b["draft_acceptance_rate"]), rel=1e-6), (
           where, stage)
   assert len(got["speculative"]) == len(want["speculative"]) == 2 * 3
   _close_rows(got["speculative"], want["speculative"], where)
@@ -132,7 +132,7 @@ def _close_across_processes(got: dict, want: dict, process: int) -> None:
   stage = "distill_supervised_kd"
   assert got[stage]["final_loss"] == pytest.approx(want[stage]["final_loss"], rel=1e-5), where
   for a, b in zip(got[stage]["tau_curve"], want[stage]["tau_curve"], strict=True):
-    assert (a["tau"], a["alpha"]) == pytest.approx((b["tau"], b["alpha"]), rel=1e-6), where
+    assert (a["tau"], a["draft_acceptance_rate"]) == pytest.approx((b["tau"], b["draft_acceptance_rate"]), rel=1e-6), where
   drafts = ("draft_raw", "distill_supervised_kd")
   rows = [r for r in want["speculative"] if r["draft"] in drafts]
   assert len(got["speculative"]) == len(rows) == 2 * 2

@@ -63,10 +63,10 @@ def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
   assert {(c["recipe"], c["divergence"]) for c in cells} == set(config.cells)
   for cell in cells:
     assert set(cell) >= {"recipe", "divergence", "temperature", "gamma", "tau", "tau_stderr",
-                         "alpha"}
+                         "draft_acceptance_rate"}
     assert cell["gamma"] == 5
     assert 1.0 <= cell["tau"] <= 6.0 and math.isfinite(cell["tau_stderr"])
-    assert 0.0 <= cell["alpha"] <= 1.0
+    assert 0.0 <= cell["draft_acceptance_rate"] <= 1.0
   for curve in report["tau_curves"].values():
     assert [p["step"] for p in curve] == [0, 1, 2]
   assert {a["temperature"] for a in report["rules"]} == {0.0, 1.0}
@@ -82,7 +82,7 @@ def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
 def test_rules_on_a_hand_made_grid():
   def cell(recipe, divergence, temperature, tau):
     return dict(recipe=recipe, divergence=divergence, temperature=temperature, gamma=5,
-                tau=tau, tau_stderr=0.01, alpha=0.5)
+                tau=tau, tau_stderr=0.01, draft_acceptance_rate=0.5)
 
   cells = [cell("supervised_kd", "fkl", 0.0, 3.0), cell("supervised_kd", "rkl", 0.0, 2.0),
            cell("gkd", "fkl", 0.0, 4.0), cell("gkd", "rkl", 0.0, 3.0),

@@ -98,7 +98,7 @@ def copy_stages(source_run_dir, config, stages=SHARED_STAGES) -> None:
 
 def pipeline_outcome(config) -> dict:
   """What the mesh tests compare of a finished run of `config`: each stage's final loss and
-  tau curve, the evaluation's tau / alpha rows and per-token losses, the report's row count,
+  tau curve, the evaluation's tau / draft acceptance rate rows and per-token losses, the report's row count,
   and how many of the target's evaluation parameters are split over 'model'."""
   from distillspec_jax.core.files import read_json
   from distillspec_jax.studies import pipeline
@@ -107,7 +107,8 @@ def pipeline_outcome(config) -> dict:
     marker = read_json(os.path.join(config.stage_dir(stage), "DONE.json"))
     out[stage] = {"final_loss": marker["final_loss"], "tau_curve": marker.get("tau_curve")}
   evaluation = read_json(os.path.join(config.stage_dir("evaluate"), "eval.json"))
-  out["speculative"] = [{k: r[k] for k in ("draft", "gamma", "temperature", "tau", "alpha")}
+  out["speculative"] = [{k: r[k] for k in ("draft", "gamma", "temperature", "tau",
+                                          "draft_acceptance_rate")}
                         for r in evaluation["speculative"]]
   out["quality"] = {k: v["per_token_loss"] for k, v in evaluation["quality"].items()}
   out["report_rows"] = len(read_json(os.path.join(config.run_dir, "report.json"))["rows"])
