@@ -190,7 +190,8 @@ def main(argv=None) -> None:
   report = {"weights": pair["weights"], "models": pair["models"],
             "draft_stage": pair["draft_stage"], "gamma_max": args.gamma_max, "rows": rows,
             "best": best_rows(rows), "plain": result["plain"], "per_call_s": result["per_call_s"],
-            "interference": result["interference"], "timed_per_repeat": result["protocol"]["timed_per_repeat"],
+            "interference": result["interference"],
+            "timed_per_repeat": result["protocol"]["timed_per_repeat"],
             "host": {"cpu": cpu_name(), "cpus": os.cpu_count(), "pinned": pinned,
                      "load_average_before": list(load_before),
                      "load_average_after": list(os.getloadavg()),
@@ -204,7 +205,8 @@ def main(argv=None) -> None:
     low, high = row["end_to_end_speedup_range"]
     print(f"T={row['temperature']:g} {label(row):34s} end to end {row['end_to_end_speedup']:.3f}"
           f" [{low:.3f}, {high:.3f}], decode {row['speedup']:.3f}, tau {row['timed_tau']:.2f}, "
-          f"proposal {row['mean_proposal']:.2f}" + (" unreliable" if row["speedup_unreliable"] else ""))
+          f"proposal {row['mean_proposal']:.2f}"
+          + (" unreliable" if row["speedup_unreliable"] else ""))
   for temperature, best in report["best"].items():
     print(f"T={temperature}: best fixed {label(best['fixed'])}, best adaptive "
           f"{label(best['adaptive'])}: adaptive reaches fixed: {best['adaptive_reaches_fixed']}")

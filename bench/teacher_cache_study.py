@@ -8,7 +8,8 @@ stages are copied into `<work_dir>/<variant>/`, then each variant runs the main 
 distill_supervised_kd stage with the demo's settings and `--steps` distillation steps:
 "live" against the running target, "k<K>" from a teacher cache of K ids (the stage
 teacher_cache writes it first; K = vocabulary size is the full distribution). Every variant
-sees the same batches (same seed). tau and the draft acceptance rate at gamma = 5, T = 0 and T = 1, on the demo's
+sees the same batches (same seed). tau and the draft acceptance rate at gamma = 5, T = 0 and
+T = 1, on the demo's
 128 test prompts, are written to `--out` with the stages' wall clocks and the cache sizes.
 """
 
@@ -88,7 +89,8 @@ def main(argv=None):
   print("|---|---:|---:|---:|---:|---:|---:|")
   for name, row in results["variants"].items():
     print(f"| {name} | {row['T0']['tau']:.3f} ± {row['T0']['tau_stderr']:.3f} | "
-          f"{row['T1']['tau']:.3f} ± {row['T1']['tau_stderr']:.3f} | {row['T0']['draft_acceptance_rate']:.3f} | "
+          f"{row['T1']['tau']:.3f} ± {row['T1']['tau_stderr']:.3f} | "
+          f"{row['T0']['draft_acceptance_rate']:.3f} | "
           f"{row['T1']['draft_acceptance_rate']:.3f} | {row['distill_wall_clock_s']:.0f} | "
           f"{row.get('cache_bytes', 0) / 2**20:.0f} |")
   return results

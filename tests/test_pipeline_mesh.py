@@ -1,8 +1,8 @@
 """The main job on a (data, model) mesh (DATA_PARALLEL / MODEL_PARALLEL), in one process and
 across two: the shortened pipeline (testing.PIPELINE: two steps per stage, four test prompts)
 on (4, 2) and on (8, 1) over 8 simulated CPU devices gives the losses of (1, 1) on one device
-(rtol 1e-5) and the same tau and draft acceptance rate (the teacher cache's top-k log-probs within 1e-5, so
-the SupervisedKD it feeds trains alike); its report has one set of rows. Then the same job on
+(rtol 1e-5) and the same tau and draft acceptance rate (the teacher cache's top-k log-probs
+within 1e-5, so the SupervisedKD it feeds trains alike); its report has one set of rows. Then the same job on
 (4, 2) over two processes x 4 CPU devices (jax.distributed on localhost, the binaries'
 flags), from the (4, 2) run's vocab, target and raw draft: its teacher cache, SupervisedKD
 from that cache, evaluation and report give the 8-device (4, 2) process's cache, loss, tau,

@@ -124,7 +124,8 @@ class TaskScorer:
 def task_scorer(task: str, vocabulary: Any = None) -> TaskScorer:
   """The scorer of a registered task (`vocabulary` None: its targets' vocabulary)."""
   from distillspec_jax.data import batches as batches_lib
-  return TaskScorer(task, vocabulary if vocabulary is not None else batches_lib.get_vocabulary(task))
+  return TaskScorer(task, vocabulary if vocabulary is not None
+                    else batches_lib.get_vocabulary(task))
 
 
 def quality_alone(models: Mapping[str, tuple], examples: dict, scorer: TaskScorer, *,

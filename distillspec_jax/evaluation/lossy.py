@@ -119,6 +119,7 @@ def rows_markdown(metrics: dict) -> str:
     flag = " (unreliable: spread > 10%)" if r["speedup_unreliable"] else ""
     interval = r["end_to_end_speedup_prompt_interval"]
     interval = f"{_fmt(interval[0], 2)}-{_fmt(interval[1], 2)}" if interval else "-"
+    typical = _with_range(r["typical_end_to_end_speedup"], r["typical_end_to_end_speedup_range"])
     lines.append(f"| {r['task']} | {_fmt(r['temperature'], 1)} | {r['gamma']} | "
                  f"{r['lenience']} | {_fmt(r['epsilon'], 2)} | {quality} | "
                  f"{_fmt(r['tau'], 2)} ± {_fmt(r['tau_stderr'], 2)} | "
@@ -127,8 +128,7 @@ def rows_markdown(metrics: dict) -> str:
                  f"{_fmt(r['alpha_distillspec'])} | {_fmt(r['predicted_alpha'])} | "
                  f"{_with_range(r['speedup'], r['speedup_range'])}{flag} | "
                  f"{_with_range(r['end_to_end_speedup'], r['end_to_end_speedup_range'])} | "
-                 f"{_with_range(r['typical_end_to_end_speedup'], r['typical_end_to_end_speedup_range'])} | "
-                 f"{interval} | "
+                 f"{typical} | {interval} | "
                  f"{_fmt(r['cost_model_speedup'], 2)} |")
   target = ", ".join(f"{task}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(m.items()))
                      for task, m in metrics["target_alone"].items())

@@ -9,9 +9,9 @@ Stages (run_pipeline's bookkeeping, so an interrupted grid resumes cell by cell)
   vocab, target, draft_raw       the main job's (or copied from `reuse_run_dir`, e.g. runs/demo)
   distill_<recipe>-<divergence>  one cell: the raw draft distilled with that recipe and
                                  divergence for `distill_steps`, tau over the steps (gamma=5,
-                                 T=0, 32 validation prompts), then tau / draft_acceptance_rate at every gamma
-                                 in `gammas` and T in `temperatures` on `eval_examples` test
-                                 prompts; all of it in the cell's DONE.json
+                                 T=0, 32 validation prompts), then tau and the acceptance
+                                 rates at every gamma in `gammas` and T in `temperatures` on
+                                 `eval_examples` test prompts; all of it in the cell's DONE.json
   report                         report.json, report.md, grid_heatmap.png, grid_tau_curves.png
 
 Run: python -m distillspec_jax.main --gin_file=gin/runs/recipe_grid.gin

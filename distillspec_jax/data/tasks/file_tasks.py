@@ -271,7 +271,8 @@ def register_gsm8k_files(directory: str, vocabulary: Optional[vocabularies.Vocab
   """GSM8K from JSONL {"question","answer"}: zero-shot CoT prompt -> reasoning + '#### N'."""
   files = _resolve_split_files(directory, split_files, (".jsonl",), name)
   return tfds_tasks.register_task(
-      name, source=records_source(files, functools.partial(_jsonl_records, keys=("question", "answer"))),
+      name, source=records_source(
+          files, functools.partial(_jsonl_records, keys=("question", "answer"))),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),
       preprocessors=tfds_tasks.text_task_preprocessors(preprocessors.gsm8k_cot),
       metric_fns=list(tfds_tasks.GSM8K_METRICS))
@@ -284,7 +285,8 @@ def register_xsum_files(directory: str, vocabulary: Optional[vocabularies.VocabL
   files = _resolve_split_files(directory, split_files, (".jsonl",), name)
   tfds_tasks.mark_inputs_truncatable(name)
   return tfds_tasks.register_task(
-      name, source=records_source(files, functools.partial(_jsonl_records, keys=("document", "summary"))),
+      name, source=records_source(
+          files, functools.partial(_jsonl_records, keys=("document", "summary"))),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),
       preprocessors=tfds_tasks.text_task_preprocessors(
           preprocessors.summarize, article_key="document", summary_key="summary"),
@@ -325,7 +327,8 @@ def register_wmt_files(directory: str, vocabulary: Optional[vocabularies.VocabLi
           _wmt_records, source_language=source_language, target_language=target_language)),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary)),
       preprocessors=tfds_tasks.text_task_preprocessors(
-          preprocessors.translate, source_language=source_language, target_language=target_language),
+          preprocessors.translate, source_language=source_language,
+          target_language=target_language),
       metric_fns=list(tfds_tasks.TRANSLATION_METRICS))
 
 

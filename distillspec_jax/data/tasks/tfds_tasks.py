@@ -127,15 +127,15 @@ def register_tfds_tasks(vocabulary: Optional[vocabularies.VocabLike] = None,
   three = ("train", "validation", "test")
   names = []
   register_task(f"xsum{suffix}", source=source("xsum:1.1.0", three), output_features=feats,
-                preprocessors=text_task_preprocessors(preprocessors.summarize, article_key="document",
-                                                      summary_key="summary"),
+                preprocessors=text_task_preprocessors(
+                    preprocessors.summarize, article_key="document", summary_key="summary"),
                 metric_fns=list(SUMMARIZATION_METRICS))
   names.append(f"xsum{suffix}")
   mark_inputs_truncatable(f"xsum{suffix}")
   register_task(f"cnn_dailymail{suffix}", source=source("cnn_dailymail:3.4.0", three),
                 output_features=feats,
-                preprocessors=text_task_preprocessors(preprocessors.summarize, article_key="article",
-                                                      summary_key="highlights"),
+                preprocessors=text_task_preprocessors(
+                    preprocessors.summarize, article_key="article", summary_key="highlights"),
                 metric_fns=list(SUMMARIZATION_METRICS))
   names.append(f"cnn_dailymail{suffix}")
   mark_inputs_truncatable(f"cnn_dailymail{suffix}")

@@ -31,7 +31,8 @@ from distillspec_jax.data.tasks import tfds_tasks
 
 @seqio.map_over_dataset
 def _cot(x):
-  return {"inputs": preprocessors_lib.cot_prompt(x["question"]), "targets": tf.strings.strip(x["answer"])}
+  return {"inputs": preprocessors_lib.cot_prompt(x["question"]),
+          "targets": tf.strings.strip(x["answer"])}
 
 
 def cot_question_answer(dataset: tf.data.Dataset) -> tf.data.Dataset:
