@@ -27,6 +27,7 @@ def _mtimes(config, stages=None):
           for s in stages or config.stages}
 
 
+@pytest.mark.integration
 @pytest.mark.pipeline
 def test_demo_pipeline_smoke_and_reuse(tmp_path, shared_stages):
   # Timed in a process pinned to one core, as the demo does.
@@ -85,6 +86,40 @@ def test_demo_pipeline_smoke_and_reuse(tmp_path, shared_stages):
   before = _mtimes(config)
   assert set(run_pipeline(config).values()) == {"skipped"}
   assert _mtimes(config) == before
+  _check_the_eval_binary_writes_the_same_record(config, report, tmp_path / "eval")
+
+
+def _check_the_eval_binary_writes_the_same_record(config, report, model_dir):
+  """The eval binary's evaluation of the job's target and SupervisedKD draft (same prompts,
+  grid point, budget and seed): its metrics.json row and the report's draft row are one
+  record (evaluate.EvaluationRow), every quantity both measure under one key."""
+  from distillspec_jax import eval as eval_lib
+  from distillspec_jax.data.tasks import embedded
+  from distillspec_jax.evaluation.evaluate import EvaluationRow
+  eval_lib.evaluate(eval_lib.EvalConfig(
+      model_dir=str(model_dir), mixture_or_task_name=config.task,
+      task_feature_lengths=dict(config.task_feature_lengths), batch_size=config.eval_examples,
+      target_checkpoint_path=config.stage_dir("target"),
+      draft_checkpoint_path=config.stage_dir("distill_supervised_kd"),
+      vocabulary=embedded.embedded_vocabulary_path(config.stage_dir("vocab"),
+                                                   config.vocab_size),
+      eval_examples=config.eval_examples, gammas=config.gammas,
+      temperatures=config.temperatures, max_new_tokens=config.max_new_tokens,
+      speed_examples=1, speed_repeats=1, speed_calls=1, speed_cpus=0, seed=config.seed,
+      progress_bar=False))
+  (timed,) = json.load(open(model_dir / "metrics.json"))["rows"]
+  assert tuple(timed) == EvaluationRow.json_keys()  # the record's keys, in its order
+  (job,) = [r for r in report["draft_rows"] if r["draft"] == "supervised_kd"]
+  assert set(job) == set(timed)  # report.json is written with sorted keys
+  measured = lambda row: {k for k, v in row.items() if v is not None}
+  # Every quantity both measure has a value under the same key in both files; the target's
+  # own-sample prediction (predicted_alpha) is the eval binary's alone.
+  assert measured(job) == measured(timed) - {"predicted_alpha"}
+  assert {"tau", "draft_acceptance_rate", "speedup", "end_to_end_speedup",
+          "typical_end_to_end_speedup", "speedup_unreliable"} <= measured(timed)
+  # The same draft, prompts and keys: the same decodes, so the same block efficiency.
+  assert (job["tau"], job["draft_acceptance_rate"]) == pytest.approx(
+      (timed["tau"], timed["draft_acceptance_rate"]))
 
 
 @pytest.mark.pipeline
