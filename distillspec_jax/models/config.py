@@ -85,8 +85,9 @@ class TransformerConfig:
       local otherwise (Gemma 3: 6, five local layers per global one); 1 with no window.
     rope_local_theta: RoPE base of the local layers (Hugging Face `rope_local_base_freq`);
       the global layers use rope_theta and rope_scaling, the local ones plain RoPE.
-    attn_logit_softcapping / final_logit_softcapping: cap * tanh(logits / cap) on the
-      attention logits / the output logits; None: no capping.
+    final_logit_softcapping: cap * tanh(logits / cap) on the output logits; None: no capping.
+      (Gemma 3 has no attention-logit capping: its query/key norms bound the logits, and
+      transformers' Gemma3 ignores `attn_logit_softcapping`; the importer refuses it.)
   """
 
   kind: ModelKind = "encoder_decoder"
@@ -114,11 +115,10 @@ class TransformerConfig:
   rope_original_max_length: int = 8192
   norm_epsilon: float = 1e-6
   use_qkv_bias: bool = False
-  query_pre_attn_scalar: float | None = None
+  query_pre_attn_scalar: int | None = None
   sliding_window: int | None = None
   sliding_window_pattern: int = 1
   rope_local_theta: float = 10000.0
-  attn_logit_softcapping: float | None = None
   final_logit_softcapping: float | None = None
 
   def __post_init__(self):
@@ -240,16 +240,16 @@ def _check_llama_fields(config: TransformerConfig) -> None:
 
 
 _GEMMA_FIELDS = ("query_pre_attn_scalar", "sliding_window", "sliding_window_pattern",
-                 "rope_local_theta", "attn_logit_softcapping", "final_logit_softcapping")
+                 "rope_local_theta", "final_logit_softcapping")
 
 
 def _check_gemma_fields(config: TransformerConfig) -> None:
   """Types and ranges of the gemma3 kind's fields; other kinds must leave them at their
   defaults (their network would ignore them)."""
   from distillspec_jax.core.validation import check_value_type  # core sits below models
-  hints = {"query_pre_attn_scalar": float | None, "sliding_window": int | None,
+  hints = {"query_pre_attn_scalar": int | None, "sliding_window": int | None,
            "sliding_window_pattern": int, "rope_local_theta": float,
-           "attn_logit_softcapping": float | None, "final_logit_softcapping": float | None}
+           "final_logit_softcapping": float | None}
   for name in _GEMMA_FIELDS:
     check_value_type("TransformerConfig", name, getattr(config, name), hints[name])
   if config.kind != "gemma3":
@@ -259,8 +259,7 @@ def _check_gemma_fields(config: TransformerConfig) -> None:
                        "network would ignore it. Use kind='gemma3' or leave these fields at "
                        "their defaults.")
     return
-  for name in ("query_pre_attn_scalar", "rope_local_theta", "attn_logit_softcapping",
-               "final_logit_softcapping"):
+  for name in ("query_pre_attn_scalar", "rope_local_theta", "final_logit_softcapping"):
     value = getattr(config, name)
     if value is not None and not value > 0:
       raise ValueError(f"{name}={value!r} must be > 0 (or None where None is allowed).")
@@ -394,21 +393,20 @@ _GEMMA3_LONG_ROPE = dict(rope_scaling="linear", rope_scaling_factor=8.0)
 MODEL_CONFIGS.update({
     "qwen3_0_6b": _qwen3(1024, 16, 28, 3072, tied=True),
     "qwen3_8b": _qwen3(4096, 32, 36, 12288, tied=False),
-    "gemma3_270m": _gemma3(262144, 640, 4, 1, 18, 256, 2048, 256.0, 512),
-    "gemma3_1b": _gemma3(262144, 1152, 4, 1, 26, 256, 6912, 256.0, 512),
-    "gemma3_12b": _gemma3(262208, 3840, 16, 8, 48, 256, 15360, 256.0, 1024,
+    "gemma3_270m": _gemma3(262144, 640, 4, 1, 18, 256, 2048, 256, 512),
+    "gemma3_1b": _gemma3(262144, 1152, 4, 1, 26, 256, 6912, 256, 512),
+    "gemma3_12b": _gemma3(262208, 3840, 16, 8, 48, 256, 15360, 256, 1024,
                           **_GEMMA3_LONG_ROPE),
-    "gemma3_27b": _gemma3(262208, 5376, 32, 16, 62, 128, 21504, 168.0, 1024,
+    "gemma3_27b": _gemma3(262208, 5376, 32, 16, 62, 128, 21504, 168, 1024,
                           **_GEMMA3_LONG_ROPE),
     # Tests: Qwen3's per-head norms; Gemma 3 with a 4-key window on layers 0 and 2 (global
-    # layer 1), capped logits and a query scale other than head_dim**-0.5.
+    # layer 1), capped output logits and a query scale other than head_dim**-0.5.
     "tiny_qwen3": _llama(512, 64, 4, 2, 2, 16, 128, kind="qwen3", max_decode_length=128,
                          norm_epsilon=1e-6, rope_theta=1000000.0),
     "tiny_gemma3": _llama(512, 64, 4, 2, 3, 16, 128, kind="gemma3", logits_via_embedding=True,
                           max_decode_length=128, norm_epsilon=1e-6, rope_theta=1000000.0,
-                          query_pre_attn_scalar=24.0, sliding_window=4,
-                          sliding_window_pattern=2, attn_logit_softcapping=50.0,
-                          final_logit_softcapping=30.0),
+                          query_pre_attn_scalar=24, sliding_window=4,
+                          sliding_window_pattern=2, final_logit_softcapping=30.0),
 })
 
 

@@ -6,7 +6,7 @@ RoPE, grouped-query attention, a gated MLP and RMSNorm; the network of the kinds
 and key head before RoPE), "gemma3" `Gemma3ForCausalLM` (those norms too; every norm
 multiplies by (1 + scale); norms after attention and after the MLP as well as before; a GELU
 (tanh) gated MLP; the embedding scaled by sqrt(emb_dim); attention logits scaled by
-query_pre_attn_scalar**-0.5 and optionally soft-capped; local layers that attend within a
+query_pre_attn_scalar**-0.5; local layers that attend within a
 sliding window with their own RoPE base; optionally soft-capped output logits).
 `interop/hf_llama.py` maps the weights. The network presents the decoding interface of the T5 decoder (`network.Decoder`): teacher forcing from
 position 0, or k new tokens per row at per-row cache positions. Attention is strictly causal.
@@ -196,8 +196,7 @@ class Embed(nn.Module):
 
 class GroupedQueryAttention(nn.Module):
   """Causal self-attention with RoPE and `kv_heads` key/value heads shared by groups of
-  query heads; logits scaled by `config.attention_scale`, soft-capped where the config says,
-  and taken in fp32. `local`: a sliding-window layer (its RoPE base; the window is the bias's)."""
+  query heads; logits scaled by `config.attention_scale` and taken in fp32. `local`: a sliding-window layer (its RoPE base; the window is the bias's)."""
 
   config: TransformerConfig
   local: bool = False
@@ -230,8 +229,7 @@ class GroupedQueryAttention(nn.Module):
 
   def _grouped_softmax(self, logits: Array, bias: Array, deterministic: bool) -> Array:
     """logits: [batch, kv_heads, group, q, k] fp32; bias: [batch, 1, 1, q, k]."""
-    logits = soft_cap(logits * self.config.attention_scale,
-                      self.config.attn_logit_softcapping) + bias
+    logits = logits * self.config.attention_scale + bias
     weights = jax.nn.softmax(logits, axis=-1)
     rate = self.config.dropout_rate
     if not deterministic and rate > 0.0:
