@@ -315,3 +315,26 @@ def test_bad_family_configs_are_refused_at_construction(fields, named):
     TransformerConfig(**dict(dict(vocab_size=64, emb_dim=32, num_heads=2, head_dim=16,
                                   mlp_dim=64, num_decoder_layers=2, num_encoder_layers=0),
                              **fields))
+
+
+def test_convert_cli_round_trips_gemma_and_refuses_a_mismatched_preset(tmp_path, capsys):
+  from distillspec_jax import convert
+  model, _ = _export("tiny_gemma3", tmp_path / "hf")
+  assert convert.main(["--from=hf", "--to=ours", f"--input={tmp_path / 'hf'}",
+                       f"--output={tmp_path / 'ours'}", "--model=tiny_gemma3",
+                       f"--vocab_size={VOCAB}"]) == 0
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["kind"] == "gemma3"
+  assert convert.main(["--from=ours", "--to=hf", f"--input={tmp_path / 'ours'}",
+                       f"--output={tmp_path / 'back'}", "--model=tiny_gemma3",
+                       f"--vocab_size={VOCAB}"]) == 0
+  before, _ = importer.load_checkpoint(str(tmp_path / "hf"))
+  after, config = importer.load_checkpoint(str(tmp_path / "back"))
+  assert config == model.config.replace(max_decode_length=config.max_decode_length)
+  jax.tree.map(np.testing.assert_array_equal, after, before)
+  with pytest.raises(SystemExit) as exit_info:  # a Qwen3 preset for the Gemma checkpoint
+    convert.main(["--from=hf", "--to=ours", f"--input={tmp_path / 'hf'}",
+                  f"--output={tmp_path / 'wrong'}", "--model=tiny_qwen3",
+                  f"--vocab_size={VOCAB}"])
+  assert exit_info.value.code == 2
+  assert "kind='qwen3'" in capsys.readouterr().err
+  assert not os.path.exists(tmp_path / "wrong")
