@@ -248,7 +248,6 @@ def _write_config(directory, hf_config):
                          "sliding_attention": {"rope_type": "linear", "factor": 2.0}},
      "sliding-window layers rope_type='linear'"),
     ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "yarn"),
-    ("model_type", "gemma3", "vision tower"),
 ])
 def test_gemma_config_features_the_network_does_not_compute_are_refused(tmp_path, key, value,
                                                                          named):
@@ -338,3 +337,36 @@ def test_convert_cli_round_trips_gemma_and_refuses_a_mismatched_preset(tmp_path,
   assert exit_info.value.code == 2
   assert "kind='qwen3'" in capsys.readouterr().err
   assert not os.path.exists(tmp_path / "wrong")
+
+
+def test_the_text_decoder_of_a_multimodal_gemma3_checkpoint_loads(tmp_path):
+  """Gemma 3 4B-27B are published as Gemma3ForConditionalGeneration: the importer reads the
+  text decoder (text_config; tensors under language_model.) and leaves the vision tower out;
+  the logits equal transformers' on text."""
+  torch, transformers = _transformers()
+  text = dict(COMMON, **{k: v for k, v in GEMMA.items() if k != "final_logit_softcapping"})
+  vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, image_size=28, patch_size=14)
+  config = transformers.Gemma3Config(text_config=text, vision_config=vision,
+                                     mm_tokens_per_image=4, image_token_index=95,
+                                     boi_token_index=93, eoi_token_index=94)
+  config.text_config._attn_implementation = "eager"  # pylint: disable=protected-access
+  torch.manual_seed(0)
+  hf_model = transformers.Gemma3ForConditionalGeneration(config).eval()
+  with torch.no_grad():
+    for name, p in hf_model.named_parameters():
+      p.copy_(0.1 * torch.randn_like(p) if "norm" in name else 0.15 * torch.randn_like(p))
+  hf_model.save_pretrained(tmp_path / "mm")
+  params, ours_config = importer.load_checkpoint(str(tmp_path / "mm"))
+  assert ours_config.kind == "gemma3" and ours_config.sliding_window == 3
+  assert importer.check_checkpoint(str(tmp_path / "mm"), ours_config) == "hf"
+  tokens = np.where(TOKENS >= 93, 7, TOKENS)  # no image tokens in the text
+  ours = np.asarray(Model(ours_config).logits(params,
+                                              {"decoder_input_tokens": jnp.asarray(tokens)}))
+  _check_real_positions(ours, _hf_logits(torch, hf_model, tokens))
+  # A capping this class does not apply (and Gemma3ForCausalLM would) is refused by name.
+  written = json.load(open(tmp_path / "mm" / "config.json"))
+  written["text_config"]["final_logit_softcapping"] = 30.0
+  _write_config(tmp_path / "mm", written)
+  with pytest.raises(ValueError, match="final_logit_softcapping=30.0"):
+    importer.load_checkpoint(str(tmp_path / "mm"))

@@ -30,7 +30,9 @@ The config.json is read in both spellings of RoPE: transformers 4's `rope_theta`
 layers are read from `layer_types` or `sliding_window_pattern`; a `layer_types` that is not
 "every n-th layer global" is refused. A llama-kind model with q/k/v biases is exported as
 `Qwen2ForCausalLM` (Llama's `attention_bias` also puts a bias on o_proj, which this network
-does not have), any other as `LlamaForCausalLM`.
+does not have), any other as `LlamaForCausalLM`. From a multimodal
+`Gemma3ForConditionalGeneration` (Gemma 3 4B-27B as published) the text decoder is read
+(`text_config`; tensors under `language_model.`) and the vision tower left out.
 Only safetensors are read (no unpickling); tokenizer files of a source folder are copied
 next to an export.
 """
@@ -56,12 +58,14 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 # model_type -> our kind.
 KINDS = {"llama": "llama", "qwen2": "llama", "qwen3": "qwen3", "gemma3_text": "gemma3"}
-# Families whose config.json is recognised but whose checkpoint holds more than this network.
-_REFUSED_FAMILIES = {
-    "gemma3": "Gemma3ForConditionalGeneration holds a vision tower and projector beside the "
-              "text decoder; load a text-only Gemma3ForCausalLM checkpoint (model_type "
-              "'gemma3_text', e.g. google/gemma-3-1b-pt, or the text model saved alone)",
-}
+# Gemma 3 4B/12B/27B are published as Gemma3ForConditionalGeneration (model_type 'gemma3'):
+# the text decoder is read from them (`text_config`, tensors under `language_model.`), the
+# vision tower and projector are left out; an export is always the text model.
+MULTIMODAL = {"gemma3": "Gemma3ForConditionalGeneration"}
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                    "model.multi_modal_projector.")
 # Files of a tokenizer (and generation defaults) copied from a source folder on export;
 # sentencepiece.model is the main job's vocab stage's (pad 0, eos 1, as config_to_hf writes).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -69,16 +73,54 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "generation_config.json", "spiece.model", "sentencepiece.model")
 # Hugging Face rope types and ours (TransformerConfig.rope_scaling).
 _ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
-# transformers' defaults where a family's config.json may leave a value out.
+# transformers' defaults where a family's config.json may leave a value out (Gemma 3's
+# multimodal configs spell out only what differs from Gemma3TextConfig's defaults).
 _GEMMA_DEFAULTS = dict(head_dim=256, rope_theta=1000000.0, rope_local_base_freq=10000.0,
                        query_pre_attn_scalar=256, sliding_window=4096, sliding_window_pattern=6,
                        tie_word_embeddings=True)
+_GEMMA_TEXT_DEFAULTS = dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216,
+                            num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                            head_dim=256, rms_norm_eps=1e-6, max_position_embeddings=131072)
 _HEAD_DIM_DEFAULTS = {"qwen3": 128, "gemma3_text": 256}
+
+
+def _is_multimodal(hf: Mapping[str, Any]) -> bool:
+  return (hf.get("model_type") in MULTIMODAL
+          or any(a in MULTIMODAL.values() for a in hf.get("architectures") or []))
+
+
+def text_config(hf: Mapping[str, Any]) -> Mapping[str, Any]:
+  """The text decoder's config.json dict: `hf` itself, or a multimodal Gemma 3's
+  `text_config` with Gemma3TextConfig's defaults filled in."""
+  if not _is_multimodal(hf):
+    return hf
+  text = dict(_GEMMA_TEXT_DEFAULTS, **(hf.get("text_config") or {}))
+  text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", True))
+  return dict(text, model_type="gemma3_text", architectures=["Gemma3ForCausalLM"])
+
+
+def text_tensors(tensors: Mapping[str, Any]) -> dict:
+  """{name: tensor or shape} under Gemma3ForCausalLM's names: a multimodal checkpoint's text
+  decoder renamed (`language_model.model.X` -> `model.X`), its vision tower and projector
+  left out; any other checkpoint's tensors as they are."""
+  if not any(k.startswith(("language_model.", "model.language_model.")) for k in tensors):
+    return dict(tensors)
+  out = {}
+  for name, value in tensors.items():
+    if name.startswith(_VISION_PREFIXES):
+      continue
+    for old, new in _TEXT_PREFIXES:
+      if name.startswith(old):
+        name = new + name[len(old):]
+        break
+    out[name] = value
+  return out
 
 
 def model_type(hf: Mapping[str, Any]) -> Optional[str]:
   """The family of an HF config.json dict among ARCHITECTURES (by model_type, else by
-  architectures), or None."""
+  architectures; a multimodal Gemma 3 is 'gemma3_text', its text decoder), or None."""
+  hf = text_config(hf)
   if hf.get("model_type") in ARCHITECTURES:
     return hf["model_type"]
   by_class = {v: k for k, v in ARCHITECTURES.items()}
@@ -89,9 +131,9 @@ def model_type(hf: Mapping[str, Any]) -> Optional[str]:
 
 
 def is_llama_family(hf: Mapping[str, Any]) -> bool:
-  """Whether an HF config.json dict describes a RoPE causal LM we load (ARCHITECTURES), or one
-  of the families refused by name (`config_from_hf` says why)."""
-  return model_type(hf) is not None or hf.get("model_type") in _REFUSED_FAMILIES
+  """Whether an HF config.json dict describes a RoPE causal LM we load (ARCHITECTURES, or a
+  multimodal Gemma 3's text decoder)."""
+  return model_type(hf) is not None
 
 
 # --- config -------------------------------------------------------------------------------------
@@ -177,12 +219,12 @@ def _refuse_unsupported(hf: Mapping[str, Any]) -> None:
   """What the config.json may say that this network does not compute: refused, naming it."""
   family = model_type(hf)
   if family is None:
-    reason = _REFUSED_FAMILIES.get(hf.get("model_type"))
     raise ValueError(
         f"config.json describes model_type={hf.get('model_type')!r} (architectures="
-        f"{hf.get('architectures')}), not a causal LM this network computes"
-        + (f": {reason}" if reason else "")
-        + f"; supported: {sorted(ARCHITECTURES.values())} (and T5 1.1 through interop.hf_t5).")
+        f"{hf.get('architectures')}), not a causal LM this network computes; supported: "
+        f"{sorted(ARCHITECTURES.values())}, the text decoder of {sorted(MULTIMODAL.values())} "
+        "(and T5 1.1 through interop.hf_t5).")
+  multimodal, hf = _is_multimodal(hf), text_config(hf)
   gemma = family == "gemma3_text"
   problems = []
   activation_key = "hidden_activation" if gemma and "hidden_activation" in hf else "hidden_act"
@@ -203,6 +245,11 @@ def _refuse_unsupported(hf: Mapping[str, Any]) -> None:
     problems.append(f"attn_logit_softcapping={hf['attn_logit_softcapping']!r} (Gemma 3 bounds "
                     "attention logits with query/key norms instead; transformers' "
                     "Gemma3ForCausalLM does not apply it either, so set it to null)")
+  if multimodal and hf.get("final_logit_softcapping") is not None:
+    problems.append(f"text_config.final_logit_softcapping={hf['final_logit_softcapping']!r} "
+                    "(transformers' Gemma3ForConditionalGeneration does not apply it, its "
+                    "Gemma3ForCausalLM does: which one the checkpoint means is unclear; set it "
+                    "to null)")
   if gemma and hf.get("use_bidirectional_attention"):
     problems.append("use_bidirectional_attention=True (attention here is causal)")
   if problems:
@@ -212,8 +259,9 @@ def _refuse_unsupported(hf: Mapping[str, Any]) -> None:
 
 def config_from_hf(hf: Mapping[str, Any], **overrides) -> TransformerConfig:
   """An HF Llama / Qwen2 / Qwen3 / Gemma 3 text config.json dict -> our config (`overrides`
-  win)."""
+  win). A multimodal Gemma 3 gives its text decoder's."""
   _refuse_unsupported(hf)
+  hf = text_config(hf)
   family = model_type(hf)
   heads = int(hf["num_attention_heads"])
   head_dim = hf.get("head_dim") or _HEAD_DIM_DEFAULTS.get(family) or (
@@ -420,7 +468,9 @@ def _matched(found: Mapping[str, tuple], config: TransformerConfig) -> dict:
 
 
 def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig) -> Params:
-  """{HF name: array} -> our params (fp32 nested dict), every name and shape checked."""
+  """{HF name: array} -> our params (fp32 nested dict), every name and shape checked (a
+  multimodal Gemma 3's text decoder: `text_tensors`)."""
+  tensors = text_tensors(tensors)
   ours = _matched({k: np.shape(v) for k, v in tensors.items()}, config)
   params: dict = {}
   for path, name, axes in param_mapping(config):
@@ -433,6 +483,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig)
 def shapes_from_hf(shapes: Mapping[str, tuple], config: TransformerConfig) -> Params:
   """{HF name: stored shape} -> our tree of fp32 `jax.ShapeDtypeStruct` (names and shapes
   checked; nothing read)."""
+  shapes = text_tensors(shapes)
   ours = _matched(shapes, config)
   tree: dict = {}
   for path, name, _ in param_mapping(config):
