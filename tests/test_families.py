@@ -370,3 +370,48 @@ def test_the_text_decoder_of_a_multimodal_gemma3_checkpoint_loads(tmp_path):
   _write_config(tmp_path / "mm", written)
   with pytest.raises(ValueError, match="final_logit_softcapping=30.0"):
     importer.load_checkpoint(str(tmp_path / "mm"))
+
+
+# --- remat, bf16 and the mesh rules ---------------------------------------------------------
+
+
+def test_gemma3_remat_policies_keep_gradients_and_bf16_stays_close():
+  """Remat changes what the backward pass keeps, never the values (the local/global layers
+  and the sandwich norms included); bf16 activations (the sqrt(emb_dim) embedding scale
+  rounded as Gemma rounds it) keep the logits close and mostly the same argmax."""
+  config = MODEL_CONFIGS["tiny_gemma3"].replace(vocab_size=VOCAB)
+  tokens = jnp.asarray(np.random.RandomState(3).randint(2, VOCAB, (2, 9)))
+  params = Model(config).init(jax.random.PRNGKey(4))
+
+  def loss(model, p):
+    logits = model.logits(p, {"decoder_input_tokens": tokens})
+    return jnp.mean(jax.nn.log_softmax(logits)[..., 3])
+
+  base = Model(config)
+  want = jax.jit(jax.grad(lambda p: loss(base, p)))(params)
+  for policy in ("minimal", "full"):
+    model = Model(config.replace(remat_policy=policy))
+    got = jax.jit(jax.grad(lambda p, m=model: loss(m, p)))(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), got, want)
+  batch = {"decoder_input_tokens": tokens}
+  fp32 = np.asarray(jax.jit(base.logits)(params, batch))
+  bf16 = np.asarray(jax.jit(Model(config.replace(dtype="bfloat16")).logits)(params, batch))
+  assert bf16.dtype == np.float32 and not np.array_equal(bf16, fp32)
+  assert np.abs(bf16 - fp32).max() < 0.05 * np.abs(fp32).max()
+  assert np.mean(bf16.argmax(-1) == fp32.argmax(-1)) >= 0.8
+
+
+@pytest.mark.parametrize("name", ["tiny_qwen3", "tiny_gemma3"])
+def test_every_parameter_has_logical_axes_the_mesh_rules_place(name):
+  from distillspec_jax.training import partitioning
+  model = Model(MODEL_CONFIGS[name])
+  shapes, axes = model.param_shapes(), model.logical_axes()
+  flat_axes = dict(jax.tree_util.tree_flatten_with_path(
+      axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))[0])
+  for path, shape in jax.tree_util.tree_flatten_with_path(shapes)[0]:
+    assert len(flat_axes[path]) == len(shape.shape) and None not in flat_axes[path], path
+  attention = axes["decoder"]["layers_0"]["self_attention"]
+  assert tuple(attention["query_norm"]["scale"]) == ("kv",)
+  mesh = partitioning.make_mesh(1, 1, jax.devices()[:1])
+  shardings = partitioning.param_shardings(model, mesh)
+  assert jax.tree.structure(shardings) == jax.tree.structure(shapes)
