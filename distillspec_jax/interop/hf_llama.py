@@ -196,8 +196,8 @@ def _window_pattern(hf: Mapping[str, Any], layers: int) -> dict:
   `sliding_window_pattern`): layer i global iff (i + 1) % pattern == 0."""
   types = hf.get("layer_types")
   if types is None:
-    pattern = int(hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern",
-                                                          _GEMMA_DEFAULTS["sliding_window_pattern"])))
+    default = hf.get("_sliding_window_pattern", _GEMMA_DEFAULTS["sliding_window_pattern"])
+    pattern = int(hf.get("sliding_window_pattern", default))
     types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
              for i in range(layers)]
   unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
@@ -438,7 +438,8 @@ def params_to_hf(params: Params, config: TransformerConfig) -> dict[str, np.ndar
 
 
 def _describe(config: TransformerConfig) -> str:
-  return (f"the {config.kind}-kind model (vocab_size={config.vocab_size}, emb_dim={config.emb_dim}, "
+  return (f"the {config.kind}-kind model (vocab_size={config.vocab_size}, "
+          f"emb_dim={config.emb_dim}, "
           f"heads={config.num_heads}, kv_heads={config.kv_heads}, head_dim={config.head_dim}, "
           f"mlp_dim={config.mlp_dim}, layers={config.num_decoder_layers}, use_qkv_bias="
           f"{config.use_qkv_bias}, tied={config.logits_via_embedding})")
@@ -513,9 +514,9 @@ def config_mismatches(hf: Mapping[str, Any], config: TransformerConfig,
 
 
 def load_hf(path: str, config: Optional[TransformerConfig] = None):
-  """Loads a Llama / Qwen2 / Qwen3 / Gemma 3 text safetensors checkpoint (a folder with config.json, or a file with
-  `config`). With `config`, config.json (when present) must agree on how the stored tensors
-  split into heads. Returns (params, config)."""
+  """Loads a Llama / Qwen2 / Qwen3 / Gemma 3 text safetensors checkpoint (a folder with
+  config.json, or a file with `config`). With `config`, config.json (when present) must agree
+  on how the stored tensors split into heads. Returns (params, config)."""
   hf = hf_t5.read_hf_config(path)
   if config is None:
     if hf is None:

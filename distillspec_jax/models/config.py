@@ -38,10 +38,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """Shapes and options of a T5 1.1-style Transformer.
+  """Shapes and options of a Transformer: T5 1.1-style, or one of the RoPE decoders.
 
   Attributes:
-    kind: "encoder_decoder" (T5 1.1) or "decoder_only" (GPT-like LM from the same layers).
+    kind: "encoder_decoder" (T5 1.1), "decoder_only" (GPT-like LM from the same layers), or a
+      RoPE decoder of models/llama.py: "llama" (Llama 2/3, Qwen2), "qwen3", "gemma3".
     vocab_size: rows of the token embedding and columns of the logits layer.
     emb_dim: d_model.
     num_heads: attention heads.

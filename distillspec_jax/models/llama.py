@@ -6,10 +6,11 @@ RoPE, grouped-query attention, a gated MLP and RMSNorm; the network of the kinds
 and key head before RoPE), "gemma3" `Gemma3ForCausalLM` (those norms too; every norm
 multiplies by (1 + scale); norms after attention and after the MLP as well as before; a GELU
 (tanh) gated MLP; the embedding scaled by sqrt(emb_dim); attention logits scaled by
-query_pre_attn_scalar**-0.5; local layers that attend within a
-sliding window with their own RoPE base; optionally soft-capped output logits).
-`interop/hf_llama.py` maps the weights. The network presents the decoding interface of the T5 decoder (`network.Decoder`): teacher forcing from
-position 0, or k new tokens per row at per-row cache positions. Attention is strictly causal.
+query_pre_attn_scalar**-0.5; local layers that attend within a sliding window with their own
+RoPE base; optionally soft-capped output logits). `interop/hf_llama.py` maps the weights. The
+network presents the decoding interface of the T5 decoder (`network.Decoder`): teacher
+forcing from position 0, or k new tokens per row at per-row cache positions. Attention is
+strictly causal.
 
 Parameters (stored shape, logical axes):
 
@@ -38,8 +39,9 @@ Keys are stored already rotated: slot s of a row holds the key of that row's pos
 RoPE needs no position other than the slot, and rolling a row back (lowering its position)
 stays exact. A local (sliding-window) layer keeps every slot too and masks the keys more than
 `sliding_window - 1` positions behind the query, so its logits past the window are exact and a
-rollback needs nothing else. Each query group of `heads / kv_heads` heads reads its key/value head in one
-batched matmul (query head h uses key/value head h // (heads / kv_heads), as in transformers).
+rollback needs nothing else. Each query group of `heads / kv_heads` heads reads its key/value
+head in one batched matmul (query head h uses key/value head h // (heads / kv_heads), as in
+transformers).
 """
 
 from __future__ import annotations
@@ -196,7 +198,8 @@ class Embed(nn.Module):
 
 class GroupedQueryAttention(nn.Module):
   """Causal self-attention with RoPE and `kv_heads` key/value heads shared by groups of
-  query heads; logits scaled by `config.attention_scale` and taken in fp32. `local`: a sliding-window layer (its RoPE base; the window is the bias's)."""
+  query heads; logits scaled by `config.attention_scale` and taken in fp32. `local`: a
+  sliding-window layer (its RoPE base; the window is in the bias the caller passes)."""
 
   config: TransformerConfig
   local: bool = False
