@@ -1,4 +1,5 @@
-"""Checkpoint conversion CLI: Hugging Face (T5 1.1, Llama, Qwen2), T5X and our orbax format.
+"""Checkpoint conversion CLI: Hugging Face (T5 1.1, Llama, Qwen2, Qwen3, Gemma 3 text), T5X and
+our orbax format.
 
     python -m distillspec_jax.convert --from=hf|t5x|ours --to=ours|hf|t5x \\
         --input=PATH --output=PATH [--model=<preset name>] [--vocab_size=N] [--tokenizer_dir=DIR]
@@ -6,8 +7,9 @@
 Without --model the configuration comes from config.json (hf) or is inferred from the stored
 shapes (t5x, ours); with --model the preset is used (--vocab_size overrides its vocabulary)
 and every shape is checked against it. The formats are described in
-`distillspec_jax.interop.importer`. A llama-kind model exported --to=hf is a
-`LlamaForCausalLM` (or `Qwen2ForCausalLM` with q/k/v biases) folder; the tokenizer files of
+`distillspec_jax.interop.importer`. A RoPE-kind model exported --to=hf is a folder of its
+family (`LlamaForCausalLM`, `Qwen2ForCausalLM` with q/k/v biases, `Qwen3ForCausalLM`,
+`Gemma3ForCausalLM`); the tokenizer files of
 --tokenizer_dir (default: --input when it is an hf folder) are copied into it.
 """
 
@@ -41,7 +43,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--vocab_size", type=int, default=None,
                       help="overrides the --model preset's vocabulary size")
   parser.add_argument("--tokenizer_dir", default=None,
-                      help="--to=hf of a llama-kind model: copy this folder's tokenizer files "
+                      help="--to=hf of a RoPE-kind model (llama, qwen3, gemma3): copy this folder's tokenizer files "
                            "(and its config.json's bos/eos/pad ids); default: an hf --input")
   args = parser.parse_args(argv)
   source = args.tokenizer_dir

@@ -180,18 +180,21 @@ _MODEL_FIELDS = ("kind", "vocab_size", "emb_dim", "num_heads", "num_encoder_laye
                  "logits_via_embedding", "max_decode_length")
 
 
-# The llama kind has no encoder nor relative position bias; it spells out its own fields.
+# The RoPE kinds have no encoder nor relative position bias; they spell out their own fields.
 _T5_ONLY_FIELDS = ("num_encoder_layers", "encoder_mlp_dim", "relative_attention_num_buckets",
                    "relative_attention_max_distance")
 _LLAMA_MODEL_FIELDS = ("num_kv_heads", "rope_theta", "rope_scaling", "rope_scaling_factor",
                        "rope_low_freq_factor", "rope_high_freq_factor",
                        "rope_original_max_length", "norm_epsilon", "use_qkv_bias")
+_GEMMA_MODEL_FIELDS = ("query_pre_attn_scalar", "sliding_window", "sliding_window_pattern",
+                       "rope_local_theta", "final_logit_softcapping")
 
 
 def _model_fields(preset) -> tuple:
-  if preset.kind != "llama":
+  if not preset.is_rope_decoder:
     return _MODEL_FIELDS
-  return tuple(f for f in _MODEL_FIELDS if f not in _T5_ONLY_FIELDS) + _LLAMA_MODEL_FIELDS
+  fields = tuple(f for f in _MODEL_FIELDS if f not in _T5_ONLY_FIELDS) + _LLAMA_MODEL_FIELDS
+  return fields + (_GEMMA_MODEL_FIELDS if preset.kind == "gemma3" else ())
 
 
 def model_gin_text(name: str, description: str = "") -> str:

@@ -1,8 +1,8 @@
 """tests/mesh_worker.py's checks for a Llama-family pair (run by tests/test_llama_mesh.py).
 
-  python tests/llama_mesh_worker.py step|decode
+  python tests/llama_mesh_worker.py step|decode [preset]
 
-The pair: a 2-layer target with 2 key/value heads for 4 query heads and a 1-layer draft with
+The pair (of `preset`, default tiny_llama; tiny_qwen3 and tiny_gemma3 run the same checks): a 2-layer target with 2 key/value heads for 4 query heads and a 1-layer draft with
 one key/value head, so the mesh (2, 4) has fewer key/value heads than model-axis devices (the
 rules replicate them) and (4, 2) splits the target's. `step` is mesh_worker's distillation
 step on decoder-only batches; `decode` compares on-policy sampling, speculative decoding and
@@ -29,9 +29,10 @@ from distillspec_jax.training import trainer  # noqa: E402
 import testing  # noqa: E402
 
 VOCAB = 64
-TARGET = Model.from_name("tiny_llama", vocab_size=VOCAB, emb_dim=32, head_dim=8, mlp_dim=64,
-                         max_decode_length=48)
-DRAFT = Model.from_name("tiny_llama", vocab_size=VOCAB, emb_dim=32, head_dim=8, mlp_dim=64,
+PRESET = sys.argv[2] if len(sys.argv) > 2 else "tiny_llama"
+TARGET = Model.from_name(PRESET, vocab_size=VOCAB, emb_dim=32, head_dim=8, mlp_dim=64,
+                         num_decoder_layers=2, max_decode_length=48)
+DRAFT = Model.from_name(PRESET, vocab_size=VOCAB, emb_dim=32, head_dim=8, mlp_dim=64,
                         num_decoder_layers=1, num_kv_heads=1, max_decode_length=48)
 # mesh_worker's checks read these module globals: point them at the Llama pair.
 mw.TARGET, mw.DRAFT = TARGET, DRAFT

@@ -49,7 +49,8 @@ def test_bad_llama_fields_name_the_value(fields, error, needle):
 
 
 def test_t5_kinds_refuse_llama_fields():
-  with pytest.raises(ValueError, match="num_kv_heads=2 applies to kind='llama' only"):
+  with pytest.raises(ValueError, match=r"num_kv_heads=2 applies to the RoPE kinds "
+                                       r"\('llama', 'qwen3', 'gemma3'\) only"):
     model_config("tiny_decoder_only", num_kv_heads=2)
   with pytest.raises(ValueError, match="rope_theta=500.0, use_qkv_bias=True applies to"):
     model_config("tiny_encoder_decoder", rope_theta=500.0, use_qkv_bias=True)

@@ -15,11 +15,11 @@ pytestmark = [pytest.mark.usefixtures("fast_compilation"), pytest.mark.long]  # 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(check: str) -> str:
+def _run(check: str, preset: str = "tiny_llama") -> str:
   env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
   env.update(JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "llama_mesh_worker.py"),
-                        check], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+                        check, preset], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
   assert "CHECK_OK" in out.stdout
   return out.stdout
@@ -33,4 +33,12 @@ def test_llama_distillation_step_on_two_meshes_equals_one_device():
 
 def test_llama_sampling_speculative_and_evaluation_on_two_meshes_equal_one_device():
   out = _run("decode")
+  assert out.count(" tau ") == 1 + 2
+
+
+@pytest.mark.integration
+def test_gemma3_sampling_and_speculative_decoding_on_two_meshes_equal_one_device():
+  """Gemma 3's local/global layers, q/k norms and capped logits under the mesh rules: 8 new
+  tokens after 6-token prompts pass the 4-key window of the target's layer 0."""
+  out = _run("decode", "tiny_gemma3")
   assert out.count(" tau ") == 1 + 2

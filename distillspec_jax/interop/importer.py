@@ -4,8 +4,9 @@
     params, config = load_checkpoint(path, config=preset)  # every shape checked against it
 
 Formats:
-  hf    Hugging Face T5 1.1, or a Llama-family causal LM (LlamaForCausalLM, Qwen2ForCausalLM:
-        kind 'llama', interop.hf_llama), told apart by config.json's model_type: a directory
+  hf    Hugging Face T5 1.1, or a RoPE causal LM (LlamaForCausalLM, Qwen2ForCausalLM: kind
+        'llama'; Qwen3ForCausalLM: 'qwen3'; Gemma3ForCausalLM: 'gemma3'; interop.hf_llama),
+        told apart by config.json's model_type: a directory
         with config.json + model.safetensors (or a sharded index), or a single .safetensors
         file (then a config is needed). Pickles are refused.
   t5x   T5X checkpoint: a checkpoint_<step> directory (msgpack + TensorStore) or a MODEL_DIR of
@@ -102,13 +103,19 @@ def config_from_params(params: Params, **overrides) -> TransformerConfig:
 
 
 def _llama_config_from_params(params: Params, shape, **overrides) -> TransformerConfig:
-  """A llama-kind config from the shapes of its tree (models/llama.py). RoPE and the norm
-  epsilon are not stored in weights: they keep TransformerConfig's defaults unless given."""
+  """A RoPE-kind config from the shapes of its tree (models/llama.py): 'gemma3' with norms
+  after the MLP, 'qwen3' with query norms, 'llama' otherwise. RoPE, the norm epsilon and
+  Gemma's window are not stored in weights: they keep TransformerConfig's defaults unless
+  given."""
   decoder = params["decoder"]
   attention = ("decoder", "layers_0", "self_attention")
   _, heads, head_dim = shape(*attention, "query", "kernel")
+  if "post_mlp_layer_norm" in decoder["layers_0"]:
+    kind = "gemma3"
+  else:
+    kind = "qwen3" if "query_norm" in decoder["layers_0"]["self_attention"] else "llama"
   kwargs = dict(
-      kind="llama", vocab_size=shape("token_embedder", "embedding")[0],
+      kind=kind, vocab_size=shape("token_embedder", "embedding")[0],
       emb_dim=shape("token_embedder", "embedding")[1], num_heads=heads, head_dim=head_dim,
       num_kv_heads=shape(*attention, "key", "kernel")[1],
       mlp_dim=shape("decoder", "layers_0", "mlp", "wi_0", "kernel")[1], num_encoder_layers=0,
@@ -120,22 +127,23 @@ def _llama_config_from_params(params: Params, shape, **overrides) -> Transformer
 
 
 def _refuse_llama_without_config(params: Params, path: str) -> None:
-  """A llama-kind tree in our or the T5X format does not record its RoPE base, scaling or
+  """A RoPE-kind tree in our or the T5X format does not record its RoPE base, scaling or
   norm epsilon, so it is loaded only with a config that says them."""
   if "relpos_bias" not in params["decoder"]:
     raise ValueError(
-        f"{path} holds a llama-kind model, whose rope_theta, rope_scaling and norm_epsilon "
-        "are not stored with the weights; pass its model configuration (convert: "
-        "--model=<preset>, e.g. llama_3_2_1b; gin: the model's preset).")
+        f"{path} holds a RoPE-kind model (llama, qwen3 or gemma3), whose rope_theta, "
+        "rope_scaling and norm_epsilon (and Gemma 3's sliding_window) are not stored with the "
+        "weights; pass its model configuration (convert: --model=<preset>, e.g. llama_3_2_1b, "
+        "qwen3_0_6b, gemma3_1b; gin: the model's preset).")
 
 
 def _hf_family(path: str, config: Optional[TransformerConfig]):
-  """The interop module of an HF checkpoint: hf_llama for a Llama-family config.json (or a
-  llama-kind `config` when there is no config.json), hf_t5 for T5; config.json of another
+  """The interop module of an HF checkpoint: hf_llama for a RoPE-family config.json (or a
+  RoPE-kind `config` when there is no config.json), hf_t5 for T5; config.json of another
   architecture, or of a family other than `config`'s, is refused."""
   hf = hf_t5.read_hf_config(path)
   if hf is None:
-    return hf_llama if config is not None and config.kind == "llama" else hf_t5
+    return hf_llama if config is not None and config.is_rope_decoder else hf_t5
   if hf_llama.is_llama_family(hf):
     family = hf_llama
   elif hf.get("model_type", "t5") in ("t5", hf_t5.DECODER_ONLY_MODEL_TYPE):
@@ -144,12 +152,17 @@ def _hf_family(path: str, config: Optional[TransformerConfig]):
     raise ValueError(
         f"{path}: config.json describes model_type={hf.get('model_type')!r} (architectures="
         f"{hf.get('architectures')}), which distillspec-jax cannot load; supported: T5 1.1 "
-        "(model_type 't5'), Llama ('llama', LlamaForCausalLM) and Qwen2 ('qwen2', "
-        "Qwen2ForCausalLM).")
-  if config is not None and (config.kind == "llama") != (family is hf_llama):
+        "(model_type 't5'), Llama ('llama', LlamaForCausalLM), Qwen2 ('qwen2', "
+        "Qwen2ForCausalLM), Qwen3 ('qwen3', Qwen3ForCausalLM) and Gemma 3 text ('gemma3_text', "
+        "Gemma3ForCausalLM).")
+  if family is hf_llama:
+    hf_llama.config_from_hf(hf)  # refuses, by name, what the network does not compute
+  wanted = hf_llama.KINDS.get(hf_llama.model_type(hf)) if family is hf_llama else None
+  if config is not None and (config.is_rope_decoder != (family is hf_llama)
+                             or (wanted is not None and config.kind != wanted)):
     raise ValueError(
         f"{path} holds a {hf.get('model_type')!r} checkpoint but the configured model is "
-        f"kind={config.kind!r}; use a {'llama' if family is hf_llama else 'T5'}-kind preset "
+        f"kind={config.kind!r}; use a {wanted or 'T5'}-kind preset "
         "(or leave the model out to take it from config.json).")
   return family
 
@@ -240,7 +253,7 @@ def _hf_config_mismatches(path: str, config: TransformerConfig) -> list[str]:
   hf = hf_t5.read_hf_config(path)
   if hf is None:
     return []
-  if config.kind == "llama":
+  if config.is_rope_decoder:
     return hf_llama.config_mismatches(hf, config)
   stored = hf_t5.config_from_hf(hf)  # refuses what the network does not implement
   return [f"config.json gives {name}={getattr(stored, name)!r}, the model "
@@ -289,7 +302,7 @@ def restore_any(path: str, abstract_params: Params) -> Params:
       return params  # restored straight into the asked shardings
   else:
     config = config_from_params(abstract_params)
-    if config.kind == "llama" and hf_t5.read_hf_config(os.fspath(path)) is not None:
+    if config.is_rope_decoder and hf_t5.read_hf_config(os.fspath(path)) is not None:
       config = None  # RoPE and the norm epsilon come from config.json, not from shapes
     params, _ = load_checkpoint(path, config=config)
     wrong = checkpoints.shape_mismatches(abstract_params, params)
@@ -305,11 +318,11 @@ def restore_any(path: str, abstract_params: Params) -> Params:
 def save_checkpoint(params: Params, config: TransformerConfig, path: str, fmt: str,
                     source: Optional[str] = None) -> None:
   """Writes `params` of `config` at `path` in `fmt`. `source`: for an hf export of a
-  llama-kind model, a folder whose tokenizer files are copied along (an HF checkpoint's,
+  RoPE-kind model, a folder whose tokenizer files are copied along (an HF checkpoint's,
   whose bos/eos/pad ids are kept)."""
   if fmt == "ours":
     save_ours(params, path)
-  elif fmt == "hf" and config.kind == "llama":
+  elif fmt == "hf" and config.is_rope_decoder:
     hf_llama.save_hf(params, config, path, source)
   elif fmt == "hf":
     hf_t5.save_hf(params, config, path)

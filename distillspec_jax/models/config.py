@@ -14,9 +14,13 @@ from typing import Literal
 
 import jax.numpy as jnp
 
-ModelKind = Literal["encoder_decoder", "decoder_only", "llama"]
-MODEL_KINDS = ("encoder_decoder", "decoder_only", "llama")
-# RoPE frequency scalings of the llama kind (Hugging Face `rope_type`): 'none' (plain RoPE),
+ModelKind = Literal["encoder_decoder", "decoder_only", "llama", "qwen3", "gemma3"]
+MODEL_KINDS = ("encoder_decoder", "decoder_only", "llama", "qwen3", "gemma3")
+# The RoPE decoders of models/llama.py: 'llama' (Llama 2/3, Qwen2), 'qwen3' (an RMSNorm on each
+# query and key head before RoPE) and 'gemma3' (Gemma 3 text: those norms too, (1 + w) norms
+# before and after attention and MLP, GeGLU, a scaled embedding, local/global attention).
+ROPE_KINDS = ("llama", "qwen3", "gemma3")
+# RoPE frequency scalings of the RoPE kinds (Hugging Face `rope_type`): 'none' (plain RoPE),
 # 'linear' (positions divided by rope_scaling_factor) and 'llama3' (Llama 3.1+'s per-frequency
 # scheme: low frequencies divided by the factor, high ones kept, a smooth ramp between).
 ROPE_SCALINGS = ("none", "linear", "llama3")
@@ -34,10 +38,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """Shapes and options of a T5 1.1-style Transformer.
+  """Shapes and options of a Transformer: T5 1.1-style, or one of the RoPE decoders.
 
   Attributes:
-    kind: "encoder_decoder" (T5 1.1) or "decoder_only" (GPT-like LM from the same layers).
+    kind: "encoder_decoder" (T5 1.1), "decoder_only" (GPT-like LM from the same layers), or a
+      RoPE decoder of models/llama.py: "llama" (Llama 2/3, Qwen2), "qwen3", "gemma3".
     vocab_size: rows of the token embedding and columns of the logits layer.
     emb_dim: d_model.
     num_heads: attention heads.
@@ -57,8 +62,8 @@ class TransformerConfig:
     logits_via_embedding: tie the logits layer to the embedding (False for T5 1.1).
     max_decode_length: default capacity of the decoding cache.
 
-  Fields of kind "llama" only (Llama / Qwen2-family decoder: RoPE, grouped-query attention,
-  SwiGLU MLP, RMSNorm; T5 kinds refuse values other than the defaults):
+  Fields of the RoPE kinds (ROPE_KINDS: "llama", "qwen3", "gemma3"; grouped-query attention,
+  gated MLP, RMSNorm; T5 kinds refuse values other than the defaults):
     num_kv_heads: key/value heads (grouped-query attention); None means num_heads. Must
       divide num_heads.
     rope_theta: RoPE base. head_dim must be even (RoPE rotates pairs of features).
@@ -67,9 +72,23 @@ class TransformerConfig:
       (Hugging Face's `factor`, `low_freq_factor`, `high_freq_factor`,
       `original_max_position_embeddings`).
     norm_epsilon: the RMSNorms' epsilon (Hugging Face `rms_norm_eps`).
-    use_qkv_bias: biases on the query/key/value projections (Qwen2).
-    For the llama kind `logits_via_embedding` ties the logits layer to the embedding without
+    use_qkv_bias: biases on the query/key/value projections (Qwen2; kind "llama" only).
+    For the RoPE kinds `logits_via_embedding` ties the logits layer to the embedding without
     T5's d**-0.5 rescale (Hugging Face `tie_word_embeddings`).
+
+  Fields of kind "gemma3" only (Hugging Face Gemma3TextConfig's names; other kinds refuse
+  values other than the defaults):
+    query_pre_attn_scalar: attention logits are scaled by query_pre_attn_scalar**-0.5; None
+      means head_dim (the other kinds' scale).
+    sliding_window: keys a local layer sees, the query's own included (a query at position
+      q attends to positions q - sliding_window + 1 .. q); None: every layer is global.
+    sliding_window_pattern: layer i is global when (i + 1) % sliding_window_pattern == 0,
+      local otherwise (Gemma 3: 6, five local layers per global one); 1 with no window.
+    rope_local_theta: RoPE base of the local layers (Hugging Face `rope_local_base_freq`);
+      the global layers use rope_theta and rope_scaling, the local ones plain RoPE.
+    final_logit_softcapping: cap * tanh(logits / cap) on the output logits; None: no capping.
+      (Gemma 3 has no attention-logit capping: its query/key norms bound the logits, and
+      transformers' Gemma3 ignores `attn_logit_softcapping`; the importer refuses it.)
   """
 
   kind: ModelKind = "encoder_decoder"
@@ -97,6 +116,11 @@ class TransformerConfig:
   rope_original_max_length: int = 8192
   norm_epsilon: float = 1e-6
   use_qkv_bias: bool = False
+  query_pre_attn_scalar: int | None = None
+  sliding_window: int | None = None
+  sliding_window_pattern: int = 1
+  rope_local_theta: float = 10000.0
+  final_logit_softcapping: float | None = None
 
   def __post_init__(self):
     if self.kind not in MODEL_KINDS:
@@ -120,6 +144,28 @@ class TransformerConfig:
       raise ValueError(f"remat_policy={self.remat_policy!r} is not a remat policy; use one of "
                        f"{REMAT_POLICIES} (gin: REMAT_POLICY).")
     _check_llama_fields(self)
+    _check_gemma_fields(self)
+
+  @property
+  def is_rope_decoder(self) -> bool:
+    """Whether the network is models/llama.py's (ROPE_KINDS)."""
+    return self.kind in ROPE_KINDS
+
+  @property
+  def has_qk_norm(self) -> bool:
+    """An RMSNorm over head_dim on every query and key head, before RoPE (Qwen3, Gemma 3)."""
+    return self.kind in ("qwen3", "gemma3")
+
+  @property
+  def attention_scale(self) -> float:
+    """The factor of the attention logits: query_pre_attn_scalar**-0.5 (head_dim by default)."""
+    scalar = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
+    return float(scalar) ** -0.5
+
+  def is_local_layer(self, index: int) -> bool:
+    """Whether decoder layer `index` attends within `sliding_window` (Gemma 3's local layers)."""
+    return (self.sliding_window is not None
+            and (index + 1) % self.sliding_window_pattern != 0)
 
   @property
   def kv_heads(self) -> int:
@@ -144,8 +190,13 @@ _LLAMA_FIELDS = ("num_kv_heads", "rope_theta", "rope_scaling", "rope_scaling_fac
                  "norm_epsilon", "use_qkv_bias")
 
 
+def _changed(config: TransformerConfig, names) -> list[str]:
+  defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+  return [f"{n}={getattr(config, n)!r}" for n in names if getattr(config, n) != defaults[n]]
+
+
 def _check_llama_fields(config: TransformerConfig) -> None:
-  """Types and ranges of the llama kind's fields; T5 kinds must leave them at their defaults
+  """Types and ranges of the RoPE kinds' fields; T5 kinds must leave them at their defaults
   (their network would ignore them silently)."""
   from distillspec_jax.core.validation import check_value_type  # core sits below models
   hints = {"num_kv_heads": int | None, "rope_theta": float, "rope_scaling": str,
@@ -154,15 +205,17 @@ def _check_llama_fields(config: TransformerConfig) -> None:
            "norm_epsilon": float, "use_qkv_bias": bool}
   for name in _LLAMA_FIELDS:
     check_value_type("TransformerConfig", name, getattr(config, name), hints[name])
-  if config.kind != "llama":
-    defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
-    changed = [f"{n}={getattr(config, n)!r}" for n in _LLAMA_FIELDS
-               if getattr(config, n) != defaults[n]]
+  if not config.is_rope_decoder:
+    changed = _changed(config, _LLAMA_FIELDS)
     if changed:
-      raise ValueError(f"{', '.join(changed)} applies to kind='llama' only; the {config.kind} "
-                       "network (T5 relative position bias, full multi-head attention) would "
-                       "ignore it. Use kind='llama' or leave these fields at their defaults.")
+      raise ValueError(f"{', '.join(changed)} applies to the RoPE kinds {ROPE_KINDS} only; the "
+                       f"{config.kind} network (T5 relative position bias, full multi-head "
+                       "attention) would ignore it. Use one of those kinds or leave these "
+                       "fields at their defaults.")
     return
+  if config.kind != "llama" and config.use_qkv_bias:
+    raise ValueError(f"use_qkv_bias=True applies to kind='llama' (Qwen2) only; the "
+                     f"{config.kind} network has no query/key/value biases. Leave it False.")
   kv = config.kv_heads
   if kv < 1 or config.num_heads % kv:
     raise ValueError(f"num_kv_heads={config.num_kv_heads} must be >= 1 and divide num_heads="
@@ -185,6 +238,47 @@ def _check_llama_fields(config: TransformerConfig) -> None:
                      "scaling needs 0 < low < high (Llama 3.1+: 1.0 and 4.0).")
   if config.rope_original_max_length < 1:
     raise ValueError(f"rope_original_max_length={config.rope_original_max_length} must be >= 1.")
+
+
+_GEMMA_FIELDS = ("query_pre_attn_scalar", "sliding_window", "sliding_window_pattern",
+                 "rope_local_theta", "final_logit_softcapping")
+
+
+def _check_gemma_fields(config: TransformerConfig) -> None:
+  """Types and ranges of the gemma3 kind's fields; other kinds must leave them at their
+  defaults (their network would ignore them)."""
+  from distillspec_jax.core.validation import check_value_type  # core sits below models
+  hints = {"query_pre_attn_scalar": int | None, "sliding_window": int | None,
+           "sliding_window_pattern": int, "rope_local_theta": float,
+           "final_logit_softcapping": float | None}
+  for name in _GEMMA_FIELDS:
+    check_value_type("TransformerConfig", name, getattr(config, name), hints[name])
+  if config.kind != "gemma3":
+    changed = _changed(config, _GEMMA_FIELDS)
+    if changed:
+      raise ValueError(f"{', '.join(changed)} applies to kind='gemma3' only; the {config.kind} "
+                       "network would ignore it. Use kind='gemma3' or leave these fields at "
+                       "their defaults.")
+    return
+  for name in ("query_pre_attn_scalar", "rope_local_theta", "final_logit_softcapping"):
+    value = getattr(config, name)
+    if value is not None and not value > 0:
+      raise ValueError(f"{name}={value!r} must be > 0 (or None where None is allowed).")
+  if config.sliding_window_pattern < 1:
+    raise ValueError(f"sliding_window_pattern={config.sliding_window_pattern} must be >= 1 "
+                     "(every pattern-th layer is global; Gemma 3: 6).")
+  if config.sliding_window is None and config.sliding_window_pattern != 1:
+    raise ValueError(f"sliding_window_pattern={config.sliding_window_pattern} needs a "
+                     "sliding_window (without one every layer is global); set sliding_window "
+                     "or sliding_window_pattern=1.")
+  if config.sliding_window is not None:
+    if config.sliding_window < 1:
+      raise ValueError(f"sliding_window={config.sliding_window} must be >= 1, or None for "
+                       "global attention in every layer.")
+    if config.sliding_window_pattern == 1:
+      raise ValueError(f"sliding_window={config.sliding_window} with sliding_window_pattern=1 "
+                       "makes every layer global, so the window is never used; set "
+                       "sliding_window=None or a pattern > 1 (Gemma 3: 6).")
 
 
 def _t5_1_1(emb_dim, num_heads, num_layers, mlp_dim):
@@ -242,8 +336,8 @@ MODEL_CONFIGS: dict[str, TransformerConfig] = {
 
 
 def _llama(vocab_size, emb_dim, num_heads, num_kv_heads, num_layers, head_dim, mlp_dim,
-           **fields) -> TransformerConfig:
-  return TransformerConfig(kind="llama", vocab_size=vocab_size, emb_dim=emb_dim,
+           kind="llama", **fields) -> TransformerConfig:
+  return TransformerConfig(kind=kind, vocab_size=vocab_size, emb_dim=emb_dim,
                            num_heads=num_heads, num_kv_heads=num_kv_heads, num_encoder_layers=0,
                            num_decoder_layers=num_layers, head_dim=head_dim, mlp_dim=mlp_dim,
                            dropout_rate=0.0, **fields)
@@ -273,6 +367,47 @@ MODEL_CONFIGS.update({
                                 norm_epsilon=1e-5),
     "llama_demo_draft": _llama(256, 64, 2, 1, 1, 32, 256, max_decode_length=256,
                                norm_epsilon=1e-5),
+})
+
+
+def _qwen3(emb_dim, num_heads, num_layers, mlp_dim, tied) -> TransformerConfig:
+  return _llama(151936, emb_dim, num_heads, 8, num_layers, 128, mlp_dim, kind="qwen3",
+                logits_via_embedding=tied, max_decode_length=2048, rope_theta=1000000.0,
+                norm_epsilon=1e-6)
+
+
+def _gemma3(vocab_size, emb_dim, num_heads, num_kv_heads, num_layers, head_dim, mlp_dim,
+            query_pre_attn_scalar, sliding_window, **fields) -> TransformerConfig:
+  return _llama(vocab_size, emb_dim, num_heads, num_kv_heads, num_layers, head_dim, mlp_dim,
+                kind="gemma3", logits_via_embedding=True, max_decode_length=2048,
+                rope_theta=1000000.0, rope_local_theta=10000.0, norm_epsilon=1e-6,
+                query_pre_attn_scalar=query_pre_attn_scalar, sliding_window=sliding_window,
+                sliding_window_pattern=6, **fields)
+
+
+# Qwen3 and Gemma 3 (text) with the shapes of their Hugging Face config.json files (Qwen/
+# Qwen3-0.6B, -8B; google/gemma-3-270m, -1b-pt, and the text_config of -12b-pt, -27b-pt). Their
+# parameter counts (tests/test_families.py) equal those of transformers' Qwen3ForCausalLM /
+# Gemma3ForCausalLM built from the same values, and the non-embedding counts the model cards and
+# the Gemma 3 report give, within 0.5%.
+_GEMMA3_LONG_ROPE = dict(rope_scaling="linear", rope_scaling_factor=8.0)
+MODEL_CONFIGS.update({
+    "qwen3_0_6b": _qwen3(1024, 16, 28, 3072, tied=True),
+    "qwen3_8b": _qwen3(4096, 32, 36, 12288, tied=False),
+    "gemma3_270m": _gemma3(262144, 640, 4, 1, 18, 256, 2048, 256, 512),
+    "gemma3_1b": _gemma3(262144, 1152, 4, 1, 26, 256, 6912, 256, 512),
+    "gemma3_12b": _gemma3(262208, 3840, 16, 8, 48, 256, 15360, 256, 1024,
+                          **_GEMMA3_LONG_ROPE),
+    "gemma3_27b": _gemma3(262208, 5376, 32, 16, 62, 128, 21504, 168, 1024,
+                          **_GEMMA3_LONG_ROPE),
+    # Tests: Qwen3's per-head norms; Gemma 3 with a 4-key window on layers 0 and 2 (global
+    # layer 1), capped output logits and a query scale other than head_dim**-0.5.
+    "tiny_qwen3": _llama(512, 64, 4, 2, 2, 16, 128, kind="qwen3", max_decode_length=128,
+                         norm_epsilon=1e-6, rope_theta=1000000.0),
+    "tiny_gemma3": _llama(512, 64, 4, 2, 3, 16, 128, kind="gemma3", logits_via_embedding=True,
+                          max_decode_length=128, norm_epsilon=1e-6, rope_theta=1000000.0,
+                          query_pre_attn_scalar=24, sliding_window=4,
+                          sliding_window_pattern=2, final_logit_softcapping=30.0),
 })
 
 

@@ -66,18 +66,26 @@ class DenseGeneral(nn.Module):
 
 
 class RMSNorm(nn.Module):
-  """T5's layer norm: scale only, no bias, no mean subtraction; statistics in fp32."""
+  """T5's layer norm: scale only, no bias, no mean subtraction; statistics in fp32.
+
+  `plus_one`: the normalised x is multiplied by (1 + scale), scale initialised to 0 (Gemma's
+  norms: weight decay then pulls towards the identity). `axis`: the logical name of the
+  normalised (last) dimension.
+  """
 
   epsilon: float = 1e-6
   dtype: jnp.dtype = jnp.float32
+  plus_one: bool = False
+  axis: str = "embed"
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    scale = self.param("scale", _logical(nn.initializers.ones, ("embed",)), (x.shape[-1],),
-                       jnp.float32)
+    """x: [..., features] -> [..., features]."""
+    init = nn.initializers.zeros if self.plus_one else nn.initializers.ones
+    scale = self.param("scale", _logical(init, (self.axis,)), (x.shape[-1],), jnp.float32)
     x32 = jnp.asarray(x, jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
-    return jnp.asarray(x32 * scale, self.dtype)
+    return jnp.asarray(x32 * (1.0 + scale if self.plus_one else scale), self.dtype)
 
 
 class Embed(nn.Module):

@@ -1,9 +1,16 @@
-"""A Llama-family decoder (Llama 2/3, Qwen2): RoPE, grouped-query attention, SwiGLU, RMSNorm.
+"""The RoPE decoders: Llama 2/3, Qwen2, Qwen3 and Gemma 3 (text).
 
-The network of `TransformerConfig(kind="llama")`. It computes what Hugging Face's
-`LlamaForCausalLM` / `Qwen2ForCausalLM` compute (`interop/hf_llama.py` maps the weights) and
-presents the decoding interface of the T5 decoder (`network.Decoder`): teacher forcing from
-position 0, or k new tokens per row at per-row cache positions. Attention is strictly causal.
+RoPE, grouped-query attention, a gated MLP and RMSNorm; the network of the kinds
+`config.ROPE_KINDS`. Kind "llama" computes what Hugging Face's `LlamaForCausalLM` /
+`Qwen2ForCausalLM` compute, "qwen3" `Qwen3ForCausalLM` (an RMSNorm over head_dim on every query
+and key head before RoPE), "gemma3" `Gemma3ForCausalLM` (those norms too; every norm
+multiplies by (1 + scale); norms after attention and after the MLP as well as before; a GELU
+(tanh) gated MLP; the embedding scaled by sqrt(emb_dim); attention logits scaled by
+query_pre_attn_scalar**-0.5; local layers that attend within a sliding window with their own
+RoPE base; optionally soft-capped output logits). `interop/hf_llama.py` maps the weights. The
+network presents the decoding interface of the T5 decoder (`network.Decoder`): teacher
+forcing from position 0, or k new tokens per row at per-row cache positions. Attention is
+strictly causal.
 
 Parameters (stored shape, logical axes):
 
@@ -14,7 +21,10 @@ Parameters (stored shape, logical axes):
                                                           (embed, kv_heads, kv); value alike
   decoder/layers_i/self_attention/{query,key,value}/bias  [(kv_)heads, head_dim]  (use_qkv_bias)
   decoder/layers_i/self_attention/out/kernel    [heads, head_dim, embed]  (heads, kv, embed)
+  decoder/layers_i/self_attention/{query,key}_norm/scale  [head_dim]  (kv,)  (qwen3, gemma3)
+  decoder/layers_i/post_self_attention_layer_norm/scale  [embed]          (gemma3)
   decoder/layers_i/pre_mlp_layer_norm/scale     [embed]
+  decoder/layers_i/post_mlp_layer_norm/scale    [embed]                   (gemma3)
   decoder/layers_i/mlp/{wi_0 (gate), wi_1 (up)}/kernel [embed, mlp], wo/kernel [mlp, embed]
   decoder/decoder_norm/scale                    [embed]
   decoder/logits_dense/kernel                   [embed, vocab]  (absent when tied)
@@ -27,8 +37,11 @@ The decoding cache holds `kv_heads` heads per row (`[batch * kv_heads, head_dim,
 keys, `[batch * kv_heads, max_length, head_dim]` values, as `layers.write_cache` writes them).
 Keys are stored already rotated: slot s of a row holds the key of that row's position s, so
 RoPE needs no position other than the slot, and rolling a row back (lowering its position)
-stays exact. Each query group of `heads / kv_heads` heads reads its key/value head in one
-batched matmul (query head h uses key/value head h // (heads / kv_heads), as in transformers).
+stays exact. A local (sliding-window) layer keeps every slot too and masks the keys more than
+`sliding_window - 1` positions behind the query, so its logits past the window are exact and a
+rollback needs nothing else. Each query group of `heads / kv_heads` heads reads its key/value
+head in one batched matmul (query head h uses key/value head h // (heads / kv_heads), as in
+transformers).
 """
 
 from __future__ import annotations
@@ -52,11 +65,15 @@ KeyValue = tuple[Array, Array]
 # --- rotary position embedding -----------------------------------------------------------------
 
 
-def rope_inverse_frequencies(config: TransformerConfig) -> np.ndarray:
+def rope_inverse_frequencies(config: TransformerConfig, local: bool = False) -> np.ndarray:
   """The rotation speed of each feature pair, scaled as `config.rope_scaling` says:
-  [head_dim // 2] float32 (radians per position)."""
+  [head_dim // 2] float32 (radians per position). `local`: a Gemma 3 local layer's plain RoPE
+  of base `rope_local_theta` (the scaling is the global layers')."""
   dim = config.head_dim
-  inverse = 1.0 / (float(config.rope_theta) ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+  theta = float(config.rope_local_theta if local else config.rope_theta)
+  inverse = 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+  if local:
+    return inverse.astype(np.float32)
   factor = float(config.rope_scaling_factor)
   if config.rope_scaling == "linear":
     inverse = inverse / factor
@@ -84,6 +101,27 @@ def apply_rope(x: Array, positions: Array, inverse_frequencies: np.ndarray) -> A
   first, second = jnp.split(x32, 2, axis=-1)
   rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
   return rotated.astype(x.dtype)
+
+
+def soft_cap(x: Array, cap: Optional[float]) -> Array:
+  """cap * tanh(x / cap) (Gemma's logit soft-capping), or x when `cap` is None."""
+  return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+def attention_bias(query_positions: Array, key_positions: Array,
+                   window: Optional[int] = None) -> Array:
+  """0 where a query may attend, NEG_INF elsewhere: causal, and with `window` only the
+  `window` latest positions (the query's own included). query_positions: [batch, q],
+  key_positions: [batch, keys] -> [batch, 1, 1, q, keys] fp32."""
+  allowed = key_positions[:, None, :] <= query_positions[:, :, None]
+  if window is not None:
+    allowed &= key_positions[:, None, :] > query_positions[:, :, None] - window
+  return jnp.where(allowed, 0.0, layers.NEG_INF).astype(jnp.float32)[:, None, None]
+
+
+def _norm(config: TransformerConfig, axis: str = "embed") -> layers.RMSNorm:
+  return layers.RMSNorm(config.norm_epsilon, config.activation_dtype,
+                        plus_one=config.kind == "gemma3", axis=axis)
 
 
 # --- layers -------------------------------------------------------------------------------------
@@ -160,9 +198,11 @@ class Embed(nn.Module):
 
 class GroupedQueryAttention(nn.Module):
   """Causal self-attention with RoPE and `kv_heads` key/value heads shared by groups of
-  query heads; logits scaled by head_dim**-0.5 and taken in fp32."""
+  query heads; logits scaled by `config.attention_scale` and taken in fp32. `local`: a
+  sliding-window layer (its RoPE base; the window is in the bias the caller passes)."""
 
   config: TransformerConfig
+  local: bool = False
 
   def setup(self):
     c, dtype = self.config, self.config.activation_dtype
@@ -175,18 +215,24 @@ class GroupedQueryAttention(nn.Module):
                             use_bias=bias, dtype=dtype)
     self.out = Projection((c.emb_dim,), ("heads", "kv", "embed"), num_input_axes=2,
                           dtype=dtype)
+    if c.has_qk_norm:
+      self.query_norm = _norm(c, axis="kv")
+      self.key_norm = _norm(c, axis="kv")
 
   def project(self, x: Array, rope_positions: Array) -> tuple[Array, Array, Array]:
     """x: [batch, k, embed], rope_positions: [batch, k] -> rotated queries
     [batch, k, heads, head_dim], rotated keys and values [batch, k, kv_heads, head_dim]."""
-    frequencies = rope_inverse_frequencies(self.config)
-    query = apply_rope(self.query(x), rope_positions, frequencies)
-    key = apply_rope(self.key(x), rope_positions, frequencies)
+    query, key = self.query(x), self.key(x)
+    if self.config.has_qk_norm:  # per head, before RoPE
+      query, key = self.query_norm(query), self.key_norm(key)
+    frequencies = rope_inverse_frequencies(self.config, self.local)
+    query = apply_rope(query, rope_positions, frequencies)
+    key = apply_rope(key, rope_positions, frequencies)
     return query, key, self.value(x)
 
   def _grouped_softmax(self, logits: Array, bias: Array, deterministic: bool) -> Array:
     """logits: [batch, kv_heads, group, q, k] fp32; bias: [batch, 1, 1, q, k]."""
-    logits = logits * (self.config.head_dim ** -0.5) + bias
+    logits = logits * self.config.attention_scale + bias
     weights = jax.nn.softmax(logits, axis=-1)
     rate = self.config.dropout_rate
     if not deterministic and rate > 0.0:
@@ -228,8 +274,9 @@ class GroupedQueryAttention(nn.Module):
     return self.out(mixed.reshape(batch, q, c.num_heads, c.head_dim))
 
 
-class SwiGluMlp(nn.Module):
-  """wo(silu(wi_0 x) * wi_1 x): Llama's gate_proj, up_proj, down_proj."""
+class GatedMlp(nn.Module):
+  """wo(act(wi_0 x) * wi_1 x): gate_proj, up_proj, down_proj; act is SiLU (SwiGLU: Llama,
+  Qwen) or, for Gemma 3, GELU's tanh approximation (GeGLU)."""
 
   config: TransformerConfig
 
@@ -239,22 +286,28 @@ class SwiGluMlp(nn.Module):
     c, dtype = self.config, self.config.activation_dtype
     gate = Projection((c.mlp_dim,), ("embed", "mlp"), dtype=dtype, name="wi_0")(x)
     up = Projection((c.mlp_dim,), ("embed", "mlp"), dtype=dtype, name="wi_1")(x)
-    hidden = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))(jax.nn.silu(gate) * up,
-                                                              deterministic)
+    act = (jax.nn.gelu(gate, approximate=True) if c.kind == "gemma3" else jax.nn.silu(gate))
+    hidden = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))(act * up, deterministic)
     return Projection((c.emb_dim,), ("mlp", "embed"), dtype=dtype, name="wo")(hidden)
 
 
 class LlamaLayer(nn.Module):
-  """Pre-norm block: x + attention(norm(x)), then + mlp(norm(x))."""
+  """Pre-norm block: x + attention(norm(x)), then + mlp(norm(x)); Gemma 3 also normalises
+  each branch's output before the residual sum (x + norm(attention(norm(x)))). `local`: a
+  sliding-window layer."""
 
   config: TransformerConfig
+  local: bool = False
 
   def setup(self):
-    c, dtype = self.config, self.config.activation_dtype
-    self.pre_self_attention_layer_norm = layers.RMSNorm(c.norm_epsilon, dtype)
-    self.self_attention = GroupedQueryAttention(c)
-    self.pre_mlp_layer_norm = layers.RMSNorm(c.norm_epsilon, dtype)
-    self.mlp = SwiGluMlp(c)
+    c = self.config
+    self.pre_self_attention_layer_norm = _norm(c)
+    self.self_attention = GroupedQueryAttention(c, self.local)
+    self.pre_mlp_layer_norm = _norm(c)
+    self.mlp = GatedMlp(c)
+    if c.kind == "gemma3":
+      self.post_self_attention_layer_norm = _norm(c)
+      self.post_mlp_layer_norm = _norm(c)
     self.dropout = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))
 
   def __call__(self, x: Array, rope_positions: Array, bias: Array,
@@ -262,7 +315,8 @@ class LlamaLayer(nn.Module):
                deterministic: bool):
     """Positional arguments only (`nn.remat`; `deterministic`, the 6th, is its static one).
 
-    x: [batch, k, embed]; rope_positions: [batch, k]; bias: [batch, 1, 1, k, keys]. With
+    x: [batch, k, embed]; rope_positions: [batch, k]; bias: [batch, 1, 1, k, keys] (this
+    layer's: sliding-window for a local layer). With
     `cache` (keys [batch * kv_heads, head_dim, max_length], values [batch * kv_heads,
     max_length, head_dim]) the new keys/values are written at `cache_positions: [batch]`
     and attention reads the cache. Returns (x, updated cache or None).
@@ -275,8 +329,13 @@ class LlamaLayer(nn.Module):
       cache = (layers.write_cache(cache[0], keys, cache_positions, length_last=True),
                layers.write_cache(cache[1], values, cache_positions, length_last=False))
       attended = self.self_attention.attend_cache(query, cache[0], cache[1], bias)
+    gemma = self.config.kind == "gemma3"
+    if gemma:
+      attended = self.post_self_attention_layer_norm(attended)
     x = x + self.dropout(attended, deterministic)
     h = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
+    if gemma:
+      h = self.post_mlp_layer_norm(h)
     return x + self.dropout(h, deterministic), cache
 
 
@@ -290,8 +349,8 @@ class LlamaDecoder(nn.Module):
     c = self.config
     layer = network.rematerialised(LlamaLayer, c.remat_policy,
                                     deterministic_argnum=6)
-    self.layers = [layer(c) for _ in range(c.num_decoder_layers)]
-    self.decoder_norm = layers.RMSNorm(c.norm_epsilon, c.activation_dtype)
+    self.layers = [layer(c, c.is_local_layer(i)) for i in range(c.num_decoder_layers)]
+    self.decoder_norm = _norm(c)
     self.dropout = nn.Dropout(c.dropout_rate, broadcast_dims=(-2,))
     if not c.logits_via_embedding:
       self.logits_dense = Projection((c.vocab_size,), ("embed", "vocab"),
@@ -319,12 +378,17 @@ class LlamaDecoder(nn.Module):
       query_positions = positions[:, None].astype(jnp.int32) + offsets
       max_length = self_caches[0][0].shape[-1]
       key_positions = jnp.broadcast_to(jnp.arange(max_length)[None], (batch, max_length))
-    causal = key_positions[:, None, :] <= query_positions[:, :, None]  # [batch, k, keys]
-    bias = jnp.where(causal, 0.0, layers.NEG_INF).astype(jnp.float32)[:, None, None]
-    x = self.dropout(self.shared_embedding(tokens), deterministic)
+    c = self.config
+    bias = attention_bias(query_positions, key_positions)
+    if c.sliding_window is not None:
+      local_bias = attention_bias(query_positions, key_positions, c.sliding_window)
+    x = self.shared_embedding(tokens)
+    if c.kind == "gemma3":  # sqrt(emb_dim) in the activation dtype, as Gemma rounds it
+      x = x * jnp.asarray(c.emb_dim ** 0.5, x.dtype)
+    x = self.dropout(x, deterministic)
     new_caches = []
     for i, layer in enumerate(self.layers):
-      x, cache = layer(x, query_positions, bias,
+      x, cache = layer(x, query_positions, local_bias if c.is_local_layer(i) else bias,
                        None if self_caches is None else self_caches[i], positions,
                        deterministic)
       new_caches.append(cache)
@@ -333,11 +397,12 @@ class LlamaDecoder(nn.Module):
       logits = self.shared_embedding.attend(x)
     else:
       logits = self.logits_dense(x)
-    return logits.astype(jnp.float32), (None if self_caches is None else tuple(new_caches))
+    logits = soft_cap(logits.astype(jnp.float32), c.final_logit_softcapping)
+    return logits, (None if self_caches is None else tuple(new_caches))
 
 
 class LlamaDecoderOnly(nn.Module):
-  """The causal LM: token embedder and decoder (the module of `Model` for kind 'llama')."""
+  """The causal LM: token embedder and decoder (the module of `Model` for the RoPE kinds)."""
 
   config: TransformerConfig
 

@@ -50,7 +50,7 @@ class Model:
   def module(self) -> nn.Module:
     if self.is_encoder_decoder:
       return network.EncoderDecoder(self.config)
-    if self.config.kind == "llama":
+    if self.config.is_rope_decoder:
       return llama.LlamaDecoderOnly(self.config)
     return network.DecoderOnly(self.config)
 
