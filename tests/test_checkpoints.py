@@ -104,6 +104,19 @@ def test_restore_params_from_model_dir_or_step_dir(tmp_path):
     checkpoints.restore_params(str(tmp_path / "nothing"), checkpoints.abstract_like(params))
 
 
+def test_restore_without_shardings_gives_host_arrays_whatever_the_saved_devices(tmp_path):
+  """Saved from the last device, restored without shardings: numpy arrays, not arrays on the
+  saving device (which another process of a multi-process run would not hold)."""
+  _, params, _ = _state()
+  on_last = jax.device_put(params, jax.devices()[-1])
+  C.save_params(str(tmp_path / "exported"), on_last)
+  restored = C.restore_params(str(tmp_path / "exported"),
+                              jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                           params))
+  assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(restored))
+  _equal(params, restored)
+
+
 def test_other_model_shape_is_a_clear_error(tmp_path):
   _, params, opt_state = _state(emb_dim=64)
   other_model, other_params, _ = _state(emb_dim=32)

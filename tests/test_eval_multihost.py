@@ -112,3 +112,40 @@ def _check_model_sharded_equals_data_parallel(sharded_dir, data_parallel_dir, tm
   # On (8, 1) the data axis (8) does not divide the batch (4): every device decodes it whole.
   calls = json.loads((tmp_path / "rows_single.json.data_parallel.json").read_text())
   assert calls and all(c == [0, BATCH, BATCH] for c in calls)
+
+
+def test_eval_binary_on_two_processes_with_uneven_prompts_and_host_loaded_checkpoints(
+    tmp_path):
+  """No presets (each process loads the whole checkpoints on the host, then keeps its
+  shards), checkpoints saved from one device of this process, 5 prompts in batches of 4 (the
+  second batch's only real row is process 0's: process 1 holds none of that batch), prompts
+  of different lengths on the two processes: the one-process rows, and no traceback."""
+  from distillspec_jax.data.tasks import embedded
+  embedded.build_embedded_vocabulary(str(tmp_path / "vocab"))
+  for name, seed in (("target", 0), ("draft", 1)):
+    params = Model.from_name(PRESET).init(jax.random.PRNGKey(seed))
+    checkpoints.save_params(str(tmp_path / name), jax.device_put(params, jax.devices()[-1]))
+  flags = lambda model_dir: [f for f in _eval_flags(tmp_path, model_dir)
+                             if "_model=" not in f and "EVAL_EXAMPLES" not in f
+                             and "TEMPERATURES" not in f] + [
+      "--gin.EVAL_EXAMPLES=5", "--gin.TEMPERATURES=(0.0,)"]
+  port = _free_port()
+  command = [sys.executable, "-m", "distillspec_jax.eval"]
+  procs = [subprocess.Popen(command + flags(tmp_path / "single"), env=_env(8), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+  procs += [subprocess.Popen(command + flags(tmp_path / "multi") + _flags(port, index),
+                             env=_env(4), cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for index in (0, 1)]
+  outs = _finish(procs, timeout=600)
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0, out[-4000:]
+    assert "Traceback" not in out and "Event loop is closed" not in out, out[-4000:]
+  reference = json.loads((tmp_path / "single" / "metrics.json").read_text())
+  assert len(reference["rows"]) == 1
+  assert json.loads((tmp_path / "multi" / "metrics.json").read_text()) == reference
+  lines = [json.loads(line) for line in
+           (tmp_path / "multi" / "inferences" / "embedded_arithmetic.jsonl").open()]
+  inputs = [line["input"] for line in lines if line["decoder"] == "target"]
+  assert len(inputs) == 5
+  # Rows 0-1 and 4 are process 0's, rows 2-3 process 1's: their prompts differ in length.
+  assert {len(inputs[i]) for i in (0, 1, 4)} != {len(inputs[i]) for i in (2, 3)}

@@ -216,13 +216,23 @@ def restore_params(path: str, abstract_params: Params) -> Params:
 
   Args:
     path: a MODEL_DIR (its latest step is used) or one step directory.
-    abstract_params: tree of `jax.ShapeDtypeStruct` (with `.sharding` to restore sharded).
+    abstract_params: tree of `jax.ShapeDtypeStruct`: every leaf with a `.sharding`, restored
+      into those shards; else numpy arrays, whole, on every process.
   """
   params_dir, step_dir = params_dir_of(path)
   lines = shape_mismatches(abstract_params, params_metadata(params_dir))
   if lines:
     _raise_mismatch(step_dir, lines)
-  return ocp.StandardCheckpointer().restore(params_dir, abstract_params)
+  if all(getattr(a, "sharding", None) is not None for a in jax.tree.leaves(abstract_params)):
+    with ocp.StandardCheckpointer() as checkpointer:
+      return checkpointer.restore(params_dir, abstract_params)
+  # No sharding asked: host arrays on every process. Left to orbax, a leaf would come back
+  # on the devices it was saved from, which another process (or another topology) may lack.
+  as_host = jax.tree.map(lambda a: ocp.RestoreArgs(restore_type=np.ndarray, dtype=a.dtype),
+                         abstract_params)
+  with ocp.PyTreeCheckpointer() as checkpointer:
+    return checkpointer.restore(
+        params_dir, args=ocp.args.PyTreeRestore(item=abstract_params, restore_args=as_host))
 
 
 def params_metadata(params_dir: str) -> Any:
@@ -236,9 +246,9 @@ def params_metadata(params_dir: str) -> Any:
 
 def save_params(path: str, params: Params) -> None:
   """Writes `params` as `<path>/params` (a step-directory layout readable by restore_params)."""
-  checkpointer = ocp.StandardCheckpointer()
-  checkpointer.save(os.path.join(os.path.abspath(path), "params"), params)
-  checkpointer.wait_until_finished()
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(os.path.join(os.path.abspath(path), "params"), params)
+    checkpointer.wait_until_finished()
 
 
 def abstract_like(tree: Any, shardings: Any = None) -> Any:
