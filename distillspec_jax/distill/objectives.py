@@ -360,7 +360,7 @@ class DistillationObjective:
     per_token, weighting = c.weighted(per_token, 1.0 - per_token_tvd, weights)
     metrics.update(weighting)
     if self.reference is None:
-      loss = divergence
+      loss = jnp.mean(divergences.masked_sequence_mean(per_token, weights))
     else:
       reference_logits = jax.lax.stop_gradient(
           self.reference.logits(frozen["reference"], batch))
