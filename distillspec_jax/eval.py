@@ -163,6 +163,13 @@ class EvalConfig:
     if not self.lenience_kinds:
       raise ValueError("LENIENCE_KINDS=() is empty; pass e.g. --gin.LENIENCE_KINDS=('lin',).")
     _ = self.leniences  # the engine's Lenience refuses a bad kind or epsilon now
+    for lenience in self.leniences:
+      for temperature in self.temperatures:
+        try:
+          lenience.check_temperature(temperature)
+        except ValueError as error:
+          raise ValueError(f"EPSILONS={tuple(self.epsilons)} with TEMPERATURES="
+                           f"{tuple(self.temperatures)}: {error}") from None
     _ = self.draft_length  # and DraftLength a bad rule or threshold
     for name in ("batch_size", "eval_examples"):
       check_positive_int(getattr(self, name), name)

@@ -7,7 +7,8 @@ r"""The gin binary: fine-tuning and DistillSpec distillation, T5X style.
 Macros (T5X names): MODEL_DIR, MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, TRAIN_STEPS,
 BATCH_SIZE, INITIAL_CHECKPOINT_PATH (start of the trained model), TARGET_CHECKPOINT_PATH
 (the frozen target of a distillation run), plus the recipe macros LAMBDA1, LAMBDA2,
-DIVERGENCE, BETA, SAMPLING_TEMPERATURE (gin/recipes/).
+DIVERGENCE, BETA, SAMPLING_TEMPERATURE, LK_S, LK_ETA, POSITION_WEIGHTING, BLOCK_SIZE
+(gin/recipes/distill_base.gin).
 
 Multi-host (multihost.py): --coordinator_address=HOST:PORT --process_count=N
 --process_index=I on every process (GPU clusters, localhost tests); none on a TPU VM slice,

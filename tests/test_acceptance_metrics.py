@@ -11,7 +11,7 @@ import pytest
 
 from distillspec_jax.decoding import stats
 from distillspec_jax.decoding.plain import SamplingConfig, decode
-from distillspec_jax.decoding.speculative import speculative_decode
+from distillspec_jax.decoding.speculative import DraftLength, speculative_decode
 from distillspec_jax.evaluation.quality import predicted_alpha
 from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.model import Model
@@ -49,10 +49,40 @@ def test_per_position_rates_conditional_and_unconditional():
   assert by_position == [0.75, 0.5]
   assert sum(by_position) == pytest.approx(5 / 4)  # = mean acceptance length - 1
   assert stats.draft_acceptance_rate_by_position(np.array([[-1]]), 2) == [None, None]
-  # Under an adaptive draft length the round accepting 1 of 1 proposed never reached
+  # Under an adaptive draft length the round accepting 1 of 1 proposed never tested
   # position 2: of the two rounds that did, both accepted it.
-  proposed = np.array([[2, 1, -1], [1, 2, -1]])
-  assert stats.acceptance_by_position(rounds, 2, proposed) == [0.75, 1.0]
+  tested = np.array([[2, 1, -1], [1, 2, -1]])
+  assert stats.acceptance_by_position(rounds, 2, tested_per_round=tested) == [0.75, 1.0]
+
+
+def test_every_statistic_on_a_hand_computed_batch_with_eos_and_length_cuts():
+  """Gamma 3, two rows of three rounds. Row 0: accepts all 3; accepts 1 and rejects the 2nd
+  (the correction is output); accepts 2 of 3 by the test, the 2nd an EOS (the round keeps 2
+  drafts, tests past the EOS do not count). Row 1: rejects the 1st; accepts all 3; accepts 2
+  by the test and the length limit keeps 1 token."""
+  accepted = np.array([[3, 1, 2], [0, 3, 1]])
+  tested = np.array([[3, 2, 2], [1, 3, 1]])
+  # produced: row 0 4 + 2 + 2 (up to the EOS), row 1 1 + 4 + 1 (the length cut).
+  out = stats.block_statistics(produced=[8, 6], target_calls=[3, 3], accepted=[6, 4],
+                               drafted=[9, 9], accepted_proposed=[7, 5],
+                               output_rejections=[1, 1])
+  assert out["tau"] == pytest.approx(14 / 6)
+  assert out["mean_acceptance_length"] == pytest.approx(1 + 10 / 6)
+  assert out["draft_acceptance_rate"] == pytest.approx(10 / 18) == out["alpha"]
+  assert out["alpha_proposed"] == pytest.approx(12 / 18)
+  assert out["alpha_distillspec"] == pytest.approx(10 / 12)
+  # Position 1: 6 tests, 5 accepted; position 2: 4 tests (3, 2, 2, 3), 3 accepted; position 3:
+  # 2 tests, both accepted. The cut rounds test no position past their output.
+  by_position = stats.acceptance_by_position(accepted, 3, tested_per_round=tested)
+  assert by_position == [pytest.approx(5 / 6), 0.75, 1.0]
+  # The tests per position add up to alpha_distillspec's denominator: 6 + 4 + 2 = 10 + 2.
+  assert int(tested.sum()) == 10 + 2
+  # Reading the cut rounds as rejections (no tested counts) is the fault this replaces.
+  assert stats.acceptance_by_position(accepted, 3)[2] == pytest.approx(2 / 3)
+  assert stats.draft_acceptance_rate_by_position(accepted, 3) == pytest.approx(
+      [5 / 6, 3 / 6, 2 / 6])
+  with pytest.raises(ValueError, match="accepted <= tested <= accepted \\+ 1"):
+    stats.acceptance_by_position(accepted, 3, tested_per_round=accepted + 2)
 
 
 def _pair(noise: float):
@@ -121,6 +151,9 @@ def test_distillspec_alpha_counts_only_tests_at_output_positions():
   out = stats.block_efficiency_stats(result)
   accepted, kept = np.sum(result.accepted), np.sum(result.output_rejections)
   assert out["alpha_distillspec"] == pytest.approx(accepted / (accepted + kept))
+  # Each row's tests at output positions, round by round, are the same tests.
+  np.testing.assert_array_equal(np.asarray(result.tested_per_round).clip(0).sum(1),
+                                np.asarray(result.accepted) + result.output_rejections)
   # Rows that ended on an accepted EOS ran tests past it; the statistic leaves them out.
   assert np.sum(result.rejections) > kept and np.sum(result.accepted_proposed) > accepted
   # A rejection in the output ends its round with a correction token: a row's rounds number
@@ -161,3 +194,51 @@ def test_distillspec_alpha_agrees_with_predicted_alpha_at_temperature_one():
     out = stats.block_efficiency_stats(jax.device_get(result))
     assert abs(out["alpha_distillspec"] - predicted) < 0.03, (gamma, out, predicted)
     assert out["draft_acceptance_rate"] < predicted - 0.15, (gamma, out, predicted)
+
+
+def test_an_identical_draft_reads_one_at_every_position_through_eos_and_length_cuts():
+  """Draft == target at T = 0: every test accepts, so every per-position acceptance is 1.0,
+  though an EOS (a token some row drafts early) and the length limit (12 tokens after the
+  prefill's: two rounds of 5 and one cut to 2) end rounds inside their proposals."""
+  model, target, _ = _pair(noise=0.0)
+  gamma, new = 4, 13
+  prompts = jnp.asarray(_prompts(8))
+  run = lambda eos: jax.device_get(speculative_decode(
+      model, target, model, target, prompt_tokens=prompts, max_new_tokens=new, gamma=gamma,
+      sampling=SamplingConfig(0.0, eos_id=eos)))
+  free = np.asarray(run(-1).tokens)
+  eos = int(free[0, 2])  # row 0's second draft token of its first round
+  result = run(eos)
+  rounds, tested = np.asarray(result.accepted_per_round), np.asarray(result.tested_per_round)
+  cut = (rounds >= 0) & (rounds < gamma)
+  assert np.any(cut[result.lengths < new]) and np.any(cut[result.lengths == new])
+  np.testing.assert_array_equal(tested, rounds)  # no test rejected
+  assert stats.acceptance_by_position(rounds, gamma, tested_per_round=tested) == [1.0] * gamma
+  assert stats.block_efficiency_stats(result)["alpha_distillspec"] == 1.0
+  # Counting a cut round as a rejection after its last output token reads below 1.
+  assert min(stats.acceptance_by_position(rounds, gamma)) < 1.0
+
+
+@pytest.mark.parametrize("rule", [
+    DraftLength("confidence", 0.6), DraftLength("cumulative", 0.4),
+    DraftLength("cost", costs=(1.0, 1.1, 1.25, 1.45, 1.7), draft_cost=0.05)])
+def test_a_rows_draft_calls_are_its_own_alone_and_in_a_batch(rule):
+  """Under an adaptive rule the batch's draft loop runs until its last row stops; a row
+  counts only the calls it needed (its proposal + 1 where it stopped early, gamma where it
+  proposed gamma), so alone it counts the same tokens, proposals and calls."""
+  model, target, draft = _pair(noise=1.0)
+  gamma, prompts = 4, _prompts(4)
+  run = lambda rows: jax.device_get(speculative_decode(
+      model, target, model, draft, prompt_tokens=jnp.asarray(rows), max_new_tokens=14,
+      gamma=gamma, sampling=SamplingConfig(0.0, eos_id=-1), draft_length=rule))
+  batch = run(prompts)
+  proposed = np.asarray(batch.proposed_per_round)
+  assert np.any((proposed > 0) & (proposed < gamma)), "the rule never stopped early"
+  own = np.where(proposed > 0, np.minimum(proposed + 1, gamma), 0).sum(1)
+  np.testing.assert_array_equal(batch.draft_calls, own)
+  for row in range(len(prompts)):
+    alone = run(prompts[row:row + 1])
+    for field in ("tokens", "draft_calls", "drafted", "target_calls", "proposed_per_round",
+                  "tested_per_round"):
+      np.testing.assert_array_equal(getattr(alone, field)[0], getattr(batch, field)[row],
+                                    f"{field} of row {row}")

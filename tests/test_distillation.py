@@ -206,3 +206,97 @@ def test_config_takes_ints_and_numpy_numbers_as_real_numbers():
   config = objectives.DistillationConfig(lambda1=1, lambda2=np.float32(0.5), max_new_tokens=np.int64(4),
                                 top_k_fraction=None)
   assert config.lambda1 == 1 and config.max_new_tokens == 4
+
+
+# --- the acceptance-targeted objectives --------------------------------------------------------
+
+NEW_OBJECTIVES = [
+    dict(divergence="lk_alpha"),
+    dict(divergence="lk_lambda"),                       # speculators' lambda = exp(-3 alpha)
+    dict(divergence="lk_lambda", lk_s=0.5, lk_eta=1.0),  # a SpecForge-style schedule
+    dict(divergence="tvd", position_weighting="block_acceptance", block_size=3),
+    dict(divergence="lk_lambda", position_weighting="block_acceptance", block_size=2),
+]
+
+
+def _tiny_setup():
+  target, draft = _models()
+  tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
+  batch = D._training_features(SyntheticData(4, vocab_size=VOCAB).batch_at(0), draft)
+  return target, draft, tp, dp, batch
+
+
+@pytest.mark.parametrize("changes", NEW_OBJECTIVES)
+def test_each_new_objective_lowers_its_loss_on_a_tiny_pair(changes):
+  target, draft, tp, dp, batch = _tiny_setup()
+  objective = D.DistillationObjective(target, draft, D.DistillationConfig(**changes))
+  loss = jax.jit(lambda p: objective.loss(p, {"target": tp}, batch)[0])
+  grad = jax.jit(jax.grad(lambda p: objective.loss(p, {"target": tp}, batch)[0]))
+  params, first = dp, float(loss(dp))
+  for _ in range(8):
+    params = jax.tree.map(lambda p, g: p - 0.5 * g, params, grad(params))
+  assert np.isfinite(first) and float(loss(params)) < 0.95 * first, (first, loss(params))
+
+
+def test_block_acceptance_is_the_divergence_weighted_by_detached_reach_weights():
+  from distillspec_jax.distill import block_acceptance
+  target, draft, tp, dp, batch = _tiny_setup()
+  config = D.DistillationConfig(divergence="fkl", position_weighting="block_acceptance",
+                                block_size=3)
+  objective = D.DistillationObjective(target, draft, config)
+  weights = batch["decoder_loss_weights"]
+  target_logits = target.logits(tp, batch)
+  alpha = divergences.expected_acceptance(target_logits, draft.logits(dp, batch))
+  reach = block_acceptance.reach_weights(alpha, weights, 3)  # a constant below
+  manual = lambda p: jnp.mean(divergences.masked_sequence_mean(
+      reach * divergences.token_divergence("fkl", target_logits, draft.logits(p, batch)),
+      weights))
+  loss, metrics = objective.loss(dp, {"target": tp}, batch)
+  np.testing.assert_allclose(loss, manual(dp), rtol=1e-5)
+  assert float(loss) < float(metrics["divergence"])  # some weights < 1
+  assert 0.0 < float(metrics["mean_reach_weight"]) < 1.0
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7),
+               jax.grad(lambda p: objective.loss(p, {"target": tp}, batch)[0])(dp),
+               jax.grad(manual)(dp))
+
+
+@pytest.mark.parametrize("changes", NEW_OBJECTIVES)
+def test_adaspec_selection_composes_with_each_new_objective(changes):
+  target, draft, tp, dp, batch = _tiny_setup()
+  frozen = {"target": tp, "reference": draft.init(jax.random.PRNGKey(2))}
+  plain = D.DistillationObjective(target, draft, D.DistillationConfig(**changes))
+  every = D.DistillationObjective(target, draft, D.DistillationConfig(
+      top_k_fraction=1.0, **changes), reference=draft)
+  half = D.DistillationObjective(target, draft, D.DistillationConfig(
+      top_k_fraction=0.5, **changes), reference=draft)
+  np.testing.assert_allclose(every.loss(dp, frozen, batch)[0], plain.loss(dp, frozen, batch)[0],
+                             rtol=1e-6)
+  assert float(half.loss(dp, frozen, batch)[0]) < float(plain.loss(dp, frozen, batch)[0])
+
+
+def test_the_cached_teacher_at_full_vocabulary_gives_the_live_new_objectives():
+  from distillspec_jax.distill import teacher_cache
+  target, draft, tp, dp, batch = _tiny_setup()
+  top, ids, tail = divergences.top_k_bins(divergences.log_probs(target.logits(tp, batch)),
+                                          VOCAB)
+  cached_batch = {**batch, "teacher_top_log_probs": top, "teacher_top_ids": ids,
+                  "teacher_tail_log_prob": tail}
+  for changes in NEW_OBJECTIVES:
+    config = D.DistillationConfig(lambda1=1.0, lambda2=0.0, **changes)
+    live = D.DistillationObjective(target, draft, config).loss(dp, {"target": tp}, batch)
+    cached = teacher_cache.CachedTeacherObjective(draft, config).loss(dp, {}, cached_batch)
+    np.testing.assert_allclose(cached[0], live[0], rtol=1e-5, err_msg=str(changes))
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(divergence="lk"), "Unknown divergence 'lk'"),
+    (dict(divergence="lk_lambda", lk_s=0.0), "s=0.0 must lie in (0, 1]"),
+    (dict(lk_s=-2.0), "s=-2.0 must lie in (0, 1]"),
+    (dict(lk_eta=-1.0), "eta=-1.0 must be finite and >= 0"),
+    (dict(position_weighting="reach"), "Unknown position_weighting 'reach'"),
+    (dict(position_weighting="block_acceptance", block_size=0), "block_size=0"),
+])
+def test_bad_new_objective_settings_name_the_value(kwargs, needle):
+  with pytest.raises(ValueError) as error:
+    D.DistillationConfig(**kwargs)
+  assert needle in str(error.value)

@@ -9,7 +9,7 @@ from distillspec_jax.distill import divergences
 
 pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
-NAMES = ("fkl", "rkl", "jsd", "tvd")
+NAMES = divergences.DIVERGENCES
 
 
 # ---------------------------------------------------------------------------
@@ -25,10 +25,17 @@ def np_softmax(logits, temperature=1.0):
 
 
 def np_kl(a, b):
-  return np.sum(a * (np.log(a) - np.log(b)), axis=-1)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    return np.sum(np.where(a > 0, a * (np.log(a) - np.log(b)), 0.0), axis=-1)
 
 
-def np_divergence(name, p, q, beta=0.5):
+def np_divergence(name, p, q, beta=0.5, s=1.0, eta=3.0):
+  alpha = np.sum(np.minimum(p, q), axis=-1)
+  if name == "lk_alpha":
+    return -np.log(alpha)
+  if name == "lk_lambda":
+    lam = s * np.exp(-eta * alpha)
+    return lam * np_kl(p, q) + (1 - lam) * (1 - alpha)
   if name == "fkl":
     return np_kl(p, q)
   if name == "rkl":
@@ -108,6 +115,10 @@ def test_draft_gradient_matches_central_finite_differences(name):
       return jnp.sum(w * divergences.token_divergence(name, t, draft, beta=0.3))
 
     grad = np.asarray(jax.grad(f)(d))
+    if name == "lk_lambda":  # lambda carries no gradient: differentiate at lambda fixed
+      lam = jnp.exp(-3.0 * (1.0 - divergences.token_divergence("tvd", t, d)))
+      f = lambda draft: jnp.sum(w * (lam * divergences.token_divergence("fkl", t, draft) + (
+          1.0 - lam) * divergences.token_divergence("tvd", t, draft)))
     assert grad.dtype == np.float64
     eps = 1e-6
     d_np = np.asarray(d)
@@ -194,7 +205,9 @@ def test_partial_support_zero_probabilities(name):
   assert np.all(np.isfinite(np.asarray(grad)))
   p, q = np_softmax(t), np_softmax(d)
   with np.errstate(divide="ignore", invalid="ignore"):
-    if name == "fkl":
+    if name.startswith("lk_"):
+      want = np_divergence(name, p, q)
+    elif name == "fkl":
       want = np.sum(np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0), -1)
     elif name == "rkl":
       want = np.sum(np.where(q > 0, q * (np.log(q) - np.log(p)), 0.0), -1)
@@ -344,3 +357,70 @@ def test_nan_in_one_logit_of_a_row_propagates(name):
   draft = jnp.zeros((1, 1, 5))
   assert np.isnan(float(divergences.token_divergence(name, target, draft)[0, 0]))
   assert np.isnan(float(divergences.token_divergence(name, draft, target)[0, 0]))
+
+
+# ---------------------------------------------------------------------------
+# The LK losses.
+# ---------------------------------------------------------------------------
+
+
+def _logits_of(probabilities):
+  with np.errstate(divide="ignore"):
+    return jnp.asarray(np.log(np.asarray(probabilities, np.float64)), jnp.float32)[None, None]
+
+
+def test_lk_losses_on_hand_computed_distributions():
+  p = [0.5, 0.3, 0.2, 0.0]
+  q = [0.2, 0.2, 0.1, 0.5]
+  # alpha = 0.2 + 0.2 + 0.1 + 0 = 0.5; TVD = (0.3 + 0.1 + 0.1 + 0.5) / 2 = 0.5 = 1 - alpha.
+  t, d = _logits_of(p), _logits_of(q)
+  tvd = float(divergences.token_divergence("tvd", t, d)[0, 0])
+  assert tvd == pytest.approx(0.5, abs=1e-6)
+  lk_alpha = float(divergences.token_divergence("lk_alpha", t, d)[0, 0])
+  assert lk_alpha == pytest.approx(np.log(2.0), rel=1e-6) == pytest.approx(-np.log(1 - tvd))
+  kl = 0.5 * np.log(0.5 / 0.2) + 0.3 * np.log(0.3 / 0.2) + 0.2 * np.log(0.2 / 0.1)
+  for s, eta in ((1.0, 3.0), (0.8, 2.0), (0.5, 0.0)):
+    lam = s * np.exp(-eta * 0.5)
+    got = float(divergences.token_divergence("lk_lambda", t, d, lk_s=s, lk_eta=eta)[0, 0])
+    assert got == pytest.approx(lam * kl + (1 - lam) * 0.5, rel=1e-5), (s, eta)
+  # Random distributions: LK-alpha = -log(1 - TVD) everywhere.
+  t, d = random_logits(20), random_logits(21)
+  np.testing.assert_allclose(divergences.token_divergence("lk_alpha", t, d),
+                             -np.log1p(-np.asarray(divergences.token_divergence("tvd", t, d))),
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["lk_alpha", "lk_lambda"])
+def test_lk_gradients_are_finite_where_p_or_q_has_zeros(name):
+  t, d = random_logits(22, (1, 3, 6)), random_logits(23, (1, 3, 6))
+  t[..., 0] = -np.inf          # p = 0 < q
+  t[..., 1] = d[..., 1] = -np.inf  # both zero
+  if name == "lk_alpha":
+    d[..., 2] = -np.inf        # q = 0 < p: alpha stays > 0 (KL would be infinite)
+  value, grad = jax.value_and_grad(lambda x: jnp.sum(divergences.token_divergence(name, t, x)))(d)
+  assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
+  assert np.any(np.asarray(grad) != 0.0)
+  assert np.all(np.asarray(grad)[..., 1] == 0.0)
+
+
+def test_lk_alpha_of_disjoint_supports_is_infinite_without_nan_gradient():
+  t, d = _logits_of([1.0, 0.0, 0.0]), _logits_of([0.0, 0.5, 0.5])
+  value, grad = jax.value_and_grad(lambda x: jnp.sum(divergences.token_divergence("lk_alpha", t, x)))(d)
+  assert float(value) == np.inf and not np.any(np.isnan(np.asarray(grad)))
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(lk_s=0.0), "s=0.0 must lie in (0, 1]"),
+    (dict(lk_s=-1.0), "s=-1.0 must lie in (0, 1]"),
+    (dict(lk_s=1.5), "s=1.5 must lie in (0, 1]"),
+    (dict(lk_eta=-0.5), "eta=-0.5 must be finite and >= 0"),
+    (dict(lk_eta=float("inf")), "eta=inf must be finite and >= 0"),
+])
+def test_bad_lk_schedule_names_the_value(kwargs, needle):
+  t = random_logits(24)
+  for call in (lambda: divergences.token_divergence("lk_lambda", t, t, **kwargs),
+               lambda: divergences.binned_token_divergence("lk_lambda", t[..., :2], jnp.zeros(
+                   t.shape[:-1] + (2,), jnp.int32), t[..., 0], t, **kwargs)):
+    with pytest.raises(ValueError) as error:
+      call()
+    assert needle in str(error.value)

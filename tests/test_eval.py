@@ -335,6 +335,9 @@ def test_only_process_zero_writes_and_every_process_waits_for_it(setup, tmp_path
     (dict(epsilons=(1.5,)), r"EPSILONS has 1.5: lenience epsilon=1.5 must lie in \(0, 1\]"),
     (dict(epsilons=(True,)), r"EPSILONS has True: Lenience.epsilon=True is of type bool"),
     (dict(lenience_kinds=("cube",)), "LENIENCE_KINDS has 'cube': Unknown lenience function"),
+    (dict(epsilons=(1.0, 0.5), temperatures=(0.0, 1.0)),
+     r"EPSILONS=\(1.0, 0.5\) with TEMPERATURES=\(0.0, 1.0\): Lenience\('lin', epsilon=0.5\) "
+     "at temperature 0"),
     (dict(temperatures=(-1.0,)), r"TEMPERATURES=\(-1.0,\) .*temperature=-1.0 must be >= 0"),
     (dict(speed_calls=0), "speed_calls=0 must be an integer >= 1"),
     (dict(speed_budget_s=-1), "speed_budget_s=-1: pass the seconds"),

@@ -110,6 +110,12 @@ def test_every_trainer_run_file_resolves(path):
       "--gin.DIVERGENCE=kl"], "'kl'"),
     (["--gin_file=gin/runs/distill_tiny.gin", "--gin.MODEL_DIR=/tmp/x", "--gin.TRAIN_STEPS=3",
       "--gin.BETA=1.0"], "beta=1.0"),
+    (["--gin_file=gin/runs/distill_tiny.gin", "--gin.MODEL_DIR=/tmp/x", "--gin.TRAIN_STEPS=3",
+      "--gin.LK_S=0.0"], "s=0.0 must lie in (0, 1]"),
+    (["--gin_file=gin/runs/distill_tiny.gin", "--gin.MODEL_DIR=/tmp/x", "--gin.TRAIN_STEPS=3",
+      "--gin.LK_ETA=-1.0"], "eta=-1.0 must be finite and >= 0"),
+    (["--gin_file=gin/runs/distill_tiny.gin", "--gin.MODEL_DIR=/tmp/x", "--gin.TRAIN_STEPS=3",
+      "--gin.POSITION_WEIGHTING='reach'"], "'reach'"),
     (["--gin_file=gin/runs/distill_tiny.gin", "--bogus"], "--bogus"),
 ])
 def test_bad_configuration_fails_before_training(argv, needle):

@@ -350,6 +350,14 @@ def test_bad_input_is_rejected_with_a_clear_message():
       Lenience("lin", eps)
   with pytest.raises(ValueError, match="'cubic'"):
     Lenience("cubic", 0.5)
+  # Greedy verification accepts only the target's argmax: a lossy lenience would be silently
+  # ignored, so it is refused; epsilon 1 (every kind lossless) is exact greedy decoding.
+  for kind in speculative.LENIENCE_FUNCTIONS:
+    with pytest.raises(ValueError, match=rf"Lenience\('{kind}', epsilon=0.5\) at temperature 0"):
+      speculative_decode(target, tp, draft, dp, max_new_tokens=5, gamma=2,
+                         lenience=Lenience(kind, 0.5), **prompts)
+    speculative_decode(target, tp, draft, dp, max_new_tokens=5, gamma=2,
+                       lenience=Lenience(kind, 1.0), **prompts)
   other = Model(draft.config.replace(vocab_size=101))
   with pytest.raises(ValueError, match="vocab_size=101"):
     speculative_decode(target, tp, other, other.init(jax.random.PRNGKey(0)), max_new_tokens=5,

@@ -142,6 +142,7 @@ def test_a_lenience_grid_is_timed_in_one_measurement_with_lossless_rules_shared(
 @pytest.mark.parametrize("leniences, message", [
     ((), "leniences=() is empty"),
     (("lin",), "leniences has 'lin'"),
+    ((Lenience("sq", 0.5),), "Lenience('sq', epsilon=0.5) at temperature 0"),
 ])
 def test_measure_speed_refuses_bad_leniences(pair, leniences, message):
   target, target_params, draft, draft_params = pair

@@ -5,6 +5,7 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 import testing
 
@@ -155,6 +156,16 @@ def test_pareto_on_a_hand_made_example():
     (dict(recipes=("gkd", "gkd")), "repeats a name"),
     (dict(divergence="fkl"), "divergence='fkl' is set"),
     (dict(recipes=("gkd", "adaspec")), "adaspec"),
+    (dict(seeds=(0, 1, 0)), r"seeds=\(0, 1, 0\) repeats seed 0"),
+    (dict(seeds=(1, -2)), r"seeds\[1\]=-2 must be an integer >= 0"),
+    (dict(seeds=(True,)), r"seeds\[0\]=True is a bool"),
+    (dict(compute_budget=0), "compute_budget .*=0 must be an integer >= 1"),
+    # SeqKD samples from the target every step: 32 rows x (40 + 44) tokens x 2.
+    (dict(recipes=("gkd", "seqkd"), batch_size=32, compute_budget=5000,
+          task_feature_lengths={"inputs": 40, "targets": 44}),
+     r"compute_budget=5000 target forward tokens is smaller than one step of 'seqkd' \(5376 "
+     "tokens"),
+    (dict(divergences=("fkl", "block")), "Unknown divergence 'block'"),
 ])
 def test_recipe_grid_bad_input(tmp_path, changes, message):
   with pytest.raises(ValueError, match=message):
@@ -184,3 +195,51 @@ def test_binary_builds_the_study_configs(tmp_path):
                                  f"--gin.MODEL_DIR='{tmp_path / name}'"])
     assert isinstance(config, cls) and config.run_dir == str(tmp_path / name)
     assert set(config.stage_functions()) >= {"vocab", "report"}
+
+
+def test_recipe_grid_seeds_and_matched_compute():
+  config = RecipeGridConfig(run_dir="unused", recipes=("supervised_kd", "seqkd", "fdistill"),
+                            divergences=("lk_lambda", "block_acceptance"), seeds=(3, 7),
+                            batch_size=4, task_feature_lengths={"inputs": 6, "targets": 4},
+                            compute_budget=1000)
+  # Target forward tokens per step: 4 rows x 10 tokens, plus the target's samples on the
+  # share of steps that draw them (SeqKD every step, f-Distill half of them).
+  assert [config.step_cost(r) for r in config.recipes] == [40, 80, 60]
+  assert [config.steps_of(r) for r in config.recipes] == [25, 12, 16]
+  used = [config.steps_of(r) * config.step_cost(r) for r in config.recipes]
+  assert max(used) <= 1000 and min(used) >= 0.95 * 1000  # equal within 5% here
+  assert config.distill_stages[:2] == ("distill_supervised_kd-lk_lambda-s3",
+                                       "distill_supervised_kd-lk_lambda-s7")
+  assert recipe_grid.parse_cell_stage("distill_fdistill-block_acceptance-s7") == (
+      "fdistill", "block_acceptance", 7)
+  assert recipe_grid.objective_settings("block_acceptance", 5) == dict(
+      divergence="tvd", position_weighting="block_acceptance", block_size=5)
+  # Without seeds or a budget: one run per cell with `seed`, distill_steps each.
+  plain = RecipeGridConfig(run_dir="unused", recipes=("gkd",), divergences=("fkl",), seed=4,
+                           distill_steps=9)
+  assert plain.distill_stages == ("distill_gkd-fkl-s4",) and plain.steps_of("gkd") == 9
+
+
+def test_a_cell_over_seeds_on_hand_made_runs():
+  out = recipe_grid.over_seeds([3.0, 3.4, 3.2], [0.05, 0.07, 0.06])
+  assert out["tau"] == pytest.approx(3.2)
+  assert out["tau_stderr_seeds"] == pytest.approx(0.2 / np.sqrt(3))  # sample std 0.2
+  assert out["tau_stderr_prompts"] == pytest.approx(0.06)
+  assert out["tau_stderr"] == pytest.approx(np.hypot(0.2 / np.sqrt(3), 0.06))
+  one = recipe_grid.over_seeds([3.0], [0.05])
+  assert one["tau_stderr_seeds"] is None and one["tau_stderr"] == pytest.approx(0.05)
+  config = RecipeGridConfig(run_dir="unused", recipes=("gkd",), divergences=("fkl",),
+                            seeds=(0, 1))
+  markers = {recipe_grid.cell_stage("gkd", "fkl", seed): dict(
+      steps=5, target_tokens=100, final_loss=loss, wall_clock_s=2.0,
+      evaluation=[dict(gamma=5, temperature=0.0, tau=tau, tau_stderr=0.1, alpha=0.5)],
+      tau_curve=[dict(step=0, tau=2.0, tau_stderr=0.1), dict(step=5, tau=tau,
+                                                             tau_stderr=0.1)])
+      for seed, tau, loss in ((0, 3.0, 1.0), (1, 3.4, 0.5))}
+  (cell,) = recipe_grid.build_cells(config, recipe_grid.build_runs(config, markers))
+  assert cell["seeds"] == [0, 1] and cell["taus"] == [3.0, 3.4]
+  assert cell["tau"] == pytest.approx(3.2) and cell["final_loss"] == pytest.approx(0.75)
+  assert cell["tau_stderr_seeds"] == pytest.approx(0.2)  # |3.4 - 3.0| / 2
+  curve = recipe_grid.build_curves(config, markers)["gkd-fkl"]
+  assert [p["tau"] for p in curve] == [pytest.approx(2.0), pytest.approx(3.2)]
+  assert curve[1]["tau_stderr"] == pytest.approx(0.2)

@@ -81,8 +81,10 @@ def test_binned_equals_dense_at_full_vocab_and_bounds_it_below(name):
   np.testing.assert_allclose(binned[0], dense, rtol=1e-5, atol=1e-6)  # k = vocab
   gaps = []
   for smaller in binned[1:]:
-    assert np.all(np.asarray(smaller) <= dense + 1e-6), (name, smaller, dense)
     gaps.append(float(np.max(dense - np.asarray(smaller))))
+    if name == "lk_lambda":  # no bound: its lambda reads the binned alpha (divergences.py)
+      continue
+    assert np.all(np.asarray(smaller) <= dense + 1e-6), (name, smaller, dense)
   assert max(gaps) > 1e-3  # coarser bins lose something (not a vacuous <=)
   assert np.all(np.isfinite(grad))  # empty tail bins on both sides: no NaN gradient
 

@@ -6,7 +6,9 @@ more token from the target (the correction at the first rejection, or the bonus 
 gamma were accepted). Rows advance by their own n + 1; both caches are rolled back per row by
 lowering positions, never copied. Under an adaptive `DraftLength` each row proposes k <= gamma
 (then gamma_max) tokens, chosen by the draft alone, and the target scores the batch's longest
-proposal (`_draft_block_adaptive`, `_verify_proposals`).
+proposal (`_draft_block_adaptive`, `_verify_proposals`). A drafter returns a `DraftBlock`
+(tokens, their logits, the advanced cache, each row's proposal and draft calls);
+`_propose_and_verify` gives the round's `VerifiedRound`, which `_round` commits.
 
 Cache invariant at the start of a round (n committed decoder tokens, the last one `pending`):
 the target cache holds the n - 1 tokens before `pending`; the draft cache holds the n - 2 tokens
@@ -16,9 +18,11 @@ never needs an extra draft call to catch up on its last token.
 
 Statistics (per row, counted only while the row is unfinished; the first generated token comes
 from the prompt's prefill in both plain and speculative decoding and is not counted):
-  target_calls: verification calls.   draft_calls: draft forward calls (gamma per round
-            under the fixed rule; an adaptive round that stops early makes one more call than
-            it proposes tokens: the call that found the next token unsure).
+  target_calls: verification calls.   draft_calls: the row's own draft forward calls (gamma
+            per round under the fixed rule; under an adaptive rule a round that stops early
+            makes one more call than it proposes tokens, the call that found the next token
+            not worth proposing; the batch's loop may run on for other rows, which the row's
+            count leaves out, so a row counts the same alone and in a batch).
   drafted: draft tokens proposed (gamma per round under the fixed rule, the last round's
             included in full).
   accepted: accepted draft tokens that reach the output. A round accepts n <= gamma draft
@@ -30,6 +34,9 @@ from the prompt's prefill in both plain and speculative decoding and is not coun
             proposal: gamma under the fixed rule); the others accepted every proposed token.
   output_rejections: those rejections whose position reaches the output (its correction
             token is kept: no accepted EOS before it, within the length limit).
+  tested_per_round: each round's acceptance tests at output positions (its accepted tokens
+            that reach the output, plus one where its rejection does); they sum to
+            accepted + output_rejections.
   produced: tokens appended to the output by verification rounds (min(n, first EOS) + 1 per
             round, less what the length limit cut off); accepted <= produced.
   block efficiency tau = sum(produced) / sum(target_calls)   (the bonus/correction token counts)
@@ -96,6 +103,22 @@ class Lenience:
                        f"{LENIENCE_FUNCTIONS}.")
     check_probability(self.epsilon, "lenience epsilon", zero=False,
                       fix="pass a number in (0, 1]; 1 is lossless.")
+
+  @property
+  def lossless(self) -> bool:
+    """epsilon 1: every kind is f(p) = p, exact speculative sampling."""
+    return self.epsilon == 1.0
+
+  def check_temperature(self, temperature: float) -> None:
+    """Refuses a lossy lenience (epsilon < 1) at temperature 0: greedy acceptance asks whether
+    the draft token is the target's argmax, the target's one-hot distribution gives f(0, eps)
+    = 0 to every other token, so no lenience changes the output."""
+    if temperature == 0.0 and not self.lossless:
+      raise ValueError(
+          f"Lenience({self.kind!r}, epsilon={self.epsilon}) at temperature 0: greedy "
+          "verification accepts only the target's argmax, so a lenience changes nothing "
+          "there. Decode at a temperature > 0 for lossy acceptance, or pass Lenience() "
+          "(epsilon 1) at temperature 0.")
 
   def __call__(self, p: Array) -> Array:
     if self.kind == "lin":
@@ -253,6 +276,11 @@ class SpeculativeResult:
   accepted_per_round: [batch, max_new_tokens], accepted draft tokens that reach the output in
     each of the row's rounds (only a row's last round can be cut), -1 where the row had no
     such round (lets tests rebuild every round's context).
+  tested_per_round: [batch, max_new_tokens], the acceptance tests of each round at output
+    positions: accepted_per_round, plus one where the round's rejection reaches the output;
+    -1 where the row had no such round (`stats.acceptance_by_position` reads it).
+  draft_calls: [batch], the row's own draft calls (under an adaptive rule the batch's loop
+    may run longer for other rows; see `DraftBlock.row_calls`).
   Every other field: [batch] int32.
   """
 
@@ -268,6 +296,7 @@ class SpeculativeResult:
   rejections: Array
   proposed_per_round: Array
   output_rejections: Array
+  tested_per_round: Array
 
   @property
   def block_efficiency(self) -> Array:
@@ -327,17 +356,20 @@ def speculative_decode(target: Model, target_params, draft: Model, draft_params,
     gamma: draft tokens per block, int >= 1 (NumPy integers accepted, bools refused); the
       most a row proposes (gamma_max) under an adaptive `draft_length`.
     sampling: temperature 0 = greedy; the draft samples at the same temperature.
-    lenience: lossy acceptance (eps = 1, the default, is exact).
+    lenience: lossy acceptance (eps = 1, the default, is exact); a lossy one (eps < 1) is
+      refused at temperature 0, where greedy verification leaves it nothing to relax.
     rng: PRNG key, required when temperature > 0 (optional when greedy).
     max_length: cache capacity of both models (default: the target's max_decode_length); needs
-      P + max_new_tokens + gamma where P is prompt_tokens' width (0 for encoder-decoders), or
-      1 + P when max_new_tokens = 1 (see the module docstring).
+      prompt width + max_new_tokens + gamma - 1, prompt width = 1 + prompt_tokens' width (1
+      for encoder-decoders), or the prompt width alone when max_new_tokens = 1 (see the
+      module docstring).
     draft_length: how many of its gamma tokens a row proposes each round (DraftLength; the
       default proposes all gamma).
   Returns:
     SpeculativeResult, tokens [batch, max_new_tokens].
   """
   gamma = _validate(target, draft, gamma, lenience, draft_length)
+  lenience.check_temperature(sampling.temperature)
   max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
   if target.is_encoder_decoder and encoder_input_tokens is None:
     raise ValueError("These models are encoder-decoders: pass encoder_input_tokens.")
@@ -384,8 +416,8 @@ class SpeculativeState:
     docstring for what each holds at the start of a round).
   out: [batch, max_new_tokens + gamma + 1] int32, the output so far, PAD_ID after it (one
     spare block at the end so that a round's writes never fall off the buffer).
-  accepted_per_round, proposed_per_round: [batch, max_new_tokens] int32, as
-    `SpeculativeResult`'s.
+  accepted_per_round, proposed_per_round, tested_per_round: [batch, max_new_tokens] int32,
+    as `SpeculativeResult`'s.
   loop_rng: the PRNG key the rounds draw from.
   """
 
@@ -406,6 +438,7 @@ class SpeculativeState:
   out: Array
   accepted_per_round: Array
   proposed_per_round: Array
+  tested_per_round: Array
   loop_rng: Array
 
 
@@ -459,7 +492,8 @@ def speculative_start(target, target_params, draft, draft_params, encoder_input_
       done=(pending == sampling.eos_id) | (max_new_tokens <= 1), round=jnp.int32(0),
       target_cache=target_cache, draft_cache=draft_cache, out=out,
       accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32),
-      proposed_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32), loop_rng=loop_rng)
+      proposed_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32),
+      tested_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32), loop_rng=loop_rng)
 
 
 def start_state_for_gamma(state: SpeculativeState, *, gamma: int,
@@ -483,10 +517,34 @@ def start_state_for_gamma(state: SpeculativeState, *, gamma: int,
   return state.replace(out=out)
 
 
+@flax.struct.dataclass
+class DraftBlock:
+  """What a round's drafting gives the verification (`_draft_block`, `_draft_block_adaptive`).
+
+  tokens: [batch, gamma] int32, the drafted tokens (entries past a row's proposal are drawn
+    but never tested).
+  logits: [batch, gamma, vocab], the draft's logits each token was drawn from.
+  cache: the draft's DecodingCache, advanced by `calls + 1` positions (the first call feeds
+    [previous, pending]).
+  proposed: [batch] int32 in [1, gamma], the tokens each row proposes.
+  row_calls: [batch] int32, the draft calls the row itself needed: gamma when it proposed
+    all gamma, else proposed + 1 (the call that found the next token not worth proposing),
+    whatever the other rows of the batch did.
+  calls: [] int32, the batch's draft calls (the most any row needed).
+  """
+
+  tokens: Array
+  logits: Array
+  cache: DecodingCache
+  proposed: Array
+  row_calls: Array
+  calls: Array
+
+
 def _draft_block(draft: Model, draft_params, draft_cache, context: Array, rng: Array, *,
-                 gamma: int, temperature: float):
+                 gamma: int, temperature: float) -> DraftBlock:
   """gamma draft steps from `context: [batch, 2]` = [previous, pending] (the first step feeds
-  both). Returns (tokens [batch, gamma], logits [batch, gamma, vocab], draft cache)."""
+  both); every row proposes all gamma tokens."""
   uniform = jax.random.uniform(rng, (context.shape[0], gamma, UNIFORMS_PER_DRAW))
   logits, draft_cache = draft.extend(draft_params, draft_cache, context)
   step_logits = logits[:, 1]
@@ -497,7 +555,9 @@ def _draft_block(draft: Model, draft_params, draft_cache, context: Array, rng: A
       step_logits = logits[:, 0]
     all_logits.append(step_logits)
     tokens.append(sample_tokens(step_logits, None, temperature, uniform[:, i]))
-  return jnp.stack(tokens, 1), jnp.stack(all_logits, 1), draft_cache
+  full = jnp.full((context.shape[0],), gamma, jnp.int32)
+  return DraftBlock(tokens=jnp.stack(tokens, 1), logits=jnp.stack(all_logits, 1),
+                    cache=draft_cache, proposed=full, row_calls=full, calls=jnp.int32(gamma))
 
 
 def _confidence(logits: Array, temperature: float) -> Array:
@@ -524,55 +584,84 @@ def _worth_drafting(rule: "DraftLength", gamma: int, step: Array, confidence: Ar
   return jnp.any((step + extra <= gamma)[None, :] & (later > now[:, None]), axis=1)
 
 
+@flax.struct.dataclass
+class _AdaptiveDraft:
+  """The adaptive draft loop's carry (`_draft_block_adaptive`).
+
+  step: [] int32, the draft position the next call produces (1 after the first call).
+  tokens: [batch, gamma] int32 and logits: [batch, gamma, vocab], filled up to `step`.
+  cache: the draft's DecodingCache.
+  going: [batch] bool, the row still proposes (False from the start for finished rows).
+  proposed: [batch] int32, tokens the row proposes so far.
+  product: [batch] float32, the product of the round's confidences so far.
+  expected: [batch] float32, 1 + the sum of those prefix products (the 'cost' rule's
+    expected tokens of the proposal so far).
+  """
+
+  step: Array
+  tokens: Array
+  logits: Array
+  cache: DecodingCache
+  going: Array
+  proposed: Array
+  product: Array
+  expected: Array
+
+
+def _adaptive_step(draft: Model, draft_params, uniform: Array, carry: _AdaptiveDraft, *,
+                   gamma: int, temperature: float, rule: "DraftLength") -> _AdaptiveDraft:
+  """One draft call of the adaptive loop: draws token `step` and decides, per row, whether it
+  joins the proposal (`uniform`: [batch, gamma, UNIFORMS_PER_DRAW])."""
+  step = carry.step
+  previous = jax.lax.dynamic_index_in_dim(carry.tokens, step - 1, axis=1, keepdims=True)
+  logits, cache = draft.extend(draft_params, carry.cache, previous)
+  step_logits = logits[:, 0]
+  confidence = _confidence(step_logits, temperature)
+  if rule.rule == "cost":
+    going = carry.going & _worth_drafting(rule, gamma, step, confidence, carry.product,
+                                          carry.expected)
+  else:
+    metric = carry.product * confidence if rule.rule == "cumulative" else confidence
+    going = carry.going & (metric >= rule.threshold)
+  product = carry.product * confidence
+  u = jax.lax.dynamic_index_in_dim(uniform, step, axis=1, keepdims=False)
+  token = sample_tokens(step_logits, None, temperature, u)
+  return _AdaptiveDraft(
+      step=step + 1,
+      tokens=jax.lax.dynamic_update_index_in_dim(carry.tokens, token, step, axis=1),
+      logits=jax.lax.dynamic_update_index_in_dim(carry.logits, step_logits, step, axis=1),
+      cache=cache, going=going, proposed=carry.proposed + going.astype(jnp.int32),
+      product=product, expected=carry.expected + jnp.where(going, product, 0.0))
+
+
 def _draft_block_adaptive(draft: Model, draft_params, draft_cache, context: Array, rng: Array,
                           active: Array, *, gamma: int, temperature: float,
-                          rule: "DraftLength"):
+                          rule: "DraftLength") -> DraftBlock:
   """Up to gamma draft steps from `context: [batch, 2]` (as `_draft_block`), each row
   proposing its first token and then each next one while `rule` says so (`DraftLength`:
   `_confidence` of it, the product of the round's confidences up to it, or `_worth_drafting`);
-  the steps stop once no `active` row proposes more. Returns (tokens [batch, gamma], logits
-  [batch, gamma, vocab], draft cache, proposed [batch] in [1, gamma], draft calls []: the
-  cache advanced by calls + 1). Entries past a row's proposal are drawn but never tested;
-  the uniforms are `_draft_block`'s, so a row that proposes gamma tokens draws the same
-  tokens."""
+  the steps stop once no `active` row proposes more. The uniforms are `_draft_block`'s, so a
+  row that proposes gamma tokens draws the same tokens."""
   batch = context.shape[0]
   uniform = jax.random.uniform(rng, (batch, gamma, UNIFORMS_PER_DRAW))
   logits, draft_cache = draft.extend(draft_params, draft_cache, context)
   first = logits[:, 1]
-  tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(
-      sample_tokens(first, None, temperature, uniform[:, 0]))
-  all_logits = jnp.zeros((batch, gamma) + first.shape[1:], first.dtype).at[:, 0].set(first)
-
-  def cond(carry):
-    step, _, _, _, going, _, _, _ = carry
-    return (step < gamma) & jnp.any(going)
-
-  def body(carry):
-    step, tokens, all_logits, cache, going, proposed, product, expected = carry
-    previous = jax.lax.dynamic_index_in_dim(tokens, step - 1, axis=1, keepdims=True)
-    logits, cache = draft.extend(draft_params, cache, previous)
-    step_logits = logits[:, 0]
-    confidence = _confidence(step_logits, temperature)
-    if rule.rule == "cost":
-      going = going & _worth_drafting(rule, gamma, step, confidence, product, expected)
-    else:
-      metric = product * confidence if rule.rule == "cumulative" else confidence
-      going = going & (metric >= rule.threshold)
-    product = product * confidence
-    expected = expected + jnp.where(going, product, 0.0)
-    u = jax.lax.dynamic_index_in_dim(uniform, step, axis=1, keepdims=False)
-    token = sample_tokens(step_logits, None, temperature, u)
-    tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, step, axis=1)
-    all_logits = jax.lax.dynamic_update_index_in_dim(all_logits, step_logits, step, axis=1)
-    return (step + 1, tokens, all_logits, cache, going, proposed + going.astype(jnp.int32),
-            product, expected)
-
-  ones = jnp.ones((batch,), jnp.int32)
   first_confidence = _confidence(first, temperature)
-  steps, tokens, all_logits, draft_cache, _, proposed, _, _ = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), tokens, all_logits, draft_cache, active, ones,
-                   first_confidence, 1.0 + first_confidence))
-  return tokens, all_logits, draft_cache, proposed, steps
+  start = _AdaptiveDraft(
+      step=jnp.int32(1),
+      tokens=jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(
+          sample_tokens(first, None, temperature, uniform[:, 0])),
+      logits=jnp.zeros((batch, gamma) + first.shape[1:], first.dtype).at[:, 0].set(first),
+      cache=draft_cache, going=active, proposed=jnp.ones((batch,), jnp.int32),
+      product=first_confidence, expected=1.0 + first_confidence)
+  body = functools.partial(_adaptive_step, draft, draft_params, uniform, gamma=gamma,
+                           temperature=temperature, rule=rule)
+  end = jax.lax.while_loop(lambda c: (c.step < gamma) & jnp.any(c.going), body, start)
+  # A row stopped by the call after its last proposed token; alone it would have made
+  # exactly those calls, whatever the rest of the batch needed.
+  return DraftBlock(tokens=end.tokens, logits=end.logits, cache=end.cache,
+                    proposed=end.proposed, row_calls=jnp.minimum(end.proposed + 1, gamma),
+                    calls=end.step)
 
 
 def _verify_proposals(target: Model, target_params, target_cache, block: Array,
@@ -619,33 +708,53 @@ def _round_output(state: SpeculativeState, block: Array, num_accepted: Array,
   return out, produced, first_eos
 
 
+@flax.struct.dataclass
+class VerifiedRound:
+  """A round's drafting and verification (`_propose_and_verify`), before its output is cut.
+
+  block: [batch, gamma + 1] int32, [pending, draft tokens].
+  num_accepted: [batch] int32 in [0, proposed], the accepted prefix of the proposal.
+  next_token: [batch] int32, the correction or bonus token.
+  draft: the round's DraftBlock (its cache advanced by `draft.calls + 1`).
+  width: [] int32, the tokens the target scored (gamma + 1 under the fixed rule).
+  target_cache: the target's DecodingCache, advanced by `width`.
+  """
+
+  block: Array
+  num_accepted: Array
+  next_token: Array
+  draft: DraftBlock
+  width: Array
+  target_cache: DecodingCache
+
+
 def _propose_and_verify(target, target_params, draft, draft_params, state: SpeculativeState,
-                        draft_rng, verify_rng, *, gamma, sampling, lenience, draft_length):
-  """A round's drafting and verification: (block [batch, gamma + 1] = [pending, draft
-  tokens], num_accepted, next_token, proposed [batch], draft calls [], target width [],
-  target cache, draft cache); the caches advanced by width and draft calls + 1."""
+                        draft_rng, verify_rng, *, gamma, sampling, lenience,
+                        draft_length) -> VerifiedRound:
+  """A round's drafting (every row proposes gamma tokens under the fixed rule, up to gamma
+  under an adaptive one) and the target's verification of the batch's longest proposal."""
   context = jnp.stack([state.previous, state.pending], axis=1)
   if not draft_length.adaptive:
-    draft_tokens, draft_logits, draft_cache = _draft_block(
-        draft, draft_params, state.draft_cache, context, draft_rng, gamma=gamma,
-        temperature=sampling.temperature)
-    block = jnp.concatenate([context[:, 1:], draft_tokens], axis=1)
+    drafted = _draft_block(draft, draft_params, state.draft_cache, context, draft_rng,
+                           gamma=gamma, temperature=sampling.temperature)
+    block = jnp.concatenate([context[:, 1:], drafted.tokens], axis=1)
     target_logits, target_cache = target.extend(target_params, state.target_cache, block)
-    num_accepted, next_token = verify_block(target_logits, draft_logits, draft_tokens,
+    num_accepted, next_token = verify_block(target_logits, drafted.logits, drafted.tokens,
                                             verify_rng, sampling.temperature, lenience)
-    return (block, num_accepted, next_token, jnp.full_like(num_accepted, gamma),
-            jnp.int32(gamma), jnp.int32(gamma + 1), target_cache, draft_cache)
-  draft_tokens, draft_logits, draft_cache, proposed, calls = _draft_block_adaptive(
-      draft, draft_params, state.draft_cache, context, draft_rng, ~state.done, gamma=gamma,
-      temperature=sampling.temperature, rule=draft_length)
-  block = jnp.concatenate([context[:, 1:], draft_tokens], axis=1)
-  width = jnp.max(jnp.where(state.done, 1, proposed)) + 1
+    return VerifiedRound(block=block, num_accepted=num_accepted, next_token=next_token,
+                         draft=drafted, width=jnp.int32(gamma + 1), target_cache=target_cache)
+  drafted = _draft_block_adaptive(draft, draft_params, state.draft_cache, context, draft_rng,
+                                  ~state.done, gamma=gamma, temperature=sampling.temperature,
+                                  rule=draft_length)
+  block = jnp.concatenate([context[:, 1:], drafted.tokens], axis=1)
+  width = jnp.max(jnp.where(state.done, 1, drafted.proposed)) + 1
   target_logits, target_cache = _verify_proposals(target, target_params, state.target_cache,
                                                   block, width, gamma)
-  num_accepted, next_token = verify_block(target_logits, draft_logits, draft_tokens,
+  num_accepted, next_token = verify_block(target_logits, drafted.logits, drafted.tokens,
                                           verify_rng, sampling.temperature, lenience,
-                                          proposed=proposed)
-  return (block, num_accepted, next_token, proposed, calls, width, target_cache, draft_cache)
+                                          proposed=drafted.proposed)
+  return VerifiedRound(block=block, num_accepted=num_accepted, next_token=next_token,
+                       draft=drafted, width=width, target_cache=target_cache)
 
 
 def _round(target, target_params, draft, draft_params, state: SpeculativeState, *,
@@ -656,52 +765,56 @@ def _round(target, target_params, draft, draft_params, state: SpeculativeState, 
   round_rng = jax.random.fold_in(state.loop_rng, state.round)
   draft_rng, verify_rng = jax.random.split(round_rng)
   active = ~state.done
-  (block, num_accepted, next_token, proposed, calls, width, target_cache,
-   draft_cache) = _propose_and_verify(target, target_params, draft, draft_params, state,
-                                      draft_rng, verify_rng, gamma=gamma, sampling=sampling,
-                                      lenience=lenience, draft_length=draft_length)
-  out, produced, first_eos = _round_output(state, block, num_accepted, next_token,
+  verified = _propose_and_verify(target, target_params, draft, draft_params, state, draft_rng,
+                                 verify_rng, gamma=gamma, sampling=sampling, lenience=lenience,
+                                 draft_length=draft_length)
+  block, num_accepted, drafted = verified.block, verified.num_accepted, verified.draft
+  out, produced, first_eos = _round_output(state, block, num_accepted, verified.next_token,
                                            max_new_tokens=max_new_tokens, gamma=gamma,
                                            eos=sampling.eos_id)
   # Accepted draft tokens that reach the output: all n, unless EOS or the length limit cut
   # the round at produced <= n tokens, all of them draft tokens.
   kept = jnp.minimum(num_accepted, produced)
+  # The rejected position reaches the output when the round keeps its correction token.
+  rejected = num_accepted < drafted.proposed
+  output_rejected = rejected & (produced > num_accepted)
   finished = (first_eos <= num_accepted) | (state.generated + produced >= max_new_tokens)
   # Roll back what was not accepted: each cache keeps the round's first num_accepted + 1
   # tokens. Rows finished before or in this round return to where the round began, so later
   # rounds' writes stay within the capacity check's bound.
   going_on = active & ~finished
-  target_rollback = jnp.where(going_on, width - 1 - num_accepted, width)
-  draft_rollback = jnp.where(going_on, calls - num_accepted, calls + 1)
+  target_rollback = jnp.where(going_on, verified.width - 1 - num_accepted, verified.width)
+  draft_rollback = jnp.where(going_on, drafted.calls - num_accepted, drafted.calls + 1)
   this_round = active[:, None] & (
       jnp.arange(max_new_tokens)[None, :] == state.target_calls[:, None])
-  accepted_per_round = jnp.where(this_round, kept[:, None], state.accepted_per_round)
-  proposed_per_round = jnp.where(this_round, proposed[:, None], state.proposed_per_round)
+  per_round = lambda new, old: jnp.where(this_round, new[:, None], old)
   keep = lambda new, old: jnp.where(active, new, old)  # finished rows keep their counters
   last_accepted = jnp.take_along_axis(block, num_accepted[:, None], axis=1)[:, 0]
-  # The rejected position reaches the output when the round keeps its correction token.
-  rejected = num_accepted < proposed
   return state.replace(
       generated=keep(state.generated + produced, state.generated),
       target_calls=keep(state.target_calls + 1, state.target_calls),
       accepted=keep(state.accepted + kept, state.accepted),
       accepted_proposed=keep(state.accepted_proposed + num_accepted, state.accepted_proposed),
       rejections=keep(state.rejections + rejected, state.rejections),
-      output_rejections=keep(state.output_rejections + (rejected & (produced > num_accepted)),
+      output_rejections=keep(state.output_rejections + output_rejected,
                              state.output_rejections),
-      drafted=keep(state.drafted + proposed, state.drafted),
-      draft_calls=keep(state.draft_calls + calls, state.draft_calls),
-      previous=keep(last_accepted, state.previous), pending=keep(next_token, state.pending),
+      drafted=keep(state.drafted + drafted.proposed, state.drafted),
+      draft_calls=keep(state.draft_calls + drafted.row_calls, state.draft_calls),
+      previous=keep(last_accepted, state.previous),
+      pending=keep(verified.next_token, state.pending),
       done=keep(finished, state.done), round=state.round + 1,
-      target_cache=target_cache.rollback(target_rollback),
-      draft_cache=draft_cache.rollback(draft_rollback),
-      out=out, accepted_per_round=accepted_per_round, proposed_per_round=proposed_per_round)
+      target_cache=verified.target_cache.rollback(target_rollback),
+      draft_cache=drafted.cache.rollback(draft_rollback), out=out,
+      accepted_per_round=per_round(kept, state.accepted_per_round),
+      proposed_per_round=per_round(drafted.proposed, state.proposed_per_round),
+      tested_per_round=per_round(kept + output_rejected, state.tested_per_round))
 
 
 def speculative_rounds(target, target_params, draft, draft_params, state: SpeculativeState, *,
                        max_new_tokens, gamma, sampling, lenience,
                        draft_length: DraftLength = DraftLength()) -> SpeculativeResult:
   """Runs the rounds from `speculative_start`'s state until every row is done."""
+  lenience.check_temperature(sampling.temperature)  # static: refused while tracing
   body = functools.partial(_round, target, target_params, draft, draft_params,
                            max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
                            lenience=lenience, draft_length=draft_length)
@@ -713,4 +826,4 @@ def speculative_rounds(target, target_params, draft, draft_params, state: Specul
       accepted_proposed=state.accepted_proposed, produced=state.generated - 1,
       accepted_per_round=state.accepted_per_round, rejections=state.rejections,
       proposed_per_round=state.proposed_per_round,
-      output_rejections=state.output_rejections)
+      output_rejections=state.output_rejections, tested_per_round=state.tested_per_round)

@@ -7,8 +7,10 @@ and with the serving engines (vLLM, llama.cpp, SGLang):
 - tau (block efficiency) = tokens produced by verification rounds / target verification calls
   (DistillSpec, Leviathan et al.); with its standard error over rows.
 - mean_acceptance_length = 1 + accepted / draft rounds (vLLM's and llama.cpp's "mean
-  acceptance length"); = 1 + gamma x draft_acceptance_rate. It equals tau except where EOS
-  or the length limit cut a row's last round.
+  acceptance length") = 1 + (drafted / rounds) x draft_acceptance_rate: the mean proposal
+  length times the rate, which is gamma only under the fixed draft-length rule (an adaptive
+  rule proposes fewer). It equals tau except where EOS or the length limit cut a row's last
+  round.
 - draft_acceptance_rate = accepted / drafted (vLLM's "draft acceptance rate"); `alpha` is the
   same number under the name earlier files used.
 - alpha_distillspec = accepted / (accepted + output rejections): DistillSpec's alpha, the
@@ -21,7 +23,9 @@ and with the serving engines (vLLM, llama.cpp, SGLang):
   counts the draft tokens after a rejection, which are never tested. For an acceptance
   probability alpha constant over positions, tau = (1 - alpha^(gamma+1)) / (1 - alpha).
 - Per position i = 1..gamma: `acceptance_by_position` (DistillSpec's, conditional: among the
-  rounds that reached position i, the fraction accepting it) and
+  rounds whose acceptance test at position i ran at an output position, the fraction that
+  accepted; the tests it counts are alpha_distillspec's, so a draft identical to the target
+  at T = 0 reads 1.0 at every position, EOS and length cuts included) and
   `draft_acceptance_rate_by_position` (vLLM's per-position rate: the fraction of all rounds
   accepting position i; these sum to mean_acceptance_length - 1).
 
@@ -87,28 +91,35 @@ def _flat(per_round) -> np.ndarray:
   return np.asarray(per_round).reshape(-1)
 
 
-def _round_counts(accepted_per_round, proposed_per_round=None) -> tuple:
-  """(accepted, proposed): every round's accepted and proposed draft tokens, flat, from
-  `accepted_per_round` ([N, R], -1 where a row had no round; one array or a list of them) and
-  `proposed_per_round` (the same layout; None: every round proposed without limit)."""
+def _round_counts(accepted_per_round, tested_per_round=None) -> tuple:
+  """(accepted, tested): every round's accepted draft tokens and acceptance tests at output
+  positions, flat, from `accepted_per_round` ([N, R], -1 where a row had no round; one array
+  or a list of them) and `tested_per_round` (the same layout; None: accepted + 1, every
+  round ending in a rejection that reaches the output)."""
   accepted = _flat(accepted_per_round)
-  proposed = (np.full_like(accepted, np.iinfo(np.int32).max) if proposed_per_round is None
-              else _flat(proposed_per_round))
-  return accepted[accepted >= 0], proposed[accepted >= 0]
+  tested = accepted + 1 if tested_per_round is None else _flat(tested_per_round)
+  if tested.shape != accepted.shape or np.any((tested < accepted) | (tested > accepted + 1)):
+    raise ValueError("tested_per_round must have accepted_per_round's layout with "
+                     "accepted <= tested <= accepted + 1 in every round; pass "
+                     "SpeculativeResult.tested_per_round beside its accepted_per_round.")
+  return accepted[accepted >= 0], tested[accepted >= 0]
 
 
-def acceptance_by_position(accepted_per_round, gamma: int, proposed_per_round=None) -> list:
-  """DistillSpec's acceptance rate at each draft position 1..gamma, from `accepted_per_round`
-  ([N, R], -1 where a row had no round; SpeculativeResult.accepted_per_round, one array or a
-  list of them): among the rounds that proposed an i-th draft token and accepted the first
-  i - 1, the fraction that accepted the i-th as well. None where no round reached position i.
-  `proposed_per_round` (SpeculativeResult's, same layout) matters under an adaptive draft
-  length, where a round may stop proposing; None: every round proposed gamma. A round that
-  EOS or the length limit cut counts as accepting only the tokens that reached the output."""
-  accepted, proposed = _round_counts(accepted_per_round, proposed_per_round)
+def acceptance_by_position(accepted_per_round, gamma: int, *, tested_per_round=None) -> list:
+  """DistillSpec's acceptance rate at each draft position 1..gamma: among the rounds whose
+  acceptance test at position i ran at an output position, the fraction that accepted it.
+  None where no such test ran.
+
+  `accepted_per_round` and `tested_per_round` are SpeculativeResult's ([N, R], -1 where a row
+  had no round; one array or a list of them). A round tests positions 1..tested and accepts
+  1..accepted; a round cut by an accepted EOS or the length limit tests only the positions
+  that reached the output, and one whose proposal ended (an adaptive rule) tests no further.
+  Summed over positions the tests are alpha_distillspec's. `tested_per_round` None reads each
+  round as tested up to its first rejection (fixed gamma, no cuts: hand-made counts)."""
+  accepted, tested = _round_counts(accepted_per_round, tested_per_round)
   rates = []
   for position in range(1, int(gamma) + 1):
-    reached = int(np.sum((accepted >= position - 1) & (proposed >= position)))
+    reached = int(np.sum(tested >= position))
     rates.append(float(np.sum(accepted >= position) / reached) if reached else None)
   return rates
 

@@ -14,6 +14,16 @@ Supported token-level divergences (names are the strings used in configs):
 * ``"tvd"``: total variation, 0.5 * sum_c |p - q|.  1 - TVD is the expected
   speculative-sampling acceptance probability (Knowl 2).
 
+Acceptance-targeted losses (the LK losses, arXiv 2602.23881), with the per-token acceptance
+alpha = sum_c min(p, q) = 1 - TVD:
+
+* ``"lk_alpha"``: -log alpha. Its gradient is TVD's divided by alpha, so it pushes hardest
+  where the draft is rarely accepted; 0 iff p = q.
+* ``"lk_lambda"``: lambda KL(p || q) + (1 - lambda)(1 - alpha), lambda = s exp(-eta
+  stopgrad(alpha)) per token: mostly KL where acceptance is low (KL's gradient does not
+  vanish on disjoint supports), mostly 1 - alpha once it is high. s = 1, eta = 3 is vLLM
+  speculators' exp(-3 alpha); SpecForge sets both. s in (0, 1] keeps lambda a mixing weight.
+
 Everything is computed from logits in log space.  Entries with probability zero
 (``-inf`` logits, e.g. a padded vocabulary) are handled with the "double where"
 pattern so that neither values nor gradients become NaN (0 * log 0 = 0).  A NaN
@@ -32,7 +42,9 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
+DIVERGENCES = ("fkl", "rkl", "jsd", "tvd", "lk_alpha", "lk_lambda")
+# lk_lambda's schedule when none is given: speculators' lambda = exp(-3 alpha).
+LK_S, LK_ETA = 1.0, 3.0
 
 
 # --------------------------------------------------------------------------
@@ -56,6 +68,16 @@ def validate_divergence_name(name: str) -> None:
 def _validate_beta(beta) -> None:
   if _is_static_number(beta) and not 0.0 < float(beta) < 1.0:
     raise ValueError(f"JSD beta must lie in the open interval (0, 1); got {beta!r}.")
+
+
+def validate_lk_schedule(s, eta) -> None:
+  """Raises ValueError unless 0 < s <= 1 and eta >= 0 (finite), naming the bad value."""
+  if _is_static_number(s) and not 0.0 < float(s) <= 1.0:
+    raise ValueError(f"lk_lambda's s={s!r} must lie in (0, 1]: lambda = s exp(-eta alpha) "
+                     "weighs KL against 1 - alpha (1.0 with eta 3 is speculators' schedule).")
+  if _is_static_number(eta) and not 0.0 <= float(eta) < float("inf"):
+    raise ValueError(f"lk_lambda's eta={eta!r} must be finite and >= 0: lambda = s exp(-eta "
+                     "alpha) falls as acceptance rises (0 keeps lambda = s).")
 
 
 def _validate_temperature(temperature, which: str) -> None:
@@ -143,6 +165,32 @@ def _tvd_from_log_probs(log_p: jax.Array, log_q: jax.Array) -> jax.Array:
   return 0.5 * jnp.sum(jnp.abs(jnp.exp(log_p) - jnp.exp(log_q)), axis=-1)
 
 
+def log_acceptance(log_p: jax.Array, log_q: jax.Array) -> jax.Array:
+  """log alpha, alpha = sum_c min(p, q) = 1 - TVD(p, q), over the last axis.
+
+  Summed in log space (logsumexp of the elementwise minimum), so a tiny alpha keeps its log.
+  Entries where p or q is zero add exp(-inf) = 0 with a zero gradient. Disjoint supports
+  (alpha = 0) give -inf with a zero, not NaN, gradient (double where); NaN propagates.
+
+  Args:
+    log_p, log_q: [..., vocab] log-probabilities.
+
+  Returns:
+    [...] log alpha <= 0.
+  """
+  smaller = jnp.minimum(log_p, log_q)
+  overlap = jnp.any(smaller != -jnp.inf, axis=-1)  # True for NaN: it must propagate
+  safe = jnp.where(overlap[..., None], smaller, 0.0)
+  return jnp.where(overlap, jax.nn.logsumexp(safe, axis=-1), -jnp.inf)
+
+
+def _lk_lambda_from_log_probs(log_p: jax.Array, log_q: jax.Array, s, eta) -> jax.Array:
+  """lambda KL(p || q) + (1 - lambda)(1 - alpha), lambda = s exp(-eta stopgrad(alpha))."""
+  log_alpha = log_acceptance(log_p, log_q)
+  weight = s * jnp.exp(-eta * jax.lax.stop_gradient(jnp.exp(log_alpha)))
+  return weight * _kl_from_log_probs(log_p, log_q) - (1.0 - weight) * jnp.expm1(log_alpha)
+
+
 # --------------------------------------------------------------------------
 # Token- and sequence-level divergences.
 # --------------------------------------------------------------------------
@@ -156,18 +204,22 @@ def token_divergence(
     target_temperature=1.0,
     draft_temperature=1.0,
     beta=0.5,
+    lk_s=LK_S,
+    lk_eta=LK_ETA,
     vocab_mask: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Per-token divergence D(p_t || q_t) between target p and draft q.
 
   Args:
-    name: one of "fkl", "rkl", "jsd", "tvd".
+    name: one of DIVERGENCES ("fkl", "rkl", "jsd", "tvd", "lk_alpha", "lk_lambda").
     target_logits: [batch, length, vocab] target logits (no gradient flows).
     draft_logits: [batch, length, vocab] draft logits.
     target_temperature: T_p > 0 applied to the target logits.
     draft_temperature: T_q > 0 applied to the draft logits.
     beta: JSD mixing weight in (0, 1) (validated for every name so a bad config
       fails loudly even if the divergence is switched later).
+    lk_s, lk_eta: lk_lambda's schedule lambda = s exp(-eta alpha), 0 < s <= 1, eta >= 0
+      (validated for every name, as beta).
     vocab_mask: optional [vocab] bool, True = real vocabulary entry.
 
   Returns:
@@ -175,6 +227,7 @@ def token_divergence(
   """
   validate_divergence_name(name)
   _validate_beta(beta)
+  validate_lk_schedule(lk_s, lk_eta)
   _validate_temperature(target_temperature, "target_temperature")
   _validate_temperature(draft_temperature, "draft_temperature")
 
@@ -183,12 +236,17 @@ def token_divergence(
   log_p = log_probs(target_logits, temperature=target_temperature, vocab_mask=vocab_mask)
   log_q = log_probs(draft_logits, temperature=draft_temperature, vocab_mask=vocab_mask)
 
-  return _divergence_from_log_probs(name, log_p, log_q, beta)
+  return divergence_from_log_probs(name, log_p, log_q, beta, lk_s, lk_eta)
 
 
-def _divergence_from_log_probs(name: str, log_p: jax.Array, log_q: jax.Array,
-                               beta: float) -> jax.Array:
-  """D(p || q) of a checked divergence name over the last axis (dense or binned)."""
+def divergence_from_log_probs(name: str, log_p: jax.Array, log_q: jax.Array,
+                              beta=0.5, lk_s=LK_S, lk_eta=LK_ETA) -> jax.Array:
+  """D(p || q) of a checked divergence name over the last axis (dense or binned): the
+  per-position function every loss applies, from log-probabilities [..., vocab] to [...]."""
+  if name == "lk_alpha":
+    return -log_acceptance(log_p, log_q)
+  if name == "lk_lambda":
+    return _lk_lambda_from_log_probs(log_p, log_q, lk_s, lk_eta)
   if name == "fkl":
     return _kl_from_log_probs(log_p, log_q)
   if name == "rkl":
@@ -332,7 +390,9 @@ def cross_entropy(
 # to k + 1 bins: bin i < k is the target's i-th id, bin k everything else. The coarsening is
 # one deterministic map applied to p and q, so by the data-processing inequality every
 # f-divergence (FKL, RKL, JSD, TVD) of the binned pair is <= the full one, with equality at
-# k = vocabulary size (the tail bin is then empty for both).
+# k = vocabulary size (the tail bin is then empty for both). The binned alpha = 1 - binned TVD
+# is >= the full alpha, so binned LK-alpha is a lower bound too; binned LK-lambda is not a
+# bound (its lambda reads the binned alpha, and KL and 1 - alpha need not be ordered).
 
 
 def tail_log_mass(log_probs_full: jax.Array, top_ids: jax.Array) -> jax.Array:
@@ -386,28 +446,32 @@ def binned_token_divergence(
     *,
     draft_temperature=1.0,
     beta=0.5,
+    lk_s=LK_S,
+    lk_eta=LK_ETA,
 ) -> jax.Array:
   """Per-token D(p_bins || q_bins) over the (k + 1)-bin distributions.
 
   The target's bins come from a cache (already at the target temperature it was written
   with); the draft's bins are its log-probabilities at the target's top-k ids and its mass
   outside them. A lower bound of `token_divergence` (data processing), equal to it at
-  k = vocabulary size.
+  k = vocabulary size (for the f-divergences and lk_alpha; lk_lambda is no bound).
 
   Args:
-    name: one of "fkl", "rkl", "jsd", "tvd".
+    name: one of DIVERGENCES.
     target_top_log_probs: [batch, length, k] target log-probabilities (no gradient).
     target_top_ids: [batch, length, k] int ids of those entries.
     target_tail_log_prob: [batch, length] log of the target's remaining mass.
     draft_logits: [batch, length, vocab] draft logits.
     draft_temperature: T_q > 0.
     beta: JSD mixing weight in (0, 1).
+    lk_s, lk_eta: lk_lambda's schedule (as `token_divergence`'s).
 
   Returns:
     [batch, length] divergence per token.
   """
   validate_divergence_name(name)
   _validate_beta(beta)
+  validate_lk_schedule(lk_s, lk_eta)
   _validate_temperature(draft_temperature, "draft_temperature")
   log_p = jax.lax.stop_gradient(jnp.concatenate(
       [target_top_log_probs, target_tail_log_prob[..., None]], axis=-1).astype(jnp.float32))
@@ -415,4 +479,4 @@ def binned_token_divergence(
   ids = target_top_ids.astype(jnp.int32)
   log_q = jnp.concatenate([jnp.take_along_axis(log_q_full, ids, axis=-1),
                            tail_log_mass(log_q_full, ids)[..., None]], axis=-1)
-  return _divergence_from_log_probs(name, log_p, log_q, beta)
+  return divergence_from_log_probs(name, log_p, log_q, beta, lk_s, lk_eta)

@@ -9,7 +9,11 @@ Every training step draws u1, u2 ~ U(0, 1) from the step's key:
 Sampled sequences become a teacher-forced batch (targets = tokens, inputs = shift-right with
 start token 0, loss weight 1 up to and including EOS), and the loss is
 `divergences.sequence_divergence(divergence, target_logits, draft_logits, weights)`: gradients
-flow to the draft only; the target (and the optional AdaSPEC reference) are frozen.
+flow to the draft only; the target (and the optional AdaSPEC reference) are frozen. The
+divergence may be one of the four of the paper or an acceptance-targeted LK loss
+(divergences.py); `position_weighting="block_acceptance"` weights each position's loss by the
+detached chance that a round reaches it (block_acceptance.py). Every data source, recipe and
+AdaSPEC selection takes each of them.
 
 The objectives here are frozen (hashable) dataclasses so the trainer can close over them in
 one jitted step. Library code: no gin here (gin_utils registers these classes).
@@ -27,6 +31,7 @@ import jax.numpy as jnp
 from distillspec_jax.decoding import plain
 from distillspec_jax.decoding import speculative
 from distillspec_jax.decoding.stats import block_efficiency_stats
+from distillspec_jax.distill import block_acceptance
 from distillspec_jax.distill import divergences
 from distillspec_jax.distill import token_selection
 from distillspec_jax.core import validation
@@ -57,8 +62,14 @@ class DistillationConfig:
     lambda1: probability of the fixed dataset batch (Knowl 4), in [0, 1].
     lambda2: probability of draft (on-policy) samples given the batch is generated, in [0, 1];
       the rest are target samples.
-    divergence: "fkl", "rkl", "jsd" or "tvd" (Knowl 6).
+    divergence: "fkl", "rkl", "jsd" or "tvd" (Knowl 6), or "lk_alpha" / "lk_lambda" (the LK
+      losses, divergences.py).
     beta: JSD mixing weight in (0, 1).
+    lk_s, lk_eta: lk_lambda's lambda = lk_s exp(-lk_eta stopgrad(alpha)), 0 < lk_s <= 1,
+      lk_eta >= 0 (1 and 3: vLLM speculators' exp(-3 alpha); SpecForge sets both).
+    position_weighting: "uniform" (every loss position alike) or "block_acceptance" (each
+      position's loss times the detached probability of reaching it in its block).
+    block_size: positions per block of "block_acceptance" (gamma), an int >= 1.
     target_temperature / draft_temperature: T_p, T_q applied inside the divergence.
     sampling_temperature: temperature of the draft/target samples (0 = greedy).
     max_new_tokens: sample length; None = the width of the batch's decoder_target_tokens.
@@ -76,6 +87,10 @@ class DistillationConfig:
   max_new_tokens: Optional[int] = None
   top_k_fraction: Optional[float] = None
   selection_normalization: str = "all"
+  lk_s: float = divergences.LK_S
+  lk_eta: float = divergences.LK_ETA
+  position_weighting: str = "uniform"
+  block_size: int = 5
 
   def __post_init__(self):
     validation.check_field_types(self)  # lambda1="0.5", beta=True, ... are refused here
@@ -107,6 +122,15 @@ class DistillationConfig:
     if self.selection_normalization not in token_selection.NORMALIZATIONS:
       raise ValueError(f"selection_normalization={self.selection_normalization!r}; use one of "
                        f"{token_selection.NORMALIZATIONS}.")
+    try:
+      divergences.validate_lk_schedule(self.lk_s, self.lk_eta)
+    except ValueError as error:
+      raise ValueError(f"{error} Set DistillationConfig.lk_s / lk_eta.") from None
+    if self.position_weighting not in block_acceptance.POSITION_WEIGHTINGS:
+      raise ValueError(f"Unknown position_weighting {self.position_weighting!r}; set "
+                       "DistillationConfig.position_weighting to one of "
+                       f"{block_acceptance.POSITION_WEIGHTINGS}.")
+    validation.check_positive_int(self.block_size, "DistillationConfig.block_size")
 
   @classmethod
   def from_recipe(cls, recipe: str, **overrides) -> "DistillationConfig":
@@ -120,7 +144,17 @@ class DistillationConfig:
   @property
   def divergence_kwargs(self) -> dict:
     return dict(target_temperature=self.target_temperature,
-                draft_temperature=self.draft_temperature, beta=self.beta)
+                draft_temperature=self.draft_temperature, beta=self.beta, lk_s=self.lk_s,
+                lk_eta=self.lk_eta)
+
+  def weighted(self, per_token: Array, alpha: Array, weights: Array) -> tuple:
+    """(per-token losses [b, L] times the block-acceptance reach weights when that weighting
+    is on, metrics): `alpha` [b, L] is the per-position acceptance the weights read."""
+    if self.position_weighting == "uniform":
+      return per_token, {}
+    reach = block_acceptance.reach_weights(alpha, weights, self.block_size)
+    mean_reach = jnp.sum(reach * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+    return per_token * reach, {"mean_reach_weight": mean_reach}
 
 
 # --- the data-source mixture ----------------------------------------------------------------
@@ -319,8 +353,14 @@ class DistillationObjective:
                                              **c.divergence_kwargs)
     divergence = jnp.mean(divergences.masked_sequence_mean(per_token, weights))
     metrics = {"divergence": divergence}
+    # TVD is tracked whatever is trained: 1 - TVD is the expected acceptance (Knowl 2).
+    per_token_tvd = divergences.token_divergence(
+        "tvd", target_logits, jax.lax.stop_gradient(draft_logits),
+        target_temperature=c.target_temperature, draft_temperature=c.draft_temperature)
+    per_token, weighting = c.weighted(per_token, 1.0 - per_token_tvd, weights)
+    metrics.update(weighting)
     if self.reference is None:
-      loss = divergence
+      loss = jnp.mean(divergences.masked_sequence_mean(per_token, weights))
     else:
       reference_logits = jax.lax.stop_gradient(
           self.reference.logits(frozen["reference"], batch))
@@ -329,9 +369,7 @@ class DistillationObjective:
       loss = token_selection.selective_loss(per_token, keep, weights,
                                             c.selection_normalization)
       metrics.update(token_selection.selection_stats(margin, keep, weights))
-    # TVD is tracked whatever is trained: 1 - TVD is the expected acceptance (Knowl 2).
-    tvd = jnp.mean(divergences.per_sequence_divergence(
-        "tvd", target_logits, jax.lax.stop_gradient(draft_logits), weights))
+    tvd = jnp.mean(divergences.masked_sequence_mean(per_token_tvd, weights))
     metrics.update(loss=loss, tvd=tvd, predicted_acceptance=1.0 - tvd,
                    num_tokens=jnp.sum(weights))
     return loss, metrics

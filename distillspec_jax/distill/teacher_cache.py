@@ -442,13 +442,17 @@ class CachedTeacherObjective:
               batch["teacher_tail_log_prob"])
     per_token = divergences.binned_token_divergence(
         c.divergence, *cached, draft_logits, draft_temperature=c.draft_temperature,
-        beta=c.beta)
-    loss = jnp.mean(divergences.masked_sequence_mean(per_token, weights))
-    # The binned TVD is <= the full one, so 1 - it over-states the acceptance for k < vocab.
-    tvd = jnp.mean(divergences.masked_sequence_mean(divergences.binned_token_divergence(
+        beta=c.beta, lk_s=c.lk_s, lk_eta=c.lk_eta)
+    divergence = jnp.mean(divergences.masked_sequence_mean(per_token, weights))
+    # The binned TVD is <= the full one, so 1 - it over-states the acceptance for k < vocab
+    # (and block-acceptance weights read from it over-state each position's reach).
+    per_token_tvd = divergences.binned_token_divergence(
         "tvd", *cached, jax.lax.stop_gradient(draft_logits),
-        draft_temperature=c.draft_temperature), weights))
-    return loss, {"divergence": loss, "loss": loss, "tvd": tvd,
+        draft_temperature=c.draft_temperature)
+    per_token, metrics = c.weighted(per_token, 1.0 - per_token_tvd, weights)
+    loss = jnp.mean(divergences.masked_sequence_mean(per_token, weights))
+    tvd = jnp.mean(divergences.masked_sequence_mean(per_token_tvd, weights))
+    return loss, {**metrics, "divergence": divergence, "loss": loss, "tvd": tvd,
                   "predicted_acceptance": 1.0 - tvd, "num_tokens": jnp.sum(weights)}
 
 

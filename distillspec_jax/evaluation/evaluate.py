@@ -89,6 +89,8 @@ def check_decoding_grid(gammas: Sequence[int], temperatures: Sequence[float],
   for lenience in leniences:
     if not isinstance(lenience, Lenience):
       raise ValueError(f"leniences has {lenience!r}; pass speculative.Lenience values.")
+    for temperature in temperatures:  # a lossy lenience at T = 0, refused before work
+      lenience.check_temperature(temperature)
 
 
 CHECKPOINT_FIX = ("pass an existing checkpoint: our MODEL_DIR (<step>/params), a T5X "

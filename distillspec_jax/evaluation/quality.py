@@ -328,7 +328,7 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
   prompts = np.asarray(examples["prompts"])
   key = jax.random.PRNGKey(seed)
   sampling = SamplingConfig(float(temperature))
-  predictions, rounds, proposals = [], [], []
+  predictions, rounds, tests = [], [], []
   produced, calls, accepted, drafted, proposed, rejections = [], [], [], [], [], []
   for index, chunk, real in _batches(prompts, batch_size):
     result = speculative_decode(target, target_params, draft, draft_params,
@@ -343,21 +343,21 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
       predictions += _texts(tokens, lengths, detokenize)
     per_round = np.asarray(result.accepted_per_round)[:real]
     rounds += [[int(n) for n in row if n >= 0] for row in per_round]
-    proposals += [[int(k) for k in row if k >= 0]
-                  for row in np.asarray(result.proposed_per_round)[:real]]
+    tests += [[int(k) for k in row if k >= 0]
+              for row in np.asarray(result.tested_per_round)[:real]]
     for name, store in (("produced", produced), ("target_calls", calls),
                         ("accepted", accepted), ("drafted", drafted),
                         ("accepted_proposed", proposed), ("output_rejections", rejections)):
       store.append(np.asarray(getattr(result, name))[:real])
   scored = detokenize is not None and metric_fn is not None
   per_round = [np.asarray(r, np.int64) for r in rounds] or [np.zeros(0)]
-  proposed_rounds = [np.asarray(k, np.int64) for k in proposals] or [np.zeros(0)]
+  tested_rounds = [np.asarray(k, np.int64) for k in tests] or [np.zeros(0)]
   statistics = block_statistics(*map(np.concatenate, (produced, calls, accepted, drafted)),
                                 accepted_proposed=np.concatenate(proposed),
                                 output_rejections=np.concatenate(rejections))
   acceptance = Acceptance.from_json(dict(
-      statistics, acceptance_by_position=acceptance_by_position(per_round, gamma,
-                                                                proposed_rounds),
+      statistics, acceptance_by_position=acceptance_by_position(
+          per_round, gamma, tested_per_round=tested_rounds),
       draft_acceptance_rate_by_position=draft_acceptance_rate_by_position(per_round, gamma)))
   return QualityRow(
       draft="", point=GridPoint.of(gamma, temperature, lenience, draft_length),

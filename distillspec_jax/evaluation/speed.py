@@ -626,10 +626,15 @@ def _distinct(values, cls: type, name: str, fields: str, example: str) -> tuple:
   return tuple(dict.fromkeys(values))
 
 
-def check_leniences(leniences) -> tuple:
-  """`leniences` as a tuple of distinct speculative.Lenience, or a ValueError naming it."""
-  return _distinct(leniences, Lenience, "leniences", "kind, epsilon",
-                   "(Lenience(),) for lossless decoding")
+def check_leniences(leniences, temperatures=()) -> tuple:
+  """`leniences` as a tuple of distinct speculative.Lenience, or a ValueError naming it (and
+  a lossy one at temperature 0 in `temperatures`: `Lenience.check_temperature`)."""
+  leniences = _distinct(leniences, Lenience, "leniences", "kind, epsilon",
+                        "(Lenience(),) for lossless decoding")
+  for temperature in temperatures:
+    for lenience in leniences:
+      lenience.check_temperature(temperature)
+  return leniences
 
 
 def check_draft_lengths(draft_lengths) -> tuple:
@@ -940,7 +945,7 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   check_speed_arguments(gammas, temperatures, repeats, prompts)
   check_positive_int(timed_per_turn, "timed_per_turn")
   check_positive_int(plain_calls_per_cycle, "plain_calls_per_cycle")
-  leniences = check_leniences(leniences)
+  leniences = check_leniences(leniences, temperatures)
   draft_lengths = check_draft_lengths(draft_lengths)
   timed_leniences = list(dict.fromkeys(timed_lenience(lenience) for lenience in leniences))
   budget_s = check_budget(budget_s)

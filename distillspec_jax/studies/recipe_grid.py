@@ -1,18 +1,28 @@
-"""The recipe grid: every data source x every divergence, from one raw draft, one budget.
+"""The recipe grid: every data source x every objective, from one raw draft, one budget.
 
 DistillSpec's two design rules come from such a grid (the paper's Knowl 6-7):
   1. model-generated data (SeqKD, f-Distill, GKD; ImitKD half) beats the fixed dataset
      (SupervisedKD);
   2. the divergence should fit the decoding: FKL or JSD at T = 0, RKL at T = 1.
 
-Stages (run_pipeline's bookkeeping, so an interrupted grid resumes cell by cell):
-  vocab, target, draft_raw       the main job's (or copied from `reuse_run_dir`, e.g. runs/demo)
-  distill_<recipe>-<divergence>  one cell: the raw draft distilled with that recipe and
-                                 divergence for `distill_steps`, tau over the steps (gamma=5,
-                                 T=0, 32 validation prompts), then tau and the acceptance
-                                 rates at every gamma in `gammas` and T in `temperatures` on
-                                 `eval_examples` test prompts; all of it in the cell's DONE.json
-  report                         report.json, report.md, grid_heatmap.png, grid_tau_curves.png
+Stages (run_pipeline's bookkeeping, so an interrupted grid resumes run by run):
+  vocab, target, draft_raw   the main job's (or copied from `reuse_run_dir`, e.g. runs/demo)
+  distill_<recipe>-<objective>-s<seed>
+                             one run of a cell: the raw draft distilled with that recipe and
+                             objective (a divergence, or "block_acceptance": TVD weighted by
+                             the chance of reaching each position) with `seed` (data order,
+                             the steps' sampling keys, the evaluation's keys) for the cell's
+                             steps, tau over the steps (gamma=5, T=0, 32 validation prompts),
+                             then tau / acceptance at every gamma in `gammas` and T in
+                             `temperatures` on `eval_examples` test prompts; in its DONE.json
+  report                     report.json, report.md, grid_heatmap.png, grid_tau_curves.png
+
+Seeds and compute: every cell runs once per seed in `seeds`, and the report gives each
+cell's mean over seeds with its standard error over seeds beside the one over prompts. With
+`compute_budget` set, every cell gets the same budget of target forward tokens (the target is
+the expensive model and its tokens do not depend on the machine; the draft's own passes are
+not counted), and its steps follow from its recipe's cost per step (`step_cost`): a recipe
+that samples from the target pays for those samples, so it trains fewer steps.
 
 Run: python -m distillspec_jax.main --gin_file=gin/runs/recipe_grid.gin
 """
@@ -26,7 +36,7 @@ from typing import Optional
 
 import numpy as np
 
-from distillspec_jax.core.validation import check_field_types, check_finite
+from distillspec_jax.core.validation import check_field_types, check_finite, check_int
 from distillspec_jax.evaluation import evaluate
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies import common as common_lib
@@ -38,7 +48,12 @@ from distillspec_jax.studies.pipeline import PipelineConfig
 # The paper's labels; fixed data only (SupervisedKD) against model-generated data (the rest).
 RECIPE_LABELS = {"supervised_kd": "SupervisedKD", "seqkd": "SeqKD", "imitkd": "ImitKD",
                  "fdistill": "f-Distill", "gkd": "GKD"}
-DIVERGENCE_LABELS = {"fkl": "FKL", "rkl": "RKL", "jsd": "JSD(0.5)", "tvd": "TVD"}
+DIVERGENCE_LABELS = {"fkl": "FKL", "rkl": "RKL", "jsd": "JSD(0.5)", "tvd": "TVD",
+                     "lk_alpha": "LK-alpha", "lk_lambda": "LK-lambda",
+                     "block_acceptance": "block acceptance"}
+# The grid's objectives: the divergences, and TVD weighted by block acceptance.
+OBJECTIVES = DIVERGENCES + ("block_acceptance",)
+GRID_DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
 FIXED_DATA_RECIPES = ("supervised_kd",)
 # The paper's rule 2: the divergences it finds best at each temperature.
 PAPER_BEST_DIVERGENCES = {0.0: ("fkl", "jsd"), 1.0: ("rkl",)}
@@ -51,18 +66,25 @@ class RecipeGridConfig(PipelineConfig):
 
   Attributes (besides PipelineConfig's; `divergence` must stay None):
     recipes: data sources (objectives.RECIPES names).
-    divergences: divergences.DIVERGENCES names; "jsd" is JSD(beta) with the recipes'
-      beta = 0.5.
+    divergences: the objectives, OBJECTIVES names: divergences.DIVERGENCES ("jsd" is
+      JSD(beta) with the recipes' beta = 0.5) or "block_acceptance" (TVD weighted by the
+      detached chance of reaching each position in blocks of gammas[0]).
     gammas / temperatures: the grid's evaluation points (the paper's grid: gamma 5, T 0 and 1).
     reuse_run_dir: a finished main job whose vocab / target / draft_raw are copied (None =
       train them here).
+    seeds: the seeds each cell runs with (distinct ints >= 0); () = (seed,). The shared
+      stages (vocab, target, raw draft) use `seed` alone.
+    compute_budget: target forward tokens each cell may spend (`step_cost`); None = every
+      cell trains `distill_steps` steps.
   """
 
   run_dir: str = "runs/recipe_grid"
   recipes: tuple = tuple(RECIPE_LABELS)
-  divergences: tuple = tuple(DIVERGENCE_LABELS)
+  divergences: tuple = GRID_DIVERGENCES
   gammas: tuple = (5,)
   reuse_run_dir: Optional[str] = None
+  seeds: tuple = ()
+  compute_budget: Optional[int] = None
 
   def __post_init__(self):
     check_field_types(self)
@@ -82,9 +104,58 @@ class RecipeGridConfig(PipelineConfig):
         raise ValueError(f"{name}={tuple(values)!r} repeats a name; list each once.")
     super().__post_init__()  # recipe names, gammas, temperatures, budgets
     for divergence in self.divergences:
-      if divergence not in DIVERGENCES:
+      if divergence not in OBJECTIVES:
         raise ValueError(f"Unknown divergence {divergence!r} in divergences="
-                         f"{tuple(self.divergences)!r}; use names from {DIVERGENCES}.")
+                         f"{tuple(self.divergences)!r}; use names from {OBJECTIVES}.")
+    self._check_seeds_and_budget()
+
+  def _check_seeds_and_budget(self) -> None:
+    for index, seed in enumerate(self.seeds):
+      check_int(seed, f"seeds[{index}]", 0)
+    repeated = sorted({s for s in self.seeds if list(self.seeds).count(s) > 1})
+    if repeated:
+      raise ValueError(f"seeds={tuple(self.seeds)!r} repeats seed {repeated[0]}; list each "
+                       "seed once (a repeated seed is the same run, not another sample).")
+    if self.compute_budget is None:
+      return
+    check_int(self.compute_budget, "compute_budget (target forward tokens per cell)", 1)
+    recipe = max(self.recipes, key=self.step_cost)
+    if self.compute_budget < self.step_cost(recipe):
+      raise ValueError(
+          f"compute_budget={self.compute_budget} target forward tokens is smaller than one "
+          f"step of {recipe!r} ({self.step_cost(recipe)} tokens: batch {self.batch_size} x "
+          f"{self._tokens_per_row} tokens x {1 + self._target_sample_share(recipe):g}); "
+          f"raise it to at least {self.step_cost(recipe)}.")
+
+  @property
+  def _tokens_per_row(self) -> int:
+    """Target forward tokens per row of a teacher-forced pass, and of a target sample
+    (encoding or prefilling the inputs, then one token per generated target)."""
+    return sum(int(v) for v in self.task_feature_lengths.values())
+
+  @staticmethod
+  def _target_sample_share(recipe: str) -> float:
+    """The probability that a step of `recipe` samples from the target (Knowl 4)."""
+    lambda1, lambda2, _ = RECIPES[recipe]
+    return (1.0 - lambda1) * (1.0 - lambda2)
+
+  def step_cost(self, recipe: str) -> int:
+    """Expected target forward tokens of one distillation step of `recipe`: the loss's
+    teacher-forced pass over the batch, plus the target's samples on the steps that draw
+    them."""
+    share = self._target_sample_share(recipe)
+    return int(round(self.batch_size * self._tokens_per_row * (1.0 + share)))
+
+  def steps_of(self, recipe: str) -> int:
+    """A cell's distillation steps: the budget over the recipe's step cost (at least one,
+    checked), or distill_steps without a budget."""
+    if self.compute_budget is None:
+      return int(self.distill_steps)
+    return self.compute_budget // self.step_cost(recipe)
+
+  @property
+  def run_seeds(self) -> tuple:
+    return tuple(self.seeds) or (int(self.seed),)
 
   def check_inputs(self) -> None:
     super().check_inputs()
@@ -96,8 +167,13 @@ class RecipeGridConfig(PipelineConfig):
     return tuple((r, d) for r in self.recipes for d in self.divergences)
 
   @property
+  def runs(self) -> tuple:
+    """((recipe, divergence, seed), ...): every cell once per seed, seeds innermost."""
+    return tuple((r, d, s) for r, d in self.cells for s in self.run_seeds)
+
+  @property
   def distill_stages(self) -> tuple:
-    return tuple(cell_stage(r, d) for r, d in self.cells)
+    return tuple(cell_stage(r, d, s) for r, d, s in self.runs)
 
   @property
   def stages(self) -> tuple:
@@ -115,14 +191,22 @@ class RecipeGridConfig(PipelineConfig):
             "report": stage_report}
 
 
-def cell_stage(recipe: str, divergence: str) -> str:
-  return f"distill_{recipe}{CELL_SEPARATOR}{divergence}"
+def cell_stage(recipe: str, divergence: str, seed: int) -> str:
+  return f"distill_{recipe}{CELL_SEPARATOR}{divergence}{CELL_SEPARATOR}s{seed}"
 
 
 def parse_cell_stage(stage: str) -> tuple:
-  """'distill_gkd-rkl' -> ('gkd', 'rkl')."""
-  recipe, _, divergence = stage[len("distill_"):].rpartition(CELL_SEPARATOR)
-  return recipe, divergence
+  """'distill_gkd-rkl-s3' -> ('gkd', 'rkl', 3)."""
+  recipe, divergence, seed = stage[len("distill_"):].rsplit(CELL_SEPARATOR, 2)
+  return recipe, divergence, int(seed[1:])
+
+
+def objective_settings(objective: str, block_size: int) -> dict:
+  """DistillationConfig fields of a grid objective name (OBJECTIVES)."""
+  if objective == "block_acceptance":
+    return dict(divergence="tvd", position_weighting="block_acceptance",
+                block_size=block_size)
+  return dict(divergence=objective)
 
 
 def _done_cells(config: RecipeGridConfig) -> list:
@@ -135,36 +219,41 @@ def _print_grid_progress(config: RecipeGridConfig, stage: str) -> None:
   """One line per cell: how many are done and the ETA from their mean wall clock (the
   trainer's own tqdm bar shows the cell's steps)."""
   done = _done_cells(config)
-  left = len(config.cells) - len(done)
+  left = len(config.runs) - len(done)
   eta = ""
   if done:
     mean = statistics.mean(c.get("wall_clock_s") or 0.0 for c in done)
     eta = f", ETA ~{mean * left / 60:.1f} min at {mean:.0f} s per cell"
-  print(f"[recipe grid] cell {len(done) + 1}/{len(config.cells)} {stage}{eta}", flush=True)
+  print(f"[recipe grid] run {len(done) + 1}/{len(config.runs)} {stage}{eta}", flush=True)
 
 
 def stage_cell(config: RecipeGridConfig, stage: str) -> dict:
-  """One cell: the raw draft distilled with the cell's recipe and divergence, then tau and
-  the acceptance rates at every (gamma, temperature) of the grid on the test prompts."""
+  """One run of a cell: the raw draft distilled with the cell's recipe and objective under
+  the run's seed for the cell's steps, then tau and the acceptance rates at every
+  (gamma, temperature) of the grid on the test prompts."""
   _print_grid_progress(config, stage)
-  recipe, divergence = parse_cell_stage(stage)
+  recipe, objective, seed = parse_cell_stage(stage)
   distillation = DistillationConfig.from_recipe(
-      recipe, divergence=divergence, max_new_tokens=config.task_feature_lengths["targets"])
+      recipe, max_new_tokens=config.task_feature_lengths["targets"],
+      **objective_settings(objective, int(config.gammas[0])))
+  steps = config.steps_of(recipe)
+  run = dataclasses.replace(config, seed=seed, distill_steps=steps)
   target, draft = pipeline.models(config)
   target_params = pipeline.load_params(config, "target", target)
-  summary = common_lib.distill_toward(config, stage, target, target_params, draft,
+  summary = common_lib.distill_toward(run, stage, target, target_params, draft,
                                    pipeline.load_params(config, "draft_raw", draft),
                                    distillation)
   params = pipeline.load_params(config, stage, draft)
-  summary.update(recipe=recipe, evaluation=grid_statistics(config, target, target_params,
-                                                           draft, params))
+  summary.update(recipe=recipe, divergence=objective, seed=seed, steps=steps,
+                 target_tokens=steps * config.step_cost(recipe),
+                 evaluation=grid_statistics(run, target, target_params, draft, params))
   return summary
 
 
 def grid_statistics(config: RecipeGridConfig, target, target_params, draft, draft_params) -> list:
   """[{gamma, temperature, and the quality.Acceptance keys (tau, tau_stderr,
-  draft_acceptance_rate, ...)}] of one draft on the first `eval_examples` test prompts
-  (fixed seed: every cell sees the same prompts and keys)."""
+  draft_acceptance_rate, ...)}] of one draft on the first
+  `eval_examples` test prompts (fixed seed: every cell sees the same prompts and keys)."""
   examples = pipeline.heldout_prompts(config, config.eval_examples, split="test")
   rows = evaluate.speculative_grid(
       target, target_params, {"draft": (draft, draft_params)}, examples, None,
@@ -177,16 +266,73 @@ def grid_statistics(config: RecipeGridConfig, target, target_params, draft, draf
 # --- report --------------------------------------------------------------------------------------
 
 
-def build_cells(config: RecipeGridConfig, markers: dict) -> list:
-  """report.json's cells [{recipe, divergence, temperature, gamma, tau, tau_stderr, ...,
-  final_loss, wall_clock_s}] from {stage: DONE.json summary}."""
-  cells = []
-  for recipe, divergence in config.cells:
-    marker = markers[cell_stage(recipe, divergence)]
+def build_runs(config: RecipeGridConfig, markers: dict) -> list:
+  """report.json's runs [{recipe, divergence, seed, temperature, gamma, tau, tau_stderr,
+  draft_acceptance_rate, steps, target_tokens, final_loss, wall_clock_s}] from
+  {stage: DONE.json summary}."""
+  runs = []
+  for recipe, divergence, seed in config.runs:
+    marker = markers[cell_stage(recipe, divergence, seed)]
     for row in marker["evaluation"]:
-      cells.append(dict(recipe=recipe, divergence=divergence, **row,
-                        final_loss=marker["final_loss"], wall_clock_s=marker["wall_clock_s"]))
+      runs.append(dict(recipe=recipe, divergence=divergence, seed=seed, **row,
+                       steps=marker["steps"], target_tokens=marker["target_tokens"],
+                       final_loss=marker["final_loss"], wall_clock_s=marker["wall_clock_s"]))
+  return runs
+
+
+def over_seeds(taus, prompt_stderrs) -> dict:
+  """A cell's tau over its seeds' runs: the mean, its standard error over seeds (None for one
+  seed), the standard error over prompts (the mean of the runs': the runs share the prompts,
+  so it does not shrink with more seeds) and `tau_stderr`, the two combined as independent
+  (the verdicts' error)."""
+  taus = np.asarray(taus, np.float64)
+  seeds = float(np.std(taus, ddof=1) / np.sqrt(len(taus))) if len(taus) > 1 else None
+  prompts = float(np.mean(prompt_stderrs))
+  return {"tau": float(np.mean(taus)), "tau_stderr_seeds": seeds,
+          "tau_stderr_prompts": prompts, "tau_stderr": float(np.hypot(seeds or 0.0, prompts))}
+
+
+def build_cells(config: RecipeGridConfig, runs: list) -> list:
+  """report.json's cells [{recipe, divergence, temperature, gamma, seeds, taus, tau and its
+  errors (`over_seeds`), draft_acceptance_rate (the mean), steps, target_tokens,
+  final_loss (the mean), wall_clock_s (the sum)}], one per cell and evaluation point."""
+  groups = {}
+  for run in runs:
+    key = (run["recipe"], run["divergence"], run["temperature"], run["gamma"])
+    groups.setdefault(key, []).append(run)
+  cells = []
+  for (recipe, divergence, temperature, gamma), rows in groups.items():
+    cells.append(dict(
+        recipe=recipe, divergence=divergence, temperature=temperature, gamma=gamma,
+        seeds=[r["seed"] for r in rows], taus=[r["tau"] for r in rows],
+        **over_seeds([r["tau"] for r in rows], [r["tau_stderr"] for r in rows]),
+        draft_acceptance_rate=float(np.mean([r["draft_acceptance_rate"] for r in rows])),
+        steps=rows[0]["steps"],
+        target_tokens=rows[0]["target_tokens"],
+        final_loss=float(np.mean([r["final_loss"] for r in rows])),
+        wall_clock_s=float(sum(r["wall_clock_s"] or 0.0 for r in rows))))
   return cells
+
+
+def build_curves(config: RecipeGridConfig, markers: dict) -> dict:
+  """{"<recipe>-<objective>": [{step, target_tokens, tau, tau_stderr}]}: each cell's tau over
+  its steps, the mean over seeds with its standard error over seeds (over prompts for one
+  seed)."""
+  curves = {}
+  for recipe, divergence in config.cells:
+    per_seed = [markers[cell_stage(recipe, divergence, s)]["tau_curve"]
+                for s in config.run_seeds]
+    points = []
+    for index, point in enumerate(per_seed[0]):
+      at = [curve[index] for curve in per_seed if index < len(curve)]
+      stats = over_seeds([p["tau"] for p in at], [p.get("tau_stderr") or 0.0 for p in at])
+      points.append({"step": point["step"],
+                     "target_tokens": point["step"] * config.step_cost(recipe),
+                     "tau": stats["tau"],
+                     "tau_stderr": stats["tau_stderr_seeds"]
+                     if stats["tau_stderr_seeds"] is not None else stats["tau_stderr"]})
+    curves[f"{recipe}{CELL_SEPARATOR}{divergence}"] = points
+  return curves
 
 
 def _mean_with_stderr(rows: list) -> tuple:
@@ -243,25 +389,38 @@ def rules(cells: list, gamma: int) -> list:
 
 
 def build_report(config: RecipeGridConfig, markers: dict, raw_draft: list) -> dict:
-  cells = build_cells(config, markers)
-  check_finite(cells + raw_draft, "recipe grid report")
-  curves = {stage: markers[stage]["tau_curve"] for stage in config.distill_stages}
-  return {"cells": cells, "raw_draft": raw_draft,
-          "rules": rules(cells, int(config.gammas[0])), "tau_curves": curves,
-          "budget": {"distill_steps": config.distill_steps, "batch_size": config.batch_size,
+  runs = build_runs(config, markers)
+  cells = build_cells(config, runs)
+  check_finite(runs + raw_draft, "recipe grid report")
+  budget = ("the same budget of target forward tokens"
+            if config.compute_budget is not None else f"{config.distill_steps} steps")
+  return {"cells": cells, "runs": runs, "raw_draft": raw_draft,
+          "rules": rules(cells, int(config.gammas[0])),
+          "tau_curves": build_curves(config, markers),
+          "budget": {"compute_budget": config.compute_budget,
+                     "unit": "target forward tokens",
+                     "steps": {r: config.steps_of(r) for r in config.recipes},
+                     "step_cost": {r: config.step_cost(r) for r in config.recipes},
+                     "seeds": list(config.run_seeds), "batch_size": config.batch_size,
                      "learning_rate": config.distill_learning_rate,
                      "eval_examples": config.eval_examples},
           "wall_clock_s": {s: markers[s].get("wall_clock_s") for s in config.distill_stages},
           "measurement": (
               f"tau = tokens per target call of speculative decoding (the engine run on the "
-              f"first {config.eval_examples} test prompts, one batch, seed {config.seed}; the "
-              "same prompts and keys for every cell), +- its standard error over prompts; "
-              f"each cell is the raw draft distilled for {config.distill_steps} steps "
-              f"(batch {config.batch_size}) with its recipe and divergence.")}
+              f"first {config.eval_examples} test prompts, one batch; every cell sees the "
+              "same prompts, each seed its own keys); each cell is the raw draft distilled "
+              f"with its recipe and objective for {budget} (batch {config.batch_size}), once "
+              f"per seed {list(config.run_seeds)}: the mean over seeds +- the standard error "
+              "over seeds and over prompts combined (each also in report.json).")}
 
 
 def _cell_text(row: Optional[dict]) -> str:
-  return "-" if row is None else f"{row['tau']:.2f} ± {row['tau_stderr']:.2f}"
+  if row is None:
+    return "-"
+  text = f"{row['tau']:.2f} ± {row['tau_stderr']:.2f}"
+  if row.get("tau_stderr_seeds") is not None:
+    text += f" (seeds {row['tau_stderr_seeds']:.2f}, prompts {row['tau_stderr_prompts']:.2f})"
+  return text
 
 
 def render_markdown(config: RecipeGridConfig, report: dict) -> str:
@@ -344,13 +503,15 @@ def plot(config: RecipeGridConfig, report: dict, out_dir: str) -> list:
                            figsize=(3.2 * len(config.recipes), 3.2))
   for ax, recipe in zip(axes[0], config.recipes):
     for divergence in config.divergences:
-      curve = report["tau_curves"][cell_stage(recipe, divergence)]
-      ax.errorbar([p["step"] for p in curve], [p["tau"] for p in curve],
-                  yerr=[p.get("tau_stderr") or 0.0 for p in curve], marker="o", ms=3,
-                  capsize=2, label=DIVERGENCE_LABELS.get(divergence, divergence))
+      curve = report["tau_curves"][f"{recipe}{CELL_SEPARATOR}{divergence}"]
+      x = [p["target_tokens" if config.compute_budget else "step"] for p in curve]
+      tau, err = np.array([p["tau"] for p in curve]), np.array([p["tau_stderr"] for p in curve])
+      line, = ax.plot(x, tau, marker="o", ms=3,
+                      label=DIVERGENCE_LABELS.get(divergence, divergence))
+      ax.fill_between(x, tau - err, tau + err, color=line.get_color(), alpha=0.2)
     ax.set_title(RECIPE_LABELS.get(recipe, recipe))
-    ax.set_xlabel("distillation step")
-  axes[0][0].set_ylabel("tau (gamma=5, T=0, 32 val. prompts, ± s.e.)")
+    ax.set_xlabel("target forward tokens" if config.compute_budget else "distillation step")
+  axes[0][0].set_ylabel("tau (gamma=5, T=0, 32 val. prompts; band: ± s.e.)")
   axes[0][-1].legend(fontsize=7)
   fig.tight_layout()
   paths.append(os.path.join(out_dir, "grid_tau_curves.png"))
