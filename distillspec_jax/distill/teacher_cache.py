@@ -42,8 +42,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from distillspec_jax.core.validation import check_positive_int
+from distillspec_jax.distill import blocked
 from distillspec_jax.distill import divergences
-from distillspec_jax.distill.objectives import FIXED, DistillationConfig, _training_features
+from distillspec_jax.distill.objectives import (FIXED, DistillationConfig, _training_features,
+                                                split_dropout)
 from distillspec_jax.core.files import read_json, write_json_atomic
 from distillspec_jax.models.model import Model
 
@@ -434,20 +436,29 @@ class CachedTeacherObjective:
     return out, jnp.int32(FIXED)
 
   def loss(self, params, frozen, batch, dropout_rng=None):
-    """Scalar binned divergence and metrics (divergence, binned tvd, num_tokens, ...)."""
+    """Scalar binned divergence and metrics (divergence, binned tvd, num_tokens, ...).
+
+    The draft's logits exist a block of positions at a time (`config.loss_block_size`)."""
     c = self.config
     weights = batch["decoder_loss_weights"]
-    draft_logits = self.draft.logits(params, batch, dropout_rng=dropout_rng)
-    cached = (batch["teacher_top_log_probs"], batch["teacher_top_ids"],
-              batch["teacher_tail_log_prob"])
-    per_token = divergences.binned_token_divergence(
-        c.divergence, *cached, draft_logits, draft_temperature=c.draft_temperature,
-        beta=c.beta)
-    loss = jnp.mean(divergences.masked_sequence_mean(per_token, weights))
-    # The binned TVD is <= the full one, so 1 - it over-states the acceptance for k < vocab.
-    tvd = jnp.mean(divergences.masked_sequence_mean(divergences.binned_token_divergence(
-        "tvd", *cached, jax.lax.stop_gradient(draft_logits),
-        draft_temperature=c.draft_temperature), weights))
+    hidden_rng, block_rng = split_dropout(dropout_rng)
+    inputs = {"draft": self.draft.hidden_states(params, batch, dropout_rng=hidden_rng),
+              "cached": tuple(batch[n] for n in ("teacher_top_log_probs", "teacher_top_ids",
+                                                 "teacher_tail_log_prob"))}
+
+    def per_position(index, block):
+      draft_logits = self.draft.project(params, block["draft"], dropout_rng=block_rng(index))
+      binned = lambda name, logits: divergences.binned_token_divergence(
+          name, *block["cached"], logits, draft_temperature=c.draft_temperature, beta=c.beta)
+      # The binned TVD is <= the full one, so 1 - it over-states the acceptance for k < vocab.
+      return {"divergence": binned(c.divergence, draft_logits),
+              "tvd": binned("tvd", jax.lax.stop_gradient(draft_logits))}
+
+    size = blocked.resolve_block_size(c.loss_block_size, weights.shape[1],
+                                      "DistillationConfig.loss_block_size (gin: LOSS_BLOCK_SIZE)")
+    values = blocked.map_position_blocks(per_position, inputs, size)
+    loss = jnp.mean(divergences.masked_sequence_mean(values["divergence"], weights))
+    tvd = jnp.mean(divergences.masked_sequence_mean(values["tvd"], weights))
     return loss, {"divergence": loss, "loss": loss, "tvd": tvd,
                   "predicted_acceptance": 1.0 - tvd, "num_tokens": jnp.sum(weights)}
 
