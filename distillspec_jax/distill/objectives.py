@@ -86,7 +86,7 @@ class DistillationConfig:
   def __post_init__(self):
     validation.check_field_types(self)  # lambda1="0.5", beta=True, ... are refused here
     blocked.check_block_size_setting(self.loss_block_size,
-                                     "DistillationConfig.loss_block_size (gin: LOSS_BLOCK_SIZE)")
+                                     "DistillationConfig.loss_block_size")
     for name in ("lambda1", "lambda2"):
       value = getattr(self, name)
       if not 0.0 <= float(value) <= 1.0:
@@ -258,7 +258,7 @@ class FinetuneObjective:
   def __post_init__(self):
     validation.check_field_types(self)
     blocked.check_block_size_setting(self.loss_block_size,
-                                     "FinetuneObjective.loss_block_size (gin: LOSS_BLOCK_SIZE)")
+                                     "FinetuneObjective.loss_block_size")
 
   def make_batch(self, params, frozen, batch, rng):
     return _training_features(batch, self.model), jnp.int32(FIXED)
@@ -277,7 +277,7 @@ class FinetuneObjective:
               "correct": jax.lax.stop_gradient(correct)}
 
     size = blocked.resolve_block_size(self.loss_block_size, weights.shape[1],
-                                      "FinetuneObjective.loss_block_size (gin: LOSS_BLOCK_SIZE)")
+                                      "FinetuneObjective.loss_block_size")
     values = blocked.map_position_blocks(per_position, inputs, size)
     num_tokens = jnp.sum(weights)
     loss = jnp.sum(values["nll"]) / jnp.maximum(num_tokens, 1.0)
@@ -377,7 +377,7 @@ class DistillationObjective:
       return out
 
     size = blocked.resolve_block_size(c.loss_block_size, weights.shape[1],
-                                      "DistillationConfig.loss_block_size (gin: LOSS_BLOCK_SIZE)")
+                                      "DistillationConfig.loss_block_size")
     values = blocked.map_position_blocks(per_position, inputs, size)
     per_token = values["divergence"]
     divergence = jnp.mean(divergences.masked_sequence_mean(per_token, weights))

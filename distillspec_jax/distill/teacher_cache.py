@@ -142,10 +142,16 @@ def _identity_hash(identity: dict) -> str:
 
 def bins_fn(model: Model, k: int, temperature: float) -> Callable:
   """The cache's one target program, jitted: (params, batch of T5X features [rows, length])
-  -> the top-k bins of the log-probabilities at `temperature` (divergences.top_k_bins)."""
+  -> the top-k bins of the log-probabilities at `temperature` (divergences.top_k_bins), from
+  logits a block of positions at a time (blocked.py's "auto" blocks)."""
   def bins(params, batch):
-    log_p = divergences.log_probs(model.logits(params, batch), temperature=temperature)
-    return divergences.top_k_bins(log_p, k)
+    def per_position(index, hidden):
+      del index
+      log_p = divergences.log_probs(model.project(params, hidden), temperature=temperature)
+      return divergences.top_k_bins(log_p, k)
+    hidden = model.hidden_states(params, batch)
+    size = blocked.resolve_block_size(blocked.AUTO, hidden.shape[1])
+    return blocked.map_position_blocks(per_position, hidden, size)
   return jax.jit(bins)
 
 
@@ -455,7 +461,7 @@ class CachedTeacherObjective:
               "tvd": binned("tvd", jax.lax.stop_gradient(draft_logits))}
 
     size = blocked.resolve_block_size(c.loss_block_size, weights.shape[1],
-                                      "DistillationConfig.loss_block_size (gin: LOSS_BLOCK_SIZE)")
+                                      "DistillationConfig.loss_block_size")
     values = blocked.map_position_blocks(per_position, inputs, size)
     loss = jnp.mean(divergences.masked_sequence_mean(values["divergence"], weights))
     tvd = jnp.mean(divergences.masked_sequence_mean(values["tvd"], weights))
