@@ -90,6 +90,20 @@ def test_blocked_cross_entropy_and_teacher_cache_equal_unblocked(setup):
   _assert_close(binned[4], binned[None])
 
 
+@pytest.mark.parametrize("name", ["tiny_encoder_decoder", "tiny_decoder_only", "tiny_llama"])
+def test_projected_hidden_states_are_the_logits(name):
+  """The seam every model kind offers the blocked loss: project(hidden_states) == logits."""
+  model = Model.from_name(name, vocab_size=96)
+  params = model.init(jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 5), 2, 96)
+  batch = {"decoder_input_tokens": tokens, "encoder_input_tokens": tokens}
+  hidden = model.hidden_states(params, batch)
+  assert hidden.shape == (2, 5, model.config.emb_dim)
+  np.testing.assert_array_equal(model.project(params, hidden), model.logits(params, batch))
+  np.testing.assert_array_equal(model.project(params, hidden[:, 1:3]),
+                                model.logits(params, batch)[:, 1:3])
+
+
 def _shapes(jaxpr) -> set:
   """Every intermediate shape of a jaxpr, sub-jaxprs (scan, checkpoint, pjit) included."""
   out = set()
