@@ -31,12 +31,13 @@ import dataclasses
 import json
 import re
 import sys
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 import gin
 import jax
 
 from distillspec_jax.training import checkpoints
+from distillspec_jax.distill import blocked
 from distillspec_jax.distill import objectives
 from distillspec_jax import gin_utils
 from distillspec_jax.training import multihost
@@ -69,6 +70,7 @@ class RunSpec:
   eval_gamma: int = 4
   eval_temperature: float = 1.0
   target_param_dtype: Optional[str] = None
+  loss_block_size: Union[int, str, None] = "auto"
 
 
 @gin.configurable
@@ -79,11 +81,13 @@ def run(mode: str = "distill", model: Optional[Model] = None,
         target: Optional[Model] = None, target_checkpoint_path: Optional[str] = None,
         distillation_config: Optional[DistillationConfig] = None, split: str = "train",
         eval_split: str = "validation", eval_batch_size: int = 16, eval_gamma: int = 4,
-        eval_temperature: float = 1.0, target_param_dtype: Optional[str] = None) -> RunSpec:
+        eval_temperature: float = 1.0, target_param_dtype: Optional[str] = None,
+        loss_block_size: Union[int, str, None] = "auto") -> RunSpec:
   """Validates the gin-bound pieces into a RunSpec (nothing is trained here).
 
   target_param_dtype: the frozen target's parameters cast after restoring (TARGET_PARAM_DTYPE;
-  None = as stored)."""
+  None = as stored). loss_block_size: positions per block of the fine-tuning loss
+  (LOSS_BLOCK_SIZE, which also sets DistillationConfig.loss_block_size; distill/blocked.py)."""
   precision.check_param_dtype(target_param_dtype)
   if mode not in ("finetune", "distill"):
     raise gin_utils.GinConfigError(f"run.mode={mode!r}; use 'finetune' or 'distill'.")
@@ -107,13 +111,31 @@ def run(mode: str = "distill", model: Optional[Model] = None,
                                      "gin/recipes/{supervised_kd,seqkd,imitkd,fdistill,gkd}.gin.")
     # Vocabulary / kind checks now, not after data loading.
     objectives.DistillationObjective(target, model, distillation_config)
+  # The loss's block size against the decoder's length, now, not at the first step's trace.
+  block_size = (loss_block_size if mode == "finetune"
+                else distillation_config.loss_block_size)
+  blocked.resolve_block_size(
+      block_size, _decoder_length(model, mixture_or_task_name, task_feature_lengths),
+      "LOSS_BLOCK_SIZE")
   return RunSpec(mode=mode, model=model, train_config=train_config,
                  mixture_or_task_name=mixture_or_task_name,
                  task_feature_lengths=dict(task_feature_lengths or {}), target=target,
                  target_checkpoint_path=target_checkpoint_path,
                  distillation_config=distillation_config, split=split, eval_split=eval_split,
                  eval_batch_size=eval_batch_size, eval_gamma=eval_gamma,
-                 eval_temperature=eval_temperature, target_param_dtype=target_param_dtype)
+                 eval_temperature=eval_temperature, target_param_dtype=target_param_dtype,
+                 loss_block_size=loss_block_size)
+
+
+def _decoder_length(model: Model, mixture_or_task_name: str, task_feature_lengths) -> int:
+  """The decoder's positions per row (make_data's layouts): the targets, after the inputs for
+  a decoder-only prefix LM."""
+  lengths = dict(task_feature_lengths or {})
+  if model.is_encoder_decoder:
+    return int(lengths.get("targets", 8))
+  if mixture_or_task_name == SYNTHETIC_TASK:
+    return int(lengths.get("inputs", 8)) + int(lengths.get("targets", 8))
+  return int(lengths.get("inputs", 0)) + int(lengths.get("targets", 8))
 
 
 def resolve() -> RunSpec:
@@ -178,7 +200,8 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
     mesh = partitioning.make_mesh(config.data_parallel, config.model_parallel)
     partitioning.check_model_axis({"model": spec.model}, mesh)
     return trainer.finetune(config, spec.model, train_data, data_name=data_name, mesh=mesh,
-                            restore_fn=importer.restore_any)
+                            restore_fn=importer.restore_any,
+                            loss_block_size=spec.loss_block_size)
   if not spec.target_checkpoint_path:
     raise gin_utils.GinConfigError("Distillation needs the frozen target's parameters: pass "
                                    "--gin.TARGET_CHECKPOINT_PATH=/path/to/target/MODEL_DIR.")
@@ -232,10 +255,11 @@ def dry_run_stages(spec: RunSpec) -> list:
   inputs, targets = _lengths(spec)
   lengths = {"inputs": inputs, "targets": targets}
   if spec.mode == "finetune":
-    objective, models = objectives.FinetuneObjective(spec.model), {"model": spec.model}
+    objective = objectives.FinetuneObjective(spec.model, spec.loss_block_size)
+    models = {"model": spec.model}
   else:
     objective = objectives.DistillationObjective(spec.target, spec.model,
-                                                   spec.distillation_config)
+                                                 spec.distillation_config)
     models = {"target": spec.target, "draft": spec.model}
   stages = [dry_run.Stage(spec.mode, lambda mesh, batch: dry_run.train_step_program(
       objective, config.optimizer_spec, mesh, batch, lengths,

@@ -68,6 +68,8 @@ def runs(tmp_path_factory):
       ("dtype", TINY + ["--gin.ACTIVATION_DTYPE=bf16"]),
       ("param dtype", TINY + ["--gin.TARGET_PARAM_DTYPE=float16"]),
       ("slice", TINY + ["--gin.SLICE=v9-8"]),
+      ("blocked loss", TINY + ["--gin.LOSS_BLOCK_SIZE=3"]),
+      ("block size", TINY + ["--gin.LOSS_BLOCK_SIZE=16"]),
   ]
   env = {k: v for k, v in os.environ.items()
          if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "JAX_DISABLE_MOST_OPTIMIZATIONS")}
@@ -96,6 +98,12 @@ def test_tiny_distillation_fits_and_prints_one_row_per_stage(runs):
   assert "DOES NOT FIT" not in run["stderr"]
 
 
+def test_the_blocked_loss_step_compiles_when_configured(runs):
+  run = runs["blocked loss"]  # 8 target positions in blocks of 3 (the last one padded)
+  assert run["code"] == 0, run
+  assert "yes" in _row(run["stdout"], "distill")
+
+
 def test_a_target_that_cannot_fit_exits_1_naming_stage_mesh_and_bytes(runs):
   run = runs["xxl on v5e-4"]
   assert run["code"] == 1, run
@@ -120,6 +128,8 @@ def test_a_target_that_cannot_fit_exits_1_naming_stage_mesh_and_bytes(runs):
      "'float16') (gin: ACTIVATION_DTYPE)"),
     ("param dtype", "TARGET_PARAM_DTYPE='float16' is not a parameter dtype"),
     ("slice", "slice='v9-8' is not a slice name; use <chip>-<count>"),
+    ("block size", "LOSS_BLOCK_SIZE=16 is larger than the sequence (8 positions); pass a "
+     "block size in [1, 8]"),
 ])
 def test_bad_input_is_refused_before_any_compile(runs, name, words):
   run = runs[name]

@@ -6,7 +6,8 @@
 * `check_grid(gammas, temperatures)`: a speculative-decoding grid;
 * `check_budget(budget_s, name)`: seconds of timing;
 * `check_path(path, name, kind, fix)`: an input path that must exist before work starts;
-* `check_finite(rows, where)`: a report's rows hold finite numbers only.
+* `check_finite(rows, where)`: a report's rows hold finite numbers only;
+* `check_block_size(block_size, name, length)`: positions per block, in [1, length].
 
 Every error names the value and the fix. Nothing here coerces: "3" and True are not 3.
 
@@ -204,3 +205,15 @@ def check_finite(rows: list, where: str) -> None:
       if any(isinstance(v, float) and not math.isfinite(v) for v in values):
         raise ValueError(f"{where}: the row {row} has a non-finite {key}; the model of that "
                          "row diverged or its measurement failed: rerun its stage.")
+
+
+def check_block_size(block_size, name: str, length=None) -> int:
+  """`block_size` (positions per block of a blocked computation) as an int in [1, length],
+  or a ValueError naming it and the fix. `length=None` checks the lower bound only (a config
+  built before the sequence length is known)."""
+  number = check_int(block_size, name, 1)
+  if length is not None and number > length:
+    raise ValueError(f"{name}={number} is larger than the sequence ({length} positions); pass "
+                     f"a block size in [1, {length}], 'auto' (blocks of at most a few hundred "
+                     "positions), or None (no blocking).")
+  return number

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +32,7 @@ from distillspec_jax.decoding import plain
 from distillspec_jax.decoding import speculative
 from distillspec_jax.decoding.stats import block_efficiency_stats
 from distillspec_jax.distill import block_acceptance
+from distillspec_jax.distill import blocked
 from distillspec_jax.distill import divergences
 from distillspec_jax.distill import token_selection
 from distillspec_jax.core import validation
@@ -75,6 +76,10 @@ class DistillationConfig:
     max_new_tokens: sample length; None = the width of the batch's decoder_target_tokens.
     top_k_fraction: AdaSPEC token selection (needs a reference model); None = off.
     selection_normalization: AdaSPEC loss normalisation, "all" or "kept".
+    loss_block_size: positions per block of the loss (distill/blocked.py): the logits of
+      both models exist a block at a time and are recomputed on the backward pass. An int in
+      [1, length], "auto" (blocks of at most 256 positions, none for shorter sequences) or
+      None (no blocking: whole [batch, length, vocab] logits).
   """
 
   lambda1: float = 0.0
@@ -91,9 +96,12 @@ class DistillationConfig:
   lk_eta: float = divergences.LK_ETA
   position_weighting: str = "uniform"
   block_size: int = 5
+  loss_block_size: Union[int, Literal["auto"], None] = blocked.AUTO
 
   def __post_init__(self):
     validation.check_field_types(self)  # lambda1="0.5", beta=True, ... are refused here
+    blocked.check_block_size_setting(self.loss_block_size,
+                                     "DistillationConfig.loss_block_size")
     for name in ("lambda1", "lambda2"):
       value = getattr(self, name)
       if not 0.0 <= float(value) <= 1.0:
@@ -260,13 +268,31 @@ def training_features(batch: dict, model: Model) -> dict:
 # --- objectives -------------------------------------------------------------------------------
 
 
+def split_dropout(dropout_rng: Optional[Array]):
+  """(key of the hidden states, block index -> key of that block's output projection), each
+  None without dropout. A block's key folds its index in, so blocks draw distinct masks."""
+  if dropout_rng is None:
+    return None, lambda index: None
+  hidden_rng, project_rng = jax.random.split(dropout_rng)
+  return hidden_rng, lambda index: jax.random.fold_in(project_rng, index)
+
+
 @dataclasses.dataclass(frozen=True)
 class FinetuneObjective:
-  """Supervised fine-tuning with token cross-entropy (to make "raw" targets and drafts)."""
+  """Supervised fine-tuning with token cross-entropy (to make "raw" targets and drafts).
+
+  loss_block_size: positions per block of the loss, as `DistillationConfig.loss_block_size`.
+  """
 
   model: Model
+  loss_block_size: Union[int, Literal["auto"], None] = blocked.AUTO
   name = "finetune"
   frozen_names = ()
+
+  def __post_init__(self):
+    validation.check_field_types(self)
+    blocked.check_block_size_setting(self.loss_block_size,
+                                     "FinetuneObjective.loss_block_size")
 
   def make_batch(self, params, frozen, batch, rng):
     return training_features(batch, self.model), jnp.int32(FIXED)
@@ -274,13 +300,23 @@ class FinetuneObjective:
   def loss(self, params, frozen, batch, dropout_rng=None):
     """Mean cross-entropy per loss-weighted token; metrics: loss, accuracy, num_tokens."""
     weights = batch["decoder_loss_weights"]
-    logits = self.model.logits(params, batch, dropout_rng=dropout_rng)
-    nll = divergences.cross_entropy(logits, batch["decoder_target_tokens"], weights)
+    hidden_rng, block_rng = split_dropout(dropout_rng)
+    inputs = {"hidden": self.model.hidden_states(params, batch, dropout_rng=hidden_rng),
+              "targets": batch["decoder_target_tokens"], "weights": weights}
+
+    def per_position(index, block):
+      logits = self.model.project(params, block["hidden"], dropout_rng=block_rng(index))
+      correct = (jnp.argmax(logits, -1) == block["targets"]) * block["weights"]
+      return {"nll": divergences.cross_entropy(logits, block["targets"], block["weights"]),
+              "correct": jax.lax.stop_gradient(correct)}
+
+    size = blocked.resolve_block_size(self.loss_block_size, weights.shape[1],
+                                      "FinetuneObjective.loss_block_size")
+    values = blocked.map_position_blocks(per_position, inputs, size)
     num_tokens = jnp.sum(weights)
-    loss = jnp.sum(nll) / jnp.maximum(num_tokens, 1.0)
-    correct = (jnp.argmax(logits, -1) == batch["decoder_target_tokens"]) * weights
+    loss = jnp.sum(values["nll"]) / jnp.maximum(num_tokens, 1.0)
     return loss, {"loss": loss, "cross_entropy": loss,
-                  "accuracy": jnp.sum(correct) / jnp.maximum(num_tokens, 1.0),
+                  "accuracy": jnp.sum(values["correct"]) / jnp.maximum(num_tokens, 1.0),
                   "num_tokens": num_tokens}
 
 
@@ -344,43 +380,72 @@ class DistillationObjective:
     return jax.lax.stop_gradient(out), source
 
   def loss(self, params, frozen, batch, dropout_rng=None):
-    """Scalar loss and metrics (loss, divergence, tvd, predicted_acceptance, num_tokens, ...)."""
+    """Scalar loss and metrics (loss, divergence, tvd, predicted_acceptance, num_tokens, ...).
+
+    Every per-position value (the divergence, the TVD, AdaSPEC's margin) is computed from
+    logits a block of positions at a time (`config.loss_block_size`, distill/blocked.py);
+    selection and the sequence means then run on the [batch, length] values."""
     c = self.config
     weights = batch["decoder_loss_weights"]
-    target_logits = jax.lax.stop_gradient(self.target.logits(frozen["target"], batch))
-    draft_logits = self.draft.logits(params, batch, dropout_rng=dropout_rng)
-    per_token = divergences.token_divergence(c.divergence, target_logits, draft_logits,
-                                             **c.divergence_kwargs)
+    hidden_rng, block_rng = split_dropout(dropout_rng)
+    inputs = {"target": jax.lax.stop_gradient(self.target.hidden_states(frozen["target"], batch)),
+              "draft": self.draft.hidden_states(params, batch, dropout_rng=hidden_rng)}
+    if self.reference is not None:
+      inputs["reference"] = jax.lax.stop_gradient(
+          self.reference.hidden_states(frozen["reference"], batch))
+
+    def per_position(index, block):
+      target_logits = jax.lax.stop_gradient(self.target.project(frozen["target"],
+                                                                block["target"]))
+      draft_logits = self.draft.project(params, block["draft"], dropout_rng=block_rng(index))
+      out = {"divergence": divergences.token_divergence(c.divergence, target_logits,
+                                                        draft_logits, **c.divergence_kwargs),
+             # TVD is tracked whatever is trained: 1 - TVD is the expected acceptance (Knowl 2).
+             "tvd": divergences.token_divergence(
+                 "tvd", target_logits, jax.lax.stop_gradient(draft_logits),
+                 target_temperature=c.target_temperature,
+                 draft_temperature=c.draft_temperature)}
+      if self.reference is not None:
+        reference_logits = jax.lax.stop_gradient(
+            self.reference.project(frozen["reference"], block["reference"]))
+        out["margin"] = token_selection.token_margin(target_logits, draft_logits,
+                                                     reference_logits)
+      return out
+
+    size = blocked.resolve_block_size(c.loss_block_size, weights.shape[1],
+                                      "DistillationConfig.loss_block_size")
+    values = blocked.map_position_blocks(per_position, inputs, size)
+    per_token = values["divergence"]
     divergence = jnp.mean(divergences.masked_sequence_mean(per_token, weights))
     metrics = {"divergence": divergence}
-    # TVD is tracked whatever is trained: 1 - TVD is the expected acceptance (Knowl 2).
-    per_token_tvd = divergences.token_divergence(
-        "tvd", target_logits, jax.lax.stop_gradient(draft_logits),
-        target_temperature=c.target_temperature, draft_temperature=c.draft_temperature)
-    per_token, weighting = c.weighted(per_token, 1.0 - per_token_tvd, weights)
+    per_token, weighting = c.weighted(per_token, 1.0 - values["tvd"], weights)
     metrics.update(weighting)
     if self.reference is None:
       loss = jnp.mean(divergences.masked_sequence_mean(per_token, weights))
     else:
-      reference_logits = jax.lax.stop_gradient(
-          self.reference.logits(frozen["reference"], batch))
-      margin = token_selection.token_margin(target_logits, draft_logits, reference_logits)
-      keep = token_selection.select_tokens(margin, weights, c.top_k_fraction)
+      keep = token_selection.select_tokens(values["margin"], weights, c.top_k_fraction)
       loss = token_selection.selective_loss(per_token, keep, weights,
                                             c.selection_normalization)
-      metrics.update(token_selection.selection_stats(margin, keep, weights))
-    tvd = jnp.mean(divergences.masked_sequence_mean(per_token_tvd, weights))
+      metrics.update(token_selection.selection_stats(values["margin"], keep, weights))
+    tvd = jnp.mean(divergences.masked_sequence_mean(values["tvd"], weights))
     metrics.update(loss=loss, tvd=tvd, predicted_acceptance=1.0 - tvd,
                    num_tokens=jnp.sum(weights))
     return loss, metrics
 
 
-def mean_tvd(target: Model, target_params, draft: Model, draft_params, batch: dict) -> Array:
-  """Mean per-sequence TVD(p || q) on a teacher-forced batch (scalar)."""
+def mean_tvd(target: Model, target_params, draft: Model, draft_params, batch: dict,
+             block_size: Union[int, str, None] = blocked.AUTO) -> Array:
+  """Mean per-sequence TVD(p || q) on a teacher-forced batch (scalar), from logits a block of
+  positions at a time (`block_size` as `DistillationConfig.loss_block_size`)."""
   features = training_features(batch, draft)
-  return jnp.mean(divergences.per_sequence_divergence(
-      "tvd", target.logits(target_params, features), draft.logits(draft_params, features),
-      features["decoder_loss_weights"]))
+  weights = features["decoder_loss_weights"]
+  tvd = blocked.blocked_token_divergence(
+      lambda q, p, w: divergences.token_divergence("tvd", p, q),
+      functools.partial(draft.project, draft_params), draft.hidden_states(draft_params, features),
+      functools.partial(target.project, target_params),
+      target.hidden_states(target_params, features), weights,
+      blocked.resolve_block_size(block_size, weights.shape[1], "block_size"))
+  return jnp.mean(divergences.masked_sequence_mean(tvd, weights))
 
 
 # --- periodic evaluation (trainer eval_fn builders) ------------------------------------------

@@ -42,8 +42,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from distillspec_jax.core.validation import check_positive_int
+from distillspec_jax.distill import blocked
 from distillspec_jax.distill import divergences
-from distillspec_jax.distill.objectives import FIXED, DistillationConfig, training_features
+from distillspec_jax.distill.objectives import (FIXED, DistillationConfig, split_dropout,
+                                                training_features)
 from distillspec_jax.core.files import read_json, write_json_atomic
 from distillspec_jax.models.model import Model
 
@@ -140,10 +142,16 @@ def _identity_hash(identity: dict) -> str:
 
 def bins_fn(model: Model, k: int, temperature: float) -> Callable:
   """The cache's one target program, jitted: (params, batch of T5X features [rows, length])
-  -> the top-k bins of the log-probabilities at `temperature` (divergences.top_k_bins)."""
+  -> the top-k bins of the log-probabilities at `temperature` (divergences.top_k_bins), from
+  logits a block of positions at a time (blocked.py's "auto" blocks)."""
   def bins(params, batch):
-    log_p = divergences.log_probs(model.logits(params, batch), temperature=temperature)
-    return divergences.top_k_bins(log_p, k)
+    def per_position(index, hidden):
+      del index
+      log_p = divergences.log_probs(model.project(params, hidden), temperature=temperature)
+      return divergences.top_k_bins(log_p, k)
+    hidden = model.hidden_states(params, batch)
+    size = blocked.resolve_block_size(blocked.AUTO, hidden.shape[1])
+    return blocked.map_position_blocks(per_position, hidden, size)
   return jax.jit(bins)
 
 
@@ -434,24 +442,35 @@ class CachedTeacherObjective:
     return out, jnp.int32(FIXED)
 
   def loss(self, params, frozen, batch, dropout_rng=None):
-    """Scalar binned divergence and metrics (divergence, binned tvd, num_tokens, ...)."""
+    """Scalar binned divergence and metrics (divergence, binned tvd, num_tokens, ...).
+
+    The draft's logits exist a block of positions at a time (`config.loss_block_size`)."""
     c = self.config
     weights = batch["decoder_loss_weights"]
-    draft_logits = self.draft.logits(params, batch, dropout_rng=dropout_rng)
-    cached = (batch["teacher_top_log_probs"], batch["teacher_top_ids"],
-              batch["teacher_tail_log_prob"])
-    per_token = divergences.binned_token_divergence(
-        c.divergence, *cached, draft_logits, draft_temperature=c.draft_temperature,
-        beta=c.beta, lk_s=c.lk_s, lk_eta=c.lk_eta)
-    divergence = jnp.mean(divergences.masked_sequence_mean(per_token, weights))
-    # The binned TVD is <= the full one, so 1 - it over-states the acceptance for k < vocab
-    # (and block-acceptance weights read from it over-state each position's reach).
-    per_token_tvd = divergences.binned_token_divergence(
-        "tvd", *cached, jax.lax.stop_gradient(draft_logits),
-        draft_temperature=c.draft_temperature)
-    per_token, metrics = c.weighted(per_token, 1.0 - per_token_tvd, weights)
+    hidden_rng, block_rng = split_dropout(dropout_rng)
+    inputs = {"draft": self.draft.hidden_states(params, batch, dropout_rng=hidden_rng),
+              "cached": tuple(batch[n] for n in ("teacher_top_log_probs", "teacher_top_ids",
+                                                 "teacher_tail_log_prob"))}
+
+    def per_position(index, block):
+      draft_logits = self.draft.project(params, block["draft"], dropout_rng=block_rng(index))
+      # The binned TVD is <= the full one, so 1 - it over-states the acceptance for k < vocab
+      # (and block-acceptance weights read from it over-state each position's reach).
+      return {"divergence": divergences.binned_token_divergence(
+                  c.divergence, *block["cached"], draft_logits,
+                  draft_temperature=c.draft_temperature, beta=c.beta, lk_s=c.lk_s,
+                  lk_eta=c.lk_eta),
+              "tvd": divergences.binned_token_divergence(
+                  "tvd", *block["cached"], jax.lax.stop_gradient(draft_logits),
+                  draft_temperature=c.draft_temperature)}
+
+    size = blocked.resolve_block_size(c.loss_block_size, weights.shape[1],
+                                      "DistillationConfig.loss_block_size")
+    values = blocked.map_position_blocks(per_position, inputs, size)
+    divergence = jnp.mean(divergences.masked_sequence_mean(values["divergence"], weights))
+    per_token, metrics = c.weighted(values["divergence"], 1.0 - values["tvd"], weights)
     loss = jnp.mean(divergences.masked_sequence_mean(per_token, weights))
-    tvd = jnp.mean(divergences.masked_sequence_mean(per_token_tvd, weights))
+    tvd = jnp.mean(divergences.masked_sequence_mean(values["tvd"], weights))
     return loss, {**metrics, "divergence": divergence, "loss": loss, "tvd": tvd,
                   "predicted_acceptance": 1.0 - tvd, "num_tokens": jnp.sum(weights)}
 

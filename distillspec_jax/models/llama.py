@@ -367,6 +367,28 @@ class LlamaDecoder(nn.Module):
     cached keys at positions <= its own.
     Returns (logits [batch, k, vocab] fp32, updated self_caches or None).
     """
+    x, caches = self.hidden_states(tokens, positions=positions, self_caches=self_caches,
+                                   cross=cross, encoder_mask=encoder_mask,
+                                   deterministic=deterministic)
+    return self.project(x, deterministic), caches
+
+  def project(self, x: Array, deterministic: bool = True) -> Array:
+    """The output projection: final norm, dropout and logits, position-wise.
+
+    x: [..., embed] last-layer hidden states -> logits [..., vocab] fp32.
+    """
+    x = self.dropout(self.decoder_norm(x), deterministic)
+    if self.config.logits_via_embedding:
+      logits = self.shared_embedding.attend(x)
+    else:
+      logits = self.logits_dense(x)
+    return soft_cap(logits.astype(jnp.float32), self.config.final_logit_softcapping)
+
+  def hidden_states(self, tokens: Array, *, positions: Optional[Array] = None,
+                    self_caches: Optional[tuple[KeyValue, ...]] = None, cross=None,
+                    encoder_mask=None, deterministic: bool = True):
+    """As `__call__`, but stops before `project`: (last-layer states [batch, k, embed],
+    updated self_caches or None)."""
     if cross is not None or encoder_mask is not None:
       raise ValueError("A llama-kind model has no encoder: cross / encoder_mask must be None.")
     batch, k = tokens.shape
@@ -392,13 +414,7 @@ class LlamaDecoder(nn.Module):
                        None if self_caches is None else self_caches[i], positions,
                        deterministic)
       new_caches.append(cache)
-    x = self.dropout(self.decoder_norm(x), deterministic)
-    if self.config.logits_via_embedding:
-      logits = self.shared_embedding.attend(x)
-    else:
-      logits = self.logits_dense(x)
-    logits = soft_cap(logits.astype(jnp.float32), c.final_logit_softcapping)
-    return logits, (None if self_caches is None else tuple(new_caches))
+    return x, (None if self_caches is None else tuple(new_caches))
 
 
 class LlamaDecoderOnly(nn.Module):
@@ -419,3 +435,12 @@ class LlamaDecoderOnly(nn.Module):
     """Teacher forcing: [batch, length] -> logits [batch, length, vocab]."""
     logits, _ = self.decoder(decoder_input_tokens, deterministic=deterministic)
     return logits
+
+  def hidden_states(self, decoder_input_tokens: Array, deterministic: bool = True) -> Array:
+    """Teacher forcing up to the output projection: [batch, length, embed]."""
+    x, _ = self.decoder.hidden_states(decoder_input_tokens, deterministic=deterministic)
+    return x
+
+  def project(self, x: Array, deterministic: bool = True) -> Array:
+    """[..., embed] hidden states -> [..., vocab] fp32 logits (`LlamaDecoder.project`)."""
+    return self.decoder.project(x, deterministic)

@@ -93,6 +93,30 @@ class Model:
                                batch["decoder_input_tokens"], deterministic, rngs=rngs)
     return self.module.apply(variables, batch["decoder_input_tokens"], deterministic, rngs=rngs)
 
+  def hidden_states(self, params: Params, batch: dict, *,
+                    dropout_rng: Optional[Array] = None) -> Array:
+    """Teacher-forced last-layer states [batch, target_len, embed], before the output
+    projection: `project(params, hidden_states(params, batch))` equals `logits(params, batch)`
+    (without dropout). The blocked loss projects them a block of positions at a time."""
+    deterministic = dropout_rng is None
+    rngs = None if deterministic else {"dropout": dropout_rng}
+    module = self.module
+    tokens = ((batch["encoder_input_tokens"], batch["decoder_input_tokens"])
+              if self.is_encoder_decoder else (batch["decoder_input_tokens"],))
+    return module.apply({"params": params}, *tokens, deterministic, rngs=rngs,
+                        method=module.hidden_states)
+
+  def project(self, params: Params, hidden: Array, *,
+              dropout_rng: Optional[Array] = None) -> Array:
+    """The output projection (final norm, dropout, logits): [..., embed] -> [..., vocab] fp32.
+
+    Position-wise: any block of positions of `hidden_states` projects on its own."""
+    deterministic = dropout_rng is None
+    rngs = None if deterministic else {"dropout": dropout_rng}
+    module = self.module
+    return module.apply({"params": params}, hidden, deterministic, rngs=rngs,
+                        method=module.project)
+
   # --- incremental decoding -----------------------------------------------------------------
 
   def init_cache(self, params: Params, batch_size: int, max_length: int,

@@ -176,6 +176,30 @@ class Decoder(nn.Module):
     `positions[b] + j` and attends to cached keys at positions <= its own.
     Returns (logits [batch, k, vocab] fp32, updated self_caches or None).
     """
+    x, caches = self.hidden_states(tokens, positions=positions, self_caches=self_caches,
+                                   cross=cross, encoder_mask=encoder_mask,
+                                   deterministic=deterministic)
+    return self.project(x, deterministic), caches
+
+  def project(self, x: Array, deterministic: bool = True) -> Array:
+    """The output projection: final norm, dropout and logits.
+
+    x: [..., embed] last-layer hidden states -> logits [..., vocab] fp32. Position-wise, so
+    the blocked loss (distill/blocked.py) applies it to a block of positions at a time.
+    """
+    x = self.dropout(self.decoder_norm(x), deterministic)
+    if self.config.logits_via_embedding:
+      logits = self.shared_embedding.attend(x) / jnp.sqrt(x.shape[-1]).astype(x.dtype)
+    else:
+      logits = self.logits_dense(x)
+    return logits.astype(jnp.float32)
+
+  def hidden_states(self, tokens: Array, *, positions: Optional[Array] = None,
+                    self_caches: Optional[tuple[KeyValue, ...]] = None,
+                    cross: Optional[tuple[KeyValue, ...]] = None,
+                    encoder_mask: Optional[Array] = None, deterministic: bool = True):
+    """As `__call__`, but stops before `project`: (last-layer states [batch, k, embed],
+    updated self_caches or None)."""
     batch, k = tokens.shape
     offsets = jnp.arange(k)[None, :]
     if self_caches is None:
@@ -197,12 +221,7 @@ class Decoder(nn.Module):
           x, self_bias, positions, None if self_caches is None else self_caches[i],
           None if cross is None else cross[i], cross_bias, deterministic)
       new_caches.append(layer_cache)
-    x = self.dropout(self.decoder_norm(x), deterministic)
-    if self.config.logits_via_embedding:
-      logits = self.shared_embedding.attend(x) / jnp.sqrt(x.shape[-1]).astype(x.dtype)
-    else:
-      logits = self.logits_dense(x)
-    return logits.astype(jnp.float32), (None if self_caches is None else tuple(new_caches))
+    return x, (None if self_caches is None else tuple(new_caches))
 
 
 class EncoderDecoder(nn.Module):
@@ -233,6 +252,19 @@ class EncoderDecoder(nn.Module):
                              encoder_mask=encoder_input_tokens > 0, deterministic=deterministic)
     return logits
 
+  def hidden_states(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
+                    deterministic: bool = True) -> Array:
+    """Teacher forcing up to the output projection: [batch, target_len, embed]."""
+    encoded = self.encode(encoder_input_tokens, deterministic)
+    x, _ = self.decoder.hidden_states(
+        decoder_input_tokens, cross=self.cross_key_values(encoded),
+        encoder_mask=encoder_input_tokens > 0, deterministic=deterministic)
+    return x
+
+  def project(self, x: Array, deterministic: bool = True) -> Array:
+    """[..., embed] hidden states -> [..., vocab] fp32 logits (`Decoder.project`)."""
+    return self.decoder.project(x, deterministic)
+
 
 class DecoderOnly(nn.Module):
   """GPT-like causal LM from the T5 1.1 layers (relative position bias, gated GELU, RMSNorm)."""
@@ -251,3 +283,12 @@ class DecoderOnly(nn.Module):
     """Teacher forcing: [batch, length] -> logits [batch, length, vocab]."""
     logits, _ = self.decoder(decoder_input_tokens, deterministic=deterministic)
     return logits
+
+  def hidden_states(self, decoder_input_tokens: Array, deterministic: bool = True) -> Array:
+    """Teacher forcing up to the output projection: [batch, length, embed]."""
+    x, _ = self.decoder.hidden_states(decoder_input_tokens, deterministic=deterministic)
+    return x
+
+  def project(self, x: Array, deterministic: bool = True) -> Array:
+    """[..., embed] hidden states -> [..., vocab] fp32 logits (the decoder's `project`)."""
+    return self.decoder.project(x, deterministic)

@@ -619,6 +619,8 @@ def distill(config: TrainConfig, target, target_params: Params, draft, data: Any
   return train(config, objective, data, frozen_params=frozen, **kwargs)
 
 
-def finetune(config: TrainConfig, model, data: Any, **kwargs) -> TrainResult:
-  """Supervised fine-tuning (cross-entropy) of `model`: `train` with a FinetuneObjective."""
-  return train(config, FinetuneObjective(model), data, **kwargs)
+def finetune(config: TrainConfig, model, data: Any, *, loss_block_size="auto",
+             **kwargs) -> TrainResult:
+  """Supervised fine-tuning (cross-entropy) of `model`: `train` with a FinetuneObjective
+  (`loss_block_size`: positions per block of the loss, distill/blocked.py)."""
+  return train(config, FinetuneObjective(model, loss_block_size), data, **kwargs)
