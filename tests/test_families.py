@@ -412,3 +412,50 @@ def test_every_parameter_has_logical_axes_the_mesh_rules_place(name):
   mesh = partitioning.make_mesh(1, 1, jax.devices()[:1])
   shardings = partitioning.param_shardings(model, mesh)
   assert jax.tree.structure(shardings) == jax.tree.structure(shapes)
+
+
+# The presets' source: the config.json values of the published checkpoints (written from the
+# model repositories' files as published; no download here), the fields that set the network.
+_QWEN3 = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", attention_bias=False,
+              head_dim=128, hidden_act="silu", max_position_embeddings=40960,
+              num_key_value_heads=8, rms_norm_eps=1e-06, rope_scaling=None, rope_theta=1000000,
+              sliding_window=None, use_sliding_window=False, vocab_size=151936)
+_GEMMA3_TEXT = dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                    attention_bias=False, attn_logit_softcapping=None,
+                    final_logit_softcapping=None, head_dim=256,
+                    hidden_activation="gelu_pytorch_tanh", max_position_embeddings=32768,
+                    query_pre_attn_scalar=256, rms_norm_eps=1e-06, rope_local_base_freq=10000,
+                    rope_scaling=None, rope_theta=1000000, sliding_window=512,
+                    vocab_size=262144)
+# Gemma 3 12B / 27B are Gemma3ForConditionalGeneration; their text_config spells out only
+# what differs from transformers' Gemma3TextConfig defaults.
+_GEMMA3_MULTIMODAL = dict(architectures=["Gemma3ForConditionalGeneration"], model_type="gemma3")
+PUBLISHED_CONFIGS = {
+    "qwen3_0_6b": dict(_QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, max_window_layers=28, tie_word_embeddings=True),
+    "qwen3_8b": dict(_QWEN3, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, max_window_layers=36, tie_word_embeddings=False),
+    "gemma3_270m": dict(_GEMMA3_TEXT, hidden_size=640, intermediate_size=2048,
+                        num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1,
+                        _sliding_window_pattern=6,
+                        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3),
+    "gemma3_1b": dict(_GEMMA3_TEXT, hidden_size=1152, intermediate_size=6912,
+                      num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
+                      sliding_window_pattern=6),
+    "gemma3_12b": dict(_GEMMA3_MULTIMODAL, text_config=dict(
+        model_type="gemma3_text", hidden_size=3840, intermediate_size=15360,
+        num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8,
+        rope_scaling={"factor": 8.0, "rope_type": "linear"}, sliding_window=1024)),
+    "gemma3_27b": dict(_GEMMA3_MULTIMODAL, text_config=dict(
+        model_type="gemma3_text", head_dim=128, hidden_size=5376, intermediate_size=21504,
+        num_hidden_layers=62, num_attention_heads=32, num_key_value_heads=16,
+        query_pre_attn_scalar=168, rope_scaling={"factor": 8.0, "rope_type": "linear"},
+        sliding_window=1024)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_CONFIGS))
+def test_published_config_json_values_give_the_presets(name):
+  preset = MODEL_CONFIGS[name]
+  assert hf_llama.config_from_hf(PUBLISHED_CONFIGS[name]) == preset
+  assert hf_llama.config_mismatches(PUBLISHED_CONFIGS[name], preset) == []
