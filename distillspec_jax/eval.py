@@ -20,7 +20,7 @@ The decodes are the one evaluation path, `evaluation/evaluate.py` (`speculative_
 target alone is `quality.target_alone`); wall-clock speed is `speed.measure_speed` with the
 run's `SpeedConfig`, one measurement per task for the whole grid (its leniences timed in the
 same interleaved cycles), in a process pinned to SPEED_CPUS cores. Every value and input path
-is checked before work starts; a mistake exits with status 2 and the message naming the fix.
+is checked before work starts; a mistake exits with status 1 and the message naming the fix.
 
 Both models' parameters are laid out on a (DATA_PARALLEL, MODEL_PARALLEL) mesh by the
 partitioning rules (restored straight into their shards when EvalConfig.target_model /
@@ -42,7 +42,8 @@ import jax
 
 from distillspec_jax import gin_utils
 from distillspec_jax.core.files import write_text_atomic
-from distillspec_jax.core.validation import check_field_types, check_path, check_positive_int
+from distillspec_jax.core.validation import (check_field_types, check_grid, check_path,
+                                             check_positive_int)
 from distillspec_jax.decoding.speculative import DraftLength, Lenience, check_pair
 from distillspec_jax.evaluation import evaluate as evaluate_lib
 from distillspec_jax.evaluation import examples as examples_lib
@@ -151,26 +152,17 @@ class EvalConfig:
       if not getattr(self, name):  # gin's unset macro is None: say which, not the type
         raise ValueError(f"{macro} is not set; pass --gin.{macro}={example}.")
     check_field_types(self)
-    try:  # the one grid check and the engine's SamplingConfig, early
-      evaluate_lib.check_decoding_grid(self.gammas, self.temperatures)
-    except (TypeError, ValueError) as error:
-      macro = "TEMPERATURES" if "temperature" in str(error) else "GAMMAS"
-      value = tuple(self.temperatures if macro == "TEMPERATURES" else self.gammas)
-      raise ValueError(f"{macro}={value} (--gin.{macro}): {error}") from None
-    if not self.epsilons:
-      raise ValueError("EPSILONS=() is empty; pass at least one epsilon in (0, 1], e.g. "
-                       "--gin.EPSILONS=(1.0,) for lossless decoding.")
-    if not self.lenience_kinds:
-      raise ValueError("LENIENCE_KINDS=() is empty; pass e.g. --gin.LENIENCE_KINDS=('lin',).")
-    _ = self.leniences  # the engine's Lenience refuses a bad kind or epsilon now
-    for lenience in self.leniences:
+    check_grid(self.gammas, self.temperatures, names=("GAMMAS", "TEMPERATURES"))
+    check_lenience_grid(self.lenience_kinds, self.epsilons)
+    for lenience in self.leniences:  # a lossy lenience at T = 0 has no meaning: refused
       for temperature in self.temperatures:
         try:
           lenience.check_temperature(temperature)
         except ValueError as error:
           raise ValueError(f"EPSILONS={tuple(self.epsilons)} with TEMPERATURES="
                            f"{tuple(self.temperatures)}: {error}") from None
-    _ = self.draft_length  # and DraftLength a bad rule or threshold
+    check_draft_length(self.draft_length_rule, self.draft_length_threshold,
+                       self.draft_length_costs, self.draft_length_draft_cost)
     for name in ("batch_size", "eval_examples"):
       check_positive_int(getattr(self, name), name)
     if self.max_decode_length is not None:
@@ -192,24 +184,15 @@ class EvalConfig:
 
   @property
   def leniences(self) -> list:
-    """Every kind at every epsilon, as the engine's Lenience objects (their own checks)."""
-    for kind in self.lenience_kinds:
-      _lenience("LENIENCE_KINDS", kind, kind)
-    return [_lenience("EPSILONS", epsilon, kind, epsilon) for kind in self.lenience_kinds
+    """Every kind at every epsilon, as the engine's Lenience objects."""
+    return [Lenience(kind, epsilon) for kind in self.lenience_kinds
             for epsilon in self.epsilons]
 
   @property
   def draft_length(self) -> DraftLength:
     """The engine's DraftLength of the draft_length_* fields."""
-    try:
-      return DraftLength(self.draft_length_rule, self.draft_length_threshold,
-                         costs=self.draft_length_costs,
-                         draft_cost=self.draft_length_draft_cost)
-    except (TypeError, ValueError) as error:
-      raise ValueError(f"DRAFT_LENGTH_RULE={self.draft_length_rule!r}, DRAFT_LENGTH_THRESHOLD="
-                       f"{self.draft_length_threshold!r}, DRAFT_LENGTH_COSTS="
-                       f"{self.draft_length_costs!r}, DRAFT_LENGTH_DRAFT_COST="
-                       f"{self.draft_length_draft_cost!r}: {error}") from None
+    return DraftLength(self.draft_length_rule, self.draft_length_threshold,
+                       costs=self.draft_length_costs, draft_cost=self.draft_length_draft_cost)
 
   @property
   def new_tokens(self) -> int:
@@ -234,12 +217,31 @@ class EvalConfig:
     check_checkpoint(self.draft_checkpoint_path, "DRAFT_CHECKPOINT_PATH")
 
 
-def _lenience(macro: str, value, *args) -> Lenience:
-  """Lenience(*args), its error naming the macro and the value that made it."""
+def check_lenience_grid(kinds: tuple, epsilons: tuple) -> None:
+  """Refuses an empty lenience grid, or a kind or epsilon the engine's Lenience refuses,
+  naming the macro and the value."""
+  for macro, values, example in (("LENIENCE_KINDS", kinds, "('lin',)"),
+                                 ("EPSILONS", epsilons, "(1.0,) for lossless decoding")):
+    if not values:
+      raise ValueError(f"{macro}={tuple(values)!r} is empty; pass at least one, e.g. "
+                       f"--gin.{macro}={example}.")
+  for macro, values, make in (("LENIENCE_KINDS", kinds, Lenience),
+                              ("EPSILONS", epsilons, lambda e: Lenience("lin", e))):
+    for value in values:
+      try:
+        make(value)
+      except (TypeError, ValueError) as error:
+        raise ValueError(f"{macro} has {value!r}: {error}") from None
+
+
+def check_draft_length(rule, threshold, costs, draft_cost) -> None:
+  """Refuses draft-length settings the engine's DraftLength refuses, naming the macros."""
   try:
-    return Lenience(*args)
+    DraftLength(rule, threshold, costs=costs, draft_cost=draft_cost)
   except (TypeError, ValueError) as error:
-    raise ValueError(f"{macro} has {value!r}: {error}") from None
+    raise ValueError(f"DRAFT_LENGTH_RULE={rule!r}, DRAFT_LENGTH_THRESHOLD={threshold!r}, "
+                     f"DRAFT_LENGTH_COSTS={costs!r}, DRAFT_LENGTH_DRAFT_COST={draft_cost!r}: "
+                     f"{error}") from None
 
 
 # --- checkpoints and tasks -------------------------------------------------------------------
@@ -561,8 +563,18 @@ def prepare(argv: Sequence[str]) -> EvalConfig:
   # --coordinator_address / --process_count / --process_index (multihost.py), before JAX starts.
   argv = multihost.initialize_from_flags(argv)
   config = load_config(argv)
+  check_mesh(config.data_parallel, config.model_parallel)
   config.check_inputs()
   return config
+
+
+def check_mesh(data_parallel: int, model_parallel: int) -> None:
+  """Refuses mesh sizes that do not divide all processes' devices, naming the macros."""
+  try:
+    partitioning.make_mesh(data_parallel, model_parallel, devices=jax.devices())
+  except ValueError as error:
+    raise ValueError(f"DATA_PARALLEL={data_parallel}, MODEL_PARALLEL={model_parallel}: "
+                     f"{error}") from None
 
 
 def run(config: EvalConfig) -> int:
@@ -611,10 +623,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   return run(prepare(argv))
 
 
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+  """The command line: `main`'s exit status (a user's mistake: 1 and the message)."""
+  return gin_utils.run_binary(main, argv)
+
+
 if __name__ == "__main__":
   # Through the imported module, so that the timing process (spawned) unpickles EvalConfig
-  # and _timings from distillspec_jax.eval, not from __main__. The evaluation's own refusals
-  # (a split the task lacks, checkpoints that do not pair) come before its decodes: every
-  # user error exits 2 with its message.
+  # and _timings from distillspec_jax.eval, not from __main__.
   from distillspec_jax import eval as eval_lib
-  sys.exit(gin_utils.exit_on_user_error(eval_lib.main))
+  sys.exit(eval_lib.cli())

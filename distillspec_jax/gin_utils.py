@@ -9,8 +9,8 @@
   `--gin_bindings=...` and `--gin_search_paths=...`. Unknown gin files and bad bindings raise
   `GinConfigError` naming the culprit and the fix, before anything is trained.
 * `exit_on_help(argv, binary, doc)`: every binary's --help (its doc, its flags, its run files
-  and the macros they set, read from gin/runs and gin/recipes); `exit_on_user_error(fn, ...)`:
-  a user's mistake ends a binary with status 2 and the message, no traceback.
+  and the macros they set, read from gin/runs and gin/recipes); `run_binary(main, argv)`: the
+  binaries' one command-line path (a user's mistake: status 1 and the message, no traceback).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import glob
 import os
 import re
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import gin
 
@@ -149,6 +149,22 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str],
           f"Bad gin binding {binding!r}: {error}\nBindings look like --gin.MACRO=VALUE or "
           "--gin.Configurable.parameter=VALUE; strings need quotes when they contain spaces. "
           "Configurables: TrainConfig, DistillationConfig, model_by_name, run, SyntheticData.") from error
+  check_macros()
+
+
+def check_macros() -> None:
+  """Refuses a %MACRO that a binding uses and nothing defines, naming it (before any
+  configurable is called, so no other error can hide it)."""
+  macro = gin.config.get_configurable(gin.config.macro)
+  # gin keeps the parsed bindings in its module's config dict; iterate_references is its own
+  # walk over it (the finalize hooks use the same).
+  undefined = sorted({reference.scoped_selector.rsplit("/", 1)[0]
+                      for reference in gin.config.iterate_references(gin.config._CONFIG,
+                                                                     to=macro)
+                      if reference.config_key not in gin.config._CONFIG})
+  if undefined:
+    raise GinConfigError(f"Gin macro(s) {undefined} are used but not defined; pass "
+                         f"--gin.{undefined[0]}=VALUE (or define it in a gin file).")
 
 
 def parse_gin_flags(argv: Sequence[str]) -> list[str]:
@@ -308,14 +324,18 @@ def exit_on_help(argv: Sequence[str], binary: str, doc: str) -> None:
     raise SystemExit(0)
 
 
-def exit_on_user_error(fn: Callable, *args) -> Any:
-  """fn(*args); a user's mistake (USER_ERRORS: bad flags, bindings, values or paths, each
-  naming the fix) ends the process with status 2 and the message, no traceback."""
+def run_binary(main: Callable[[list], Any], argv: Optional[Sequence[str]] = None) -> int:
+  """The binaries' one command-line path: `main(argv)` (default sys.argv[1:]) and its exit
+  status. A user's mistake (USER_ERRORS: bad flags, bindings, values or paths, each naming the
+  value and the fix) prints `Error: <message>` on stderr and gives 1, no traceback. An int
+  that `main` returns is the status (a dry run's 1: a stage does not fit), anything else 0."""
+  argv = list(sys.argv[1:] if argv is None else argv)
   try:
-    return fn(*args)
+    result = main(argv)
   except USER_ERRORS as error:
-    print(f"Error: {error}", file=sys.stderr)
-    raise SystemExit(2) from None
+    print(f"Error: {error}", file=sys.stderr, flush=True)
+    return 1
+  return result if isinstance(result, int) else 0
 
 
 # --- the dry run's edge ------------------------------------------------------------------------

@@ -8,7 +8,7 @@ MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, TRAIN_STEPS, BATCH_SIZE (and, where 
 has them, TARGET_CHECKPOINT_PATH / DRAFT_CHECKPOINT_PATH: starting weights, any format);
 `main_job.stages` picks what to make (their inputs are made first when missing). Every bad
 run file, binding, value, input path or MODEL_DIR fails here, before any training starts:
-exit status 2 and the message naming the fix.
+exit status 1 and the message naming the fix.
 
 --dry_run compiles every stage's program on abstract, sharded parameters for the mesh
 (DATA_PARALLEL, MODEL_PARALLEL) and the slice (SLICE) in gin, prints a table per stage, and
@@ -112,12 +112,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   return run(prepare(argv))
 
 
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+  """The command line: `main`'s exit status (a user's mistake: 1 and the message)."""
+  return gin_utils.run_binary(main, argv)
+
+
 if __name__ == "__main__":
-  # A mistake found before work starts exits 2 with its message; the stages' own errors
-  # (hours in) keep their tracebacks.
-  _argv = sys.argv[1:]
-  gin_utils.exit_on_help(_argv, "distillspec_jax.main", __doc__)
-  _wanted, _argv = gin_utils.exit_on_user_error(gin_utils.take_dry_run_flag, _argv)
-  if _wanted:
-    sys.exit(gin_utils.exit_on_user_error(run_dry_run, _argv))
-  sys.exit(run(gin_utils.exit_on_user_error(prepare, _argv)))
+  sys.exit(cli())

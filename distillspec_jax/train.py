@@ -19,7 +19,7 @@ any training, so a bad binding, gin file or model name fails in seconds.
 INITIAL_CHECKPOINT_PATH and TARGET_CHECKPOINT_PATH accept our orbax format, T5X and Hugging
 Face (detected; `interop.importer`); both are checked against their models from stored shapes
 (`importer.check_checkpoint`, no weight read) before MODEL_DIR/config.gin is written, and a
-bad one exits with status 2 and a message naming the macro and the fix.
+bad one exits with status 1 and a message naming the macro and the fix.
 MIXTURE_OR_TASK_NAME = 'synthetic_reverse' is a built-in procedurally generated task
 (`trainer.SyntheticData`, reversal of random tokens) for tests and CPU smoke runs; every
 other name goes to `distillspec_jax.data.batches.get_dataset` (seqio).
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import sys
 from typing import Mapping, Optional, Sequence, Union
 
@@ -139,20 +138,14 @@ def _decoder_length(model: Model, mixture_or_task_name: str, task_feature_length
 
 
 def resolve() -> RunSpec:
-  """Calls the gin-configured `run`; any gin/config error becomes a GinConfigError."""
+  """Calls the gin-configured `run`; a configuration error becomes a GinConfigError (the
+  macros were checked when gin parsed: gin_utils.check_macros)."""
   try:
     return run()
   except gin_utils.GinConfigError:
     raise
   except (TypeError, ValueError) as error:
-    missing = re.search(r"configurable 'macro' .* in scope '([^']+)'", str(error))
-    if missing:
-      raise gin_utils.GinConfigError(
-          f"Gin macro {missing.group(1)} is used but not defined; pass "
-          f"--gin.{missing.group(1)}=VALUE (or define it in a gin file).") from error
-    raise gin_utils.GinConfigError(
-        f"Invalid configuration: {error}\nCheck the --gin.* flags and gin files (every macro "
-        "used must be defined, e.g. --gin.TRAIN_STEPS=1000).") from error
+    raise gin_utils.GinConfigError(f"Invalid configuration: {error}") from error
 
 
 def _lengths(spec: RunSpec) -> tuple[int, int]:
@@ -234,6 +227,7 @@ def main(argv: Sequence[str]) -> trainer.TrainResult:
   argv = multihost.initialize_from_flags(argv)  # first: before any JAX backend starts
   gin_utils.parse_binary_flags(argv)
   spec = resolve()
+  check_mesh(spec)
   check_checkpoint_paths(spec)
   print(f"distillspec_jax.train: {spec.mode} of {spec.model.config.kind} model "
         f"({spec.model.num_params():,} params) for {spec.train_config.train_steps} steps "
@@ -279,7 +273,7 @@ def run_dry_run(argv: Sequence[str]) -> int:
   spec = resolve()
   stages = dry_run_stages(spec)
   config = spec.train_config
-  try:  # a mesh, batch or model axis that cannot work: the value and the fix (exit 2)
+  try:  # a mesh, batch or model axis that cannot work: the value and the fix (exit 1)
     devices = dry_run.dry_run_devices(settings.devices)
     rows = dry_run.run(stages, (config.data_parallel, config.model_parallel), devices,
                        settings.chip, proxy_data=settings.proxy_data,
@@ -293,11 +287,25 @@ def run_dry_run(argv: Sequence[str]) -> int:
   return gin_utils.finish_dry_run(rows, stages, devices, settings, levers)
 
 
+def check_mesh(spec: RunSpec) -> None:
+  """Refuses, before MODEL_DIR is touched, mesh sizes that do not divide the devices or a
+  model axis the models cannot be split over, naming the macros."""
+  config = spec.train_config
+  models = {"model": spec.model} if spec.mode == "finetune" else {"target": spec.target,
+                                                                   "draft": spec.model}
+  try:
+    partitioning.check_model_axis(
+        models, partitioning.make_mesh(config.data_parallel, config.model_parallel))
+  except ValueError as error:
+    raise gin_utils.GinConfigError(f"DATA_PARALLEL={config.data_parallel}, MODEL_PARALLEL="
+                                   f"{config.model_parallel}: {error}") from None
+
+
 def check_checkpoint_paths(spec: RunSpec) -> None:
   """Refuses a missing, unreadable or mis-shaped INITIAL/TARGET_CHECKPOINT_PATH up front.
 
   Checked from stored shapes only (`importer.check_checkpoint`), before MODEL_DIR is touched;
-  raises GinConfigError (exit status 2) naming the macro, the value and the fix.
+  raises GinConfigError (exit status 1) naming the macro, the value and the fix.
   """
   checks = [("INITIAL_CHECKPOINT_PATH", spec.train_config.initial_checkpoint_path, spec.model,
              "run.model", "trained")]
@@ -332,11 +340,10 @@ def _config_path(model_dir: str) -> str:
   return os.path.join(model_dir, "config.gin")
 
 
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+  """The command line: `main`'s exit status (a user's mistake: 1 and the message)."""
+  return gin_utils.run_binary(main, argv)
+
+
 if __name__ == "__main__":
-  try:
-    _result = main(sys.argv[1:])
-    if isinstance(_result, int):  # --dry_run: 1 when a stage does not fit
-      sys.exit(_result)
-  except (gin_utils.GinConfigError, multihost.MultihostError) as error:
-    print(f"Configuration error: {error}", file=sys.stderr)
-    sys.exit(2)
+  sys.exit(cli())

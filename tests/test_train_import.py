@@ -162,14 +162,14 @@ def test_hf_config_that_changes_the_function_is_refused(hf_dir, tmp_path):
   assert importer.check_checkpoint(hf_dir, MODEL.config) == "hf"
 
 
-def test_bad_path_exits_with_status_2_and_no_traceback(tmp_path):
+def test_bad_path_exits_with_status_1_and_no_traceback(tmp_path):
   model_dir = tmp_path / "run"
   done = subprocess.run(
       [sys.executable, "-m", "distillspec_jax.train", "--gin_file=gin/runs/finetune_tiny.gin",
        f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=2",
        f"--gin.INITIAL_CHECKPOINT_PATH={tmp_path / 'nowhere'}"],
       capture_output=True, text=True, cwd=ROOT, timeout=300)
-  assert done.returncode == 2, done.stderr
+  assert done.returncode == 1, done.stderr
   assert "INITIAL_CHECKPOINT_PATH" in done.stderr and "does not exist" in done.stderr
   assert "Traceback" not in done.stderr
   assert not os.path.exists(model_dir)

@@ -157,16 +157,14 @@ def test_pipeline_paths_are_checked(tmp_path):
 
 
 def _user_error(fn, argv, capsys) -> str:
-  """stderr of `fn(argv)` run as the binaries run it, which must exit with status 2."""
-  with pytest.raises(SystemExit) as exit_info:
-    gin_utils.exit_on_user_error(fn, argv)
-  assert exit_info.value.code == 2
+  """stderr of `fn(argv)` run as the binaries run it, which must exit with status 1."""
+  assert gin_utils.run_binary(fn, argv) == 1
   err = capsys.readouterr().err
   assert err.startswith("Error: ") and "Traceback" not in err
   return err
 
 
-def test_the_binaries_exit_2_with_the_message(tmp_path, capsys):
+def test_the_binaries_exit_1_with_the_message(tmp_path, capsys):
   err = _user_error(eval_lib.main, ["--gin_file=gin/runs/eval_demo.gin",
                                     f"--gin.MODEL_DIR={tmp_path}/eval",
                                     f"--gin.VOCABULARY={tmp_path}/missing.model"], capsys)
@@ -184,7 +182,7 @@ def test_the_binaries_exit_2_with_the_message(tmp_path, capsys):
   assert not os.path.exists(tmp_path / "main")
 
 
-def test_the_main_binary_run_as_a_module_exits_2_without_a_traceback(tmp_path):
+def test_the_main_binary_run_as_a_module_exits_1_without_a_traceback(tmp_path):
   import subprocess
   import sys
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -192,7 +190,7 @@ def test_the_main_binary_run_as_a_module_exits_2_without_a_traceback(tmp_path):
                          "--gin_file=gin/runs/demo.gin", f"--gin.MODEL_DIR={tmp_path}/run",
                          f"--gin.PipelineConfig.data_dir={tmp_path}/no_data"],
                         capture_output=True, text=True, timeout=300, cwd=repo)
-  assert done.returncode == 2, done.stderr[-2000:]
+  assert done.returncode == 1, done.stderr[-2000:]
   assert f"DATA_DIR (PipelineConfig.data_dir)='{tmp_path}/no_data' does not exist" in \
       done.stderr
   assert "Traceback" not in done.stderr

@@ -2,8 +2,9 @@
 
 * `check_field_types(config)`: each field against its annotation (first in `__post_init__`);
 * `check_int(value, name, minimum)` / `check_positive_int(value, name)`: counts;
+* `check_real(value, name, minimum=...)`: a finite number above a bound;
 * `check_probability(value, name, ...)`: a number in [0, 1] (ends open on request);
-* `check_grid(gammas, temperatures)`: a speculative-decoding grid;
+* `check_grid(gammas, temperatures, names)`: a speculative-decoding grid;
 * `check_budget(budget_s, name)`: seconds of timing;
 * `check_path(path, name, kind, fix)`: an input path that must exist before work starts;
 * `check_finite(rows, where)`: a report's rows hold finite numbers only;
@@ -132,6 +133,18 @@ def _real(value, name: str, fix: str) -> float:
   return float(value)
 
 
+def check_real(value, name: str, *, minimum: float = -math.inf, above: bool = False,
+               fix: str = "") -> float:
+  """`value` as a finite float >= `minimum` (> `minimum` when `above`), or a ValueError
+  naming it, the bound and `fix`. Refuses bools and strings (no coercion)."""
+  bound = f"{'>' if above else '>='} {minimum:g}"
+  fix = fix or f"pass a finite number {bound}."
+  number = _real(value, name, fix)
+  if number < minimum or (above and number == minimum):
+    raise ValueError(f"{name}={value!r} must be {bound}; {fix}")
+  return number
+
+
 def check_probability(value, name: str, *, zero: bool = True, one: bool = True,
                       fix: str = "") -> float:
   """`value` as a float in [0, 1] (without 0 when `zero` is False, without 1 when `one` is
@@ -145,16 +158,22 @@ def check_probability(value, name: str, *, zero: bool = True, one: bool = True,
   return number
 
 
-def check_grid(gammas, temperatures) -> None:
-  """Refuses an empty gamma or temperature grid and gammas that are not integers >= 1 (the
-  engine's own count check). Temperatures are checked by the engine's SamplingConfig."""
+def check_grid(gammas, temperatures, names: tuple = ("gammas", "temperatures")) -> None:
+  """The one check of a speculative-decoding grid: `gammas` integers >= 1 and
+  `temperatures` finite numbers >= 0 (0 is greedy), neither empty; errors name the whole
+  grid by `names` (the config fields or gin macros that set them) and the bad entry."""
+  gammas_name, temperatures_name = names
   if not len(gammas):
-    raise ValueError(f"gammas={tuple(gammas)!r} is empty; pass at least one gamma, "
+    raise ValueError(f"{gammas_name}={tuple(gammas)!r} is empty; pass at least one gamma, "
                      "e.g. (3, 5, 7).")
   for gamma in gammas:
-    check_positive_int(gamma, "gamma")
+    check_positive_int(gamma, f"{gammas_name}={tuple(gammas)!r} has a gamma: gamma")
   if not len(temperatures):
-    raise ValueError(f"temperatures={tuple(temperatures)!r} is empty; pass e.g. (0.0, 1.0).")
+    raise ValueError(f"{temperatures_name}={tuple(temperatures)!r} is empty; pass e.g. "
+                     "(0.0, 1.0).")
+  for temperature in temperatures:
+    check_real(temperature, f"{temperatures_name}={tuple(temperatures)!r} has a temperature: "
+               "temperature", minimum=0.0, fix="pass temperatures >= 0 (0 is greedy).")
 
 
 def check_budget(budget_s, name: str = "budget_s") -> float:

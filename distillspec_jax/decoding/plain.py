@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distillspec_jax.core.validation import check_field_types, check_positive_int
+from distillspec_jax.core.validation import check_field_types, check_positive_int, check_real
 from distillspec_jax.models.config import check_token_ids
 from distillspec_jax.models.model import EOS_ID, PAD_ID, Model, decoder_prompt
 
@@ -123,8 +123,8 @@ class SamplingConfig:
 
   def __post_init__(self):
     check_field_types(self)
-    if not self.temperature >= 0.0:
-      raise ValueError(f"temperature={self.temperature} must be >= 0 (0 means greedy).")
+    check_real(self.temperature, "temperature", minimum=0.0, fix="pass a temperature >= 0 "
+               "(0 means greedy).")
 
   @property
   def greedy(self) -> bool:

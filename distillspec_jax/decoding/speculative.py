@@ -64,7 +64,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
+import typing
+from typing import Literal, Optional
 
 import flax.struct
 import jax
@@ -72,7 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from distillspec_jax.core.validation import (check_field_types, check_positive_int,
-                                             check_probability)
+                                             check_probability, check_real)
 from distillspec_jax.models.config import check_same_vocabulary
 from distillspec_jax.decoding.plain import (UNIFORMS_PER_DRAW, SamplingConfig, cache_capacity,
                                       check_capacity, check_prompts,
@@ -83,7 +84,8 @@ from distillspec_jax.models.model import PAD_ID, Model, decoder_prompt
 
 Array = jax.Array
 
-LENIENCE_FUNCTIONS = ("lin", "sq", "exp")
+LenienceKind = Literal["lin", "sq", "exp"]
+LENIENCE_FUNCTIONS = typing.get_args(LenienceKind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,14 +95,11 @@ class Lenience:
   eps = 1 is lossless speculative sampling; smaller eps accepts more draft tokens.
   """
 
-  kind: str = "lin"
+  kind: LenienceKind = "lin"
   epsilon: float = 1.0
 
   def __post_init__(self):
     check_field_types(self)
-    if self.kind not in LENIENCE_FUNCTIONS:
-      raise ValueError(f"Unknown lenience function {self.kind!r}; use one of "
-                       f"{LENIENCE_FUNCTIONS}.")
     check_probability(self.epsilon, "lenience epsilon", zero=False,
                       fix="pass a number in (0, 1]; 1 is lossless.")
 
@@ -128,7 +127,8 @@ class Lenience:
     return jnp.power(p, self.epsilon)
 
 
-DRAFT_LENGTH_RULES = ("fixed", "confidence", "cumulative", "cost")
+DraftLengthRule = Literal["fixed", "confidence", "cumulative", "cost"]
+DRAFT_LENGTH_RULES = typing.get_args(DraftLengthRule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,16 +154,13 @@ class DraftLength:
   position), so the output distribution is the target's.
   """
 
-  rule: str = "fixed"
+  rule: DraftLengthRule = "fixed"
   threshold: float = 0.0
   costs: tuple = ()
   draft_cost: float = 0.0
 
   def __post_init__(self):
     check_field_types(self)
-    if self.rule not in DRAFT_LENGTH_RULES:
-      raise ValueError(f"Unknown draft length rule {self.rule!r}; use one of "
-                       f"{DRAFT_LENGTH_RULES}.")
     check_probability(self.threshold, "draft length threshold",
                       fix="pass a probability in [0, 1] (0 proposes gamma_max every round).")
     if self.rule == "cost":
@@ -178,13 +175,9 @@ class DraftLength:
     if not self.costs:
       raise ValueError(f"The 'cost' rule needs costs; {fix}")
     for width, cost in enumerate(self.costs, 1):
-      if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not (
-          np.isfinite(cost) and cost > 0):
-        raise ValueError(f"costs[{width - 1}]={cost!r} (a {width}-token verification) must "
-                         f"be a positive finite number; {fix}")
-    if isinstance(self.draft_cost, bool) or not (np.isfinite(self.draft_cost)
-                                                and self.draft_cost >= 0):
-      raise ValueError(f"draft_cost={self.draft_cost!r} must be finite and >= 0; {fix}")
+      check_real(cost, f"costs[{width - 1}] (a {width}-token verification)", minimum=0.0,
+                 above=True, fix=fix)
+    check_real(self.draft_cost, "draft_cost", minimum=0.0, fix=fix)
 
   def check_gamma_max(self, gamma_max: int) -> None:
     """Refuses a 'cost' rule without the price of every width up to gamma_max + 1."""

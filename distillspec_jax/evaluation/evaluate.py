@@ -23,9 +23,9 @@ import numpy as np
 from distillspec_jax.core.records import JsonRecord, flattened
 from distillspec_jax.core.validation import (check_budget, check_field_types, check_grid,
                                              check_int, check_path, check_positive_int)
-from distillspec_jax.decoding.plain import SamplingConfig
 from distillspec_jax.decoding.speculative import DraftLength, Lenience
 from distillspec_jax.evaluation import quality
+from distillspec_jax.evaluation import speed
 from distillspec_jax.evaluation.grid_point import GridPoint
 from distillspec_jax.evaluation.placement import BatchPlacement
 from distillspec_jax.evaluation.quality import Acceptance, QualityRow
@@ -77,20 +77,6 @@ class SpeedConfig:
   def measure_kwargs(self) -> dict:
     """speed.measure_speed's keyword arguments of these settings."""
     return dict(repeats=self.repeats, timed_per_turn=self.calls, budget_s=self.budget_s)
-
-
-def check_decoding_grid(gammas: Sequence[int], temperatures: Sequence[float],
-                        leniences: Sequence[Lenience] = ()) -> None:
-  """The grid's errors, raised now by the engine's own objects (SamplingConfig per
-  temperature; the leniences are Lenience objects already) and the one grid check."""
-  check_grid(gammas, temperatures)
-  for temperature in temperatures:
-    SamplingConfig(temperature)
-  for lenience in leniences:
-    if not isinstance(lenience, Lenience):
-      raise ValueError(f"leniences has {lenience!r}; pass speculative.Lenience values.")
-    for temperature in temperatures:  # a lossy lenience at T = 0, refused before work
-      lenience.check_temperature(temperature)
 
 
 CHECKPOINT_FIX = ("pass an existing checkpoint: our MODEL_DIR (<step>/params), a T5X "
@@ -166,7 +152,8 @@ def speculative_grid(target, target_params, drafts: Mapping[str, tuple], example
   `place`: where each batch's rows go and how the outputs come back (a
   placement.BatchPlacement; examples.read_examples gives it with the examples).
   """
-  check_decoding_grid(gammas, temperatures, leniences)
+  check_grid(gammas, temperatures)
+  speed.check_leniences(leniences, temperatures)
   batch_size = batch_size or len(examples["prompts"])
   rows = []
   for temperature in temperatures:

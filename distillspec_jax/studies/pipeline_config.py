@@ -7,11 +7,10 @@ import dataclasses
 import os
 from typing import Optional
 
-from distillspec_jax.core.validation import (check_field_types, check_int, check_path,
-                                             check_positive_int)
+from distillspec_jax.core.validation import (check_field_types, check_grid, check_int,
+                                             check_path, check_positive_int)
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
-from distillspec_jax.evaluation.evaluate import (SpeedConfig, check_checkpoint,
-                                                 check_decoding_grid)
+from distillspec_jax.evaluation.evaluate import SpeedConfig, check_checkpoint
 from distillspec_jax.models.config import DTYPES, REMAT_POLICIES, model_config
 from distillspec_jax.models.precision import check_param_dtype
 
@@ -176,7 +175,8 @@ class PipelineConfig:
                        f"adaspec_reference={self.adaspec_reference!r} in recipes={self.recipes}.")
     for recipe in self.recipes:
       distillation_config(self, recipe)  # raises on an unknown name or bad value
-    check_decoding_grid(self.gammas, self.temperatures)
+    check_grid(self.gammas, self.temperatures,
+               names=("PipelineConfig.gammas", "PipelineConfig.temperatures"))
     if self.teacher_cache_k is not None:
       from distillspec_jax.distill import teacher_cache
       check_positive_int(self.teacher_cache_k, "teacher_cache_k")

@@ -98,12 +98,18 @@ class TrainConfig:
       raise ValueError(f"model_dir={self.model_dir!r}: MODEL_DIR is not set; pass "
                        "--gin.MODEL_DIR=/path/to/dir (TrainConfig.model_dir).")
     validation.check_field_types(self)
-    if self.train_steps < 0:
-      raise ValueError(f"train_steps={self.train_steps} must be >= 0 (gin: TRAIN_STEPS).")
-    if self.batch_size < 1:
-      raise ValueError(f"batch_size={self.batch_size} must be >= 1 (gin: BATCH_SIZE).")
-    if self.log_every < 1:
-      raise ValueError(f"log_every={self.log_every} must be >= 1.")
+    validation.check_int(self.train_steps, "TrainConfig.train_steps (TRAIN_STEPS)", 0)
+    validation.check_positive_int(self.batch_size, "TrainConfig.batch_size (BATCH_SIZE)")
+    validation.check_positive_int(self.log_every, "TrainConfig.log_every (LOG_EVERY)")
+    validation.check_positive_int(self.save_every, "TrainConfig.save_every (SAVE_EVERY)")
+    validation.check_int(self.eval_every, "TrainConfig.eval_every (EVAL_EVERY; 0 = never)", 0)
+    validation.check_positive_int(self.model_parallel,
+                                  "TrainConfig.model_parallel (MODEL_PARALLEL)")
+    if self.data_parallel != -1:
+      validation.check_positive_int(self.data_parallel,
+                                    "TrainConfig.data_parallel (DATA_PARALLEL; -1 = the rest)")
+    if self.keep_checkpoints is not None:
+      validation.check_positive_int(self.keep_checkpoints, "TrainConfig.keep_checkpoints")
     # The schedule's own validation (one rule, shared): decay_steps is its total_steps, and a
     # warm-up longer than the decay is refused, not clamped.
     try:

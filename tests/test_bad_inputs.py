@@ -1,0 +1,131 @@
+"""Bad input to each binary: exit status 1, the bad value named on stderr, no traceback and no
+work started (no MODEL_DIR, no checkpoint, no metrics file).
+
+The binaries' command-line path (`cli(argv)`: gin_utils.run_binary around `main`) runs here
+in this process; two cases run as real subprocesses (`integration`) to prove the status and the
+absence of a traceback where the interpreter exits.
+"""
+
+import os
+import subprocess
+import sys
+
+import gin
+import pytest
+
+from distillspec_jax import eval as eval_lib
+from distillspec_jax import main as main_lib
+from distillspec_jax import train as train_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOWHERE = "/nonexistent/distillspec_bad_input"
+
+# (flag, text the message must hold: the bad value as the user wrote it)
+EVAL_CASES = [
+    ("--gin.BATCH_SIZE='32'", "'32'"),                      # wrong type (a string)
+    ("--gin.BATCH_SIZE=0", "batch_size=0"),                 # out of range
+    ("--gin.EVAL_EXAMPLES=True", "True"),                   # a bool is not a count
+    ("--gin.EVAL_EXAMPLES=4.0", "4.0"),                     # a float is not a count
+    ("--gin.GAMMAS=(0,)", "0"),                             # a gamma grid with 0
+    ("--gin.GAMMAS=()", "()"),                              # an empty grid
+    ("--gin.TEMPERATURES=(-1.0,)", "-1.0"),                 # negative temperature
+    ("--gin.LENIENCE_KINDS=('cubic',)", "'cubic'"),         # unknown choice
+    ("--gin.EPSILONS=(0.0,)", "0.0"),                       # out of (0, 1]
+    ("--gin.EvalConfig.draft_length_rule='sometimes'", "'sometimes'"),  # unknown choice
+    ("--gin.TARGET_PARAM_DTYPE='float8'", "'float8'"),      # unknown choice
+    ("--gin.SPEED_BUDGET_S=-1", "-1"),                      # out of range
+    ("--gin.SPEED_EXAMPLES=500", "500"),                    # more timed than evaluated
+    (f"--gin.VOCABULARY='{NOWHERE}.model'", f"{NOWHERE}.model"),  # missing file
+    (f"--gin.TARGET_CHECKPOINT_PATH='{NOWHERE}'", NOWHERE),  # missing checkpoint
+    ("--gin.MODEL_PARALLEL=3", "3"),                        # does not divide the devices
+    ("--gin.EvalConfig.seed=%UNDEFINED_SEED", "UNDEFINED_SEED"),  # undefined macro
+]
+MAIN_CASES = [
+    ("--gin.PipelineConfig.speed_calls='3'", "'3'"),
+    ("--gin.PipelineConfig.speed_calls=True", "True"),
+    ("--gin.BATCH_SIZE=0", "0"),
+    ("--gin.TRAIN_STEPS=-5", "-5"),
+    ("--gin.PipelineConfig.gammas=(0,)", "0"),
+    ("--gin.PipelineConfig.temperatures=(-1.0,)", "-1.0"),
+    ("--gin.RECIPES=('nonsense',)", "'nonsense'"),
+    ("--gin.DIVERGENCE='nonsense'", "'nonsense'"),
+    ("--gin.TARGET_PARAM_DTYPE='float8'", "'float8'"),
+    ("--gin.REMAT_POLICY='sometimes'", "'sometimes'"),
+    (f"--gin.DRAFT_CHECKPOINT_PATH='{NOWHERE}'", NOWHERE),
+    (f"--gin.PipelineConfig.data_dir='{NOWHERE}'", NOWHERE),
+    ("--gin.MODEL_PARALLEL=3", "3"),
+    ("--gin.TRAIN_STEPS=%UNDEFINED_STEPS", "UNDEFINED_STEPS"),
+]
+TRAIN_CASES = [
+    ("--gin.TRAIN_STEPS=-1", "-1"),
+    ("--gin.TRAIN_STEPS='2'", "'2'"),
+    ("--gin.BATCH_SIZE=True", "True"),
+    ("--gin.LAMBDA1='0.5'", "'0.5'"),
+    ("--gin.LAMBDA1=1.5", "1.5"),
+    ("--gin.BETA=2.0", "2.0"),
+    ("--gin.DIVERGENCE='nonsense'", "'nonsense'"),
+    ("--gin.SAMPLING_TEMPERATURE=-1.0", "-1.0"),
+    ("--gin.run.mode='pretrain'", "'pretrain'"),
+    ("--gin.TARGET_PARAM_DTYPE='float8'", "'float8'"),
+    ("--gin.REMAT_POLICY='sometimes'", "'sometimes'"),
+    (f"--gin.TARGET_CHECKPOINT_PATH='{NOWHERE}'", NOWHERE),
+    ("--gin.MODEL_PARALLEL=3", "3"),
+    ("--gin.SAVE_EVERY=%UNDEFINED_EVERY", "UNDEFINED_EVERY"),
+]
+
+
+def _eval_argv(model_dir) -> list:
+  return ["--gin_file=gin/runs/eval_demo.gin", f"--gin.MODEL_DIR='{model_dir}'",
+          "--gin.EvalConfig.progress_bar=False", "--gin.VOCABULARY=None"]
+
+
+def _main_argv(model_dir) -> list:
+  return ["--gin_file=gin/runs/demo.gin", f"--gin.MODEL_DIR='{model_dir}'"]
+
+
+def _train_argv(model_dir) -> list:
+  return ["--gin_file=gin/runs/distill_tiny.gin", f"--gin.MODEL_DIR='{model_dir}'",
+          "--gin.TRAIN_STEPS=2"]
+
+
+BINARIES = {"eval": (eval_lib.cli, _eval_argv, EVAL_CASES),
+            "main": (main_lib.cli, _main_argv, MAIN_CASES),
+            "train": (train_lib.cli, _train_argv, TRAIN_CASES)}
+CASES = [(binary, index) for binary, (_, _, cases) in BINARIES.items()
+         for index in range(len(cases))]
+
+
+@pytest.mark.parametrize("binary,index", CASES,
+                         ids=[f"{b}-{BINARIES[b][2][i][0]}" for b, i in CASES])
+def test_bad_value_exits_1_naming_it_before_work_starts(binary, index, tmp_path, capsys):
+  cli, argv_of, cases = BINARIES[binary]
+  flags, named = cases[index]
+  model_dir = tmp_path / "out"
+  gin.clear_config()
+  try:
+    code = cli(argv_of(model_dir) + flags.split(" "))
+  finally:
+    gin.clear_config()
+  err = capsys.readouterr().err
+  assert code == 1, err[-2000:]
+  assert err.startswith("Error: ") and "Traceback" not in err, err[-2000:]
+  assert named in err, (named, err[-2000:])
+  assert not os.path.exists(model_dir), os.listdir(model_dir)  # no checkpoint, no metrics
+
+
+def test_each_binary_has_at_least_12_bad_values():
+  assert all(len(cases) >= 12 for _, _, cases in BINARIES.values())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("binary,flag,named", [
+    ("eval", "--gin.GAMMAS=(0,)", "GAMMAS"),
+    ("train", "--gin.LAMBDA1='0.5'", "'0.5'")])
+def test_bad_value_as_a_process_exits_1_without_a_traceback(binary, flag, named, tmp_path):
+  argv = BINARIES[binary][1](tmp_path / "out") + [flag]
+  done = subprocess.run([sys.executable, "-m", f"distillspec_jax.{binary}"] + argv,
+                        capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert done.returncode == 1, done.stderr[-2000:]
+  assert named in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+  assert "Event loop is closed" not in done.stderr
+  assert not os.path.exists(tmp_path / "out")
