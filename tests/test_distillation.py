@@ -222,14 +222,14 @@ NEW_OBJECTIVES = [
 def _tiny_setup():
   target, draft = _models()
   tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
-  batch = D._training_features(SyntheticData(4, vocab_size=VOCAB).batch_at(0), draft)
+  batch = objectives.training_features(SyntheticData(4, vocab_size=VOCAB).batch_at(0), draft)
   return target, draft, tp, dp, batch
 
 
 @pytest.mark.parametrize("changes", NEW_OBJECTIVES)
 def test_each_new_objective_lowers_its_loss_on_a_tiny_pair(changes):
   target, draft, tp, dp, batch = _tiny_setup()
-  objective = D.DistillationObjective(target, draft, D.DistillationConfig(**changes))
+  objective = objectives.DistillationObjective(target, draft, objectives.DistillationConfig(**changes))
   loss = jax.jit(lambda p: objective.loss(p, {"target": tp}, batch)[0])
   grad = jax.jit(jax.grad(lambda p: objective.loss(p, {"target": tp}, batch)[0]))
   params, first = dp, float(loss(dp))
@@ -241,9 +241,9 @@ def test_each_new_objective_lowers_its_loss_on_a_tiny_pair(changes):
 def test_block_acceptance_is_the_divergence_weighted_by_detached_reach_weights():
   from distillspec_jax.distill import block_acceptance
   target, draft, tp, dp, batch = _tiny_setup()
-  config = D.DistillationConfig(divergence="fkl", position_weighting="block_acceptance",
+  config = objectives.DistillationConfig(divergence="fkl", position_weighting="block_acceptance",
                                 block_size=3)
-  objective = D.DistillationObjective(target, draft, config)
+  objective = objectives.DistillationObjective(target, draft, config)
   weights = batch["decoder_loss_weights"]
   target_logits = target.logits(tp, batch)
   alpha = divergences.expected_acceptance(target_logits, draft.logits(dp, batch))
@@ -264,10 +264,10 @@ def test_block_acceptance_is_the_divergence_weighted_by_detached_reach_weights()
 def test_adaspec_selection_composes_with_each_new_objective(changes):
   target, draft, tp, dp, batch = _tiny_setup()
   frozen = {"target": tp, "reference": draft.init(jax.random.PRNGKey(2))}
-  plain = D.DistillationObjective(target, draft, D.DistillationConfig(**changes))
-  every = D.DistillationObjective(target, draft, D.DistillationConfig(
+  plain = objectives.DistillationObjective(target, draft, objectives.DistillationConfig(**changes))
+  every = objectives.DistillationObjective(target, draft, objectives.DistillationConfig(
       top_k_fraction=1.0, **changes), reference=draft)
-  half = D.DistillationObjective(target, draft, D.DistillationConfig(
+  half = objectives.DistillationObjective(target, draft, objectives.DistillationConfig(
       top_k_fraction=0.5, **changes), reference=draft)
   np.testing.assert_allclose(every.loss(dp, frozen, batch)[0], plain.loss(dp, frozen, batch)[0],
                              rtol=1e-6)
@@ -282,8 +282,8 @@ def test_the_cached_teacher_at_full_vocabulary_gives_the_live_new_objectives():
   cached_batch = {**batch, "teacher_top_log_probs": top, "teacher_top_ids": ids,
                   "teacher_tail_log_prob": tail}
   for changes in NEW_OBJECTIVES:
-    config = D.DistillationConfig(lambda1=1.0, lambda2=0.0, **changes)
-    live = D.DistillationObjective(target, draft, config).loss(dp, {"target": tp}, batch)
+    config = objectives.DistillationConfig(lambda1=1.0, lambda2=0.0, **changes)
+    live = objectives.DistillationObjective(target, draft, config).loss(dp, {"target": tp}, batch)
     cached = teacher_cache.CachedTeacherObjective(draft, config).loss(dp, {}, cached_batch)
     np.testing.assert_allclose(cached[0], live[0], rtol=1e-5, err_msg=str(changes))
 
@@ -298,5 +298,5 @@ def test_the_cached_teacher_at_full_vocabulary_gives_the_live_new_objectives():
 ])
 def test_bad_new_objective_settings_name_the_value(kwargs, needle):
   with pytest.raises(ValueError) as error:
-    D.DistillationConfig(**kwargs)
+    objectives.DistillationConfig(**kwargs)
   assert needle in str(error.value)
