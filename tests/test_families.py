@@ -459,3 +459,22 @@ def test_published_config_json_values_give_the_presets(name):
   preset = MODEL_CONFIGS[name]
   assert hf_llama.config_from_hf(PUBLISHED_CONFIGS[name]) == preset
   assert hf_llama.config_mismatches(PUBLISHED_CONFIGS[name], preset) == []
+
+
+def test_gemma3_export_generates_greedily_in_transformers_as_we_decode(tmp_path):
+  """transformers' own incremental decoding (its sliding-window cache) of our export, past
+  the 4-key window, gives our greedy tokens."""
+  torch, transformers = _transformers()
+  model, _ = _export("tiny_gemma3", tmp_path / "hf", max_decode_length=32)
+  params = model.init(jax.random.PRNGKey(0))
+  hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+  result = decode(model, params, prompt_tokens=jnp.asarray(TOKENS[:, 1:]), max_new_tokens=12)
+  assert int(np.min(result.lengths)) > 4  # every row decodes past the window
+  for row, n in enumerate(LENGTHS):
+    with torch.no_grad():
+      out = hf_model.generate(torch.tensor(TOKENS[row:row + 1, :n], dtype=torch.long),
+                              attention_mask=torch.ones((1, n), dtype=torch.long),
+                              do_sample=False, max_new_tokens=12, eos_token_id=1,
+                              pad_token_id=0)
+    mine = np.asarray(result.tokens[row, :int(result.lengths[row])]).tolist()
+    assert mine == out[0, n:].tolist(), row

@@ -83,6 +83,9 @@ class RMSNorm(nn.Module):
     """x: [..., features] -> [..., features]."""
     init = nn.initializers.zeros if self.plus_one else nn.initializers.ones
     scale = self.param("scale", _logical(init, (self.axis,)), (x.shape[-1],), jnp.float32)
+    # fp32 even when the parameters were cast to bf16: 1 + scale rounded to bf16 would lose
+    # most of a small scale.
+    scale = jnp.asarray(scale, jnp.float32)
     x32 = jnp.asarray(x, jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
     return jnp.asarray(x32 * (1.0 + scale if self.plus_one else scale), self.dtype)
