@@ -9,12 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import testing
 
 from distillspec_jax.distill import blocked
 from distillspec_jax.distill import divergences
 from distillspec_jax.distill import objectives as D
 from distillspec_jax.distill import teacher_cache
 from distillspec_jax.models.model import Model
+from distillspec_jax.studies.pipeline_config import distillation_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "bench"))
@@ -191,3 +193,12 @@ def test_bench_refuses_bad_arguments_before_compiling(field, value, needle):
   setattr(args, field, value)
   with pytest.raises(ValueError, match=needle):
     blocked_loss_memory.run(args)
+
+
+@pytest.mark.parametrize("value,error", [(0, ValueError), ("big", TypeError),
+                                         (True, TypeError)])
+def test_the_main_job_refuses_a_bad_block_size(tmp_path, value, error):
+  with pytest.raises(error, match="loss_block_size"):
+    testing.pipeline_config(tmp_path, loss_block_size=value)
+  config = testing.pipeline_config(tmp_path, loss_block_size=8)
+  assert distillation_config(config, "gkd").loss_block_size == 8

@@ -223,7 +223,8 @@ def stage_middle_finetune(config: GardenConfig, stage: str) -> dict:
   model = model_of(config, stage)
   steps = config.middle_steps or config.target_steps
   train_config = pipeline.stage_train_config(config, stage, steps, config.learning_rate)
-  result = finetune(train_config, model, pipeline.train_data(config))
+  result = finetune(train_config, model, pipeline.train_data(config),
+                    loss_block_size=config.loss_block_size)
   losses = [r["loss"] for r in result.history if "loss" in r]
   return {"final_loss": float(losses[-1]) if losses else float("nan"),
           "num_params": model.num_params()}

@@ -343,7 +343,7 @@ def stage_finetune(config: PipelineConfig, stage: str) -> dict:
     learning_rate = config.target_learning_rate
   result = finetune(stage_train_config(config, stage, steps, learning_rate,
                                   initial_checkpoint_path=start), model, train_data(config),
-                    restore_fn=importer.restore_any)
+                    restore_fn=importer.restore_any, loss_block_size=config.loss_block_size)
   return {"final_loss": _last_loss(result.history), "num_params": model.num_params()}
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Optional
+from typing import Literal, Optional, Union
 
 from distillspec_jax.core.validation import (check_field_types, check_grid, check_int,
                                              check_path, check_positive_int)
+from distillspec_jax.distill import blocked
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
 from distillspec_jax.evaluation.evaluate import SpeedConfig, check_checkpoint
 from distillspec_jax.models.config import DTYPES, REMAT_POLICIES, model_config
@@ -88,6 +89,8 @@ class PipelineConfig:
     target_param_dtype: the target's parameters where it is frozen (distillation,
       evaluation), cast after loading (TARGET_PARAM_DTYPE; None = float32 as trained).
     eval_batch_size: prompts per batch of the evaluation's decodes (None = all at once).
+    loss_block_size: positions per block of every training stage's loss (LOSS_BLOCK_SIZE;
+      distill/blocked.py): an int in [1, decoder length], "auto" or None (whole logits).
   """
 
   run_dir: str = "runs/demo"
@@ -146,6 +149,7 @@ class PipelineConfig:
   activation_dtype: str = "float32"
   target_param_dtype: Optional[str] = None
   eval_batch_size: Optional[int] = None
+  loss_block_size: Union[int, Literal["auto"], None] = "auto"
 
   def __post_init__(self):
     if not self.run_dir:  # gin's unset MODEL_DIR is None: say which macro, not the type
@@ -162,6 +166,7 @@ class PipelineConfig:
     for name in ("warmup_steps", "eval_every"):
       check_int(getattr(self, name), name, 0)
     self._check_scale()
+    blocked.check_block_size_setting(self.loss_block_size, "loss_block_size (LOSS_BLOCK_SIZE)")
     if not self.recipes:
       raise ValueError(f"recipes=() is empty; name at least one of {sorted(RECIPES)} (e.g. "
                        "--gin.RECIPES=\"('supervised_kd',)\").")
@@ -276,7 +281,8 @@ class PipelineConfig:
 
 def distillation_config(config: PipelineConfig, recipe: str) -> DistillationConfig:
   """The DistillationConfig of a recipe name (objectives.RECIPES, or "adaspec")."""
-  overrides = {"max_new_tokens": config.task_feature_lengths["targets"]}
+  overrides = {"max_new_tokens": config.task_feature_lengths["targets"],
+               "loss_block_size": config.loss_block_size}
   if config.divergence:
     overrides["divergence"] = config.divergence
   if recipe == "adaspec":

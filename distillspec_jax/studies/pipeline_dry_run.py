@@ -48,9 +48,10 @@ def stages(config: PipelineConfig) -> list:
   target, draft = pipeline.models(config, vocab=config.model_vocab_size or config.vocab_size)
   both = {"target": target, "draft": draft}
   target_rate = config.target_learning_rate or config.learning_rate
-  out = [_train_stage(config, "target", FinetuneObjective(target), config.target_steps,
+  blocks = config.loss_block_size
+  out = [_train_stage(config, "target", FinetuneObjective(target, blocks), config.target_steps,
                       target_rate, both),
-         _train_stage(config, "draft_raw", FinetuneObjective(draft), config.draft_steps,
+         _train_stage(config, "draft_raw", FinetuneObjective(draft, blocks), config.draft_steps,
                       config.learning_rate, both)]
   if config.cached_recipes:
     k, temperature = config.teacher_cache_k, distillation_config(
