@@ -59,6 +59,8 @@ def test_speculative_grid_rows(pair):
     assert row["quality"]["count"] == 5.0 and len(row["predictions"]) == 5
     if row["draft"] == "self":  # a draft equal to the target: every drafted token accepted
       assert row["alpha_proposed"] == 1.0
+      # Every test at an output position accepted, the length limit's cut rounds included.
+      assert row["acceptance_by_position"] == [1.0] * row["gamma"]
   assert min(r["alpha_proposed"] for r in rows if r["draft"] == "raw") < 1.0
 
 
