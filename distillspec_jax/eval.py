@@ -390,7 +390,7 @@ def _place(model: Model, params, path: str, mesh):
   return multihost.put_global(params, shardings)
 
 
-def _evaluate_task(config: EvalConfig, name: str, examples: dict, pair: tuple,
+def _evaluate_task(config: EvalConfig, name: str, examples, pair: tuple,
                    scorer: evaluate_lib.TaskScorer, bar, place) -> tuple:
   """(rows, the target alone's quality at the lowest temperature, inference lines) of one
   task: the target alone and speculative_grid at each temperature. `place`: each batch's
@@ -399,7 +399,7 @@ def _evaluate_task(config: EvalConfig, name: str, examples: dict, pair: tuple,
   target, target_params, draft, draft_params = pair
   common = dict(max_new_tokens=config.new_tokens, batch_size=config.batch_size,
                 seed=config.seed, place=place)
-  texts = list(zip(examples["prompt_texts"], examples["target_texts"]))
+  texts = list(zip(examples.prompt_texts, examples.target_texts))
   rows, lines, alone_quality = [], [], None
   for temperature in config.temperatures:
     alone = quality.target_alone(target, target_params, draft, draft_params, examples,
@@ -437,7 +437,7 @@ def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
           pinning.timing_cpus(config.speed.cpus, jax.process_count()), _timings,
           (config.target_checkpoint_path, config.draft_checkpoint_path),
           (config.target_model, config.draft_model), capacity,
-          examples[name]["prompts"][:config.speed.examples], config)
+          examples[name].prompts[:config.speed.examples], config)
     if timing is not None:
       rows_by_task[name] = [dataclasses.replace(row, speed=timing.row(row.draft,
                                                                         row.point).figures)
@@ -484,7 +484,7 @@ def evaluate(config: EvalConfig) -> dict:
       mesh=mesh, batch_size=config.batch_size, leading=config.speed.examples,
       on_long_prompt="truncate") for name in names}
   examples = {name: value[0] for name, value in read.items()}
-  width = max(e["prompts"].shape[1] for e in examples.values())
+  width = max(e.prompts.shape[1] for e in examples.values())
   capacity = decode_capacity(config, target.config, draft.config, width)
   target = Model(target.config.replace(max_decode_length=capacity))
   draft = Model(draft.config.replace(max_decode_length=capacity))

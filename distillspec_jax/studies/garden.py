@@ -254,7 +254,7 @@ def measure_garden_speed(config: GardenConfig) -> dict:
   """{target stage: speed.measure_speed result} with that target's drafts of the garden's
   pairs (none for models only used alone). Loads what it needs, so it can run pinned."""
   from tqdm.auto import tqdm
-  prompts = pipeline.heldout_prompts(config, config.speed_examples, split="test")["prompts"]
+  prompts = pipeline.heldout_prompts(config, config.speed_examples, split="test").prompts
   targets = list(dict.fromkeys(t for _, t, _ in config.points()))
   timing = {}
   for target_stage in tqdm(targets, desc="garden speed (models)", dynamic_ncols=True,
@@ -301,7 +301,7 @@ def stage_evaluate(config: GardenConfig, stage: str) -> dict:
   results["timing"] = {stage: timing.to_json() for stage, timing in pinning.run_pinned(
       config.speed_cpus, measure_garden_speed, config).items()}
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
-  return {"num_test_prompts": int(len(examples["prompts"]))}
+  return {"num_test_prompts": int(len(examples))}
 
 
 # --- report --------------------------------------------------------------------------------------
