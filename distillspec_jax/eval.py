@@ -318,12 +318,12 @@ def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalC
   checkpoints itself (run_pinned)."""
   target, target_params = load_model(paths[0], "TARGET_CHECKPOINT_PATH", presets[0], capacity)
   draft, draft_params = load_model(paths[1], "DRAFT_CHECKPOINT_PATH", presets[1], capacity)
+  plan = speed.TimingPlan(gammas=config.gammas, temperatures=config.temperatures,
+                         max_new_tokens=config.new_tokens, leniences=tuple(config.leniences),
+                         draft_lengths=(config.draft_length,), seed=config.seed,
+                         **config.speed.measure_kwargs())
   return speed.measure_speed(target, target_params, {"draft": (draft, draft_params)},
-                             prompts, gammas=config.gammas, temperatures=config.temperatures,
-                             max_new_tokens=config.new_tokens,
-                             **config.speed.measure_kwargs(), seed=config.seed,
-                             leniences=config.leniences, progress=config.progress_bar,
-                             draft_lengths=(config.draft_length,))
+                             prompts, plan, progress=config.progress_bar)
 
 
 # --- the run -------------------------------------------------------------------------------

@@ -263,8 +263,9 @@ def measure_garden_speed(config: GardenConfig) -> dict:
               for _, t, d in config.points() if t == target_stage and d}
     timing[target_stage] = speed.measure_speed(
         model_of(config, target_stage), _params(config, target_stage), drafts, prompts,
-        gammas=config.gammas, temperatures=(0.0,), max_new_tokens=config.max_new_tokens,
-        **config.speed.measure_kwargs(), seed=config.seed, progress=False)
+        speed.TimingPlan(gammas=config.gammas, temperatures=(0.0,),
+                         max_new_tokens=config.max_new_tokens, seed=config.seed,
+                         **config.speed.measure_kwargs()), progress=False)
   return timing
 
 

@@ -498,13 +498,12 @@ def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None
   target, draft, params = eval_models_and_params(config, mesh=False)
   prompts = test_examples(config)[0].prompts[:config.speed_examples]
   drafts = {name: (draft, p) for name, p in params.items() if name != "target"}
-  return speed.measure_speed(target, params["target"], drafts, prompts, gammas=config.gammas,
-                             temperatures=config.temperatures,
-                             max_new_tokens=config.max_new_tokens,
-                             **config.speed.measure_kwargs(),
+  plan = speed.TimingPlan(gammas=config.gammas, temperatures=config.temperatures,
+                         max_new_tokens=config.max_new_tokens, seed=config.seed,
+                         **config.speed.measure_kwargs())
+  return speed.measure_speed(target, params["target"], drafts, prompts, plan,
                              before_timing=pinning.wait_for_release,
-                             windows_log=windows_log, seed=config.seed,
-                             progress=config.progress_bar)
+                             windows_log=windows_log, progress=config.progress_bar)
 
 
 def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
