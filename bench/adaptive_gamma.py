@@ -169,7 +169,7 @@ def main(argv=None) -> None:
   if "cost" in args.rules:
     rules += (cost_rule(args.costs_json, args.gamma_max),)
   from latency import cpu_name, load_pair
-  from distillspec_jax.evaluation.speed import measure_speed
+  from distillspec_jax.evaluation.speed import TimingPlan, measure_speed
   pair = load_pair(args)
   gammas = sorted(set(args.gammas))
   if args.gamma_max < max(gammas):
@@ -178,12 +178,12 @@ def main(argv=None) -> None:
                      "grid, so pass --gamma_max >= every --gammas entry.")
   gammas = sorted(set(gammas) | {args.gamma_max})
   load_before, started = os.getloadavg(), time.time()
+  plan = TimingPlan(gammas=gammas, temperatures=args.temperatures,
+                    max_new_tokens=pair["max_new_tokens"], draft_lengths=rules,
+                    repeats=args.repeats, timed_per_turn=args.calls, budget_s=args.budget)
   result = measure_speed(pair["target"], pair["target_params"],
                          {"draft": (pair["draft"], pair["draft_params"])},
-                         pair["prompts"][:args.prompts], gammas=gammas,
-                         temperatures=args.temperatures, max_new_tokens=pair["max_new_tokens"],
-                         repeats=args.repeats, timed_per_turn=args.calls, budget_s=args.budget,
-                         draft_lengths=rules).to_json()
+                         pair["prompts"][:args.prompts], plan).to_json()
   rows = [r for r in result["rows"] if r["draft_length"] != "fixed" or r["gamma"] in args.gammas]
   for row in rows:
     row["mean_proposal"] = row["drafted"] / max(row["rounds"], 1)

@@ -103,7 +103,7 @@ def load_pair(args) -> dict:
   if trained and not args.random:
     target, draft = pipeline.models(config)
     prompts = pipeline.heldout_prompts(config, args.prompts, split="test",
-                                       task=config.eval_task or config.task)["prompts"]
+                                       task=config.eval_task or config.task).prompts
     if len(prompts) < args.prompts:
       raise ValueError(f"--prompts={args.prompts} but the test split holds {len(prompts)}; "
                        "lower --prompts.")

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 from distillspec_jax.models.model import Model  # noqa: E402
 from distillspec_jax.evaluation.pinning import pin_cores  # noqa: E402
-from distillspec_jax.evaluation.speed import measure_speed  # noqa: E402
+from distillspec_jax.evaluation.speed import TimingPlan, measure_speed  # noqa: E402
 
 
 def load_pair(args):
@@ -51,11 +51,12 @@ def run(args):
   rng = np.random.default_rng(0)
   prompts = rng.integers(3, target.config.vocab_size,
                          size=(args.prompts, args.input_length)).astype(np.int32)
+  plan = TimingPlan(gammas=args.gammas or ([1, 5] if args.quick else list(range(1, 9))),
+                    temperatures=args.temperatures or [0.0, 1.0],
+                    max_new_tokens=args.max_new_tokens,
+                    repeats=args.repeats or (3 if args.quick else 7), eos_id=-1)
   out = measure_speed(target, target_params, {"draft": (draft, draft_params)}, prompts,
-                      gammas=args.gammas or ([1, 5] if args.quick else list(range(1, 9))),
-                      temperatures=args.temperatures or [0.0, 1.0],
-                      max_new_tokens=args.max_new_tokens,
-                      repeats=args.repeats or (3 if args.quick else 7), eos_id=-1).to_json()
+                      plan).to_json()
   step = out["per_call_s"]["target_step"]
   for row in out["rows"]:
     row["c"] = out["per_call_s"]["draft:draft_step_1"] / step

@@ -66,7 +66,7 @@ def main(argv=None):
     target, draft = pipeline.models(config)
     target_params = pipeline.load_params(config, "target", target)
     draft_params = pipeline.load_params(config, "distill_supervised_kd", draft)
-    prompts = pipeline.test_examples(config)[0]["prompts"]
+    prompts = pipeline.test_examples(config)[0].prompts
     row = {"k": k}
     for temperature in (0.0, 1.0):
       stats = quality.speculative_statistics(

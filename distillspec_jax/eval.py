@@ -327,12 +327,12 @@ def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalC
   checkpoints itself (run_pinned)."""
   target, target_params = load_model(paths[0], "TARGET_CHECKPOINT_PATH", presets[0], capacity)
   draft, draft_params = load_model(paths[1], "DRAFT_CHECKPOINT_PATH", presets[1], capacity)
+  plan = speed.TimingPlan(gammas=config.gammas, temperatures=config.temperatures,
+                         max_new_tokens=config.new_tokens, leniences=tuple(config.leniences),
+                         draft_lengths=(config.draft_length,), seed=config.seed,
+                         **config.speed.measure_kwargs())
   return speed.measure_speed(target, target_params, {"draft": (draft, draft_params)},
-                             prompts, gammas=config.gammas, temperatures=config.temperatures,
-                             max_new_tokens=config.new_tokens,
-                             **config.speed.measure_kwargs(), seed=config.seed,
-                             leniences=config.leniences, progress=config.progress_bar,
-                             draft_lengths=(config.draft_length,))
+                             prompts, plan, progress=config.progress_bar)
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -399,7 +399,7 @@ def _place(model: Model, params, path: str, mesh):
   return multihost.put_global(params, shardings)
 
 
-def _evaluate_task(config: EvalConfig, name: str, examples: dict, pair: tuple,
+def _evaluate_task(config: EvalConfig, name: str, examples, pair: tuple,
                    scorer: evaluate_lib.TaskScorer, bar, place) -> tuple:
   """(rows, the target alone's quality at the lowest temperature, inference lines) of one
   task: the target alone and speculative_grid at each temperature. `place`: each batch's
@@ -408,7 +408,7 @@ def _evaluate_task(config: EvalConfig, name: str, examples: dict, pair: tuple,
   target, target_params, draft, draft_params = pair
   common = dict(max_new_tokens=config.new_tokens, batch_size=config.batch_size,
                 seed=config.seed, place=place)
-  texts = list(zip(examples["prompt_texts"], examples["target_texts"]))
+  texts = list(zip(examples.prompt_texts, examples.target_texts))
   rows, lines, alone_quality = [], [], None
   for temperature in config.temperatures:
     alone = quality.target_alone(target, target_params, draft, draft_params, examples,
@@ -446,7 +446,7 @@ def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
           pinning.timing_cpus(config.speed.cpus, jax.process_count()), _timings,
           (config.target_checkpoint_path, config.draft_checkpoint_path),
           (config.target_model, config.draft_model), capacity,
-          examples[name]["prompts"][:config.speed.examples], config)
+          examples[name].prompts[:config.speed.examples], config)
     if timing is not None:
       rows_by_task[name] = [dataclasses.replace(row, speed=timing.row(row.draft,
                                                                         row.point).figures)
@@ -493,7 +493,7 @@ def evaluate(config: EvalConfig) -> dict:
       mesh=mesh, batch_size=config.batch_size, leading=config.speed.examples,
       on_long_prompt="truncate") for name in names}
   examples = {name: value[0] for name, value in read.items()}
-  width = max(e["prompts"].shape[1] for e in examples.values())
+  width = max(e.prompts.shape[1] for e in examples.values())
   capacity = decode_capacity(config, target.config, draft.config, width)
   target = Model(target.config.replace(max_decode_length=capacity))
   draft = Model(draft.config.replace(max_decode_length=capacity))

@@ -71,7 +71,7 @@ def _recording_read(*args, **kwargs):
   """The data layer's reader, recording the split positions each call read and tokenized
   (None: the whole split) to ROWS_JSON's `.read.json`."""
   examples = _read(*args, **kwargs)
-  _reads.append(None if kwargs.get("rows") is None else examples["positions"].tolist())
+  _reads.append(None if kwargs.get("rows") is None else examples.positions.tolist())
   with open(ROWS_PATH + ".read.json", "w") as f:
     json.dump(_reads, f)
   return examples

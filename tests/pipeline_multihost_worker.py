@@ -32,7 +32,7 @@ def _record_reads() -> list:
   def recording(*args, **kwargs):
     examples = read(*args, **kwargs)
     reads.append([kwargs.get("num_examples"), None if kwargs.get("rows") is None
-                  else examples["positions"].tolist()])
+                  else examples.positions.tolist()])
     return examples
 
   batches.get_prompts_and_targets = recording

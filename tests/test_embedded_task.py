@@ -132,7 +132,7 @@ def test_batches_and_seeded_shuffle(task_name):
 def test_metric_on_references_and_wrong_answers(task_name):
   got = batches_lib.get_prompts_and_targets(task_name, "test", embedded.DEFAULT_SEQUENCE_LENGTHS,
                                      num_examples=20)
-  refs = got["target_texts"]
+  refs = got.target_texts
   assert batches_lib.compute_metrics(task_name, refs, refs) == {"accuracy": pytest.approx(100.0)}
   wrong = [re.sub(r"#### (\d+)", lambda m: f"#### {int(m.group(1)) + 1}", r) for r in refs]
   assert metrics.gsm8k_accuracy(refs, wrong)["accuracy"] == 0.0

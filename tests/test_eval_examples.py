@@ -38,18 +38,19 @@ def _read(selection, lengths=LENGTHS, **kwargs):
     (batches_lib.RowSelection(COUNT, 0, COUNT), list(range(COUNT)))])
 def test_row_selection_reads_the_rows_of_the_whole_read(whole, selection, positions):
   part = _read(selection)
-  assert part["positions"].tolist() == positions and part["complete"]
+  assert part.positions.tolist() == positions and part.complete
   for key in ("prompts", "targets", "prompt_lengths", "target_lengths"):
-    np.testing.assert_array_equal(part[key], whole[key][positions], err_msg=key)
+    np.testing.assert_array_equal(getattr(part, key), getattr(whole, key)[positions],
+                                  err_msg=key)
   for key in ("prompt_texts", "target_texts"):
-    assert part[key] == [whole[key][i] for i in positions]
+    assert getattr(part, key) == [getattr(whole, key)[i] for i in positions]
 
 
 def test_a_dropped_row_makes_the_part_incomplete():
   # Prompts of more than 8 tokens are skipped: the rows no longer match the positions.
   part = _read(batches_lib.RowSelection(2, 0, 1), {"inputs": 8, "targets": 48},
                on_long_prompt="skip")
-  assert not part["complete"] and len(part["prompts"]) < len(part["positions"])
+  assert not part.complete and len(part.prompts) < len(part.positions)
   with pytest.raises(ValueError, match="shuffle=False"):
     _read(batches_lib.RowSelection(2, 0, 1), shuffle=True, seed=0)
 
@@ -62,7 +63,7 @@ def test_row_selection_refuses_empty_or_outside_rows(start, stop, period):
 
 def _parts(selections):
   reads = [_read(s) for s in selections]
-  parts = [{"complete": r["complete"], **{k: r[k] for k in examples_lib.SHARED_FIELDS}}
+  parts = [{"complete": r.complete, **{k: getattr(r, k) for k in examples_lib.SHARED_FIELDS}}
            for r in reads]
   return reads, parts
 
@@ -72,23 +73,23 @@ def test_assemble_gives_every_process_every_row(whole):
   reads, parts = _parts([batches_lib.RowSelection(4, 0, 2, leading=3), batches_lib.RowSelection(4, 2, 4)])
   for mine in reads:
     got = examples_lib.assemble(parts, mine, LENGTHS)
-    local = np.isin(np.arange(COUNT), mine["positions"])
-    np.testing.assert_array_equal(got["local"], local)
+    local = np.isin(np.arange(COUNT), mine.positions)
+    np.testing.assert_array_equal(got.local, local)
     for key in ("prompt_texts", "target_texts"):
-      assert got[key] == whole[key]
+      assert getattr(got, key) == getattr(whole, key)
     for key in ("prompt_lengths", "target_lengths"):
-      np.testing.assert_array_equal(got[key], whole[key])
+      np.testing.assert_array_equal(getattr(got, key), getattr(whole, key))
     for key in ("prompts", "targets"):
-      np.testing.assert_array_equal(got[key][local], whole[key][local])
-      assert not got[key][~local].any()  # another process's rows: never read here
+      np.testing.assert_array_equal(getattr(got, key)[local], getattr(whole, key)[local])
+      assert not getattr(got, key)[~local].any()  # another process's rows: never read here
 
 
 def test_assemble_without_lengths_takes_the_longest_row_of_all_processes(whole):
   reads, parts = _parts([batches_lib.RowSelection(4, 0, 2), batches_lib.RowSelection(4, 2, 4)])
   for mine in reads:
     got = examples_lib.assemble(parts, mine, None)
-    assert got["prompts"].shape == (COUNT, int(whole["prompt_lengths"].max()))
-    assert got["targets"].shape == (COUNT, int(whole["target_lengths"].max()))
+    assert got.prompts.shape == (COUNT, int(whole.prompt_lengths.max()))
+    assert got.targets.shape == (COUNT, int(whole.target_lengths.max()))
 
 
 def test_assemble_refuses_incomplete_or_uncovered_parts():
@@ -103,8 +104,8 @@ def test_one_process_reads_the_whole_split(whole):
   mesh = partitioning.make_mesh(1, 1, devices=jax.devices()[:1])
   got, place = examples_lib.read_examples(TASK, SPLIT, LENGTHS, num_examples=COUNT, mesh=mesh,
                                           batch_size=None, on_long_prompt="truncate")
-  assert got["local"].all() and place.batch_size == COUNT
-  np.testing.assert_array_equal(got["prompts"], whole["prompts"])
+  assert got.local.all() and place.batch_size == COUNT
+  np.testing.assert_array_equal(got.prompts, whole.prompts)
   assert multihost.all_gather_objects({"a": [1]}) == [{"a": [1]}]
 
 

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from distillspec_jax.data import batches
 from distillspec_jax.decoding.speculative import Lenience
 from distillspec_jax.evaluation import evaluate as evaluate_lib
 from distillspec_jax.models.config import model_config
@@ -38,7 +39,8 @@ def pair():
   draft = target
   prompts = np.random.default_rng(0).integers(2, 64, (5, 6)).astype(np.int32)
   targets = np.random.default_rng(1).integers(2, 64, (5, 4)).astype(np.int32)
-  examples = {"prompts": prompts, "targets": targets, "target_texts": ["x"] * 5}
+  examples = batches.Examples(prompts, (prompts > 0).sum(1), targets, (targets > 0).sum(1),
+                              ["p"] * 5, ["x"] * 5)
   return (target, target.init(jax.random.PRNGKey(0)), draft, draft.init(jax.random.PRNGKey(1)),
           examples)
 

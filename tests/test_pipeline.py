@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import testing
 
+from distillspec_jax.data import batches
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies.pipeline import PipelineConfig, required_stages, run_pipeline
 
@@ -246,7 +247,8 @@ def test_speed_settings_are_checked(tmp_path, changes, message):
 
 def test_more_speed_prompts_than_the_split_holds_is_refused(tmp_path):
   config = _smoke_config(tmp_path)
-  examples = {"prompts": np.zeros((2, 4), np.int32)}
+  examples = batches.Examples(np.zeros((2, 4), np.int32), np.full(2, 4), np.zeros((2, 4)),
+                              np.full(2, 4), ["a", "b"], ["c", "d"])
   with pytest.raises(ValueError, match="speed_examples=3 but the test split"):
     pipeline.check_speed_prompts(dataclasses.replace(config, speed_examples=3,
                                                      eval_examples=8), examples)

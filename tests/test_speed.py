@@ -39,10 +39,10 @@ def _prompts(count, vocab=512, length=6, seed=0):
 def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
   target, target_params, draft, draft_params = pair
   prompts = _prompts(3)
+  plan = speed.TimingPlan(gammas=(2, 3), temperatures=(0.0,), max_new_tokens=8, repeats=2,
+                          seed=3, timed_per_turn=1, budget_s=2.0)
   out = speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, prompts,
-                            gammas=(2, 3), temperatures=(0.0,), max_new_tokens=8,
-                            repeats=2, seed=3, timed_per_turn=1, budget_s=2.0,
-                            progress=False).to_json()
+                            plan, progress=False).to_json()
   # A budget adds calls beyond the minimum one per repeat (a cycle here takes ~0.2 s).
   assert out["protocol"]["budget_s"] == 2.0 and out["protocol"]["timed_per_repeat"] > 1
   # (T = 1 rows: the main job's smoke test.)
@@ -105,11 +105,11 @@ def test_a_lenience_grid_is_timed_in_one_measurement_with_lossless_rules_shared(
   prompts = _prompts(2)
   lossy = Lenience("lin", 0.3)
   grid = (Lenience("lin", 1.0), Lenience("sq", 1.0), lossy)
-  common = dict(gammas=(2,), temperatures=(1.0,), max_new_tokens=8, repeats=2, seed=5,
-                timed_per_turn=1, progress=False)
+  plan = speed.TimingPlan(gammas=(2,), temperatures=(1.0,), max_new_tokens=8, repeats=2,
+                          seed=5, timed_per_turn=1, leniences=grid)
   log = []
   measured = speed.measure_speed(target, target_params, {"a": (draft, draft_params)},
-                                 prompts, leniences=grid, windows_log=log, **common)
+                                 prompts, plan, windows_log=log, progress=False)
   out = measured.to_json()
   assert [(r["lenience"], r["epsilon"]) for r in out["rows"]] == [
       ("lin", 1.0), ("sq", 1.0), ("lin", 0.3)]
@@ -144,12 +144,9 @@ def test_a_lenience_grid_is_timed_in_one_measurement_with_lossless_rules_shared(
     (("lin",), "leniences has 'lin'"),
     ((Lenience("sq", 0.5),), "Lenience('sq', epsilon=0.5) at temperature 0"),
 ])
-def test_measure_speed_refuses_bad_leniences(pair, leniences, message):
-  target, target_params, draft, draft_params = pair
+def test_a_timing_plan_refuses_bad_leniences(leniences, message):
   with pytest.raises(ValueError, match=re.escape(message)):
-    speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, _prompts(2),
-                        gammas=(2,), temperatures=(0.0,), max_new_tokens=4,
-                        leniences=leniences)
+    speed.TimingPlan(gammas=(2,), temperatures=(0.0,), max_new_tokens=4, leniences=leniences)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -158,22 +155,21 @@ def test_measure_speed_refuses_bad_leniences(pair, leniences, message):
     (dict(repeats=0), "repeats"),
     (dict(gammas=(True,)), "bool"),
     (dict(budget_s=-1.0), "budget_s=-1.0"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
 ])
-def test_measure_speed_refuses_bad_grids(pair, kwargs, message):
-  target, target_params, draft, draft_params = pair
+def test_a_timing_plan_refuses_bad_grids(kwargs, message):
   arguments = dict(gammas=(2,), temperatures=(0.0,), max_new_tokens=4, repeats=1)
   arguments.update(kwargs)
   with pytest.raises(ValueError, match=re.escape(message)):
-    speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, _prompts(2),
-                        **arguments)
+    speed.TimingPlan(**arguments)
 
 
 def test_measure_speed_refuses_no_prompts(pair):
   target, target_params, draft, draft_params = pair
   with pytest.raises(ValueError, match="No prompts"):
     speed.measure_speed(target, target_params, {"a": (draft, draft_params)},
-                        np.zeros((0, 6), np.int32), gammas=(2,), temperatures=(0.0,),
-                        max_new_tokens=4)
+                        np.zeros((0, 6), np.int32),
+                        speed.TimingPlan(gammas=(2,), temperatures=(0.0,), max_new_tokens=4))
 
 
 def test_quiet_timeline_shares_of_windows_near_their_fastest():
@@ -401,10 +397,10 @@ def test_an_adaptive_draft_length_is_timed_beside_the_fixed_gammas(pair):
   from distillspec_jax.decoding.speculative import DraftLength
   target, target_params, draft, draft_params = pair
   rule = DraftLength("confidence", 0.05)
+  plan = speed.TimingPlan(gammas=(3,), temperatures=(0.0,), max_new_tokens=8, repeats=2,
+                          timed_per_turn=1, draft_lengths=(DraftLength(), rule))
   out = speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, _prompts(2),
-                            gammas=(3,), temperatures=(0.0,), max_new_tokens=8, repeats=2,
-                            timed_per_turn=1, progress=False,
-                            draft_lengths=(DraftLength(), rule))
+                            plan, progress=False)
   fixed, adaptive = (row.to_json() for row in out.rows)
   assert (fixed["draft_length"], adaptive["draft_length"]) == ("fixed", "confidence")
   assert adaptive["threshold"] == 0.05 and adaptive["cost_model_speedup"] is None
@@ -415,6 +411,5 @@ def test_an_adaptive_draft_length_is_timed_beside_the_fixed_gammas(pair):
   # The eval binary's row at the fixed rule's point is the fixed rule's.
   assert out.row("a", GridPoint.of(3, 0.0)).figures.speedups.speedup == fixed["speedup"]
   with pytest.raises(ValueError, match="draft_lengths has 'confidence'"):
-    speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, _prompts(2),
-                        gammas=(3,), temperatures=(0.0,), max_new_tokens=8,
-                        draft_lengths=("confidence",))
+    speed.TimingPlan(gammas=(3,), temperatures=(0.0,), max_new_tokens=8,
+                     draft_lengths=("confidence",))

@@ -158,30 +158,30 @@ def test_register_file_tasks_and_read(vocab, data_dir):
   assert names == ["gsm8k_files", "xsum_files", "cnn_dailymail_files", "wmt_en_de_files",
                    "lm1b_files", "bbh_boolean_expressions", "bbh_date_understanding", "bbh"]
   got = batches_lib.get_prompts_and_targets("gsm8k_files", "train", {"inputs": 64, "targets": 64})
-  assert got["prompt_texts"] == ["Q: Natalia sold 48 clips in April." + COT,
+  assert got.prompt_texts == ["Q: Natalia sold 48 clips in April." + COT,
                                  "Q: How many clips?" + COT]
-  assert got["target_texts"][0] == "She sold 48 / 2 = 24 in May. In all 48 + 24 = 72. #### 72"
-  assert _dec(vocab, got["prompts"][0]) == got["prompt_texts"][0]
-  assert got["prompts"][0, got["prompt_lengths"][0] - 1] == vocab.eos_id
-  assert _dec(vocab, got["targets"][0]) == got["target_texts"][0]
-  assert got["prompts"].shape == (2, 64) and got["targets"].shape == (2, 64)
+  assert got.target_texts[0] == "She sold 48 / 2 = 24 in May. In all 48 + 24 = 72. #### 72"
+  assert _dec(vocab, got.prompts[0]) == got.prompt_texts[0]
+  assert got.prompts[0, got.prompt_lengths[0] - 1] == vocab.eos_id
+  assert _dec(vocab, got.targets[0]) == got.target_texts[0]
+  assert got.prompts.shape == (2, 64) and got.targets.shape == (2, 64)
 
   xs = batches_lib.get_prompts_and_targets("xsum_files", "validation")
-  assert xs["prompt_texts"] == ["summarize: The quick brown fox jumps."]
-  assert xs["target_texts"] == ["A fox jumps."]
+  assert xs.prompt_texts == ["summarize: The quick brown fox jumps."]
+  assert xs.target_texts == ["A fox jumps."]
   cn = batches_lib.get_prompts_and_targets("cnn_dailymail_files", "test")
-  assert cn["prompt_texts"] == ["summarize: The lazy dog sleeps."]
+  assert cn.prompt_texts == ["summarize: The lazy dog sleeps."]
   wmt = batches_lib.get_prompts_and_targets("wmt_en_de_files", "test")
-  assert wmt["prompt_texts"] == ["translate English to German: The quick fox.",
+  assert wmt.prompt_texts == ["translate English to German: The quick fox.",
                                  "translate English to German: Two lights."]
-  assert wmt["target_texts"] == ["Der schnelle Fuchs.", "Zwei Ampeln."]
+  assert wmt.target_texts == ["Der schnelle Fuchs.", "Zwei Ampeln."]
 
   batch = next(batches_lib.get_dataset("lm1b_files", "train", {"targets": 16}, batch_size=4,
                                 feature_converter="decoder"))
   assert batch["decoder_target_tokens"].shape == (2, 16)  # Blank line skipped.
   assert _dec(vocab, batch["decoder_target_tokens"][1]) == "The lazy dog ."
   lm = batches_lib.get_prompts_and_targets("lm1b_files", "validation", lm_prompt_length=2)
-  assert lm["prompt_lengths"].tolist() == [2]
+  assert lm.prompt_lengths.tolist() == [2]
 
   enc = next(batches_lib.get_dataset("wmt_en_de_files", "test", {"inputs": 32, "targets": 16},
                               batch_size=2))
@@ -194,23 +194,23 @@ def test_cnndm_specbench_layout(vocab, tmp_path):
        "reference": ["Dog sleeps."]}])
   tasks.register_cnn_dailymail_files(str(tmp_path / "cnndm"), vocabulary=vocab, name="cnn_sb")
   got = batches_lib.get_prompts_and_targets("cnn_sb", "test")  # No split in the name -> test.
-  assert got["prompt_texts"] == ["summarize: The lazy dog sleeps."]
-  assert got["target_texts"] == ["Dog sleeps."]
+  assert got.prompt_texts == ["summarize: The lazy dog sleeps."]
+  assert got.target_texts == ["Dog sleeps."]
 
 
 def test_bbh_tasks_and_mixture(vocab, data_dir):
   names = tasks.register_bbh_tasks(str(data_dir / "bbh"), vocabulary=vocab)
   assert names == ["bbh_boolean_expressions", "bbh_date_understanding", "bbh"]
   got = batches_lib.get_prompts_and_targets("bbh_date_understanding", "test")
-  assert got["prompt_texts"] == ["Q: Which date? Options:\n(A) today\n(B) tomorrow" + COT]
-  assert got["target_texts"] == ["(B)"]
+  assert got.prompt_texts == ["Q: Which date? Options:\n(A) today\n(B) tomorrow" + COT]
+  assert got.target_texts == ["(B)"]
   assert batches_lib.compute_metrics("bbh_date_understanding", ["(B)"], ["So the answer is (B)."]) == {
       "exact_match": 100.0}
   batches = list(batches_lib.get_dataset("bbh", "test", {"inputs": 64, "targets": 8}, batch_size=4))
   assert len(batches) == 1 and batches[0]["encoder_input_tokens"].shape == (3, 64)  # One epoch.
   prompts = sorted(_dec(vocab, r) for r in batches[0]["encoder_input_tokens"])
   assert prompts == sorted(["Q: True and False is" + COT, "Q: not False is" + COT,
-                            vocab.decode(vocab.encode(got["prompt_texts"][0]))])
+                            vocab.decode(vocab.encode(got.prompt_texts[0]))])
   batch = next(batches_lib.get_dataset("bbh", "test", {"inputs": 64, "targets": 8}, batch_size=4,
                                 shuffle=True, seed=0, num_epochs=None))
   assert batch["encoder_input_tokens"].shape == (4, 64)
@@ -311,7 +311,7 @@ def test_sequence_length_too_small_for_prompts(vocab, data_dir):
   assert f"has {needed} tokens but sequence_lengths['inputs']=10" in str(e.value)
   cut = batches_lib.get_prompts_and_targets("gsm8k_files", "train", {"inputs": 10, "targets": 64},
                                      on_long_prompt="truncate")
-  assert cut["prompt_lengths"].max() == 10 and cut["prompts"][0, 9] == vocab.eos_id
+  assert cut.prompt_lengths.max() == 10 and cut.prompts[0, 9] == vocab.eos_id
 
 
 def test_registration_is_idempotent(vocab, data_dir):
@@ -331,22 +331,22 @@ def test_shared_data_through_file_tasks(vocab):
   with open(SHARED_DATA / "gsm8k" / "test.jsonl") as f:
     first = json.loads(f.readline())
   got = batches_lib.get_prompts_and_targets("gsm8k_files", "test", num_examples=3)
-  assert got["prompt_texts"][0] == "Q: " + first["question"].strip() + COT
-  assert got["target_texts"][0].endswith("#### " + first["answer"].split("####")[-1].strip())
-  assert "<<" not in got["target_texts"][0]
+  assert got.prompt_texts[0] == "Q: " + first["question"].strip() + COT
+  assert got.target_texts[0].endswith("#### " + first["answer"].split("####")[-1].strip())
+  assert "<<" not in got.target_texts[0]
 
   with open(SHARED_DATA / "xsum" / "test_1000.jsonl") as f:
     first = json.loads(f.readline())
   xs = batches_lib.get_prompts_and_targets("xsum_files", "test", num_examples=2,
                                     on_long_prompt="truncate", sequence_lengths={"inputs": 512})
-  assert xs["target_texts"][0] == first["summary"].strip()
-  assert xs["prompt_texts"][0].startswith("summarize: " + first["document"].strip()[:50])
+  assert xs.target_texts[0] == first["summary"].strip()
+  assert xs.prompt_texts[0].startswith("summarize: " + first["document"].strip()[:50])
 
   en = (SHARED_DATA / "wmt" / "newstest2014.de-en.ref.en.txt").read_text().split("\n")[0]
   de = (SHARED_DATA / "wmt" / "newstest2014.de-en.src.de.txt").read_text().split("\n")[0]
   wmt = batches_lib.get_prompts_and_targets("wmt_en_de_files", "test", num_examples=2)
-  assert wmt["prompt_texts"][0] == "translate English to German: " + en.strip()
-  assert wmt["target_texts"][0] == de.strip()
+  assert wmt.prompt_texts[0] == "translate English to German: " + en.strip()
+  assert wmt.target_texts[0] == de.strip()
 
   line = (SHARED_DATA / "lm1b" / "heldout_shards10-11.dev.txt").read_text().split("\n")[0]
   batch = next(batches_lib.get_dataset("lm1b_files", "validation", {"targets": 256}, batch_size=2,

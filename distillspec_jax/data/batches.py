@@ -264,32 +264,54 @@ def _selected_examples(task: seqio.Task, split: str, num: int,
   return ds, positions
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Examples:
+  """The examples of a split, tokenized for decoding evaluation (`get_prompts_and_targets`).
+
+  Attributes:
+    prompts: [N, P] int32, the task's 'inputs' tokens (ending in EOS, exactly as the models
+      see them in training), zero-padded; prompt_lengths: [N] int32.
+    targets: [N, T] int32, the reference 'targets' tokens (ending in EOS), zero-padded;
+      target_lengths: [N] int32.
+    prompt_texts / target_texts: the raw strings, N each (for metrics).
+    positions: [N] int64, the split positions read, ascending (a RowSelection's read; None:
+      the first N). complete: whether each selected position gave exactly one row.
+    local: [N] bool, the rows whose tokens this process read (evaluation/examples.py; None:
+      all of them); the others are zeros.
+  """
+
+  prompts: np.ndarray
+  prompt_lengths: np.ndarray
+  targets: np.ndarray
+  target_lengths: np.ndarray
+  prompt_texts: list
+  target_texts: list
+  positions: Optional[np.ndarray] = None
+  complete: bool = True
+  local: Optional[np.ndarray] = None
+
+  def __len__(self) -> int:
+    return len(self.prompts)
+
+
 def get_prompts_and_targets(task_name: str, split: str,
                             sequence_lengths: Optional[Mapping[str, int]] = None,
                             num_examples: Optional[int] = None, shuffle: bool = False,
                             seed: Optional[int] = None, on_long_prompt: str = "error",
                             lm_prompt_length: Optional[int] = None,
-                            rows: Optional[RowSelection] = None) -> Dict[str, Any]:
-  """Prompts and references, tokenized, for decoding evaluation.
+                            rows: Optional[RowSelection] = None) -> Examples:
+  """Prompts and references, tokenized, for decoding evaluation: the split's Examples.
 
-  Returns a dict:
-    prompts [N, P] int32: the task's 'inputs' tokens (ending in EOS, exactly as
-      the models see them in training), zero-padded;
-    prompt_lengths [N] int32;
-    targets [N, T] int32: reference 'targets' tokens (ending in EOS), zero-padded
-      (longer ones are cut to T-1 tokens + EOS);
-    target_lengths [N] int32;
-    prompt_texts, target_texts: lists of the raw strings (for metrics).
-  P and T come from sequence_lengths ('inputs', 'targets') or are the longest
+  Longer references are cut to T-1 tokens + EOS. P and T come from sequence_lengths ('inputs', 'targets') or are the longest
   lengths present.  A prompt longer than P raises ValueError naming the example,
   its length and P (on_long_prompt='error'); 'truncate' keeps its first P-1
   tokens + EOS, 'skip' drops it.  For LM tasks (no 'inputs') the first
   `lm_prompt_length` target tokens form the prompt.
 
   `rows` (a RowSelection): only the examples at the positions it keeps are read and
-  tokenized (no shuffling); the dict then also has "positions" [n] (the split positions
-  read, ascending) and "complete" (whether each of them gave exactly one row: False when a
-  preprocessor, 'skip' or an empty LM target dropped one, so rows no longer match positions).
+  tokenized (no shuffling); the Examples then have `positions` (the split positions read)
+  and `complete` (False when a preprocessor, 'skip' or an empty LM target dropped one, so
+  rows no longer match positions).
   It may hold no rows; P and T then come from sequence_lengths (else 0).
   """
   if on_long_prompt not in ("error", "truncate", "skip"):
@@ -355,17 +377,14 @@ def get_prompts_and_targets(task_name: str, split: str,
                      f"(num_examples={num_examples}, on_long_prompt={on_long_prompt!r}).")
   p_width = max_p if max_p is not None else max((len(p) for p in prompts), default=0)
   t_width = max_t if max_t is not None else max((len(t) for t in targets), default=0)
-  selection = {} if positions is None else {
-      "positions": np.asarray(positions, np.int64),
-      "complete": read == len(positions) == len(prompts)}
-  return {**selection,
-      "prompts": _pad(prompts, p_width),
-      "prompt_lengths": np.asarray([len(p) for p in prompts], dtype=np.int32),
-      "targets": _pad(targets, t_width),
-      "target_lengths": np.asarray([len(t) for t in targets], dtype=np.int32),
-      "prompt_texts": p_texts,
-      "target_texts": t_texts,
-  }
+  selection = {} if positions is None else dict(
+      positions=np.asarray(positions, np.int64),
+      complete=read == len(positions) == len(prompts))
+  return Examples(prompts=_pad(prompts, p_width),
+                  prompt_lengths=np.asarray([len(p) for p in prompts], dtype=np.int32),
+                  targets=_pad(targets, t_width),
+                  target_lengths=np.asarray([len(t) for t in targets], dtype=np.int32),
+                  prompt_texts=p_texts, target_texts=t_texts, **selection)
 
 
 def compute_metrics(task_name: str, targets: Sequence[str], predictions: Sequence[str]

@@ -5,8 +5,9 @@
   rows = speculative_grid(target, target_params, {"draft": (draft, params)}, examples,
                           scorer, gammas=(3, 5), temperatures=(0.0, 1.0), max_new_tokens=44)
 
-`examples` is batches_lib.get_prompts_and_targets' dict: "prompts" [N, P] and "targets" [N, T]
-token arrays, "target_texts" (and "prompt_texts") strings. tau and the acceptance rates
+`examples` is a data.batches.Examples (batches.get_prompts_and_targets, or
+examples.read_examples on a mesh): `prompts` [N, P] and `targets` [N, T] token arrays,
+`target_texts` (and `prompt_texts`) strings. tau and the acceptance rates
 come from decoding/stats.py (through quality.speculative_run, a QualityRow per draft and
 grid point); wall-clock speed is speed.py's, with the settings of one `SpeedConfig`, shared
 by the main job's and the eval binary's configs. `EvaluationRow` joins a QualityRow and its
@@ -16,7 +17,7 @@ timing (speed.SpeedFigures): the row both report.json and metrics.json write.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from distillspec_jax.evaluation.grid_point import GridPoint
 from distillspec_jax.evaluation.placement import BatchPlacement
 from distillspec_jax.evaluation.quality import Acceptance, QualityRow
 from distillspec_jax.evaluation.speed import SpeedFigures
+
+if TYPE_CHECKING:  # the data layer's reader (TensorFlow) is imported only where it reads
+  from distillspec_jax.data.batches import Examples
 from distillspec_jax.interop import importer
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +120,7 @@ def task_scorer(task: str, vocabulary: Any = None) -> TaskScorer:
                     else batches_lib.get_vocabulary(task))
 
 
-def quality_alone(models: Mapping[str, tuple], examples: dict, scorer: TaskScorer, *,
+def quality_alone(models: Mapping[str, tuple], examples: "Examples", scorer: TaskScorer, *,
                   max_new_tokens: int, on_done: Optional[Callable[[], None]] = None,
                   batch_size: Optional[int] = None,
                   place: Optional[BatchPlacement] = None) -> dict:
@@ -126,15 +130,15 @@ def quality_alone(models: Mapping[str, tuple], examples: dict, scorer: TaskScore
   many)."""
   results = {}
   for name, (model, params) in models.items():
-    results[name] = quality.quality(model, params, examples["prompts"], examples["targets"],
-                                    examples["target_texts"], max_new_tokens,
+    results[name] = quality.quality(model, params, examples.prompts, examples.targets,
+                                    examples.target_texts, max_new_tokens,
                                     scorer.detokenize, scorer.metrics, place, batch_size)
     if on_done:
       on_done()
   return results
 
 
-def speculative_grid(target, target_params, drafts: Mapping[str, tuple], examples: dict,
+def speculative_grid(target, target_params, drafts: Mapping[str, tuple], examples: "Examples",
                      scorer: Optional[TaskScorer], *, gammas: Sequence[int],
                      temperatures: Sequence[float],
                      leniences: Sequence[Lenience] = (Lenience(),), max_new_tokens: int,
@@ -154,7 +158,7 @@ def speculative_grid(target, target_params, drafts: Mapping[str, tuple], example
   """
   check_grid(gammas, temperatures)
   speed.check_leniences(leniences, temperatures)
-  batch_size = batch_size or len(examples["prompts"])
+  batch_size = batch_size or len(examples)
   rows = []
   for temperature in temperatures:
     for name, (draft, draft_params) in drafts.items():

@@ -22,6 +22,7 @@ instead, as with one process.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Mapping, Optional
 
@@ -42,9 +43,8 @@ def read_examples(task: str, split: str, sequence_lengths: Optional[Mapping[str,
                   leading: int = 0, **reading) -> tuple:
   """(examples, placement) of this process's evaluation of `task`.
 
-  examples: batches.get_prompts_and_targets' dict over all N rows ("prompts" [N, P], "targets"
-    [N, T], lengths [N], texts), with "local" bool [N]: the rows whose tokens this process
-    read (the others are zeros). placement: the BatchPlacement of every batch (`batch_size`
+  examples: batches.Examples over all N rows, with `local` [N]: the rows whose tokens this
+    process read (the others are zeros). placement: the BatchPlacement of every batch (`batch_size`
     rows; None = all N in one batch), or None without a mesh.
   `reading`: more keyword arguments of batches.get_prompts_and_targets (on_long_prompt,
   lm_prompt_length).
@@ -58,25 +58,25 @@ def read_examples(task: str, split: str, sequence_lengths: Optional[Mapping[str,
     mine = batches.get_prompts_and_targets(task, split, sequence_lengths,
                                         num_examples=num_examples, rows=selection, **reading)
     parts = multihost.all_gather_objects(
-        {"complete": mine["complete"], **{k: mine[k] for k in SHARED_FIELDS}})
+        {"complete": mine.complete, **{k: getattr(mine, k) for k in SHARED_FIELDS}})
     examples = assemble(parts, mine, sequence_lengths)
     # No row at all: the whole read below raises the reader's own error for that.
-    if examples is not None and len(examples["prompts"]) and (
-        batch_size or len(examples["prompts"]) == num_examples):
+    if examples is not None and len(examples) and (
+        batch_size or len(examples) == num_examples):
       return examples, place
     logging.warning("Evaluation of %s/%s: the rows do not match the split's positions one to "
                     "one (or fewer than %d examples); every process reads the whole split.",
                     task, split, num_examples)
   examples = batches.get_prompts_and_targets(task, split, sequence_lengths,
-                                          num_examples=num_examples, **reading)
-  examples["local"] = np.ones(len(examples["prompts"]), bool)
+                                             num_examples=num_examples, **reading)
+  examples = dataclasses.replace(examples, local=np.ones(len(examples), bool))
   if mesh is not None:
-    place = BatchPlacement(mesh, batch_size or len(examples["prompts"]))
+    place = BatchPlacement(mesh, batch_size or len(examples))
   return examples, place
 
 
-def assemble(parts: list, mine: dict, sequence_lengths: Optional[Mapping[str, int]]
-             ) -> Optional[dict]:
+def assemble(parts: list, mine: batches.Examples,
+             sequence_lengths: Optional[Mapping[str, int]]) -> Optional[batches.Examples]:
   """All rows' examples from every process's shared fields (`parts`, in process order, each
   with SHARED_FIELDS and "complete") and this process's own read (`mine`), or None when a
   process's rows do not match its positions (a part not complete)."""
@@ -97,13 +97,14 @@ def assemble(parts: list, mine: dict, sequence_lengths: Optional[Mapping[str, in
   widths = {"prompts": lengths.get("inputs", int(prompt_lengths.max(initial=0))),
             "targets": lengths.get("targets", int(target_lengths.max(initial=0)))}
   local = np.zeros(count, bool)
-  local[mine["positions"]] = True
-  examples = {"prompt_lengths": prompt_lengths, "target_lengths": target_lengths,
-              "prompt_texts": [r["prompt_texts"] for r in rows],
-              "target_texts": [r["target_texts"] for r in rows], "local": local}
+  local[mine.positions] = True
+  tokens = {}
   for key, width in widths.items():
     array = np.zeros((count, width), np.int32)
-    own = np.asarray(mine[key])[:, :width]
-    array[mine["positions"], :own.shape[1]] = own
-    examples[key] = array
-  return examples
+    own = np.asarray(getattr(mine, key))[:, :width]
+    array[mine.positions, :own.shape[1]] = own
+    tokens[key] = array
+  return batches.Examples(prompt_lengths=prompt_lengths, target_lengths=target_lengths,
+                          prompt_texts=[r["prompt_texts"] for r in rows],
+                          target_texts=[r["target_texts"] for r in rows], local=local,
+                          **tokens)

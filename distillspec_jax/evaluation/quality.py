@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,9 @@ from distillspec_jax.decoding.stats import (acceptance_by_position, block_effici
                                             block_statistics,
                                             draft_acceptance_rate_by_position)
 from distillspec_jax.evaluation.grid_point import GridPoint
+
+if TYPE_CHECKING:  # the data layer's reader (TensorFlow) is imported only where it reads
+  from distillspec_jax.data.batches import Examples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,14 +288,14 @@ class TargetAlone:
   predicted_alpha: float
 
 
-def target_alone(target: Model, target_params, draft: Model, draft_params, examples: dict, *,
+def target_alone(target: Model, target_params, draft: Model, draft_params, examples: "Examples", *,
                  temperature: float, max_new_tokens: int, batch_size: int, detokenize,
                  metric_fn, seed: int = 0, place=None) -> "TargetAlone":
   """Plain target decoding of the examples' prompts at `temperature` (batch b samples with
   fold_in(PRNGKey(seed), b)): its TargetAlone. `place` (placement.BatchPlacement): each
   [batch_size, P] batch's rows over the mesh's 'data' axis (this process's rows only when
   the mesh spans processes) and the outputs gathered back to every process."""
-  prompts = np.asarray(examples["prompts"])
+  prompts = np.asarray(examples.prompts)
   key = jax.random.PRNGKey(seed)
   sampling = SamplingConfig(float(temperature))
   predictions, acceptance, weights = [], [], []
@@ -309,12 +312,13 @@ def target_alone(target: Model, target_params, draft: Model, draft_params, examp
       acceptance.append(predicted_alpha(target, target_params, draft, draft_params, chunk,
                                         np.asarray(result.tokens), temperature, place, real))
     weights.append(float(np.sum(lengths)))
-  return TargetAlone(quality=_metrics(metric_fn, examples["target_texts"], predictions),
+  return TargetAlone(quality=_metrics(metric_fn, examples.target_texts, predictions),
                      predictions=predictions,
                      predicted_alpha=float(np.average(acceptance, weights=weights)))
 
 
-def speculative_run(target: Model, target_params, draft: Model, draft_params, examples: dict,
+def speculative_run(target: Model, target_params, draft: Model, draft_params,
+                    examples: "Examples",
                     *, gamma: int, temperature: float, lenience: Lenience,
                     max_new_tokens: int, batch_size: int,
                     detokenize: Optional[Callable] = None, metric_fn: Optional[Callable] = None,
@@ -325,7 +329,7 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
   of its outputs, the Acceptance statistics of decoding/stats.py, and per prompt the
   prediction and the accepted draft tokens of each round. Without `detokenize` /
   `metric_fn`, predictions / quality are None. `place`: as `target_alone`'s."""
-  prompts = np.asarray(examples["prompts"])
+  prompts = np.asarray(examples.prompts)
   key = jax.random.PRNGKey(seed)
   sampling = SamplingConfig(float(temperature))
   predictions, rounds, tests = [], [], []
@@ -361,6 +365,6 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params, ex
       draft_acceptance_rate_by_position=draft_acceptance_rate_by_position(per_round, gamma)))
   return QualityRow(
       draft="", point=GridPoint.of(gamma, temperature, lenience, draft_length),
-      quality=_metrics(metric_fn, examples["target_texts"], predictions) if scored else None,
+      quality=_metrics(metric_fn, examples.target_texts, predictions) if scored else None,
       acceptance=acceptance, predictions=predictions if detokenize is not None else None,
       accepted_per_round=rounds)

@@ -644,14 +644,6 @@ def check_draft_lengths(draft_lengths) -> tuple:
                    "(DraftLength(),) for gamma draft tokens every round")
 
 
-def check_speed_arguments(gammas, temperatures, repeats, prompts) -> None:
-  """check_grid, and refuses repeats < 1 and an empty prompt set."""
-  check_grid(gammas, temperatures)
-  check_positive_int(repeats, "speed repeats (timing turns)")
-  if len(prompts) < 1:
-    raise ValueError("No prompts to time: pass at least one speed prompt.")
-
-
 def _drafts_by_model(drafts: Mapping[str, tuple]) -> dict:
   """draft Model -> the names of the drafts that use it (they share compiled code)."""
   model_of = {}
@@ -887,31 +879,23 @@ def _speculative_rows(runs: dict, timing: dict, cost: dict, model_of: dict, temp
   return rows
 
 
-def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], prompts,
-                  *, gammas: Sequence[int], temperatures: Sequence[float],
-                  max_new_tokens: int, repeats: int = 7, seed: int = 0,
-                  leniences: Sequence[Lenience] = (Lenience(),),
-                  eos_id: Optional[int] = None,
-                  timed_per_turn: int = 6, budget_s: float = 0.0,
-                  plain_calls_per_cycle: int = 3,
-                  before_timing: Optional[Callable] = None,
-                  windows_log: Optional[list] = None, progress: bool = True,
-                  draft_lengths: Sequence[DraftLength] = (DraftLength(),)) -> SpeedMeasurement:
-  """Measured and cost-model speedups of every (draft, gamma, temperature) over plain decoding.
+@dataclasses.dataclass(frozen=True)
+class TimingPlan:
+  """What `measure_speed` times and how, checked when made.
 
-  Args:
-    drafts: name -> (draft Model, draft params); drafts of one Model share compiled code.
-    prompts: [N, P] right-padded prompts (encoder inputs of an encoder-decoder), each decoded
-      alone.
-    repeats: timing repeats (>= 1); medians and ranges are over them.
+  Attributes:
+    gammas / temperatures: the grid; every draft is timed at every (gamma, temperature).
+    max_new_tokens: the decoding budget of every decoder.
     leniences: the acceptance rules to time (speculative.Lenience); every one is timed in the
       same interleaved cycles, against the same plain decoding, so a lossy trade-off's
       speedups share their machine. Lossless rules (epsilon 1: every kind is the same rule)
       are timed once.
-    eos_id: None = the sampling default (EOS stops a row); -1 disables EOS (fixed lengths).
     draft_lengths: the draft length rules to time (speculative.DraftLength) in the same
       cycles: the fixed rule at every gamma, an adaptive one at the largest gamma (its
-      gamma_max); rows carry `draft_length` (the rule's name) and `threshold`.
+      gamma_max).
+    eos_id: None = the sampling default (EOS stops a row); -1 disables EOS (fixed lengths).
+    seed: prompt i of every decoder samples with fold_in(PRNGKey(seed), i).
+    repeats: timing repeats (>= 1); medians and ranges are over them.
     timed_per_turn: timed calls of each function per repeat, at least; a repeat's time sums
       each window's fastest (`interleaved_times`).
     budget_s: seconds of timing: after `timed_per_turn` calls per repeat, every repeat gets
@@ -923,6 +907,47 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
       numerator's cost / the denominator's) denominator calls per numerator call give the
       smallest variance per second of timing; 3 for the demo's grid (9 rows per
       temperature, a speculative call about 0.8x a plain one).
+  """
+
+  gammas: tuple
+  temperatures: tuple
+  max_new_tokens: int
+  leniences: tuple = (Lenience(),)
+  draft_lengths: tuple = (DraftLength(),)
+  eos_id: Optional[int] = None
+  seed: int = 0
+  repeats: int = 7
+  timed_per_turn: int = 6
+  budget_s: float = 0.0
+  plain_calls_per_cycle: int = 3
+
+  def __post_init__(self):
+    check_grid(self.gammas, self.temperatures)
+    check_positive_int(self.repeats, "speed repeats (timing turns)")
+    check_positive_int(self.timed_per_turn, "timed_per_turn")
+    check_positive_int(self.plain_calls_per_cycle, "plain_calls_per_cycle")
+    check_positive_int(self.max_new_tokens, "max_new_tokens")
+    # Normalised: tuples of the engine's objects, each rule once.
+    object.__setattr__(self, "gammas", tuple(self.gammas))
+    object.__setattr__(self, "temperatures", tuple(self.temperatures))
+    object.__setattr__(self, "leniences", check_leniences(self.leniences,
+                                                                self.temperatures))
+    object.__setattr__(self, "draft_lengths", check_draft_lengths(self.draft_lengths))
+    object.__setattr__(self, "budget_s", check_budget(self.budget_s))
+
+
+def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], prompts,
+                  plan: TimingPlan, *, before_timing: Optional[Callable] = None,
+                  windows_log: Optional[list] = None,
+                  progress: bool = True) -> SpeedMeasurement:
+  """Measured and cost-model speedups of every (draft, gamma, temperature) of `plan` over
+  plain decoding.
+
+  Args:
+    drafts: name -> (draft Model, draft params); drafts of one Model share compiled code.
+    prompts: [N, P] right-padded prompts (encoder inputs of an encoder-decoder), each decoded
+      alone.
+    plan: the TimingPlan: the grid, the budget and the timing's settings.
     before_timing: called once everything is compiled and warm, just before the timed
       cycles (e.g. `wait_for_release`, so that the caller's other work is done by then).
     windows_log: if given, gets (key, repeat, window seconds) of every timed call, in order;
@@ -942,13 +967,14 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
     its fastest windows. The fixed costs, `interference` and `quiet_timeline`: see the
     module docstring.
   """
-  check_speed_arguments(gammas, temperatures, repeats, prompts)
-  check_positive_int(timed_per_turn, "timed_per_turn")
-  check_positive_int(plain_calls_per_cycle, "plain_calls_per_cycle")
-  leniences = check_leniences(leniences, temperatures)
-  draft_lengths = check_draft_lengths(draft_lengths)
+  if len(prompts) < 1:
+    raise ValueError("No prompts to time: pass at least one speed prompt.")
+  gammas, temperatures, repeats = plan.gammas, plan.temperatures, plan.repeats
+  leniences, draft_lengths = plan.leniences, plan.draft_lengths
+  max_new_tokens, budget_s = plan.max_new_tokens, plan.budget_s
+  timed_per_turn, plain_calls_per_cycle = plan.timed_per_turn, plan.plain_calls_per_cycle
+  eos_id, seed = plan.eos_id, plan.seed
   timed_leniences = list(dict.fromkeys(timed_lenience(lenience) for lenience in leniences))
-  budget_s = check_budget(budget_s)
   prompts = jnp.asarray(np.asarray(prompts), jnp.int32)
   num_prompts = int(prompts.shape[0])
   model_of = _drafts_by_model(drafts)

@@ -86,7 +86,7 @@ def distill_toward(config, stage: str, teacher, teacher_params, student, student
   Returns the stage summary: recipe fields, final_loss and tau_curve [{step, tau, tau_stderr,
   draft_acceptance_rate}] starting at step 0.
   """
-  prompts = pipeline.heldout_prompts(config, CURVE_PROMPTS)["prompts"]
+  prompts = pipeline.heldout_prompts(config, CURVE_PROMPTS).prompts
   eval_fn = make_speculative_eval_fn(teacher, teacher_params, student,
                                      prompt_inputs(student, prompts),
                                      max_new_tokens=config.max_new_tokens, gamma=5,

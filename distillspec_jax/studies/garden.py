@@ -255,7 +255,7 @@ def measure_garden_speed(config: GardenConfig) -> dict:
   """{target stage: speed.measure_speed result} with that target's drafts of the garden's
   pairs (none for models only used alone). Loads what it needs, so it can run pinned."""
   from tqdm.auto import tqdm
-  prompts = pipeline.heldout_prompts(config, config.speed_examples, split="test")["prompts"]
+  prompts = pipeline.heldout_prompts(config, config.speed_examples, split="test").prompts
   targets = list(dict.fromkeys(t for _, t, _ in config.points()))
   timing = {}
   for target_stage in tqdm(targets, desc="garden speed (models)", dynamic_ncols=True,
@@ -264,8 +264,9 @@ def measure_garden_speed(config: GardenConfig) -> dict:
               for _, t, d in config.points() if t == target_stage and d}
     timing[target_stage] = speed.measure_speed(
         model_of(config, target_stage), _params(config, target_stage), drafts, prompts,
-        gammas=config.gammas, temperatures=(0.0,), max_new_tokens=config.max_new_tokens,
-        **config.speed.measure_kwargs(), seed=config.seed, progress=False)
+        speed.TimingPlan(gammas=config.gammas, temperatures=(0.0,),
+                         max_new_tokens=config.max_new_tokens, seed=config.seed,
+                         **config.speed.measure_kwargs()), progress=False)
   return timing
 
 
@@ -302,7 +303,7 @@ def stage_evaluate(config: GardenConfig, stage: str) -> dict:
   results["timing"] = {stage: timing.to_json() for stage, timing in pinning.run_pinned(
       config.speed_cpus, measure_garden_speed, config).items()}
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
-  return {"num_test_prompts": int(len(examples["prompts"]))}
+  return {"num_test_prompts": int(len(examples))}
 
 
 # --- report --------------------------------------------------------------------------------------

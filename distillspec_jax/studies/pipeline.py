@@ -349,8 +349,8 @@ def stage_finetune(config: PipelineConfig, stage: str) -> dict:
 
 def heldout_prompts(config: PipelineConfig, num_examples: int, split: str = "validation",
                     task: Optional[str] = None):
-  """Prompt/target token arrays and texts of held-out examples (data.get_prompts_and_targets,
-  every one read by this process). Prompts longer than the input length are truncated (as in
+  """The held-out examples' batches.Examples (data.get_prompts_and_targets, every one read
+  by this process). Prompts longer than the input length are truncated (as in
   training)."""
   return _heldout_examples(config, num_examples, split, task)[0]
 
@@ -385,7 +385,7 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
   if recipe == "adaspec":
     reference = dict(reference=draft, reference_params=load_params(
         config, f"distill_{config.adaspec_reference}", draft, mesh))
-  prompts = heldout_prompts(config, 32)["prompts"]
+  prompts = heldout_prompts(config, 32).prompts
   eval_fn = make_speculative_eval_fn(target, target_params, draft,
                                      prompt_inputs(draft, prompts),
                                      max_new_tokens=config.max_new_tokens, gamma=5,
@@ -471,11 +471,11 @@ def eval_models_and_params(config: PipelineConfig, mesh: bool = True) -> tuple:
   return target, draft, params
 
 
-def check_speed_prompts(config: PipelineConfig, examples: dict) -> None:
+def check_speed_prompts(config: PipelineConfig, examples) -> None:
   """Refuses more timed prompts (`speed_examples`) than the test examples hold."""
-  if len(examples["prompts"]) < config.speed_examples:
+  if len(examples) < config.speed_examples:
     raise ValueError(f"speed_examples={config.speed_examples} but the test split of "
-                     f"{config.eval_task or config.task!r} holds {len(examples['prompts'])} "
+                     f"{config.eval_task or config.task!r} holds {len(examples)} "
                      "prompts; lower speed_examples.")
 
 
@@ -496,15 +496,14 @@ def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None
   from distillspec_jax.evaluation import pinning
   from distillspec_jax.evaluation import speed
   target, draft, params = eval_models_and_params(config, mesh=False)
-  prompts = test_examples(config)[0]["prompts"][:config.speed_examples]
+  prompts = test_examples(config)[0].prompts[:config.speed_examples]
   drafts = {name: (draft, p) for name, p in params.items() if name != "target"}
-  return speed.measure_speed(target, params["target"], drafts, prompts, gammas=config.gammas,
-                             temperatures=config.temperatures,
-                             max_new_tokens=config.max_new_tokens,
-                             **config.speed.measure_kwargs(),
+  plan = speed.TimingPlan(gammas=config.gammas, temperatures=config.temperatures,
+                         max_new_tokens=config.max_new_tokens, seed=config.seed,
+                         **config.speed.measure_kwargs())
+  return speed.measure_speed(target, params["target"], drafts, prompts, plan,
                              before_timing=pinning.wait_for_release,
-                             windows_log=windows_log, seed=config.seed,
-                             progress=config.progress_bar)
+                             windows_log=windows_log, progress=config.progress_bar)
 
 
 def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
@@ -544,13 +543,13 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
     del params, drafts  # the timing process loads its own copy
     timing = timing_run.result()
   if not primary:  # process 0 writes eval.json; the others only took part in the decodes
-    return {"num_test_prompts": int(len(examples["prompts"]))}
+    return {"num_test_prompts": int(len(examples))}
   rows = [evaluate_lib.EvaluationRow.of(config.task, run,
                                         timing.row(run.draft, run.point).figures)
           for run in rows]
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"),
                     evaluation_json(alone, rows, timing))
-  return {"num_test_prompts": int(len(examples["prompts"]))}
+  return {"num_test_prompts": int(len(examples))}
 
 
 def evaluation_json(quality: dict, rows: list, timing) -> dict:
