@@ -27,12 +27,14 @@ Gradients flow to the draft only: target logits pass through
 from __future__ import annotations
 
 import numbers
-from typing import Optional
+import typing
+from typing import Literal, Optional
 
 import jax
 import jax.numpy as jnp
 
-DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
+Divergence = Literal["fkl", "rkl", "jsd", "tvd"]
+DIVERGENCES = typing.get_args(Divergence)
 
 
 # --------------------------------------------------------------------------
