@@ -179,11 +179,12 @@ def parse_gin_flags(argv: Sequence[str]) -> list[str]:
 def parse_binary_flags(argv: Sequence[str]) -> None:
   """Parses a binary's gin flags (the multi-host flags already taken out of `argv` by
   multihost.initialize_from_flags); any other argument is an error naming it."""
-  rest = parse_gin_flags(argv)
-  if rest:
+  rest = parse_flags(argv)[3]
+  if rest:  # before parsing: an unknown flag may be what left a macro undefined
     raise GinConfigError(f"Unknown arguments {rest}; use --gin_file=..., --gin.NAME=VALUE, "
                          "--gin_bindings=..., --gin_search_paths=..., and the multi-host flags "
                          "--coordinator_address, --process_count, --process_index")
+  parse_gin_flags(argv)
 
 
 # The shape fields a gin/models file spells out. Not `dtype` or `remat_policy`: train_base.gin

@@ -48,7 +48,7 @@ def test_source_selection_is_a_function_of_the_key():
     (dict(top_k_fraction=0.0), "top_k_fraction=0.0"),
 ])
 def test_bad_config_names_value_and_fix(kwargs, needle):
-  with pytest.raises(ValueError) as error:
+  with pytest.raises((TypeError, ValueError)) as error:  # TypeError: not one of the choices
     objectives.DistillationConfig(**kwargs)
   message = str(error.value)
   assert needle in message
@@ -289,11 +289,11 @@ def test_the_cached_teacher_at_full_vocabulary_gives_the_live_new_objectives():
 
 
 @pytest.mark.parametrize("kwargs, needle", [
-    (dict(divergence="lk"), "Unknown divergence 'lk'"),
+    (dict(divergence="lk"), "divergence='lk' is not one of"),
     (dict(divergence="lk_lambda", lk_s=0.0), "s=0.0 must lie in (0, 1]"),
     (dict(lk_s=-2.0), "s=-2.0 must lie in (0, 1]"),
     (dict(lk_eta=-1.0), "eta=-1.0 must be finite and >= 0"),
-    (dict(position_weighting="reach"), "Unknown position_weighting 'reach'"),
+    (dict(position_weighting="reach"), "position_weighting='reach' is not one of"),
     (dict(position_weighting="block_acceptance", block_size=0), "block_size=0"),
 ])
 def test_bad_new_objective_settings_name_the_value(kwargs, needle):

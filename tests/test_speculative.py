@@ -280,7 +280,7 @@ def test_adaptive_rule_bad_input_names_the_value():
   # The cost rule: a price for every width, positive and finite; the other rules take none.
   with pytest.raises(ValueError, match="The 'cost' rule needs costs"):
     DraftLength("cost")
-  with pytest.raises(ValueError, match="costs\\[1\\]=-1.0 \\(a 2-token verification\\)"):
+  with pytest.raises(ValueError, match="costs\\[1\\]=-1.0 must be > 0; it prices a 2-token verification"):
     DraftLength("cost", costs=(1.0, -1.0))
   with pytest.raises(ValueError, match="draft_cost=nan"):
     DraftLength("cost", costs=(1.0, 1.2), draft_cost=float("nan"))

@@ -73,19 +73,28 @@ def _describe(hint) -> str:
 
 
 def check_value_type(owner: str, name: str, value, hint) -> None:
-  """Raises TypeError unless `value` fits the annotation `hint` (rules in the module doc)."""
+  """Raises TypeError unless `value` fits the annotation `hint` (rules in the module doc);
+  ValueError for a value outside a Literal's choices."""
   origin = typing.get_origin(hint)
+  optional = False
   if origin is typing.Union or origin is types.UnionType:
     options = [a for a in typing.get_args(hint) if a is not type(None)]
-    if value is None and len(options) < len(typing.get_args(hint)):
+    optional = len(options) < len(typing.get_args(hint))
+    if value is None and optional:
       return
   else:
     options = [hint]
   if any(_matches(value, option) for option in options):
     return
   expected = " or ".join(_describe(o) for o in options)
-  if len(options) < len(typing.get_args(hint) or (hint,)):
+  if optional:
     expected += " or None"
+  choices = [c for o in options if typing.get_origin(o) is typing.Literal
+             for c in typing.get_args(o)]
+  if any(type(value) is type(c) for c in choices):
+    # The right type, outside the fixed choices: the value is wrong.
+    raise ValueError(f"{owner}.{name}={value!r} is not {expected}. Set {owner}.{name} to "
+                     "one of them.")
   hint_text = ""
   if isinstance(value, str) and any(o in (int, float) for o in options):
     hint_text = " Write the number without quotes (gin: 0.5, not '0.5')."

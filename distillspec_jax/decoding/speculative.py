@@ -175,8 +175,8 @@ class DraftLength:
     if not self.costs:
       raise ValueError(f"The 'cost' rule needs costs; {fix}")
     for width, cost in enumerate(self.costs, 1):
-      check_real(cost, f"costs[{width - 1}] (a {width}-token verification)", minimum=0.0,
-                 above=True, fix=fix)
+      check_real(cost, f"costs[{width - 1}]", minimum=0.0, above=True,
+                 fix=f"it prices a {width}-token verification; {fix}")
     check_real(self.draft_cost, "draft_cost", minimum=0.0, fix=fix)
 
   def check_gamma_max(self, gamma_max: int) -> None:

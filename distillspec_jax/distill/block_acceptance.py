@@ -23,6 +23,9 @@ is multiplied by its slice of w.
 
 from __future__ import annotations
 
+import typing
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 
@@ -30,7 +33,8 @@ from distillspec_jax.core.validation import check_positive_int
 
 Array = jax.Array
 
-POSITION_WEIGHTINGS = ("uniform", "block_acceptance")
+PositionWeighting = Literal["uniform", "block_acceptance"]
+POSITION_WEIGHTINGS = typing.get_args(PositionWeighting)
 
 
 def _segmented_product(left, right):

@@ -37,12 +37,14 @@ Gradients flow to the draft only: target logits pass through
 from __future__ import annotations
 
 import numbers
-from typing import Optional
+import typing
+from typing import Literal, Optional
 
 import jax
 import jax.numpy as jnp
 
-DIVERGENCES = ("fkl", "rkl", "jsd", "tvd", "lk_alpha", "lk_lambda")
+Divergence = Literal["fkl", "rkl", "jsd", "tvd", "lk_alpha", "lk_lambda"]
+DIVERGENCES = typing.get_args(Divergence)
 # lk_lambda's schedule when none is given: speculators' lambda = exp(-3 alpha).
 LK_S, LK_ETA = 1.0, 3.0
 

@@ -84,60 +84,47 @@ class DistillationConfig:
 
   lambda1: float = 0.0
   lambda2: float = 1.0
-  divergence: str = "fkl"
+  divergence: divergences.Divergence = "fkl"
   beta: float = 0.5
   target_temperature: float = 1.0
   draft_temperature: float = 1.0
   sampling_temperature: float = 1.0
   max_new_tokens: Optional[int] = None
   top_k_fraction: Optional[float] = None
-  selection_normalization: str = "all"
+  selection_normalization: token_selection.Normalization = "all"
   lk_s: float = divergences.LK_S
   lk_eta: float = divergences.LK_ETA
-  position_weighting: str = "uniform"
+  position_weighting: block_acceptance.PositionWeighting = "uniform"
   block_size: int = 5
   loss_block_size: Union[int, Literal["auto"], None] = blocked.AUTO
 
   def __post_init__(self):
-    validation.check_field_types(self)  # lambda1="0.5", beta=True, ... are refused here
+    # Types and the choices of divergence / selection_normalization / position_weighting
+    # (Literal fields): lambda1="0.5", beta=True, divergence="kl" are refused here.
+    validation.check_field_types(self)
     blocked.check_block_size_setting(self.loss_block_size,
                                      "DistillationConfig.loss_block_size")
     for name in ("lambda1", "lambda2"):
-      value = getattr(self, name)
-      if not 0.0 <= float(value) <= 1.0:
-        raise ValueError(
-            f"{name}={value!r} is outside [0, 1]; it is a probability (Knowl 4: lambda1 = "
-            "fixed-data fraction, lambda2 = on-policy fraction of generated batches). Set "
-            f"DistillationConfig.{name} (gin: {name.upper()}) to a value in [0, 1].")
-    if self.divergence not in divergences.DIVERGENCES:
-      raise ValueError(
-          f"Unknown divergence {self.divergence!r}; set DistillationConfig.divergence "
-          f"(gin: DIVERGENCE) to one of {divergences.DIVERGENCES}.")
-    if not 0.0 < float(self.beta) < 1.0:
-      raise ValueError(f"beta={self.beta!r} must lie in the open interval (0, 1) (JSD mixing "
-                       "weight; 0.5 is the symmetric JSD). Set DistillationConfig.beta.")
+      validation.check_probability(
+          getattr(self, name), f"DistillationConfig.{name}",
+          fix=f"it is a probability (Knowl 4: lambda1 = fixed-data fraction, lambda2 = "
+              f"on-policy fraction of generated batches); set {name.upper()} in [0, 1].")
+    validation.check_probability(self.beta, "DistillationConfig.beta", zero=False,
+                                 one=False, fix="the JSD mixing weight lies in (0, 1); 0.5 "
+                                                "is the symmetric JSD (gin: BETA).")
     for name in ("target_temperature", "draft_temperature"):
-      if not float(getattr(self, name)) > 0.0:
-        raise ValueError(f"{name}={getattr(self, name)!r} must be > 0 (1.0 in the paper).")
-    if not float(self.sampling_temperature) >= 0.0:
-      raise ValueError(f"sampling_temperature={self.sampling_temperature!r} must be >= 0 "
-                       "(0 = greedy samples).")
-    if self.max_new_tokens is not None and int(self.max_new_tokens) < 1:
-      raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be >= 1 or None.")
-    if self.top_k_fraction is not None and not 0.0 < float(self.top_k_fraction) <= 1.0:
-      raise ValueError(f"top_k_fraction={self.top_k_fraction!r} must lie in (0, 1] "
-                       "(AdaSPEC keeps this fraction of tokens), or None to disable selection.")
-    if self.selection_normalization not in token_selection.NORMALIZATIONS:
-      raise ValueError(f"selection_normalization={self.selection_normalization!r}; use one of "
-                       f"{token_selection.NORMALIZATIONS}.")
-    try:
-      divergences.validate_lk_schedule(self.lk_s, self.lk_eta)
-    except ValueError as error:
-      raise ValueError(f"{error} Set DistillationConfig.lk_s / lk_eta.") from None
-    if self.position_weighting not in block_acceptance.POSITION_WEIGHTINGS:
-      raise ValueError(f"Unknown position_weighting {self.position_weighting!r}; set "
-                       "DistillationConfig.position_weighting to one of "
-                       f"{block_acceptance.POSITION_WEIGHTINGS}.")
+      validation.check_real(getattr(self, name), f"DistillationConfig.{name}", minimum=0.0,
+                            above=True, fix="pass a temperature > 0 (1.0 in the paper).")
+    validation.check_real(self.sampling_temperature,
+                          "DistillationConfig.sampling_temperature", minimum=0.0,
+                          fix="set SAMPLING_TEMPERATURE >= 0 (0 = greedy samples).")
+    if self.max_new_tokens is not None:
+      validation.check_positive_int(self.max_new_tokens, "DistillationConfig.max_new_tokens")
+    if self.top_k_fraction is not None:
+      validation.check_probability(self.top_k_fraction, "DistillationConfig.top_k_fraction",
+                                   zero=False, fix="AdaSPEC keeps this fraction of tokens; "
+                                   "pass a value in (0, 1], or None to disable selection.")
+    divergences.validate_lk_schedule(self.lk_s, self.lk_eta)
     validation.check_positive_int(self.block_size, "DistillationConfig.block_size")
 
   @classmethod

@@ -43,7 +43,8 @@ from __future__ import annotations
 import fractions
 import math
 import numbers
-from typing import Dict, Optional
+import typing
+from typing import Dict, Literal, Optional
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +53,8 @@ from distillspec_jax.distill import divergences
 
 DEFAULT_TOP_K_FRACTION = 0.4
 # "all" is the old name of "sequence_mean"; it stays so existing configs keep working.
-NORMALIZATIONS = ("sequence_mean", "batch_valid_tokens", "kept", "all")
+Normalization = Literal["sequence_mean", "batch_valid_tokens", "kept", "all"]
+NORMALIZATIONS = typing.get_args(Normalization)
 _ALIASES = {"all": "sequence_mean"}
 
 
