@@ -299,9 +299,10 @@ class LlamaDecoder(nn.Module):
 
   def __call__(self, tokens: Array, *, positions: Optional[Array] = None,
                self_caches: Optional[tuple[KeyValue, ...]] = None, cross=None,
-               encoder_mask=None, deterministic: bool = True):
-    """Scores `tokens: [batch, k]` (the interface of `network.Decoder`; `cross` and
-    `encoder_mask` exist for it and must be None).
+               encoder_mask=None, deterministic: bool = True,
+               hidden_layers: tuple[int, ...] = ()):
+    """Scores `tokens: [batch, k]` (the interface of `network.Decoder`, `hidden_layers`
+    included; `cross` and `encoder_mask` exist for it and must be None).
 
     Without caches the tokens are a whole sequence from position 0 (training). With
     `self_caches` token j of row b sits at position `positions[b] + j` and attends to the
@@ -322,18 +323,20 @@ class LlamaDecoder(nn.Module):
     causal = key_positions[:, None, :] <= query_positions[:, :, None]  # [batch, k, keys]
     bias = jnp.where(causal, 0.0, layers.NEG_INF).astype(jnp.float32)[:, None, None]
     x = self.dropout(self.shared_embedding(tokens), deterministic)
-    new_caches = []
+    new_caches, hidden = [], [x]
     for i, layer in enumerate(self.layers):
       x, cache = layer(x, query_positions, bias,
                        None if self_caches is None else self_caches[i], positions,
                        deterministic)
       new_caches.append(cache)
+      hidden.append(x)
     x = self.dropout(self.decoder_norm(x), deterministic)
     if self.config.logits_via_embedding:
       logits = self.shared_embedding.attend(x)
     else:
       logits = self.logits_dense(x)
-    return logits.astype(jnp.float32), (None if self_caches is None else tuple(new_caches))
+    out = logits.astype(jnp.float32), (None if self_caches is None else tuple(new_caches))
+    return out + (network.collect_hidden(hidden, hidden_layers),) if hidden_layers else out
 
 
 class LlamaDecoderOnly(nn.Module):
