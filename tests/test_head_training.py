@@ -153,3 +153,22 @@ def test_head_training_resumes_bit_identically(tmp_path):
                straight.state.params, resumed.state.params)
   records = [r for r in straight.history if "loss" in r]
   assert all("predicted_acceptance" in r and "acceptance_step2" in r for r in records)
+
+
+@pytest.mark.integration
+def test_head_bench_smoke_runs_and_reports(tmp_path):
+  """bench/head_draft.py --smoke: trains a head through the trainer, measures tau and costs."""
+  import json
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  "bench"))
+  import head_draft  # noqa: E402
+  out = tmp_path / "head.json"
+  report = head_draft.main(["--smoke", "--out", str(out)])
+  assert json.load(open(out))["rows"] == report["rows"]
+  for row in report["rows"]:
+    assert 1.0 <= row["tau"] <= row["gamma"] + 1
+    assert len(row["acceptance_by_position"]) == row["gamma"]
+    assert row["cost_model_speedup"] > 0 and row["projected_speedup_32_layers"] > 0
+  assert report["per_call_s"]["head_1"]["median_s"] > 0
