@@ -8,6 +8,9 @@ lowering positions, never copied. Under an adaptive `DraftLength` each row propo
 (then gamma_max) tokens, chosen by the draft alone, and the target scores the batch's longest
 proposal (`_draft_block_adaptive`, `_verify_proposals`).
 
+A draft head (models/head.py) stands in for the draft model the same way: its state, its
+per-row rollback and the verification's features are decoding/head_draft.py's.
+
 Cache invariant at the start of a round (n committed decoder tokens, the last one `pending`):
 the target cache holds the n - 1 tokens before `pending`; the draft cache holds the n - 2 tokens
 before `previous, pending`. The draft's first step feeds [previous, pending] (rewriting

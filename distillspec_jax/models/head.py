@@ -116,11 +116,22 @@ class HeadConfig:
     mlp = self.target.mlp_dim if self.mlp_dim is None else self.mlp_dim
     return self.target.replace(mlp_dim=mlp, num_decoder_layers=1, dropout_rate=0.0)
 
-  # The fields the trainer and the reports read from a model config.
-  kind = property(lambda self: self.target.kind)
-  vocab_size = property(lambda self: self.target.vocab_size)
-  dropout_rate = property(lambda self: 0.0)
-  max_decode_length = property(lambda self: self.target.max_decode_length)
+  # What the trainer and the engine read from a model config.
+  @property
+  def kind(self) -> str:
+    return self.target.kind
+
+  @property
+  def vocab_size(self) -> int:
+    return self.target.vocab_size
+
+  @property
+  def dropout_rate(self) -> float:
+    return 0.0  # the head trains without dropout
+
+  @property
+  def max_decode_length(self) -> int:
+    return self.target.max_decode_length
 
   @property
   def width(self) -> int:
