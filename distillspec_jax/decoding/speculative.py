@@ -10,6 +10,9 @@ proposal (`_draft_block_adaptive`, `_verify_proposals`). A drafter returns a `Dr
 (tokens, their logits, the advanced cache, each row's proposal and draft calls);
 `_propose_and_verify` gives the round's `VerifiedRound`, which `_round` commits.
 
+A draft head (models/head.py) stands in for the draft model the same way: its state, its
+per-row rollback and the verification's features are decoding/head_draft.py's.
+
 Cache invariant at the start of a round (n committed decoder tokens, the last one `pending`):
 the target cache holds the n - 1 tokens before `pending`; the draft cache holds the n - 2 tokens
 before `previous, pending`. The draft's first step feeds [previous, pending] (rewriting
@@ -74,12 +77,14 @@ import numpy as np
 
 from distillspec_jax.core.validation import (check_field_types, check_positive_int,
                                              check_probability, check_real)
+from distillspec_jax.decoding import head_draft
 from distillspec_jax.models.config import check_same_vocabulary
 from distillspec_jax.decoding.plain import (UNIFORMS_PER_DRAW, SamplingConfig, cache_capacity,
                                       check_capacity, check_prompts,
                                       check_rng, probabilities, sample_from_probabilities,
                                       sample_tokens)
 from distillspec_jax.models.cache import DecodingCache
+from distillspec_jax.models.head import Head
 from distillspec_jax.models.model import PAD_ID, Model, decoder_prompt
 
 Array = jax.Array
@@ -323,7 +328,10 @@ def _validate(target: Model, draft: Model, gamma: int, lenience: Lenience,
   gamma = check_positive_int(gamma, "gamma_max" if adaptive else "gamma")
   if adaptive:
     draft_length.check_gamma_max(gamma)
-  check_same_vocabulary(target.config, draft.config)
+  if isinstance(draft, Head):
+    draft.check_target(target)
+  else:
+    check_same_vocabulary(target.config, draft.config)
   if target.config.kind != draft.config.kind:
     raise ValueError(f"The target is {target.config.kind} but the draft is {draft.config.kind}; "
                      "pair models of the same kind.")
@@ -466,14 +474,20 @@ def speculative_start(target, target_params, draft, draft_params, encoder_input_
   # the prompt minus its last token (`previous`).
   prompt, prompt_lengths = decoder_prompt(target, prompt_tokens, batch)
   target_cache = target.init_cache(target_params, batch, max_length, encoder_input_tokens)
-  first_logits, target_cache = target.prefill(target_params, target_cache, prompt,
-                                              prompt_lengths)
-  draft_cache = draft.init_cache(draft_params, batch, max_length, encoder_input_tokens)
-  if prompt.shape[1] > 1:  # a one-token prompt (encoder-decoders) leaves the draft empty
-    _, draft_cache = draft.extend(draft_params, draft_cache, prompt)
-    draft_cache = draft_cache.rollback(prompt.shape[1] - (prompt_lengths - 1))
+  if isinstance(draft, Head):
+    target_cache, draft_cache, pending = head_draft.prefill(
+        target, target_params, draft, draft_params, target_cache, prompt, prompt_lengths,
+        encoder_input_tokens, first_rng, temperature=sampling.temperature, width=gamma + 1,
+        max_length=max_length)
+  else:
+    first_logits, target_cache = target.prefill(target_params, target_cache, prompt,
+                                                prompt_lengths)
+    draft_cache = draft.init_cache(draft_params, batch, max_length, encoder_input_tokens)
+    if prompt.shape[1] > 1:  # a one-token prompt (encoder-decoders) leaves the draft empty
+      _, draft_cache = draft.extend(draft_params, draft_cache, prompt)
+      draft_cache = draft_cache.rollback(prompt.shape[1] - (prompt_lengths - 1))
+    pending = sample_tokens(first_logits, first_rng, sampling.temperature)
   previous = jnp.take_along_axis(prompt, (prompt_lengths - 1)[:, None], axis=1)[:, 0]
-  pending = sample_tokens(first_logits, first_rng, sampling.temperature)
 
   out = jnp.full((batch, max_new_tokens + gamma + 1), PAD_ID, jnp.int32).at[:, 0].set(pending)
   zeros = jnp.zeros_like(pending)
@@ -507,6 +521,8 @@ def start_state_for_gamma(state: SpeculativeState, *, gamma: int,
   else:
     pad = jnp.full(out.shape[:-1] + (width - out.shape[-1],), PAD_ID, out.dtype)
     out = jnp.concatenate([out, pad], axis=-1)
+  if isinstance(state.draft_cache, head_draft.HeadDraftState):
+    state = state.replace(draft_cache=state.draft_cache.resize(gamma + 1))
   return state.replace(out=out)
 
 
@@ -658,16 +674,17 @@ def _draft_block_adaptive(draft: Model, draft_params, draft_cache, context: Arra
 
 
 def _verify_proposals(target: Model, target_params, target_cache, block: Array,
-                      width: Array, gamma: int):
+                      width: Array, gamma: int, hidden_layers: tuple = ()):
   """The target's call on the first `width` tokens of `block: [batch, gamma + 1]` (a traced
   width in [2, gamma + 1]: one compiled branch per width, so a shorter proposal is a
-  cheaper call). Returns (logits [batch, gamma + 1, vocab], zero past `width`; cache)."""
+  cheaper call). Returns (logits [batch, gamma + 1, vocab], zero past `width`; cache), and
+  with `hidden_layers` the hidden states [batch, gamma + 1, n * embed] (zero past `width`)."""
   def branch(columns):
     def call(cache):
-      logits, cache = target.extend(target_params, cache, block[:, :columns])
-      pad = jnp.zeros(logits.shape[:1] + (gamma + 1 - columns,) + logits.shape[2:],
-                      logits.dtype)
-      return jnp.concatenate([logits, pad], axis=1), cache
+      outputs = target.extend(target_params, cache, block[:, :columns], hidden_layers)
+      pad = lambda x: jnp.concatenate(
+          [x, jnp.zeros(x.shape[:1] + (gamma + 1 - columns,) + x.shape[2:], x.dtype)], axis=1)
+      return (pad(outputs[0]), outputs[1]) + tuple(pad(x) for x in outputs[2:])
     return call
 
   return jax.lax.switch(width - 2, [branch(w) for w in range(2, gamma + 2)], target_cache)
@@ -726,6 +743,10 @@ def _propose_and_verify(target, target_params, draft, draft_params, state: Specu
                         draft_length) -> VerifiedRound:
   """A round's drafting (every row proposes gamma tokens under the fixed rule, up to gamma
   under an adaptive one) and the target's verification of the batch's longest proposal."""
+  if isinstance(draft, Head):
+    return _head_propose_and_verify(target, target_params, draft, draft_params, state,
+                                    draft_rng, verify_rng, gamma=gamma, sampling=sampling,
+                                    lenience=lenience, draft_length=draft_length)
   context = jnp.stack([state.previous, state.pending], axis=1)
   if not draft_length.adaptive:
     drafted = _draft_block(draft, draft_params, state.draft_cache, context, draft_rng,
@@ -746,6 +767,37 @@ def _propose_and_verify(target, target_params, draft, draft_params, state: Specu
   num_accepted, next_token = verify_block(target_logits, drafted.logits, drafted.tokens,
                                           verify_rng, sampling.temperature, lenience,
                                           proposed=drafted.proposed)
+  return VerifiedRound(block=block, num_accepted=num_accepted, next_token=next_token,
+                       draft=drafted, width=width, target_cache=target_cache)
+
+
+def _head_propose_and_verify(target, target_params, head: Head, head_params,
+                             state: SpeculativeState, draft_rng, verify_rng, *, gamma,
+                             sampling, lenience, draft_length) -> VerifiedRound:
+  """`_propose_and_verify` with a draft head: the same draft loops over `HeadDrafter`, and a
+  verification that also returns the target's features at the head's layers (kept in the
+  round's head state for `head_draft.commit`)."""
+  drafter, layers = head_draft.HeadDrafter(head), head.feature_layers
+  context = jnp.stack([state.previous, state.pending], axis=1)
+  if not draft_length.adaptive:
+    drafted = _draft_block(drafter, head_params, state.draft_cache, context, draft_rng,
+                           gamma=gamma, temperature=sampling.temperature)
+    block = jnp.concatenate([context[:, 1:], drafted.tokens], axis=1)
+    target_logits, target_cache, features = target.extend(target_params, state.target_cache,
+                                                          block, layers)
+    width = jnp.int32(gamma + 1)
+  else:
+    drafted = _draft_block_adaptive(drafter, head_params, state.draft_cache, context,
+                                    draft_rng, ~state.done, gamma=gamma,
+                                    temperature=sampling.temperature, rule=draft_length)
+    block = jnp.concatenate([context[:, 1:], drafted.tokens], axis=1)
+    width = jnp.max(jnp.where(state.done, 1, drafted.proposed)) + 1
+    target_logits, target_cache, features = _verify_proposals(
+        target, target_params, state.target_cache, block, width, gamma, layers)
+  num_accepted, next_token = verify_block(
+      target_logits, drafted.logits, drafted.tokens, verify_rng, sampling.temperature, lenience,
+      proposed=drafted.proposed if draft_length.adaptive else None)
+  drafted = drafted.replace(cache=drafted.cache.replace(verified=features))
   return VerifiedRound(block=block, num_accepted=num_accepted, next_token=next_token,
                        draft=drafted, width=width, target_cache=target_cache)
 
@@ -778,6 +830,11 @@ def _round(target, target_params, draft, draft_params, state: SpeculativeState, 
   going_on = active & ~finished
   target_rollback = jnp.where(going_on, verified.width - 1 - num_accepted, verified.width)
   draft_rollback = jnp.where(going_on, drafted.calls - num_accepted, drafted.calls + 1)
+  if isinstance(draft, Head):  # per row: back to the round's first step, then the accepted
+    draft_cache = head_draft.commit(drafted.cache, block, num_accepted, verified.next_token,
+                                    going_on)
+  else:
+    draft_cache = drafted.cache.rollback(draft_rollback)
   this_round = active[:, None] & (
       jnp.arange(max_new_tokens)[None, :] == state.target_calls[:, None])
   per_round = lambda new, old: jnp.where(this_round, new[:, None], old)
@@ -797,7 +854,7 @@ def _round(target, target_params, draft, draft_params, state: SpeculativeState, 
       pending=keep(verified.next_token, state.pending),
       done=keep(finished, state.done), round=state.round + 1,
       target_cache=verified.target_cache.rollback(target_rollback),
-      draft_cache=drafted.cache.rollback(draft_rollback), out=out,
+      draft_cache=draft_cache, out=out,
       accepted_per_round=per_round(kept, state.accepted_per_round),
       proposed_per_round=per_round(drafted.proposed, state.proposed_per_round),
       tested_per_round=per_round(kept + output_rejected, state.tested_per_round))

@@ -358,19 +358,21 @@ class LlamaDecoder(nn.Module):
 
   def __call__(self, tokens: Array, *, positions: Optional[Array] = None,
                self_caches: Optional[tuple[KeyValue, ...]] = None, cross=None,
-               encoder_mask=None, deterministic: bool = True):
-    """Scores `tokens: [batch, k]` (the interface of `network.Decoder`; `cross` and
-    `encoder_mask` exist for it and must be None).
+               encoder_mask=None, deterministic: bool = True,
+               hidden_layers: tuple[int, ...] = ()):
+    """Scores `tokens: [batch, k]` (the interface of `network.Decoder`, `hidden_layers`
+    included; `cross` and `encoder_mask` exist for it and must be None).
 
     Without caches the tokens are a whole sequence from position 0 (training). With
     `self_caches` token j of row b sits at position `positions[b] + j` and attends to the
     cached keys at positions <= its own.
-    Returns (logits [batch, k, vocab] fp32, updated self_caches or None).
+    Returns (logits [batch, k, vocab] fp32, updated self_caches or None[, the
+    `hidden_layers` states]).
     """
-    x, caches = self.hidden_states(tokens, positions=positions, self_caches=self_caches,
-                                   cross=cross, encoder_mask=encoder_mask,
-                                   deterministic=deterministic)
-    return self.project(x, deterministic), caches
+    x, *rest = self.hidden_states(tokens, positions=positions, self_caches=self_caches,
+                                  cross=cross, encoder_mask=encoder_mask,
+                                  deterministic=deterministic, hidden_layers=hidden_layers)
+    return (self.project(x, deterministic), *rest)
 
   def project(self, x: Array, deterministic: bool = True) -> Array:
     """The output projection: final norm, dropout and logits, position-wise.
@@ -386,9 +388,10 @@ class LlamaDecoder(nn.Module):
 
   def hidden_states(self, tokens: Array, *, positions: Optional[Array] = None,
                     self_caches: Optional[tuple[KeyValue, ...]] = None, cross=None,
-                    encoder_mask=None, deterministic: bool = True):
+                    encoder_mask=None, deterministic: bool = True,
+                    hidden_layers: tuple[int, ...] = ()):
     """As `__call__`, but stops before `project`: (last-layer states [batch, k, embed],
-    updated self_caches or None)."""
+    updated self_caches or None[, the `hidden_layers` states])."""
     if cross is not None or encoder_mask is not None:
       raise ValueError("A llama-kind model has no encoder: cross / encoder_mask must be None.")
     batch, k = tokens.shape
@@ -408,13 +411,15 @@ class LlamaDecoder(nn.Module):
     if c.kind == "gemma3":  # sqrt(emb_dim) in the activation dtype, as Gemma rounds it
       x = x * jnp.asarray(c.emb_dim ** 0.5, x.dtype)
     x = self.dropout(x, deterministic)
-    new_caches = []
+    new_caches, hidden = [], [x]
     for i, layer in enumerate(self.layers):
       x, cache = layer(x, query_positions, local_bias if c.is_local_layer(i) else bias,
                        None if self_caches is None else self_caches[i], positions,
                        deterministic)
       new_caches.append(cache)
-    return x, (None if self_caches is None else tuple(new_caches))
+      hidden.append(x)
+    out = x, (None if self_caches is None else tuple(new_caches))
+    return out + (network.collect_hidden(hidden, hidden_layers),) if hidden_layers else out
 
 
 class LlamaDecoderOnly(nn.Module):

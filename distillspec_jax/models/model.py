@@ -140,19 +140,45 @@ class Model:
     return DecodingCache(positions=positions, self_attention=self_attention,
                          cross_attention=cross, encoder_mask=encoder_input_tokens > 0)
 
-  def extend(self, params: Params, cache: DecodingCache, tokens: Array):
+  def extend(self, params: Params, cache: DecodingCache, tokens: Array,
+             hidden_layers: tuple[int, ...] = ()):
     """Scores `tokens: [batch, k]` placed at each row's cache position and stores them.
 
-    Returns (logits [batch, k, vocab] fp32, cache with positions advanced by k). The caller
-    guarantees `positions + k <= max_length`: writes past the end are not dropped but clamped
-    onto the row's last valid slots or undefined (see `DecodingCache`).
+    Returns (logits [batch, k, vocab] fp32, cache with positions advanced by k), and with
+    `hidden_layers` (indices: 0 the embedding output, i decoder layer i's output) a third
+    output, those hidden states side by side: [batch, k, len(hidden_layers) * emb_dim]. The
+    caller guarantees `positions + k <= max_length`: writes past the end are not dropped but
+    clamped onto the row's last valid slots or undefined (see `DecodingCache`).
     """
     module = self.module
-    logits, self_attention = module.apply(
+    outputs = module.apply(
         {"params": params}, tokens, positions=cache.positions, self_caches=cache.self_attention,
-        cross=cache.cross_attention, encoder_mask=cache.encoder_mask, method=module.decode)
-    cache = cache.replace(self_attention=self_attention).advance(tokens.shape[1])
-    return logits, cache
+        cross=cache.cross_attention, encoder_mask=cache.encoder_mask,
+        hidden_layers=tuple(hidden_layers), method=module.decode)
+    cache = cache.replace(self_attention=outputs[1]).advance(tokens.shape[1])
+    return (outputs[0], cache) + tuple(outputs[2:])
+
+  def encode(self, params: Params, encoder_input_tokens: Array) -> Array:
+    """An encoder-decoder's encoder output [batch, input_len, emb_dim] (no dropout)."""
+    module = self.module
+    return module.apply({"params": params}, encoder_input_tokens, method=module.encode)
+
+  def layer_features(self, params: Params, batch: dict, hidden_layers: tuple[int, ...]):
+    """Teacher-forced (logits [batch, len, vocab] fp32, hidden [batch, len, len(hidden_layers)
+    * emb_dim], encoded [batch, input_len, emb_dim] or None), no dropout; `batch` as for
+    `logits`. What a draft head is trained on."""
+    module, variables = self.module, {"params": params}
+    tokens = batch["decoder_input_tokens"]
+    if not self.is_encoder_decoder:
+      logits, _, hidden = module.apply(variables, tokens, hidden_layers=tuple(hidden_layers),
+                                       method=module.decode)
+      return logits, hidden, None
+    inputs = batch["encoder_input_tokens"]
+    encoded = self.encode(params, inputs)
+    cross = module.apply(variables, encoded, method=module.cross_key_values)
+    logits, _, hidden = module.apply(variables, tokens, cross=cross, encoder_mask=inputs > 0,
+                                     hidden_layers=tuple(hidden_layers), method=module.decode)
+    return logits, hidden, encoded
 
   def prefill(self, params: Params, cache: DecodingCache, tokens: Array, lengths: Array):
     """Stores right-padded `tokens: [batch, P]` of per-row `lengths: [batch]` (>= 1).

@@ -168,18 +168,20 @@ class Decoder(nn.Module):
   def __call__(self, tokens: Array, *, positions: Optional[Array] = None,
                self_caches: Optional[tuple[KeyValue, ...]] = None,
                cross: Optional[tuple[KeyValue, ...]] = None,
-               encoder_mask: Optional[Array] = None, deterministic: bool = True):
+               encoder_mask: Optional[Array] = None, deterministic: bool = True,
+               hidden_layers: tuple[int, ...] = ()):
     """Scores `tokens: [batch, k]`.
 
     Without caches the tokens are a whole sequence starting at position 0 (training). With
     `self_caches` (one (keys, values) pair per layer) token j of row b sits at absolute position
     `positions[b] + j` and attends to cached keys at positions <= its own.
-    Returns (logits [batch, k, vocab] fp32, updated self_caches or None).
+    Returns (logits [batch, k, vocab] fp32, updated self_caches or None), and with
+    `hidden_layers` a third output: those hidden states (`collect_hidden`).
     """
-    x, caches = self.hidden_states(tokens, positions=positions, self_caches=self_caches,
-                                   cross=cross, encoder_mask=encoder_mask,
-                                   deterministic=deterministic)
-    return self.project(x, deterministic), caches
+    x, *rest = self.hidden_states(tokens, positions=positions, self_caches=self_caches,
+                                  cross=cross, encoder_mask=encoder_mask,
+                                  deterministic=deterministic, hidden_layers=hidden_layers)
+    return (self.project(x, deterministic), *rest)
 
   def project(self, x: Array, deterministic: bool = True) -> Array:
     """The output projection: final norm, dropout and logits.
@@ -197,9 +199,10 @@ class Decoder(nn.Module):
   def hidden_states(self, tokens: Array, *, positions: Optional[Array] = None,
                     self_caches: Optional[tuple[KeyValue, ...]] = None,
                     cross: Optional[tuple[KeyValue, ...]] = None,
-                    encoder_mask: Optional[Array] = None, deterministic: bool = True):
+                    encoder_mask: Optional[Array] = None, deterministic: bool = True,
+                    hidden_layers: tuple[int, ...] = ()):
     """As `__call__`, but stops before `project`: (last-layer states [batch, k, embed],
-    updated self_caches or None)."""
+    updated self_caches or None[, the `hidden_layers` states])."""
     batch, k = tokens.shape
     offsets = jnp.arange(k)[None, :]
     if self_caches is None:
@@ -215,13 +218,27 @@ class Decoder(nn.Module):
     if self.has_cross_attention:
       cross_bias = _mask_to_bias(encoder_mask[:, None, None, :])
     x = self.dropout(self.shared_embedding(tokens), deterministic)
-    new_caches = []
+    new_caches, hidden = [], [x]
     for i, layer in enumerate(self.layers):
       x, layer_cache = layer(
           x, self_bias, positions, None if self_caches is None else self_caches[i],
           None if cross is None else cross[i], cross_bias, deterministic)
       new_caches.append(layer_cache)
-    return x, (None if self_caches is None else tuple(new_caches))
+      hidden.append(x)
+    out = x, (None if self_caches is None else tuple(new_caches))
+    return out + (collect_hidden(hidden, hidden_layers),) if hidden_layers else out
+
+
+def collect_hidden(hidden: list, hidden_layers: tuple[int, ...]) -> Array:
+  """The chosen hidden states side by side: `hidden[i]` is the embedding output (i = 0) or
+  decoder layer i's output, each [batch, k, embed]; returns [batch, k, len(hidden_layers) *
+  embed] in `hidden_layers`' order (what a target-conditioned draft head reads)."""
+  for index in hidden_layers:
+    if not 0 <= index < len(hidden):
+      raise ValueError(f"hidden layer index {index} is outside this decoder: it has "
+                       f"{len(hidden) - 1} layers, so indices run 0 (embedding output) to "
+                       f"{len(hidden) - 1}.")
+  return jnp.concatenate([hidden[i] for i in hidden_layers], axis=-1)
 
 
 class EncoderDecoder(nn.Module):

@@ -1,0 +1,219 @@
+"""EAGLE-3 export of a llama-kind draft head (models/head.py) for SGLang and vLLM.
+
+`export_eagle3(head, params, directory, ...)` writes two folders, each a `config.json` and a
+`model.safetensors` with the same tensors:
+
+  sglang/       config.json of `LlamaForCausalLMEagle3` (a one-layer Llama config with
+                `draft_vocab_size` and `eagle_config.eagle_aux_hidden_state_layer_ids`);
+  speculators/  config.json of vLLM's speculators format (`speculators_model_type: eagle3`,
+                `speculators_config` with the verifier, `transformer_layer_config`,
+                `draft_vocab_size`, `eagle_aux_hidden_state_layer_ids`, ...).
+
+Tensors (torch Linear weights are [out, in]; H heads, K kv heads, D head_dim, n features):
+
+  ours                                          SGLang EAGLE-3
+  fc/kernel [n*d, d]                            fc.weight [d, n*d]
+  layer/input_norm/scale                        midlayer.input_layernorm.weight
+  layer/hidden_norm/scale                       midlayer.hidden_norm.weight
+  layer/self_attention/query/kernel [2d, H, D]  midlayer.self_attn.q_proj.weight [H*D, 2d]
+  layer/self_attention/{key,value}/kernel       midlayer.self_attn.{k,v}_proj.weight [K*D, 2d]
+  layer/self_attention/out/kernel [H, D, d]     midlayer.self_attn.o_proj.weight [d, H*D]
+  layer/pre_mlp_layer_norm/scale                midlayer.post_attention_layernorm.weight
+  layer/mlp/{wi_0, wi_1}/kernel [d, m]          midlayer.mlp.{gate_proj, up_proj}.weight [m, d]
+  layer/mlp/wo/kernel [m, d]                    midlayer.mlp.down_proj.weight [d, m]
+  norm/scale                                    norm.weight
+  lm_head/kernel [d, draft vocab]               lm_head.weight [draft vocab, d]
+  draft_ids                                     d2t [draft vocab] int64 (target id - draft id),
+                                                t2d [vocab] bool (target ids in the draft vocab)
+  token_embedder/embedding                      embed_tokens.weight, only where it differs from
+                                                the target's (the engines share the target's)
+
+Feature layers: our hidden-state index i (the output of decoder layer i) is layer id i - 1 in
+both formats (the id of the layer whose output is captured); index 0, the embedding output,
+has no layer id and is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+from distillspec_jax.interop import hf_llama
+from distillspec_jax.models.config import TransformerConfig
+from distillspec_jax.models.head import Head, HeadConfig
+
+Params = Any
+
+SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
+SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
+# (ours, theirs, how): how = "T" transposes a 2-D kernel, "in1" / "in2" flatten a kernel of
+# 1 / 2 input axes to 2-D then transpose, "same" keeps it.
+_TENSORS = (
+    (("fc", "kernel"), "fc.weight", "T"),
+    (("layer", "input_norm", "scale"), "midlayer.input_layernorm.weight", "same"),
+    (("layer", "hidden_norm", "scale"), "midlayer.hidden_norm.weight", "same"),
+    (("layer", "self_attention", "query", "kernel"), "midlayer.self_attn.q_proj.weight", "in1"),
+    (("layer", "self_attention", "key", "kernel"), "midlayer.self_attn.k_proj.weight", "in1"),
+    (("layer", "self_attention", "value", "kernel"), "midlayer.self_attn.v_proj.weight", "in1"),
+    (("layer", "self_attention", "out", "kernel"), "midlayer.self_attn.o_proj.weight", "in2"),
+    (("layer", "pre_mlp_layer_norm", "scale"), "midlayer.post_attention_layernorm.weight",
+     "same"),
+    (("layer", "mlp", "wi_0", "kernel"), "midlayer.mlp.gate_proj.weight", "T"),
+    (("layer", "mlp", "wi_1", "kernel"), "midlayer.mlp.up_proj.weight", "T"),
+    (("layer", "mlp", "wo", "kernel"), "midlayer.mlp.down_proj.weight", "T"),
+    (("norm", "scale"), "norm.weight", "same"),
+    (("lm_head", "kernel"), "lm_head.weight", "T"),
+)
+EMBEDDING_KEY = "embed_tokens.weight"
+# The tensors an export holds (plus EMBEDDING_KEY where the head's embedding is its own).
+SGLANG_KEYS = tuple(sorted([theirs for _, theirs, _ in _TENSORS] + ["d2t", "t2d"]))
+SPECULATORS_FIELDS = ("architectures", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids",
+                      "embed_requires_grad", "norm_before_residual", "speculators_config",
+                      "speculators_model_type", "target_hidden_size",
+                      "transformer_layer_config")
+
+
+def _check_exportable(head: Head) -> None:
+  c = head.config
+  if c.kind != "llama":
+    raise ValueError(f"EAGLE-3 export takes a llama-kind head; this head is {c.kind} (its "
+                     "layer has T5 attention the serving engines' EAGLE-3 heads lack).")
+  if c.target.use_qkv_bias:
+    raise ValueError("EAGLE-3 export: the engines' EAGLE-3 Llama layer has no q/k/v biases; "
+                     "this target (Qwen2-style use_qkv_bias=True) cannot be exported.")
+  if 0 in head.feature_layers:
+    raise ValueError(f"feature_layers={head.feature_layers} reads the embedding output (index "
+                     "0), which EAGLE-3's layer ids cannot name; export a head of layers >= 1.")
+
+
+def layer_config(head: Head) -> dict:
+  """The head layer's Llama config.json fields (one layer, the head's MLP width)."""
+  out = hf_llama.config_to_hf(head.config.layer_config)
+  out.update(architectures=[SGLANG_ARCHITECTURE], draft_vocab_size=head.config.draft_vocab_size,
+             tie_word_embeddings=False)
+  return out
+
+
+def sglang_config(head: Head) -> dict:
+  out = layer_config(head)
+  out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in
+                                                              head.feature_layers],
+                         "use_aux_hidden_state": True}
+  return out
+
+
+def speculators_config(head: Head, verifier: str, speculative_tokens: int) -> dict:
+  layer = layer_config(head)
+  layer["architectures"] = ["LlamaForCausalLM"]
+  return {
+      "architectures": [SPECULATORS_ARCHITECTURE],
+      "speculators_model_type": "eagle3",
+      "speculators_config": {
+          "algorithm": "eagle3",
+          "proposal_methods": [{"proposal_type": "greedy",
+                                "speculative_tokens": int(speculative_tokens)}],
+          "default_proposal_method": "greedy",
+          "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+      },
+      "transformer_layer_config": layer,
+      "draft_vocab_size": head.config.draft_vocab_size,
+      "norm_before_residual": False,  # the residual stream is the fused feature before norm
+      "target_hidden_size": head.config.width,
+      "eagle_aux_hidden_state_layer_ids": [i - 1 for i in head.feature_layers],
+      "embed_requires_grad": False,
+  }
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key]
+  return np.asarray(tree, np.float32)
+
+
+def to_tensors(head: Head, params: Params, target_params: Optional[Params] = None) -> dict:
+  """The head's tensors under EAGLE-3 names (`embed_tokens.weight` only where the head's
+  embedding is not the target's, or no target params are given)."""
+  _check_exportable(head)
+  out = {}
+  for ours, theirs, how in _TENSORS:
+    value = _get(params, ours)
+    if how == "in1":
+      value = value.reshape(value.shape[0], -1)
+    elif how == "in2":
+      value = value.reshape(-1, value.shape[-1])
+    out[theirs] = np.ascontiguousarray(value if how == "same" else value.T)
+  vocab = head.config.vocab_size
+  ids = head.draft_ids if head.draft_ids is not None else np.arange(vocab)
+  out["d2t"] = (ids - np.arange(len(ids))).astype(np.int64)
+  out["t2d"] = np.zeros((vocab,), bool)
+  out["t2d"][ids] = True
+  embedding = _get(params, ("token_embedder", "embedding"))
+  if target_params is None or not np.array_equal(
+      embedding, _get(target_params, ("token_embedder", "embedding"))):
+    out[EMBEDDING_KEY] = embedding
+  return out
+
+
+def export_eagle3(head: Head, params: Params, directory: str, *, verifier: str,
+                  target_params: Optional[Params] = None, speculative_tokens: int = 3) -> dict:
+  """Writes `directory/sglang` and `directory/speculators` (module docstring). `verifier`:
+  the target's name or path as the engines load it. Returns {folder: path}."""
+  from safetensors.numpy import save_file  # the interop layer's optional dependency
+  tensors = to_tensors(head, params, target_params)
+  configs = {"sglang": sglang_config(head),
+             "speculators": speculators_config(head, verifier, speculative_tokens)}
+  paths = {}
+  for name, config in configs.items():
+    folder = os.path.join(directory, name)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+      json.dump(config, f, indent=2, sort_keys=True)
+    save_file(tensors, os.path.join(folder, "model.safetensors"))
+    paths[name] = folder
+  return paths
+
+
+def _from_tensors(tensors: dict, head: Head, target_params: Optional[Params]) -> Params:
+  shapes = head.param_shapes()
+  params: dict = {}
+  for ours, theirs, how in _TENSORS:
+    value = np.asarray(tensors[theirs], np.float32)
+    shape = _shape_at(shapes, ours)
+    value = value if how == "same" else value.T
+    node = params
+    for key in ours[:-1]:
+      node = node.setdefault(key, {})
+    node[ours[-1]] = value.reshape(shape)
+  if EMBEDDING_KEY in tensors:
+    embedding = np.asarray(tensors[EMBEDDING_KEY], np.float32)
+  elif target_params is not None:
+    embedding = _get(target_params, ("token_embedder", "embedding"))
+  else:
+    raise ValueError(f"The export has no {EMBEDDING_KEY} (it shares the target's); pass "
+                     "target_params to import it.")
+  params["token_embedder"] = {"embedding": embedding}
+  return params
+
+
+def _shape_at(shapes, path) -> tuple:
+  for key in path:
+    shapes = shapes[key]
+  return tuple(shapes.shape)
+
+
+def import_eagle3(folder: str, target: TransformerConfig,
+                  target_params: Optional[Params] = None) -> tuple[Head, Params]:
+  """Reads an export's `sglang` folder back: (Head for `target`, params)."""
+  from safetensors.numpy import load_file
+  with open(os.path.join(folder, "config.json")) as f:
+    config = json.load(f)
+  tensors = load_file(os.path.join(folder, "model.safetensors"))
+  ids = (np.asarray(tensors["d2t"]) + np.arange(len(tensors["d2t"]))).astype(int)
+  layers = tuple(int(i) + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+  full = len(ids) == target.vocab_size and np.array_equal(ids, np.arange(target.vocab_size))
+  head = Head(HeadConfig(target, feature_layers=layers, mlp_dim=int(config["intermediate_size"]),
+                         draft_ids=None if full else tuple(int(i) for i in ids)))
+  return head, _from_tensors(tensors, head, target_params)

@@ -1,0 +1,73 @@
+"""EAGLE-3 export (interop/eagle3.py): exactly the documented keys and config fields, and a
+round trip to equal logits."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from distillspec_jax.interop import eagle3
+from distillspec_jax.models.head import Head, HeadConfig
+from test_heads import tiny_target
+
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
+
+def _head(draft_ids=None, layers=(1, 2)):
+  target = tiny_target("llama")
+  params = target.init(jax.random.PRNGKey(0))
+  head = Head(HeadConfig(target.config, feature_layers=layers, mlp_dim=40, draft_ids=draft_ids))
+  return target, params, head, head.init(jax.random.PRNGKey(1), params)
+
+
+def test_export_writes_exactly_the_documented_keys_and_fields(tmp_path):
+  from safetensors.numpy import load_file
+  target, params, head, head_params = _head(draft_ids=tuple(range(0, 97, 3)))
+  paths = eagle3.export_eagle3(head, head_params, str(tmp_path), verifier="meta-llama/x",
+                               target_params=params, speculative_tokens=5)
+  for folder in paths.values():
+    tensors = load_file(f"{folder}/model.safetensors")
+    assert tuple(sorted(tensors)) == eagle3.SGLANG_KEYS  # the embedding is the target's
+    assert tensors["lm_head.weight"].shape == (33, 32)
+    assert tensors["fc.weight"].shape == (32, 64)
+    assert tensors["midlayer.self_attn.q_proj.weight"].shape == (2 * 16, 64)
+    np.testing.assert_array_equal(tensors["d2t"] + np.arange(33), np.arange(0, 97, 3))
+    assert int(tensors["t2d"].sum()) == 33 and tensors["t2d"].dtype == bool
+  sglang = json.load(open(f"{paths['sglang']}/config.json"))
+  assert sglang["architectures"] == ["LlamaForCausalLMEagle3"]
+  assert sglang["num_hidden_layers"] == 1 and sglang["draft_vocab_size"] == 33
+  assert sglang["intermediate_size"] == 40 and sglang["vocab_size"] == 97
+  assert sglang["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1]
+  speculators = json.load(open(f"{paths['speculators']}/config.json"))
+  assert tuple(sorted(speculators)) == eagle3.SPECULATORS_FIELDS
+  assert speculators["speculators_model_type"] == "eagle3"
+  assert speculators["speculators_config"]["verifier"]["name_or_path"] == "meta-llama/x"
+  assert speculators["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
+  assert speculators["eagle_aux_hidden_state_layer_ids"] == [0, 1]
+  # A head whose embedding was trained apart from the target's carries its own.
+  head_params["token_embedder"]["embedding"] = head_params["token_embedder"]["embedding"] + 1
+  assert eagle3.EMBEDDING_KEY in eagle3.to_tensors(head, head_params, params)
+
+
+@pytest.mark.parametrize("draft_ids", [None, tuple(range(96, 0, -2))])
+def test_export_round_trips_to_equal_logits(tmp_path, draft_ids):
+  target, params, head, head_params = _head(draft_ids)
+  paths = eagle3.export_eagle3(head, head_params, str(tmp_path), verifier="v",
+                               target_params=params)
+  loaded, loaded_params = eagle3.import_eagle3(paths["sglang"], target.config, params)
+  assert loaded == head
+  tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 6), 2, 97)
+  features = jax.random.normal(jax.random.PRNGKey(3), (2, 6, 64))
+  np.testing.assert_array_equal(loaded.unroll(loaded_params, tokens, features, 2),
+                                head.unroll(head_params, tokens, features, 2))
+
+
+def test_export_refusals_name_the_reason():
+  _, _, head, head_params = _head(layers=(0, 2))
+  with pytest.raises(ValueError, match="embedding output"):
+    eagle3.to_tensors(head, head_params)
+  t5 = Head(HeadConfig(tiny_target("decoder_only").config))
+  with pytest.raises(ValueError, match="llama-kind head"):
+    eagle3.to_tensors(t5, None)

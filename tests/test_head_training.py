@@ -1,0 +1,174 @@
+"""Distilling a draft head (distill/head_objectives.py): each divergence lowers the
+training-time-test loss, AdaSPEC keeps the stated fraction per step, on-policy samples are the
+head's own proposals, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from distillspec_jax.distill import token_selection
+from distillspec_jax.distill.head_objectives import (HeadDistillationObjective,
+                                                     HeadTrainingConfig)
+from distillspec_jax.distill.objectives import DistillationConfig
+from distillspec_jax.models.head import Head, HeadConfig
+from test_heads import tiny_target
+
+pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+
+VOCAB = 31
+
+
+def _setup(kind="decoder_only", draft_ids=None):
+  target = tiny_target(kind, vocab=VOCAB)
+  params = target.init(jax.random.PRNGKey(0))
+  head = Head(HeadConfig(target.config, mlp_dim=32, draft_ids=draft_ids))
+  tokens = jax.random.randint(jax.random.PRNGKey(3), (4, 9), 2, VOCAB)
+  batch = {"decoder_target_tokens": tokens[:, 1:], "decoder_input_tokens": tokens[:, :-1],
+           "decoder_loss_weights": jnp.ones((4, 8)).at[1, 5:].set(0.0)}
+  if kind == "encoder_decoder":
+    batch["encoder_input_tokens"] = tokens[:, :5]
+  return target, params, head, head.init(jax.random.PRNGKey(1), params), batch
+
+
+def _train(objective, params, frozen, batch, steps=12):
+  optimizer = optax.adam(3e-3)
+
+  @jax.jit
+  def step(params, state):
+    (loss, _), grads = jax.value_and_grad(objective.loss, has_aux=True)(params, frozen, batch)
+    updates, state = optimizer.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, loss
+
+  state, losses = optimizer.init(params), []
+  for _ in range(steps):
+    params, state, loss = step(params, state)
+    losses.append(float(loss))
+  return losses
+
+
+@pytest.mark.parametrize("divergence", ["fkl", "rkl", "jsd", "tvd"])
+def test_each_divergence_lowers_the_head_loss(divergence):
+  target, params, head, head_params, batch = _setup()
+  objective = HeadDistillationObjective(
+      target, head, DistillationConfig(lambda1=1.0, divergence=divergence, beta=0.3),
+      HeadTrainingConfig(3))
+  losses = _train(objective, head_params, {"target": params}, batch)
+  assert np.all(np.isfinite(losses)) and losses[-1] < 0.7 * losses[0]
+
+
+def test_training_with_a_reduced_draft_vocabulary_on_an_encoder_decoder():
+  ids = tuple(range(2, VOCAB, 2)) + (1, 0)
+  target, params, head, head_params, batch = _setup("encoder_decoder", draft_ids=ids)
+  objective = HeadDistillationObjective(target, head, DistillationConfig(lambda1=1.0),
+                                        HeadTrainingConfig(2, step_weights=(1.0, 0.5)))
+  losses = _train(objective, head_params, {"target": params}, batch, steps=8)
+  assert losses[-1] < 0.8 * losses[0]
+
+
+def test_adaspec_selection_with_a_head_keeps_the_stated_fraction_per_step():
+  target, params, head, head_params, batch = _setup()
+  reference_params = head.init(jax.random.PRNGKey(9), params)
+  objective = HeadDistillationObjective(
+      target, head, DistillationConfig(lambda1=1.0, top_k_fraction=0.4), HeadTrainingConfig(3),
+      reference=head)
+  _, metrics = objective.loss(head_params, {"target": params, "reference": reference_params},
+                              batch)
+  weights = np.asarray(batch["decoder_loss_weights"])
+  for s in range(3):
+    valid = int(np.sum(weights[:, s + 1:]))  # step s scores positions t + s + 1
+    keep = int(token_selection.num_tokens_to_keep(jnp.asarray(valid), 0.4))
+    np.testing.assert_allclose(float(metrics[f"kept_fraction_step{s + 1}"]), keep / valid,
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
+def test_on_policy_samples_are_the_heads_own_proposals(kind):
+  """Greedy on-policy data: the first token is the target's, every later one the head's
+  first-step argmax over the target's features of the sampled prefix."""
+  target, params, head, head_params, batch = _setup(kind)
+  objective = HeadDistillationObjective(
+      target, head, DistillationConfig(lambda1=0.0, lambda2=1.0, sampling_temperature=0.0,
+                                       max_new_tokens=6), HeadTrainingConfig(1))
+  sampled, source = jax.jit(objective.make_batch)(head_params, {"target": params}, batch,
+                                                  jax.random.PRNGKey(5))
+  assert int(source) == 1
+  teacher, head_logits, _ = objective.step_logits(head_params, {"target": params}, sampled)
+  tokens, weights = np.asarray(sampled["decoder_target_tokens"]), np.asarray(
+      sampled["decoder_loss_weights"])
+  proposals = np.asarray(jnp.argmax(head_logits[0], -1))
+  first = np.argmax(weights > 0, axis=1)
+  checked = 0
+  for row in range(tokens.shape[0]):
+    assert tokens[row, first[row]] == int(np.argmax(teacher[row, first[row]]))
+    for t in range(first[row] + 1, tokens.shape[1]):
+      if weights[row, t] > 0:
+        assert tokens[row, t] == proposals[row, t - 1]
+        checked += 1
+  assert checked >= 8
+
+
+def test_head_training_bad_input_names_the_value():
+  with pytest.raises(ValueError, match="unroll steps=0 must be an integer >= 1"):
+    HeadTrainingConfig(0)
+  with pytest.raises(ValueError, match="one weight per step"):
+    HeadTrainingConfig(2, step_weights=(1.0,))
+  with pytest.raises(ValueError, match="are all 0"):
+    HeadTrainingConfig(2, step_weights=(0.0, 0.0))
+  target, _, head, _, _ = _setup()
+  with pytest.raises(ValueError, match="reference head and top_k_fraction"):
+    HeadDistillationObjective(target, head, DistillationConfig(top_k_fraction=0.5))
+  wider = tiny_target("decoder_only", vocab=VOCAB).config.replace(emb_dim=48)
+  from distillspec_jax.models.model import Model
+  with pytest.raises(ValueError, match="width 32 does not match the target's emb_dim=48"):
+    HeadDistillationObjective(Model(wider), head)
+
+
+def test_head_training_resumes_bit_identically(tmp_path):
+  """The trainer runs a head objective like any other: 2k steps straight equal k steps, all
+  state dropped, then a restart from MODEL_DIR up to 2k (what a kill -9 leaves), bitwise;
+  every source (fixed, on-policy head samples, target samples) in play."""
+  from distillspec_jax.models.model import Model
+  from distillspec_jax.training import trainer as T
+  target = Model.from_name("tiny_encoder_decoder", vocab_size=64)
+  params = target.init(jax.random.PRNGKey(1))
+  head = Head(HeadConfig(target.config, mlp_dim=32))
+  objective = HeadDistillationObjective(
+      target, head, DistillationConfig(lambda1=0.34, lambda2=0.5, max_new_tokens=6),
+      HeadTrainingConfig(2))
+  data = lambda: (T.SyntheticData(4, vocab_size=64).batch_at(s) for s in range(10**6))
+
+  def run(folder, steps):
+    config = T.TrainConfig(model_dir=str(tmp_path / folder), train_steps=steps, batch_size=4,
+                           optimizer="adamw", learning_rate=1e-3, warmup_steps=0,
+                           decay_steps=10, save_every=2, log_every=1, progress_bar=False)
+    return T.train(config, objective, data, frozen_params={"target": params})
+
+  straight = run("a", 4)
+  run("b", 2)
+  resumed = run("b", 4)
+  assert int(resumed.state.step) == 4
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               straight.state.params, resumed.state.params)
+  records = [r for r in straight.history if "loss" in r]
+  assert all("predicted_acceptance" in r and "acceptance_step2" in r for r in records)
+
+
+@pytest.mark.integration
+def test_head_bench_smoke_runs_and_reports(tmp_path):
+  """bench/head_draft.py --smoke: trains a head through the trainer, measures tau and costs."""
+  import json
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  "bench"))
+  import head_draft  # noqa: E402
+  out = tmp_path / "head.json"
+  report = head_draft.main(["--smoke", "--out", str(out)])
+  assert json.load(open(out))["rows"] == report["rows"]
+  for row in report["rows"]:
+    assert 1.0 <= row["tau"] <= row["gamma"] + 1
+    assert len(row["acceptance_by_position"]) == row["gamma"]
+    assert row["cost_model_speedup"] > 0 and row["projected_speedup_32_layers"] > 0
+  assert report["per_call_s"]["head_1"]["median_s"] > 0
