@@ -31,11 +31,11 @@ import jax.numpy as jnp
 
 from distillspec_jax.core import validation
 from distillspec_jax.decoding import head_draft
-from distillspec_jax.decoding import plain as decoding
+from distillspec_jax.decoding import plain
 from distillspec_jax.distill import divergences
 from distillspec_jax.distill import token_selection
 from distillspec_jax.distill.objectives import (DRAFT, FIXED, TARGET, DistillationConfig,
-                                                _training_features, prompt_tokens_from_batch,
+                                                training_features, prompt_tokens_from_batch,
                                                 sample_batch, samples_to_batch, select_source)
 from distillspec_jax.models.head import Head, check_unroll_steps
 from distillspec_jax.models.model import EOS_ID, Model, decoder_prompt
@@ -92,7 +92,7 @@ def sample_head_batch(target: Model, target_params, head: Head, head_params, bat
   (as in serving), each next one from the head's first draft step over the target's features
   of the prefix; the target scores each token as it is appended.
 
-  batch: the fixed batch the prompts come from (`_training_features` keys).
+  batch: the fixed batch the prompts come from (`training_features` keys).
   Returns `samples_to_batch`'s teacher-forced batch of the same width.
   """
   max_new_tokens = validation.check_positive_int(max_new_tokens, "max_new_tokens")
@@ -101,8 +101,8 @@ def sample_head_batch(target: Model, target_params, head: Head, head_params, bat
   rows = batch["decoder_target_tokens"].shape[0]
   prompt, lengths = decoder_prompt(target, prompts, rows)
   capacity = prompt.shape[1] + max_new_tokens
-  decoding.check_capacity(prompt.shape[1], max_new_tokens, target.config.max_decode_length,
-                          f"the head sampler's max_new_tokens={max_new_tokens} after the prompt")
+  plain.check_capacity(prompt.shape[1], max_new_tokens, target.config.max_decode_length,
+                      f"the head sampler's max_new_tokens={max_new_tokens} after the prompt")
   first_rng, loop_rng = jax.random.split(rng)
   target_cache = target.init_cache(target_params, rows, capacity, encoder)
   target_cache, state, first = head_draft.prefill(
@@ -113,7 +113,7 @@ def sample_head_batch(target: Model, target_params, head: Head, head_params, bat
   def step(carry, step_rng):
     target_cache, state = carry
     logits, state = drafter.extend(head_params, state, ignored)
-    token = decoding.sample_tokens(logits[:, 1], step_rng, temperature)
+    token = plain.sample_tokens(logits[:, 1], step_rng, temperature)
     _, target_cache, features = target.extend(target_params, target_cache, state.tokens,
                                                head.feature_layers)
     return (target_cache, state.replace(features=features, tokens=token[:, None])), token
@@ -161,7 +161,7 @@ class HeadDistillationObjective:
     c = self.config
     source_rng, sample_rng = jax.random.split(rng)
     source = select_source(source_rng, c.lambda1, c.lambda2)
-    fixed = _training_features(batch, self.target)
+    fixed = training_features(batch, self.target)
     max_new = c.max_new_tokens or fixed["decoder_target_tokens"].shape[1]
     branches = [lambda: fixed]
     if c.lambda1 < 1.0 and c.lambda2 > 0.0:

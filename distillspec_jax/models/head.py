@@ -474,4 +474,4 @@ class Head:
 
 @functools.lru_cache(maxsize=32)
 def _abstract_init(head: Head):
-  return jax.eval_shape(head._init_boxed, jax.random.PRNGKey(0))  # pylint: disable=protected-access
+  return jax.eval_shape(head._init_boxed, jax.random.PRNGKey(0))
