@@ -204,12 +204,12 @@ class HeadLayer(nn.Module):
   def setup(self):
     c = self.config.layer_config
     dtype, eps = c.activation_dtype, c.norm_epsilon
-    self.llama = c.kind == "llama"
+    self.llama = c.is_rope_decoder
     self.input_norm = layers.RMSNorm(eps, dtype)
     self.hidden_norm = layers.RMSNorm(eps, dtype)
     if self.llama:
       self.self_attention = llama.GroupedQueryAttention(c)
-      self.mlp = llama.SwiGluMlp(c)
+      self.mlp = llama.GatedMlp(c)
     else:
       self.self_attention = layers.MultiHeadDotProductAttention(
           c.num_heads, c.head_dim, c.emb_dim, 0.0, dtype)
