@@ -2,6 +2,7 @@
 
   python bench/teacher_cache_study.py --out runs/teacher_cache_study/study.json \
       [--source runs/demo] [--steps 500] [--ks 8 32 256]
+  python bench/teacher_cache_study.py --smoke --out /tmp/study.json [--source RUN_DIR]
 
 Starts from a finished demo job (`--source`, read only): its vocab, target and draft_raw
 stages are copied into `<work_dir>/<variant>/`, then each variant runs the main job's
@@ -10,6 +11,9 @@ distill_supervised_kd stage with the demo's settings and `--steps` distillation 
 teacher_cache writes it first; K = vocabulary size is the full distribution). Every variant
 sees the same batches (same seed). tau and alpha at gamma = 5, T = 0 and T = 1, on the demo's
 128 test prompts, are written to `--out` with the stages' wall clocks and the cache sizes.
+
+`--smoke`: the smoke run's settings (bench/smoke.py: a few steps, 4 test prompts), 2 steps,
+K = 8, gamma 2, in a temporary folder; without `--source` it trains the inputs there first.
 """
 
 import argparse
@@ -17,17 +21,23 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax.evaluation import quality as evaluation
-from distillspec_jax.core import files
-from distillspec_jax.studies import pipeline
+from distillspec_jax.core import files  # noqa: E402
+from distillspec_jax.evaluation import quality  # noqa: E402
 from distillspec_jax.main import load_pipeline  # noqa: E402
+from distillspec_jax.studies import pipeline  # noqa: E402
+import smoke  # noqa: E402  (bench/smoke.py)
+
+INPUTS = ("vocab", "target", "draft_raw")
+# --smoke: 2 steps, one cache of 8 ids; source and work_dir None: see main.
+SMOKE = dict(source=None, work_dir=None, steps=2, ks=[8], gamma=2)
 
 
 def _copy_inputs(source: str, run_dir: str) -> None:
-  for stage in ("vocab", "target", "draft_raw"):
+  for stage in INPUTS:
     if not os.path.exists(os.path.join(run_dir, stage, pipeline.DONE)):
       shutil.copytree(os.path.join(source, stage), os.path.join(run_dir, stage),
                       dirs_exist_ok=True)  # copy2 keeps the markers' order of mtimes
@@ -47,28 +57,46 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=500)
   parser.add_argument("--ks", type=int, nargs="+", default=[8, 32, 256])
   parser.add_argument("--gamma", type=int, default=5)
-  args = parser.parse_args(argv)
+  args = smoke.parse(parser, argv, SMOKE)
+  if not args.smoke:
+    return study(args, ("--gin_file=gin/runs/demo.gin",))
+  with tempfile.TemporaryDirectory() as work_dir:
+    args.work_dir = args.work_dir or work_dir
+    if args.source is None:  # the inputs, trained once for every variant
+      args.source = os.path.join(args.work_dir, "inputs")
+      config = load_pipeline(smoke.PIPELINE_BINDINGS + (f"--gin.MODEL_DIR='{args.source}'",))
+      pipeline.run_pipeline(config, stages=INPUTS)
+    return study(args, smoke.PIPELINE_BINDINGS)
 
+
+def study(args, run_file: tuple) -> dict:
+  """Runs every variant of `args` on `run_file`'s settings; writes and returns the results."""
   variants = [("live", None)] + [(f"k{k}", k) for k in args.ks]
   results = {"steps": args.steps, "gamma": args.gamma, "source": args.source, "variants": {}}
   for name, k in variants:
     run_dir = os.path.join(args.work_dir, name)
     _copy_inputs(args.source, run_dir)
-    bindings = [f"--gin.MODEL_DIR={run_dir}", "--gin.RECIPES=('supervised_kd',)",
+    bindings = [f"--gin.MODEL_DIR='{run_dir}'", "--gin.RECIPES=('supervised_kd',)",
                 f"--gin.DISTILL_TRAIN_STEPS={args.steps}",
+                "--gin.PipelineConfig.recipe_steps={}",
                 f"--gin.PipelineConfig.eval_every={args.steps}"]
-    if k is not None:
-      bindings += ["--gin_file=gin/recipes/teacher_cache.gin", f"--gin.TEACHER_CACHE_K={k}"]
-    config = load_pipeline(["--gin_file=gin/runs/demo.gin"] + bindings)
+    # The run file may distil from a cache already (demo.gin does): "live" names none.
+    if k is None:
+      bindings += ["--gin.PipelineConfig.teacher_cache_recipes=()"]
+    else:
+      bindings += ["--gin.PipelineConfig.teacher_cache_recipes=('supervised_kd',)",
+                   f"--gin.PipelineConfig.teacher_cache_k={k}"]
+    config = load_pipeline(list(run_file) + bindings)
     print(f"=== {name}: {config.stages}", flush=True)
     pipeline.run_pipeline(config, stages=("distill_supervised_kd",))
     target, draft = pipeline.models(config)
     target_params = pipeline.load_params(config, "target", target)
     draft_params = pipeline.load_params(config, "distill_supervised_kd", draft)
-    prompts = pipeline._test_examples(config)["prompts"]
+    prompts = pipeline.heldout_prompts(config, config.eval_examples, split="test",
+                                       task=config.eval_task or config.task)["prompts"]
     row = {"k": k}
     for temperature in (0.0, 1.0):
-      stats = evaluation.speculative_statistics(
+      stats = quality.speculative_statistics(
           target, target_params, draft, draft_params, prompts, gamma=args.gamma,
           temperature=temperature, max_new_tokens=config.max_new_tokens, seed=config.seed)
       row[f"T{temperature:g}"] = {key: stats[key] for key in ("tau", "tau_stderr", "alpha")}

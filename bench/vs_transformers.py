@@ -3,6 +3,7 @@
     python bench/vs_transformers.py --out bench.json \\
         [--target PATH --draft PATH]      # any checkpoint convert.py reads (hf, t5x, ours)
         [--gamma 4 --max-new-tokens 32 --input-len 16 --num-prompts 8 --repeats 3]
+    python bench/vs_transformers.py --out /tmp/bench.json --smoke   # two prompts, seconds
 
 Default models: a random T5 1.1 pair, target 4+4 layers d_model 256, draft 1+1 layers d_model
 64, vocabulary 512. Random models produce junk, so greedy acceptance (and tau) is low: the
@@ -34,17 +35,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax.interop import importer as convert
-from distillspec_jax.decoding import plain as decoding
-from distillspec_jax.interop import hf_t5
+from distillspec_jax.decoding import plain  # noqa: E402
+from distillspec_jax.decoding.speculative import speculative_decode  # noqa: E402
+from distillspec_jax.interop import hf_t5  # noqa: E402
+from distillspec_jax.interop import importer  # noqa: E402
 from distillspec_jax.models.config import TransformerConfig  # noqa: E402
 from distillspec_jax.models.model import Model  # noqa: E402
-
-try:  # Written in parallel by the lead; the benchmark needs it.
-  from distillspec_jax.decoding.speculative import speculative_decode  # noqa: E402
-except ImportError as error:  # pragma: no cover
-  speculative_decode = None
-  _SPECULATIVE_IMPORT_ERROR = error
+import smoke  # noqa: E402  (bench/smoke.py)
 
 DEFAULT_TARGET = TransformerConfig(
     kind="encoder_decoder", vocab_size=512, emb_dim=256, num_heads=4, num_encoder_layers=4,
@@ -53,14 +50,16 @@ DEFAULT_DRAFT = TransformerConfig(
     kind="encoder_decoder", vocab_size=512, emb_dim=64, num_heads=2, num_encoder_layers=1,
     num_decoder_layers=1, head_dim=32, mlp_dim=128, dropout_rate=0.0, max_decode_length=128)
 NO_EOS = -1  # An id no token has: every row generates exactly max_new_tokens.
+# --smoke: the default pair on two short prompts, one timed call.
+SMOKE = dict(gamma=2, max_new_tokens=4, input_len=4, num_prompts=2, repeats=1)
 
 
 def _models(args):
   if bool(args.target) != bool(args.draft):
     raise SystemExit("Pass both --target and --draft, or neither (random default pair).")
   if args.target:
-    target_params, target_config = convert.load_checkpoint(args.target)
-    draft_params, draft_config = convert.load_checkpoint(args.draft)
+    target_params, target_config = importer.load_checkpoint(args.target)
+    draft_params, draft_config = importer.load_checkpoint(args.draft)
     source = {"target": args.target, "draft": args.draft}
   else:
     target_config, draft_config = DEFAULT_TARGET, DEFAULT_DRAFT
@@ -92,9 +91,7 @@ def _timed(fn, repeats):
 
 def _ours(target, target_params, draft, draft_params, prompts, args, batch):
   """Runs our engine over all prompts in chunks of `batch`; returns (seconds, tokens, tau)."""
-  if speculative_decode is None:
-    raise SystemExit(f"distillspec_jax.decoding.speculative is not available: {_SPECULATIVE_IMPORT_ERROR}")
-  sampling = decoding.SamplingConfig(0.0, eos_id=NO_EOS)
+  sampling = plain.SamplingConfig(0.0, eos_id=NO_EOS)
   max_length = args.max_new_tokens + args.gamma + 8
   chunks = [jnp.asarray(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]
 
@@ -117,11 +114,11 @@ def _ours(target, target_params, draft, draft_params, prompts, args, batch):
 
 
 def _ours_greedy(model, params, prompts, args, batch):
-  sampling = decoding.SamplingConfig(0.0, eos_id=NO_EOS)
+  sampling = plain.SamplingConfig(0.0, eos_id=NO_EOS)
   chunks = [jnp.asarray(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]
 
   def run():
-    out = [decoding.decode(model, params, encoder_input_tokens=c,
+    out = [plain.decode(model, params, encoder_input_tokens=c,
                            max_new_tokens=args.max_new_tokens, sampling=sampling,
                            max_length=args.max_new_tokens + 8).tokens for c in chunks]
     return jax.block_until_ready(out)
@@ -187,7 +184,7 @@ def main(argv=None):
                       help="1: both engines single-threaded (stable on a shared CPU, where "
                            "oversubscribed OpenMP threads made torch ~20x slower here); "
                            "0: library defaults")
-  args = parser.parse_args(argv)
+  args = smoke.parse(parser, argv, SMOKE)
 
   import torch
   import transformers

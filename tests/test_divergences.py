@@ -7,7 +7,6 @@ import pytest
 
 from distillspec_jax.distill import divergences as dv
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 NAMES = ("fkl", "rkl", "jsd", "tvd")
 

@@ -13,8 +13,6 @@ import testing
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies.pipeline import PipelineConfig, required_stages, run_pipeline
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
-
 
 def _smoke_config(run_dir, **changes):
   """The whole-pipeline tests' settings (testing.PIPELINE) at gamma 2, T = 0 and 1."""
@@ -27,6 +25,7 @@ def _mtimes(config, stages=None):
           for s in stages or config.stages}
 
 
+@pytest.mark.integration
 @pytest.mark.pipeline
 def test_demo_pipeline_smoke_and_reuse(tmp_path, shared_stages):
   # Timed in a process pinned to one core, as the demo does.
@@ -87,6 +86,7 @@ def test_demo_pipeline_smoke_and_reuse(tmp_path, shared_stages):
   assert _mtimes(config) == before
 
 
+@pytest.mark.integration
 @pytest.mark.pipeline
 def test_adaspec_job_reuses_copied_stages_and_its_reference(tmp_path, shared_stages):
   # AdaSPEC's comparison job in a run directory holding copies of another run's finished
@@ -178,6 +178,7 @@ def test_adaspec_bad_input(tmp_path):
                    adaspec_reference="gkd")
 
 
+@pytest.mark.integration
 @pytest.mark.pipeline
 def test_decoder_only_job(tmp_path, shared_stages):
   """The same job with decoder-only models (prefix LM on the embedded task); the vocabulary

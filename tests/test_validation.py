@@ -184,6 +184,7 @@ def test_the_binaries_exit_2_with_the_message(tmp_path, capsys):
   assert not os.path.exists(tmp_path / "main")
 
 
+@pytest.mark.integration
 def test_the_main_binary_run_as_a_module_exits_2_without_a_traceback(tmp_path):
   import subprocess
   import sys
