@@ -222,9 +222,11 @@ def vs_trl_section() -> list:
 
 def memory_section() -> list:
   lines = ["## Per-device memory of the paper's distillation step", "",
-           "`python bench/memory_table.py --out docs/scale_out/<table>.json ...` (simulated TPU "
-           "v4 devices; [scale_out.md](scale_out.md) says how to read it). GiB per device.", ""]
-  for name in ("memory_table_xsum", "memory_table_cnn_dailymail"):
+           "`python bench/memory_table.py --out docs/scale_out/<table>.json --proxy_data 2 "
+           "--remat_policy minimal --target_param_dtype bfloat16 ...` (simulated TPU v4 devices; "
+           "[scale_out.md](scale_out.md) gives the commands and says how to read it). GiB per "
+           "device.", ""]
+  for name in ("memory_cnndm_minimal_bf16_target", "memory_xsum_minimal_bf16_target"):
     data = load(f"docs/scale_out/{name}.json")
     gib = lambda v: "n/a" if v is None else f"{v / 2 ** 30:.2f}"
     rows = [[f"{r['target']} / {r['draft']}", r.get("slice", r["devices"]),
