@@ -50,8 +50,10 @@ DEFAULT_DRAFT = TransformerConfig(
     kind="encoder_decoder", vocab_size=512, emb_dim=64, num_heads=2, num_encoder_layers=1,
     num_decoder_layers=1, head_dim=32, mlp_dim=128, dropout_rate=0.0, max_decode_length=128)
 NO_EOS = -1  # An id no token has: every row generates exactly max_new_tokens.
-# --smoke: the default pair on two short prompts, one timed call.
+# --smoke: a one-layer target on two short prompts, one timed call.
 SMOKE = dict(gamma=2, max_new_tokens=4, input_len=4, num_prompts=2, repeats=1)
+SMOKE_TARGET = DEFAULT_TARGET.replace(emb_dim=64, num_encoder_layers=1, num_decoder_layers=1,
+                                      head_dim=16, mlp_dim=128)
 
 
 def _models(args):
@@ -62,7 +64,8 @@ def _models(args):
     draft_params, draft_config = importer.load_checkpoint(args.draft)
     source = {"target": args.target, "draft": args.draft}
   else:
-    target_config, draft_config = DEFAULT_TARGET, DEFAULT_DRAFT
+    target_config = SMOKE_TARGET if args.smoke else DEFAULT_TARGET
+    draft_config = DEFAULT_DRAFT
     target_params = Model(target_config).init(jax.random.PRNGKey(args.seed))
     draft_params = Model(draft_config).init(jax.random.PRNGKey(args.seed + 1))
     source = {"target": "random", "draft": "random"}
