@@ -11,7 +11,8 @@ compiles quickly (compilation.py): QUICK_XLA_FLAGS in XLA_FLAGS and jax's
 `jax_disable_most_optimizations` through its environment variable, both set here before any
 backend starts and inherited by the workers and every process a test starts. It changes how
 fast the programs run, not what they compute; the memory measurements, which depend on the
-optimised program, strip both from the environment of the process they start.
+optimised program, strip both from the environment of the process they start, and a module
+marked `optimized_compilation` (its programs run longer than they compile) opts out.
 
 Tiers (tests/README.md): a test that runs a binary, a pipeline, several processes or
 simulated devices is marked `integration`; `-m "not integration"` is the unit tier.
@@ -68,6 +69,22 @@ def pytest_unconfigure(config):
   directory = os.environ.get("JAX_COMPILATION_CACHE_DIR")
   if directory and os.environ.get(_OWNER) == str(os.getpid()):
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _optimized_compilation(request):
+  """Quick compilation off for a module marked `optimized_compilation` (its programs run long
+  enough for XLA's optimisations to pay: tests/test_sampler.py's millions of draws run 3x
+  slower without them), in this process and in the processes its tests start."""
+  if request.node.get_closest_marker("optimized_compilation") is None:
+    yield
+    return
+  from compilation import ENV, set_fast_compilation
+  previous = set_fast_compilation(False)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv(ENV, "0")
+    yield
+  set_fast_compilation(previous)
 
 
 @pytest.fixture(scope="session")
