@@ -23,7 +23,7 @@ so those rows show the rule's costs, not what it gains with a distilled draft).
       [--thresholds 0.3,0.5,0.7,0.9] [--rules confidence,cumulative,cost]
       [--costs_json docs/benchmarks/verification_cost.json] [--temperatures 0,1]
       [--prompts 12] [--repeats 5]
-      [--calls 4] [--budget 120] [--cpus 1] [--random]
+      [--calls 4] [--budget 120] [--cpus 1] [--random] [--smoke]
 
 Writes --out (JSON: the rows and the host) and a PNG beside it (end-to-end speedup against
 the threshold, the fixed gammas as horizontal lines).
@@ -42,6 +42,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from distillspec_jax.core.validation import check_positive_int  # noqa: E402
 from distillspec_jax.evaluation.pinning import pin_cores  # noqa: E402  (no JAX computation yet)
+import smoke  # noqa: E402  (bench/smoke.py)
+
+# --smoke: random weights of the smoke run's shapes (smoke.PIPELINE_BINDINGS), one prompt,
+# gamma 2 against the confidence rule at one threshold, one repeat of one call.
+SMOKE = dict(gammas="2", gamma_max=2, thresholds="0.5", rules="confidence", temperatures="0",
+             prompts=1, repeats=1, calls=1, budget=0.0, random=True, cpus=0)
 
 
 def best_rows(rows: list) -> dict:
@@ -144,8 +150,9 @@ def parse(argv) -> argparse.Namespace:
   parser.add_argument("--random", action="store_true",
                       help="random weights even when the run has checkpoints")
   parser.add_argument("--cpus", type=int, default=1)
-  args, gin_args = parser.parse_known_args(argv)
-  args.gin_args = gin_args or ["--gin_file=gin/runs/demo.gin"]
+  args, gin_args = smoke.parse(parser, argv, SMOKE, known=True)
+  default = smoke.PIPELINE_BINDINGS if args.smoke else ("--gin_file=gin/runs/demo.gin",)
+  args.gin_args = gin_args or list(default)
   try:
     args.gammas = [int(g) for g in args.gammas.split(",")]
     args.thresholds = [float(t) for t in args.thresholds.split(",")]

@@ -3,7 +3,10 @@
 # whatever accelerator JAX finds (TPU, GPU, else CPU), each writing its JSON, plus a
 # device.json that says which devices they ran on.
 #
-#   bash bench/device_smoke.sh [OUT_DIR]        (default: bench_device_smoke/)
+#   bash bench/device_smoke.sh [OUT_DIR] [--smoke]   (default: bench_device_smoke/)
+#
+# --smoke passes --smoke to both scripts (tiny shapes, seconds: checks that they run; the
+# suite runs it, tests/test_bench_smoke.py).
 #
 # Install first: pip install -e '.[tpu]' (TPU VM) or pip install -e '.[cuda]' (NVIDIA GPU).
 # Timing is not pinned to cores on an accelerator (--cpus 0): the host only feeds the device.
@@ -11,6 +14,10 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 OUT_DIR="${1:-bench_device_smoke}"
+SMOKE=()
+if [[ "${2:-}" == "--smoke" ]]; then
+  SMOKE=(--smoke)
+fi
 PYTHON="${PYTHON:-python}"
 mkdir -p "${OUT_DIR}"
 
@@ -32,9 +39,10 @@ if "${PYTHON}" -c "import jax, sys; sys.exit(jax.default_backend() != 'cpu')"; t
 fi
 
 echo "=== speculative benchmark (--quick) ==="
-"${PYTHON}" bench/speculative.py --quick --cpus "${CPUS}" --out "${OUT_DIR}/speculative.json"
+"${PYTHON}" bench/speculative.py --quick --cpus "${CPUS}" --out "${OUT_DIR}/speculative.json" \
+  ${SMOKE[@]+"${SMOKE[@]}"}
 
 echo "=== distillation throughput ==="
-"${PYTHON}" bench/distill_throughput.py --out "${OUT_DIR}/distill_throughput.json"
+"${PYTHON}" bench/distill_throughput.py --out "${OUT_DIR}/distill_throughput.json" ${SMOKE[@]+"${SMOKE[@]}"}
 
 echo "wrote ${OUT_DIR}/device.json, speculative.json, distill_throughput.json"

@@ -1,6 +1,6 @@
 """Distillation throughput of the smoke pair (smoke_target -> demo_draft).
 
-  python bench/distill_throughput.py --out /tmp/distill_throughput.json [--recipe gkd]
+  python bench/distill_throughput.py --out /tmp/distill_throughput.json [--recipe gkd] [--smoke]
   python bench/distill_throughput.py --out cache.json --teacher_cache 32 \
       [--target demo_target] [--target_overrides '{"emb_dim": 512}']
 
@@ -30,11 +30,15 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from distillspec_jax.distill import objectives as objectives_lib
-from distillspec_jax.training import partitioning
-from distillspec_jax.distill import teacher_cache
-from distillspec_jax.training import trainer
+from distillspec_jax.distill import objectives  # noqa: E402
+from distillspec_jax.distill import teacher_cache  # noqa: E402
 from distillspec_jax.models.model import Model  # noqa: E402
+from distillspec_jax.training import partitioning  # noqa: E402
+from distillspec_jax.training import trainer  # noqa: E402
+import smoke  # noqa: E402  (bench/smoke.py)
+
+# --smoke: two steps of batch 2 on 8-token rows (one round in --teacher_cache mode).
+SMOKE = dict(steps=2, batch_size=2, input_length=8, target_length=8, rounds=1)
 
 
 def _block(tree):
@@ -44,7 +48,7 @@ def _block(tree):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", required=True, help="JSON file to write")
-  parser.add_argument("--recipe", default="gkd", choices=sorted(objectives_lib.RECIPES))
+  parser.add_argument("--recipe", default="gkd", choices=sorted(objectives.RECIPES))
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--batch_size", type=int, default=16)
   parser.add_argument("--input_length", type=int, default=48)
@@ -56,14 +60,14 @@ def main(argv=None):
   parser.add_argument("--teacher_cache", type=int, default=None, metavar="K",
                       help="also time SupervisedKD from a top-K teacher cache")
   parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (cache mode)")
-  args = parser.parse_args(argv)
+  args = smoke.parse(parser, argv, SMOKE)
 
   target = Model.from_name(args.target, **json.loads(args.target_overrides))
   draft = Model.from_name(args.draft)
   if args.teacher_cache is not None:
     return _cache_comparison(args, target, draft)
-  dc = objectives_lib.DistillationConfig.from_recipe(args.recipe)
-  objective = objectives_lib.DistillationObjective(target, draft, dc)
+  dc = objectives.DistillationConfig.from_recipe(args.recipe)
+  objective = objectives.DistillationObjective(target, draft, dc)
   config = trainer.TrainConfig(model_dir="/tmp/unused", train_steps=args.steps,
                                batch_size=args.batch_size, optimizer="adafactor")
   mesh = partitioning.make_mesh()
@@ -106,7 +110,7 @@ def main(argv=None):
       "mean_tokens_per_row": tokens / (args.steps * args.batch_size),
       "batch_size": args.batch_size,
       "lengths": {"inputs": args.input_length, "targets": args.target_length},
-      "models": {"target": "smoke_target", "draft": "demo_draft",
+      "models": {"target": args.target, "draft": args.draft,
                  "target_params": target.num_params(), "draft_params": draft.num_params()},
       "devices": [str(d) for d in jax.devices()],
   }
@@ -130,8 +134,8 @@ def _cache_comparison(args, target, draft):
   """SupervisedKD with the live target vs from a top-k cache, on the same batches."""
   import tempfile
   k = teacher_cache.check_k(args.teacher_cache, target.config.vocab_size)
-  dc = objectives_lib.DistillationConfig.from_recipe("supervised_kd")
-  objectives = {"live_target": objectives_lib.DistillationObjective(target, draft, dc),
+  dc = objectives.DistillationConfig.from_recipe("supervised_kd")
+  variants = {"live_target": objectives.DistillationObjective(target, draft, dc),
                 "teacher_cache": teacher_cache.CachedTeacherObjective(draft, dc)}
   config = trainer.TrainConfig(model_dir="/tmp/unused", train_steps=args.steps,
                                batch_size=args.batch_size, optimizer="adafactor")
@@ -157,13 +161,13 @@ def _cache_comparison(args, target, draft):
                               for s, r in enumerate(rows)]}
   base = jax.random.PRNGKey(0)
   optimizer = config.optimizer_spec.make()
-  times = {name: [] for name in objectives}
+  times = {name: [] for name in variants}
   tokens = {}
   compiled = {}
-  for name, objective in objectives.items():
+  for name, objective in variants.items():
     compiled[name] = trainer.make_train_step(objective, config.optimizer_spec, mesh)
   for _ in range(args.rounds):
-    for name in objectives:
+    for name in variants:
       step_fn, state_shardings, frozen_shardings = compiled[name]
       params = jax.tree.map(jnp.copy, draft_params)  # the step donates its state
       state = jax.device_put(trainer.TrainState(step=jnp.int32(0), params=params,
@@ -176,10 +180,10 @@ def _cache_comparison(args, target, draft):
       times[name].append(step_s)
   median = lambda v: float(np.median(v))
   result = {
-      "tokens_per_s": {n: tokens[n] / (median(times[n]) * args.steps) for n in objectives},
+      "tokens_per_s": {n: tokens[n] / (median(times[n]) * args.steps) for n in variants},
       "tokens_per_s_range": {n: [tokens[n] / (max(times[n]) * args.steps),
-                                 tokens[n] / (min(times[n]) * args.steps)] for n in objectives},
-      "step_ms": {n: 1000 * median(times[n]) for n in objectives},
+                                 tokens[n] / (min(times[n]) * args.steps)] for n in variants},
+      "step_ms": {n: 1000 * median(times[n]) for n in variants},
       "recipe": "supervised_kd", "teacher_cache_k": k, "rounds": args.rounds,
       "cache_write_s": write_s, "cache_bytes_per_token": manifest["bytes_per_token"],
       "batch_size": args.batch_size,

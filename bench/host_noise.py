@@ -9,7 +9,7 @@ over calls of about 30 ms, so the two differ in size. Run it before timing anyth
 compare its runs over time: on a shared host every measured speedup falls while the
 verification's interference is high.
 
-  python bench/host_noise.py --out host_noise.json [--seconds 30] [--gamma 7] [--cpus 1]
+  python bench/host_noise.py --out host_noise.json [--seconds 30] [--gamma 7] [--cpus 1] [--smoke]
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from distillspec_jax.evaluation.pinning import pin_cores  # noqa: E402  (no JAX computation yet)
+import smoke  # noqa: E402  (bench/smoke.py)
+
+# --smoke: a fraction of a second of the smoke target's calls, unpinned.
+SMOKE = dict(seconds=0.2, gamma=2, cpus=0, target_model="smoke_target")
 
 
 def summary(seconds_per_extend: list) -> dict:
@@ -72,7 +76,7 @@ def main(argv=None) -> int:
   parser.add_argument("--gamma", type=int, default=7)
   parser.add_argument("--cpus", type=int, default=1)
   parser.add_argument("--target_model", default="demo_target")
-  args = parser.parse_args(argv)
+  args = smoke.parse(parser, argv, SMOKE)
   if args.seconds <= 0:
     parser.error(f"--seconds={args.seconds} must be > 0")
   if args.gamma < 1:

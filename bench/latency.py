@@ -23,7 +23,7 @@ distilled draft's speedup).
 
   python bench/latency.py --out docs/benchmarks/latency.json [--gin_file=gin/runs/demo.gin]
       [--prompts 64] [--passes 2] [--gammas 3,5] [--temperatures 0,1] [--cpus 1]
-      [--draft_stage distill_supervised_kd] [--random]
+      [--draft_stage distill_supervised_kd] [--random] [--smoke]
 
 Writes --out (JSON) and a PNG beside it (the latency's distribution per decoder).
 """
@@ -42,6 +42,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from distillspec_jax.core.validation import check_positive_int  # noqa: E402
 from distillspec_jax.evaluation.pinning import pin_cores  # noqa: E402  (no JAX computation yet)
+import smoke  # noqa: E402  (bench/smoke.py)
+
+# --smoke: random weights of the smoke run's shapes (smoke.PIPELINE_BINDINGS), two requests.
+SMOKE = dict(prompts=2, passes=1, gammas="2", temperatures="0", random=True, cpus=0)
 
 
 def cpu_name() -> str:
@@ -213,8 +217,9 @@ def parse(argv) -> argparse.Namespace:
                       help="random weights even when the run has checkpoints")
   parser.add_argument("--cpus", type=int, default=1,
                       help="cores to run on (default 1; 0: no pinning). See pinning.pin_cores.")
-  args, gin_args = parser.parse_known_args(argv)
-  args.gin_args = gin_args or ["--gin_file=gin/runs/demo.gin"]
+  args, gin_args = smoke.parse(parser, argv, SMOKE, known=True)
+  default = smoke.PIPELINE_BINDINGS if args.smoke else ("--gin_file=gin/runs/demo.gin",)
+  args.gin_args = gin_args or list(default)
   check_positive_int(args.prompts, "--prompts")
   check_positive_int(args.passes, "--passes")
   try:

@@ -3,6 +3,7 @@
   nice -n 10 python bench/memory_table.py --out /tmp/memory_table.json --proxy_data 2
   python bench/memory_table.py --pairs xl --slices v4-8 --method eval_shape ...   # quick
   python bench/memory_table.py --merge a.json b.json --out all.json   # one table of runs
+  python bench/memory_table.py --smoke --out /tmp/memory_table.json   # the smoke pair, seconds
 
 The accounting and the compile are the library's dry run (`distillspec_jax/training/dry_run.py`,
 what `--dry_run` on the binaries uses); this script is its grid over pairs, slices and meshes.
@@ -69,6 +70,7 @@ from distillspec_jax.distill import objectives  # noqa: E402
 from distillspec_jax.models.model import Model  # noqa: E402
 from distillspec_jax.training import partitioning  # noqa: E402
 from distillspec_jax.training import trainer  # noqa: E402
+import smoke  # noqa: E402  (bench/smoke.py)
 
 GIB = dry_run.GIB
 HBM_PER_CHIP_GIB = dry_run.CHIPS["v4"].hbm_gib  # TPU v4: 32 GiB per chip (one JAX device)
@@ -79,12 +81,16 @@ SLICES = {"v4-8": 4, "v4-32": 16, "v4-64": 32}  # chips = JAX devices
 # meshes, partitioning.check_model_axis; they are measured here to show what they would give).
 CANDIDATES = {"v4-8": ((4, 1), (2, 2), (1, 4)), "v4-32": ((16, 1), (8, 2), (4, 4), (2, 8)),
               "v4-64": ((32, 1), (16, 2), (8, 4))}
-PAIRS = {"xl": ("t5_1_1_xl", "t5_1_1_small"), "xxl": ("t5_1_1_xxl", "t5_1_1_small")}
+PAIRS = {"xl": ("t5_1_1_xl", "t5_1_1_small"), "xxl": ("t5_1_1_xxl", "t5_1_1_small"),
+         "smoke": ("smoke_target", "demo_draft")}
 # The paper's batch and the longest of its task lengths (gin/runs/paper_cnn_dailymail.gin:
 # inputs 2048, targets 256): per-device activations only shrink for the other tasks.
 BATCH_SIZE = 32
 LENGTHS = {"inputs": 2048, "targets": 256}
 local_bytes = dry_run.local_bytes  # the per-device accounting (training/dry_run.py)
+# --smoke: the smoke pair compiled on v4-8's all-data mesh at batch 4 on short rows.
+SMOKE = dict(pairs="smoke", slices="v4-8", meshes="4x1", batch_size=4, inputs_length=16,
+             targets_length=8)
 
 
 def step_program(target: Model, draft: Model, recipe: str, mesh, batch_size: int,
@@ -208,7 +214,7 @@ def main(argv=None):
   parser.add_argument("--merge", nargs="+", default=None,
                       help="JSON files of earlier runs: write their rows to --out as one table "
                            "and print it (nothing is compiled)")
-  args = parser.parse_args(argv)
+  args = smoke.parse(parser, argv, SMOKE)
   if args.merge:
     runs = [files.read_json(path) for path in args.merge]
     rows = [row for run in runs for row in run["rows"]]

@@ -11,7 +11,7 @@ loop is than its model calls alone). It uses the library's one measurement, `spe
 
 The process is pinned to one core before JAX starts (`--cpus`, see pinning.pin_cores).
 
-  python bench/speculative.py --out bench_speculative.json [--quick] [--cpus N]
+  python bench/speculative.py --out bench_speculative.json [--quick | --smoke] [--cpus N]
       [--target_checkpoint DIR --draft_checkpoint DIR] [--target_model NAME --draft_model NAME]
 """
 
@@ -30,6 +30,11 @@ import numpy as np  # noqa: E402
 from distillspec_jax.models.model import Model  # noqa: E402
 from distillspec_jax.evaluation.pinning import pin_cores  # noqa: E402
 from distillspec_jax.evaluation.speed import TimingPlan, measure_speed  # noqa: E402
+import smoke  # noqa: E402  (bench/smoke.py)
+
+# --smoke: the smoke target and the demo draft on one short prompt, one gamma, greedy.
+SMOKE = dict(target_model="smoke_target", max_new_tokens=4, prompts=1, input_length=8,
+             gammas=[2], temperatures=[0.0], repeats=1, cpus=0)
 
 
 def load_pair(args):
@@ -78,7 +83,7 @@ def print_table(report):
   print("per call (us):", {k: round(v * 1e6, 1) for k, v in report["per_call_s"].items()})
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--out", required=True, help="JSON file to write.")
@@ -100,7 +105,7 @@ def main():
                            "creates its thread pools; 0: no pinning). See pinning.pin_cores.")
   parser.add_argument("--repeats", type=int, default=None,
                       help="timing turns (default 7; quick: 3); medians are reported")
-  args = parser.parse_args()
+  args = smoke.parse(parser, argv, SMOKE)
   if bool(args.target_checkpoint) != bool(args.draft_checkpoint):
     parser.error("pass both --target_checkpoint and --draft_checkpoint, or neither.")
   pin_cores(args.cpus)

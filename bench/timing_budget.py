@@ -22,6 +22,9 @@ enough quiet calls).
 
 Needs the run's checkpoints (the README's main command writes them). Writes the per-k
 summary and every row's speedups to --out, and a PNG of max spread against calls beside it.
+
+`--smoke`: the smoke run (bench/smoke.py) in a temporary folder, or in the `--gin.MODEL_DIR`
+given; it trains the stages the measurement needs that are not done there.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from distillspec_jax.evaluation.pinning import pin_cores  # noqa: E402  (no JAX computation yet)
+import smoke  # noqa: E402  (bench/smoke.py)
+
+# --smoke: no timing budget beyond the smoke run's calls, unpinned.
+SMOKE = dict(budget=0.0, calls="1,2", cpus=0)
 
 
 def speedups(log: list, result: dict, calls: int) -> dict:
@@ -147,8 +154,22 @@ def main(argv=None) -> None:
   parser.add_argument("--calls", default="6,12,18,24",
                       help="calls per repeat to recompute the speedups from")
   parser.add_argument("--cpus", type=int, default=1)
-  args, gin_args = parser.parse_known_args(argv)
+  args, gin_args = smoke.parse(parser, argv, SMOKE, known=True)
   pin_cores(args.cpus)
+  if not args.smoke:
+    return report(args, gin_args)
+  import tempfile
+  from distillspec_jax.main import load_pipeline
+  from distillspec_jax.studies import pipeline
+  with tempfile.TemporaryDirectory() as run_dir:
+    gin_args = [*smoke.PIPELINE_BINDINGS, f"--gin.MODEL_DIR='{run_dir}'", *gin_args]
+    config = load_pipeline(gin_args)
+    pipeline.run_pipeline(config, stages=config.distill_stages)
+    return report(args, gin_args)
+
+
+def report(args, gin_args: list) -> dict:
+  """Measures the run of `gin_args`, prints the summaries, writes and returns the report."""
   from distillspec_jax.studies import pipeline
   from distillspec_jax.evaluation import speed
   from distillspec_jax.main import load_pipeline
@@ -189,16 +210,17 @@ def main(argv=None) -> None:
     print(f"plain decoding {name}: {counts['rows_spread_within_10_percent']} of "
           f"{len(result['rows'])} spreads within 10%, median spread "
           f"{counts['median_spread']:.1%}")
-  report = {"budget_s": args.budget, "timed_per_repeat": result["protocol"]["timed_per_repeat"],
-            "plain_calls_per_cycle": result["protocol"]["plain_calls_per_cycle"],
-            "spreads_by_plain_calls": plain_calls,
-            "repeats": result["protocol"]["repeats"], "interference": result["interference"],
-            "per_call_s": result["per_call_s"], "machine": result["machine"],
-            "by_calls": lines, "quiet_timeline": timeline, "pooled_speedups": floors}
+  out = {"budget_s": args.budget, "timed_per_repeat": result["protocol"]["timed_per_repeat"],
+         "plain_calls_per_cycle": result["protocol"]["plain_calls_per_cycle"],
+         "spreads_by_plain_calls": plain_calls,
+         "repeats": result["protocol"]["repeats"], "interference": result["interference"],
+         "per_call_s": result["per_call_s"], "machine": result["machine"],
+         "by_calls": lines, "quiet_timeline": timeline, "pooled_speedups": floors}
   with open(args.out, "w") as f:
-    json.dump(report, f, indent=1)
+    json.dump(out, f, indent=1)
   plot(lines, os.path.splitext(args.out)[0] + ".png", timeline)
   print("wrote", args.out)
+  return out
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ dot_general contracting x's last axis over [batch, length, in] (the weight gradi
 contracts two batch axes).
 
   python bench/train_step.py --out /tmp/train_step.json [--model demo_target] [--batch 32]
+      [--smoke]
 
 Random weights and tokens (the cost does not depend on them); every time is the fastest of
 --repeats calls after one warm-up call, on all cores the process may use. Prints a line per
@@ -24,6 +25,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from distillspec_jax.models.model import Model  # noqa: E402
+import smoke  # noqa: E402  (bench/smoke.py)
+
+# --smoke: the demo draft on two 8-token rows, one timed call.
+SMOKE = dict(model="demo_draft", batch=2, inputs=8, targets=8, repeats=1)
 
 
 def fastest_ms(fn, *args, repeats):
@@ -59,7 +64,7 @@ def mlp_times(batch, length, embed, mlp, repeats):
           for name, f in (("flattened", flattened), ("multi_axis", multi_axis))}
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", required=True)
   parser.add_argument("--model", default="demo_target")
@@ -67,7 +72,7 @@ def main():
   parser.add_argument("--inputs", type=int, default=40)
   parser.add_argument("--targets", type=int, default=44)
   parser.add_argument("--repeats", type=int, default=5)
-  args = parser.parse_args()
+  args = smoke.parse(parser, argv, SMOKE)
   if args.batch < 1 or args.repeats < 1:
     raise SystemExit(f"--batch={args.batch} and --repeats={args.repeats} must be >= 1.")
   model = Model.from_name(args.model)

@@ -17,7 +17,7 @@ and costs nearly k steps, and the ceiling falls (docs/speed.md, "Where the targe
 live").
 
   python bench/verification_cost.py --out verification_cost.json [--max_width 9] [--turns 7]
-      [--target_model demo_target] [--draft_model demo_draft] [--cpus 1]
+      [--target_model demo_target] [--draft_model demo_draft] [--cpus 1] [--smoke]
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from distillspec_jax.core.validation import check_positive_int
 from distillspec_jax.evaluation.pinning import pin_cores  # noqa: E402  (no JAX computation yet)
+import smoke  # noqa: E402  (bench/smoke.py)
+
+# --smoke: widths up to 3, one turn of short calls, unpinned.
+SMOKE = dict(target_model="smoke_target", max_width=3, turns=1, input_length=8,
+             call_seconds=0.002, cpus=0)
 
 
 def perfect_draft_ceiling(step_s: float, verification_s: dict, draft_one_s: float,
@@ -120,7 +125,7 @@ def main(argv=None) -> None:
                       help="about how long one timed call of a width runs")
   parser.add_argument("--cpus", type=int, default=1,
                       help="cores to run on (default 1; 0: no pinning). See pinning.pin_cores.")
-  args = parser.parse_args(argv)
+  args = smoke.parse(parser, argv, SMOKE)
   pin_cores(args.cpus)
   report = run(args)
   with open(args.out, "w") as f:

@@ -3,6 +3,7 @@
     python bench/vs_transformers.py --out bench.json \\
         [--target PATH --draft PATH]      # any checkpoint importer.py reads (hf, t5x, ours)
         [--gamma 4 --max-new-tokens 32 --input-len 16 --num-prompts 8 --repeats 3]
+    python bench/vs_transformers.py --out /tmp/bench.json --smoke   # two prompts, seconds
 
 Default models: a random T5 1.1 pair, target 4+4 layers d_model 256, draft 1+1 layers d_model
 64, vocabulary 512. Random models produce junk, so greedy acceptance (and tau) is low: the
@@ -34,17 +35,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax.interop import importer
-from distillspec_jax.decoding import plain
-from distillspec_jax.interop import hf_t5
+from distillspec_jax.decoding import plain  # noqa: E402
+from distillspec_jax.decoding.speculative import speculative_decode  # noqa: E402
+from distillspec_jax.interop import hf_t5  # noqa: E402
+from distillspec_jax.interop import importer  # noqa: E402
 from distillspec_jax.models.config import TransformerConfig  # noqa: E402
 from distillspec_jax.models.model import Model  # noqa: E402
-
-try:  # Written in parallel by the lead; the benchmark needs it.
-  from distillspec_jax.decoding.speculative import speculative_decode  # noqa: E402
-except ImportError as error:  # pragma: no cover
-  speculative_decode = None
-  _SPECULATIVE_IMPORT_ERROR = error
+import smoke  # noqa: E402  (bench/smoke.py)
 
 DEFAULT_TARGET = TransformerConfig(
     kind="encoder_decoder", vocab_size=512, emb_dim=256, num_heads=4, num_encoder_layers=4,
@@ -53,6 +50,10 @@ DEFAULT_DRAFT = TransformerConfig(
     kind="encoder_decoder", vocab_size=512, emb_dim=64, num_heads=2, num_encoder_layers=1,
     num_decoder_layers=1, head_dim=32, mlp_dim=128, dropout_rate=0.0, max_decode_length=128)
 NO_EOS = -1  # An id no token has: every row generates exactly max_new_tokens.
+# --smoke: a one-layer target on two short prompts, one timed call.
+SMOKE = dict(gamma=2, max_new_tokens=4, input_len=4, num_prompts=2, repeats=1)
+SMOKE_TARGET = DEFAULT_TARGET.replace(emb_dim=64, num_encoder_layers=1, num_decoder_layers=1,
+                                      head_dim=16, mlp_dim=128)
 
 
 def _models(args):
@@ -63,7 +64,8 @@ def _models(args):
     draft_params, draft_config = importer.load_checkpoint(args.draft)
     source = {"target": args.target, "draft": args.draft}
   else:
-    target_config, draft_config = DEFAULT_TARGET, DEFAULT_DRAFT
+    target_config = SMOKE_TARGET if args.smoke else DEFAULT_TARGET
+    draft_config = DEFAULT_DRAFT
     target_params = Model(target_config).init(jax.random.PRNGKey(args.seed))
     draft_params = Model(draft_config).init(jax.random.PRNGKey(args.seed + 1))
     source = {"target": "random", "draft": "random"}
@@ -92,8 +94,6 @@ def _timed(fn, repeats):
 
 def _ours(target, target_params, draft, draft_params, prompts, args, batch):
   """Runs our engine over all prompts in chunks of `batch`; returns (seconds, tokens, tau)."""
-  if speculative_decode is None:
-    raise SystemExit(f"distillspec_jax.decoding.speculative is not available: {_SPECULATIVE_IMPORT_ERROR}")
   sampling = plain.SamplingConfig(0.0, eos_id=NO_EOS)
   max_length = args.max_new_tokens + args.gamma + 8
   chunks = [jnp.asarray(prompts[i:i + batch]) for i in range(0, len(prompts), batch)]
@@ -187,7 +187,7 @@ def main(argv=None):
                       help="1: both engines single-threaded (stable on a shared CPU, where "
                            "oversubscribed OpenMP threads made torch ~20x slower here); "
                            "0: library defaults")
-  args = parser.parse_args(argv)
+  args = smoke.parse(parser, argv, SMOKE)
 
   import torch
   import transformers

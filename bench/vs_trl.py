@@ -1,6 +1,7 @@
 """Our on-policy distillation step against TRL's GKDTrainer: one Llama architecture on both sides.
 
     python bench/vs_trl.py --out vs_trl.json [--threads 2] [--rounds 3] [--steps 20]
+    python bench/vs_trl.py --out /tmp/vs_trl.json --smoke   # SMOKE_SHAPES, one step, seconds
 
 Needs the `reference` extra (torch CPU wheel, transformers, trl). Both sides get random-init
 Llama decoders of the same architecture and shapes (RoPE, SwiGLU, RMSNorm, untied logits; no
@@ -31,7 +32,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from distillspec_jax.evaluation import pinning
+from distillspec_jax.evaluation import pinning  # noqa: E402
+import smoke  # noqa: E402  (bench/smoke.py)
 
 SHAPES = {"vocab_size": 256, "batch_size": 16, "prompt_length": 48, "new_tokens": 48,
           "target": {"d_model": 128, "num_heads": 4, "head_dim": 32, "mlp_dim": 2048,
@@ -42,11 +44,17 @@ SHAPES = {"vocab_size": 256, "batch_size": 16, "prompt_length": 48, "new_tokens"
           "divergence": "fkl"}
 
 
-def _prompts(seed: int):
+# --smoke: both sides on two 8-token prompts, 8 sampled tokens, a narrow target MLP.
+SMOKE_SHAPES = {**SHAPES, "batch_size": 2, "prompt_length": 8, "new_tokens": 8,
+                "target": {**SHAPES["target"], "mlp_dim": 128}}
+SMOKE = dict(threads=0, rounds=1, steps=1, warmup=1)
+
+
+def _prompts(seed: int, shapes: dict):
   import numpy as np
   rng = np.random.default_rng(seed)
-  return rng.integers(2, SHAPES["vocab_size"], (SHAPES["batch_size"],
-                                                 SHAPES["prompt_length"])).astype(np.int32)
+  return rng.integers(2, shapes["vocab_size"], (shapes["batch_size"],
+                                                 shapes["prompt_length"])).astype(np.int32)
 
 
 def _summary(step_s, gen_s, tokens, warmup):
@@ -59,7 +67,7 @@ def _summary(step_s, gen_s, tokens, warmup):
 # --- ours -------------------------------------------------------------------------------------
 
 
-def run_ours(steps: int, warmup: int, seed: int) -> dict:
+def run_ours(steps: int, warmup: int, seed: int, shapes: dict = SHAPES) -> dict:
   """Our jitted GKD train step (trainer.make_train_step) on the Llama-kind pair."""
   import jax
   import jax.numpy as jnp
@@ -71,9 +79,9 @@ def run_ours(steps: int, warmup: int, seed: int) -> dict:
   from distillspec_jax.models.model import Model
 
   def config(side):
-    s = SHAPES[side]
+    s = shapes[side]
     # TRL's LlamaConfig below: as many key/value heads as heads, RoPE base 10000, eps 1e-6.
-    return TransformerConfig(kind="llama", vocab_size=SHAPES["vocab_size"],
+    return TransformerConfig(kind="llama", vocab_size=shapes["vocab_size"],
                              emb_dim=s["d_model"], num_heads=s["num_heads"],
                              num_kv_heads=s["num_heads"], num_encoder_layers=0,
                              num_decoder_layers=s["num_layers"], head_dim=s["head_dim"],
@@ -81,10 +89,11 @@ def run_ours(steps: int, warmup: int, seed: int) -> dict:
                              norm_epsilon=1e-6, max_decode_length=160)
 
   target, draft = Model(config("target")), Model(config("draft"))
-  dc = objectives.DistillationConfig.from_recipe("gkd", max_new_tokens=SHAPES["new_tokens"])
+  dc = objectives.DistillationConfig.from_recipe("gkd", max_new_tokens=shapes["new_tokens"])
   objective = objectives.DistillationObjective(target, draft, dc)
-  tc = trainer.TrainConfig(model_dir="/tmp/unused", train_steps=steps, batch_size=16,
-                           optimizer="adamw", learning_rate=SHAPES["learning_rate"],
+  tc = trainer.TrainConfig(model_dir="/tmp/unused", train_steps=steps,
+                           batch_size=shapes["batch_size"],
+                           optimizer="adamw", learning_rate=shapes["learning_rate"],
                            warmup_steps=0, decay_steps=steps + warmup)
   mesh = partitioning.make_mesh()
   step_fn, state_shardings, frozen_shardings = trainer.make_train_step(
@@ -95,12 +104,14 @@ def run_ours(steps: int, warmup: int, seed: int) -> dict:
                          state_shardings)
   frozen = jax.device_put({"target": jax.jit(target.init)(jax.random.PRNGKey(seed))},
                           frozen_shardings)
-  p, n = SHAPES["prompt_length"], SHAPES["new_tokens"]
+  p, n = shapes["prompt_length"], shapes["new_tokens"]
   batches = []
   for s in range(steps + warmup):
     # Prefix-LM rows [prompt, placeholder continuation]; the prompt is what is sampled from.
-    full = np.concatenate([_prompts(seed + s), _prompts(seed + s + 10_000)[:, :n]], axis=1)
-    weights = np.concatenate([np.zeros((16, p)), np.ones((16, n))], axis=1).astype(np.float32)
+    full = np.concatenate([_prompts(seed + s, shapes),
+                           _prompts(seed + s + 10_000, shapes)[:, :n]], axis=1)
+    weights = np.concatenate([np.zeros((len(full), p)), np.ones((len(full), n))],
+                             axis=1).astype(np.float32)
     batches.append(partitioning.shard_batch(
         {"decoder_target_tokens": full, "decoder_input_tokens": np.pad(full, ((0, 0), (1, 0)))[:, :-1],
          "decoder_loss_weights": weights}, mesh))
@@ -125,45 +136,47 @@ def run_ours(steps: int, warmup: int, seed: int) -> dict:
 # --- TRL --------------------------------------------------------------------------------------
 
 
-def _tokenizer():
+def _tokenizer(shapes: dict):
   """A word-level tokenizer over the ids as words, built in memory (no download)."""
   from tokenizers import Tokenizer, models, pre_tokenizers
   from transformers import PreTrainedTokenizerFast
-  vocab = {f"t{i}": i for i in range(SHAPES["vocab_size"])}
+  vocab = {f"t{i}": i for i in range(shapes["vocab_size"])}
   core = Tokenizer(models.WordLevel(vocab, unk_token="t2"))
   core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
   return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="t0", eos_token="t1",
                                  unk_token="t2")
 
 
-def run_trl(steps: int, warmup: int, seed: int, threads: int) -> dict:
+def run_trl(steps: int, warmup: int, seed: int, threads: int, shapes: dict = SHAPES) -> dict:
   """TRL's GKDTrainer.train() for steps + warmup steps; per-step times from a callback."""
   import tempfile
   import torch
   import transformers
   from datasets import Dataset
   from trl.experimental.gkd import GKDConfig, GKDTrainer
-  torch.set_num_threads(threads)
+  if threads:  # 0: torch's default (an unpinned smoke run)
+    torch.set_num_threads(threads)
   torch.manual_seed(seed)
 
   def model(side):
-    s = SHAPES[side]
+    s = shapes[side]
     config = transformers.LlamaConfig(
-        vocab_size=SHAPES["vocab_size"], hidden_size=s["d_model"],
+        vocab_size=shapes["vocab_size"], hidden_size=s["d_model"],
         intermediate_size=s["mlp_dim"], num_hidden_layers=s["num_layers"],
         num_attention_heads=s["num_heads"], num_key_value_heads=s["num_heads"],
         head_dim=s["head_dim"], max_position_embeddings=256, pad_token_id=0,
-        eos_token_id=SHAPES["eos_id"], bos_token_id=None, tie_word_embeddings=False,
+        eos_token_id=shapes["eos_id"], bos_token_id=None, tie_word_embeddings=False,
         rms_norm_eps=1e-6, rope_theta=10000.0)
     m = transformers.LlamaForCausalLM(config)
-    m.generation_config.eos_token_id = SHAPES["eos_id"]
+    m.generation_config.eos_token_id = shapes["eos_id"]
     return m
 
   student, teacher = model("draft"), model("target")
   total = steps + warmup
-  n = SHAPES["new_tokens"]
-  prompts = [r.tolist() for s in range(total) for r in _prompts(seed + s)]
-  completions = [r[:n].tolist() for s in range(total) for r in _prompts(seed + s + 10_000)]
+  n = shapes["new_tokens"]
+  prompts = [r.tolist() for s in range(total) for r in _prompts(seed + s, shapes)]
+  completions = [r[:n].tolist() for s in range(total)
+                 for r in _prompts(seed + s + 10_000, shapes)]
   dataset = Dataset.from_dict({"prompt_ids": prompts, "completion_ids": completions})
 
   def collate(examples):
@@ -198,16 +211,16 @@ def run_trl(steps: int, warmup: int, seed: int, threads: int) -> dict:
 
   GKDTrainer.generate_on_policy_outputs = staticmethod(timed_generate)
   with tempfile.TemporaryDirectory() as out_dir:
-    args = GKDConfig(output_dir=out_dir, per_device_train_batch_size=SHAPES["batch_size"],
-                     max_steps=total, lmbda=SHAPES["lambda"], beta=0.0,
-                     temperature=SHAPES["temperature"], max_new_tokens=SHAPES["new_tokens"],
-                     learning_rate=SHAPES["learning_rate"], lr_scheduler_type="constant",
+    args = GKDConfig(output_dir=out_dir, per_device_train_batch_size=shapes["batch_size"],
+                     max_steps=total, lmbda=shapes["lambda"], beta=0.0,
+                     temperature=shapes["temperature"], max_new_tokens=shapes["new_tokens"],
+                     learning_rate=shapes["learning_rate"], lr_scheduler_type="constant",
                      optim="adamw_torch", logging_steps=10_000, save_strategy="no",
                      report_to=[], use_cpu=True, dataloader_num_workers=0, seed=seed,
                      gradient_checkpointing=False,  # TRL defaults to True: no KV cache in generate
-                     disable_tqdm=True, max_length=SHAPES["prompt_length"] + SHAPES["new_tokens"])
+                     disable_tqdm=True, max_length=shapes["prompt_length"] + shapes["new_tokens"])
     trainer = GKDTrainer(model=student, teacher_model=teacher, args=args, data_collator=collate,
-                         train_dataset=dataset, processing_class=_tokenizer(),
+                         train_dataset=dataset, processing_class=_tokenizer(shapes),
                          callbacks=[Timer()])
     trainer.train()
   out = _summary(step_s, gen_s, tokens, warmup)
@@ -240,17 +253,18 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
   parser.add_argument("--warmup", type=int, default=3, help="untimed steps (compilation)")
   parser.add_argument("--seed", type=int, default=0)
-  args = parser.parse_args(argv)
+  args = smoke.parse(parser, argv, SMOKE)
+  shapes = SMOKE_SHAPES if args.smoke else SHAPES
   load_before = os.getloadavg()
   rounds = {"ours": [], "trl": []}
   for r in range(args.rounds):
     rounds["ours"].append(pinning.run_pinned(args.threads, run_ours, args.steps, args.warmup,
-                                           args.seed))
+                                           args.seed, shapes))
     rounds["trl"].append(pinning.run_pinned(args.threads, run_trl, args.steps, args.warmup,
-                                          args.seed, args.threads))
+                                          args.seed, args.threads, shapes))
     print(f"round {r + 1}/{args.rounds}: ours {rounds['ours'][-1]['tokens_per_s']:,.0f} "
           f"tokens/s, TRL {rounds['trl'][-1]['tokens_per_s']:,.0f} tokens/s", flush=True)
-  result = {"shapes": SHAPES, "versions": _versions(), "threads": args.threads,
+  result = {"shapes": shapes, "versions": _versions(), "threads": args.threads,
             "rounds": rounds, "steps_per_round": args.steps, "warmup_steps": args.warmup,
             "load_average_before": load_before, "load_average_after": os.getloadavg(),
             "cpus": os.cpu_count()}

@@ -4,10 +4,10 @@ LLVM passes (`jax_disable_most_optimizations`).
 For modules of many tiny programs, compiling costs more than running: tests/test_speculative.py
 and tests/test_eval.py took 164 s instead of 236 s. It changes how fast the programs run, not
 the math they compute; rounding can differ in the last bits, so every process whose results
-are compared bit for bit must compile the same way. Used by conftest.py's `fast_compilation`
-fixture (which also sets it in the environment for the processes its tests start) and by the
-worker scripts the tests start (mesh_worker.py, multihost_worker.py, the teacher-cache writer in
-test_teacher_cache.py).
+are compared bit for bit must compile the same way. conftest.py switches it on for every
+process of a test run (this process, the workers, and through the environment every process
+a test starts); the worker scripts the tests start set it themselves as well (mesh_worker.py,
+multihost_worker.py, the teacher-cache writer in test_teacher_cache.py).
 """
 
 import jax

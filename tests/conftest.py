@@ -7,7 +7,15 @@ compiled program, lets each one be compiled once per run. The directory is new f
 run (made by the controlling process, inherited by workers and children through the
 environment) so that a run never reuses another run's programs, and it is removed at the end.
 Set DISTILLSPEC_TEST_COMPILATION_CACHE=0 to switch it off. Every process of the run also
-compiles with compilation.QUICK_XLA_FLAGS (XLA_FLAGS, set here before any backend starts).
+compiles quickly (compilation.py): QUICK_XLA_FLAGS in XLA_FLAGS and jax's
+`jax_disable_most_optimizations` through its environment variable, both set here before any
+backend starts and inherited by the workers and every process a test starts. It changes how
+fast the programs run, not what they compute; the memory measurements, which depend on the
+optimised program, strip both from the environment of the process they start, and a module
+marked `optimized_compilation` (its programs run longer than they compile) opts out.
+
+Tiers (tests/README.md): a test that runs a binary, a pipeline, several processes or
+simulated devices is marked `integration`; `-m "not integration"` is the unit tier.
 
 Shared fixtures (builders in tests/testing.py): `shared_stages`, the main job's vocab, target
 and raw draft trained once per run for the whole-pipeline tests (marked `pipeline`).
@@ -23,9 +31,12 @@ _OWNER = "_DISTILLSPEC_TEST_CACHE_OWNER"
 
 
 def pytest_configure(config):
-  from compilation import QUICK_XLA_FLAGS  # before any JAX backend starts (compilation.py)
+  # Before any JAX backend starts (compilation.py).
+  from compilation import ENV, QUICK_XLA_FLAGS, set_fast_compilation
   if QUICK_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {QUICK_XLA_FLAGS}".strip()
+  os.environ[ENV] = "1"
+  set_fast_compilation(True)  # jax is imported already: its flag read the variable before
   if os.environ.get("DISTILLSPEC_TEST_COMPILATION_CACHE", "1") == "0":
     return
   if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # a worker: the controller made it
@@ -42,6 +53,11 @@ def pytest_collection_modifyitems(config, items):
   group in collection order: pytest-xdist's workers then start on the long tests and end
   together on short ones, instead of one worker running a multi-minute test alone at the
   end of the run."""
+  unmarked = [item.nodeid for item in items if item.get_closest_marker("pipeline")
+              and not item.get_closest_marker("integration")]
+  if unmarked:
+    raise pytest.UsageError(f"tests marked 'pipeline' but not 'integration': {unmarked}")
+
   def group(item):
     if item.get_closest_marker("pipeline"):
       return 0
@@ -55,15 +71,18 @@ def pytest_unconfigure(config):
     shutil.rmtree(directory, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def fast_compilation():
-  """Compiles the module's programs quickly (compilation.py), in this process and in the
-  processes its tests start (pinned timing children, binaries run as modules), which read it
-  from the environment. Opt in with `pytestmark = pytest.mark.usefixtures("fast_compilation")`."""
+@pytest.fixture(scope="module", autouse=True)
+def _optimized_compilation(request):
+  """Quick compilation off for a module marked `optimized_compilation` (its programs run long
+  enough for XLA's optimisations to pay: tests/test_sampler.py's millions of draws run 3x
+  slower without them), in this process and in the processes its tests start."""
+  if request.node.get_closest_marker("optimized_compilation") is None:
+    yield
+    return
   from compilation import ENV, set_fast_compilation
-  previous = set_fast_compilation(True)
-  with pytest.MonkeyPatch.context() as patch:  # restores the environment after the module
-    patch.setenv(ENV, "1")
+  previous = set_fast_compilation(False)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv(ENV, "0")
     yield
   set_fast_compilation(previous)
 
@@ -75,14 +94,7 @@ def shared_stages(request, tmp_path_factory):
   workers: their temporary folders share a parent) and never written to afterwards; tests
   copy them (testing.copy_stages) or name them as a study's reuse_run_dir."""
   import testing
-  from compilation import set_fast_compilation
   root = tmp_path_factory.getbasetemp()
   if hasattr(request.config, "workerinput"):  # a pytest-xdist worker's is <run>/popen-gwN
     root = root.parent
-  # Compiled as in the modules that use it (fast_compilation is module-scoped, so it is not
-  # on yet when a session fixture is made).
-  previous = set_fast_compilation(True)
-  try:
-    return testing.train_shared_stages(str(root / "shared_pipeline_stages"))
-  finally:
-    set_fast_compilation(previous)
+  return testing.train_shared_stages(str(root / "shared_pipeline_stages"))

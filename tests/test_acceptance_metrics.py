@@ -16,7 +16,6 @@ from distillspec_jax.evaluation.quality import predicted_alpha
 from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 VOCAB = 64
 

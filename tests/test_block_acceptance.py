@@ -7,7 +7,6 @@ import pytest
 
 from distillspec_jax.distill import block_acceptance
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 ALPHA = np.array([[0.9, 0.8, 0.5, 0.7, 0.6, 0.4],
                   [0.3, 0.9, 0.2, 0.5, 0.1, 0.6]], np.float32)

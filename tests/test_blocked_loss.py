@@ -22,7 +22,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "bench"))
 import blocked_loss_memory  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 VOCAB = 50_000
 BATCH, LENGTH = 2, 7

@@ -15,7 +15,6 @@ import pytest
 
 from distillspec_jax.models.model import DECODER_START_ID, Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 ATOL = RTOL = 1e-5
 BATCH = 4

@@ -10,8 +10,6 @@ import pytest
 from distillspec_jax.training import checkpoints
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
-
 
 def _state(emb_dim=64):
   model = Model.from_name("demo_draft", vocab_size=64, emb_dim=emb_dim)

@@ -14,7 +14,6 @@ from distillspec_jax.interop import t5x as t5x_lib
 from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 TINY = TransformerConfig(kind="encoder_decoder", vocab_size=128, emb_dim=64, num_heads=4,
                          num_encoder_layers=2, num_decoder_layers=1, head_dim=16, mlp_dim=96,
@@ -38,6 +37,7 @@ def params():
   return Model(TINY).init(jax.random.PRNGKey(0))
 
 
+@pytest.mark.integration
 def test_cli_chain_hf_ours_t5x_hf_is_exact(tmp_path, params, capsys):
   hf_t5.save_hf(params, TINY, str(tmp_path / "hf"))
   assert convert.main(["--from=hf", "--to=ours", f"--input={tmp_path / 'hf'}",
@@ -112,6 +112,7 @@ def test_hf_export_refuses_a_narrower_encoder_mlp(tmp_path):
   assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.integration
 def test_cli_vocab_size_overrides_the_preset(tmp_path, capsys):
   """`--model=tiny_encoder_decoder` alone expects vocab 512; `--vocab_size=64` fits a vocab-64
   checkpoint, and the shapes are still checked against the overridden preset."""

@@ -13,7 +13,6 @@ from distillspec_jax.decoding import plain
 from distillspec_jax.decoding.plain import SamplingConfig
 from distillspec_jax.models.model import DECODER_START_ID, EOS_ID, PAD_ID, Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 MODEL_NAMES = ("tiny_encoder_decoder", "tiny_decoder_only")
 MAX_NEW = 12

@@ -11,7 +11,6 @@ from distillspec_jax.distill import divergences
 from distillspec_jax.models.model import Model
 from distillspec_jax.training.trainer import SyntheticData
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 VOCAB = 64
 

@@ -7,7 +7,6 @@ import pytest
 
 from distillspec_jax.distill import divergences
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 NAMES = divergences.DIVERGENCES
 

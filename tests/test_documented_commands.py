@@ -1,18 +1,14 @@
 """Every command the README, docs/, gin/ and launch/ name points at something that exists.
 
 `python -m distillspec_jax.<module>` names a module with a command-line entry point;
-`--gin_file=<path>` names a gin file of the repository; `bench/<script>` names a script, and
-every bench script answers `--help`. The binaries' own `--help` and tiny runs are tested in
+`--gin_file=<path>` names a gin file of the repository; `bench/<script>` names a script (each
+runs in tests/test_bench_smoke.py). The binaries' own `--help` and tiny runs are tested in
 tests/test_help.py and the binaries' tests.
 """
 
 import ast
 import pathlib
 import re
-import subprocess
-import sys
-
-import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODULE = re.compile(r"python3? -m (distillspec_jax(?:\.[a-z_0-9]+)+)")
@@ -67,11 +63,3 @@ def test_every_documented_bench_script_exists():
   missing = [f"{where}: bench/{name}" for name, where in mentions(BENCH).items()
              if not (ROOT / "bench" / name).exists()]
   assert not missing, "documented bench scripts that do not exist:\n" + "\n".join(missing)
-
-
-@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "bench").glob("*.py")))
-def test_bench_script_answers_help(script):
-  done = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"],
-                        capture_output=True, text=True, timeout=300, cwd=ROOT)
-  assert done.returncode == 0, done.stderr[-2000:]
-  assert "usage" in done.stdout.lower()

@@ -15,6 +15,8 @@ import pytest
 
 from distillspec_jax.training import dry_run
 
+pytestmark = pytest.mark.integration
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 XXL_GIN = """

@@ -12,7 +12,6 @@ from distillspec_jax.interop import eagle3
 from distillspec_jax.models.head import Head, HeadConfig
 from test_heads import tiny_target
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 
 def _head(draft_ids=None, layers=(1, 2)):

@@ -22,7 +22,6 @@ from distillspec_jax.decoding.plain import SamplingConfig, prompt_inputs
 from distillspec_jax.models.model import Model
 from distillspec_jax.decoding.speculative import Lenience, speculative_decode
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 LENGTHS = {"inputs": 48, "targets": 6}
 
@@ -66,6 +65,7 @@ def _numbers(value):
     yield value
 
 
+@pytest.mark.integration
 def test_the_binary_run_as_a_module_writes_every_output_with_finite_numbers(setup, tmp_path):
   """`python -m distillspec_jax.eval` on eval_demo.gin: metrics.json (the interface, finite
   numbers), inferences, TensorBoard events and the lossy trade-off table; bad input exits 2."""
@@ -195,6 +195,7 @@ def test_epsilon_one_equals_lossless_decoding_exactly(setup, kind):
   assert int(np.sum(loose.accepted)) > int(np.sum(lossless.accepted))
 
 
+@pytest.mark.integration
 def test_epsilon_one_rows_of_the_binary_equal_the_lossless_row(setup, tmp_path):
   config = _config(setup, tmp_path / "run", temperatures=(1.0,), lenience_kinds=("lin", "sq",
                                                                               "exp"),
@@ -221,6 +222,7 @@ def _bbh_dir(root, subtasks=("date_understanding", "boolean_expressions")):
   return str(root)
 
 
+@pytest.mark.integration
 def test_bbh_mixture_reads_public_layout_and_reports_the_mean_of_its_tasks(setup, tmp_path):
   bbh = _bbh_dir(tmp_path / "bbh")
   config = _config(setup, tmp_path / "run", mixture_or_task_name="bbh", bbh_dir=bbh,
@@ -309,6 +311,7 @@ def test_acceptance_by_position_and_predicted_alpha(setup):
                                     1.0) < 1.0
 
 
+@pytest.mark.integration
 def test_only_process_zero_writes_and_every_process_waits_for_it(setup, tmp_path,
                                                                  monkeypatch):
   """A process other than 0 evaluates the same grid but writes no file; all processes meet at
@@ -416,6 +419,7 @@ def test_gin_run_files_build(setup):
   gin_utils.clear()
 
 
+@pytest.mark.integration
 def test_the_adaptive_draft_length_rule_runs_through_the_binary(setup, tmp_path):
   """DRAFT_LENGTH_RULE='confidence': the rows are the rule's and so are their timings. At a
   threshold no random draft reaches, every round proposes one token: accepted / rounds

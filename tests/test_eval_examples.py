@@ -15,7 +15,6 @@ from distillspec_jax.models.model import Model
 from distillspec_jax.training import multihost
 from distillspec_jax.training import partitioning
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 TASK, SPLIT, LENGTHS, COUNT = "embedded_arithmetic", "test", {"inputs": 48, "targets": 48}, 11
 

@@ -23,7 +23,7 @@ from distillspec_jax.models.model import Model
 from distillspec_jax.training import checkpoints
 from test_multihost import _env, _finish, _flags, _free_port
 
-pytestmark = [pytest.mark.usefixtures("fast_compilation"), pytest.mark.long]  # conftest.py
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "eval_multihost_worker.py")

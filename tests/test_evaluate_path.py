@@ -15,7 +15,6 @@ from distillspec_jax.evaluation import evaluate as evaluate_lib
 from distillspec_jax.models.config import model_config
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "distillspec_jax"
 

@@ -20,7 +20,6 @@ from distillspec_jax.interop import importer
 from distillspec_jax.models.config import MODEL_CONFIGS, TransformerConfig
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 VOCAB = 96
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,

@@ -11,7 +11,6 @@ from distillspec_jax import gin_utils
 from distillspec_jax import train
 from distillspec_jax.models.config import MODEL_CONFIGS
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 ROOT = gin_utils.REPO_ROOT
 
@@ -118,6 +117,7 @@ def test_every_trainer_run_file_resolves(path):
       "--gin.POSITION_WEIGHTING='reach'"], "'reach'"),
     (["--gin_file=gin/runs/distill_tiny.gin", "--bogus"], "--bogus"),
 ])
+@pytest.mark.integration
 def test_bad_configuration_fails_before_training(argv, needle):
   with pytest.raises(gin_utils.GinConfigError) as error:
     train.main(argv)
@@ -132,6 +132,7 @@ def test_library_modules_do_not_import_gin():
     assert "import gin" not in text, path
 
 
+@pytest.mark.integration
 def test_binary_finetune_then_distill_then_resume(tmp_path):
   # A few steps each: compiling the steps is the cost, and every check needs only a
   # checkpoint, an evaluation and a logged step on each side of the restart.

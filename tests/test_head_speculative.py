@@ -18,7 +18,6 @@ from test_heads import tiny_target
 from test_speculative import (_exact_sequence_distribution, _goodness_of_fit_pvalue,
                               _peaked_decoder_pair)
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 
 def _pair(kind, vocab=97, seed=1):

@@ -15,7 +15,6 @@ from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.models.head import Head, HeadConfig
 from test_heads import tiny_target
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 VOCAB = 31
 

@@ -10,7 +10,6 @@ from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.head import Head, HeadConfig, default_feature_layers
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 KINDS = ("encoder_decoder", "decoder_only", "llama")
 

@@ -62,6 +62,7 @@ def test_the_macros_come_from_the_gin_files(tmp_path, monkeypatch):
   assert "BRAND_NEW_MACRO" in text and "OTHER_MACRO" not in text
 
 
+@pytest.mark.integration
 def test_main_help_as_a_module():
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   done = subprocess.run([sys.executable, "-m", "distillspec_jax.main", "--help"],

@@ -17,7 +17,6 @@ from distillspec_jax.interop import hf_llama
 from distillspec_jax.interop import importer
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 VOCAB = 96
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -177,6 +176,7 @@ def test_round_trips_are_exact_and_tokenizer_files_pass_through(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, again, jax.tree.map(np.asarray, params))
 
 
+@pytest.mark.integration
 def test_convert_cli_exports_a_preset_with_its_tokenizer(tmp_path, capsys):
   model = Model.from_name("tiny_llama")
   importer.save_checkpoint(model.init(jax.random.PRNGKey(0)), model.config,

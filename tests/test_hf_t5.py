@@ -12,7 +12,6 @@ import testing
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 TINY = testing.T5_TINY
 TINY_DECODER_ONLY = TINY.replace(kind="decoder_only", num_encoder_layers=0)

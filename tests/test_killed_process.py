@@ -26,6 +26,8 @@ from distillspec_jax.training import checkpoints
 from test_eval_multihost import _eval_flags
 from test_multihost import _env, _flags, _free_port
 
+pytestmark = pytest.mark.integration
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = "tiny_encoder_decoder"
 # Seconds from the start by which both processes of a pair have ended: heartbeat 10 s, plus

@@ -3,7 +3,10 @@
 import os
 import subprocess
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.integration
 
 
 def _dry_run(script: str, **env) -> str:

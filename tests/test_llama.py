@@ -18,8 +18,6 @@ from distillspec_jax.training import partitioning
 from distillspec_jax.training import trainer as trainer_lib
 from test_speculative import _exact_sequence_distribution, _goodness_of_fit_pvalue
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
-
 
 def _llama(**fields):
   base = dict(kind="llama", vocab_size=97, emb_dim=32, num_heads=4, num_kv_heads=2,

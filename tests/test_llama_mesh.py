@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.usefixtures("fast_compilation"), pytest.mark.long]  # conftest.py
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -6,8 +6,6 @@ import pytest
 from distillspec_jax import gin_utils
 from distillspec_jax import main
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
-
 
 @pytest.fixture(autouse=True)
 def _clear_gin():
@@ -16,16 +14,19 @@ def _clear_gin():
   gin.clear_config()
 
 
+@pytest.mark.integration
 def test_unknown_run_file_is_named():
   with pytest.raises(gin_utils.GinConfigError, match="gin/runs/dmeo.gin"):
     main.main(["--gin_file=gin/runs/dmeo.gin"])
 
 
+@pytest.mark.integration
 def test_binding_to_a_name_that_does_not_exist():
   with pytest.raises(gin_utils.GinConfigError, match="bogus_field"):
     main.main(["--gin_file=gin/runs/demo.gin", "--gin.PipelineConfig.bogus_field=3"])
 
 
+@pytest.mark.integration
 def test_unwritable_model_dir(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("x")

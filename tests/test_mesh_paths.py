@@ -14,7 +14,7 @@ import testing
 
 from distillspec_jax.training import partitioning
 
-pytestmark = [pytest.mark.usefixtures("fast_compilation"), pytest.mark.long]  # conftest.py
+pytestmark = pytest.mark.long
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,16 +29,19 @@ def _run(check: str) -> str:
   return out.stdout
 
 
+@pytest.mark.integration
 def test_distillation_step_on_two_meshes_equals_one_device():
   out = _run("step")
   assert out.count(" loss ") == 1 + 2  # one device, then each mesh
 
 
+@pytest.mark.integration
 def test_sampling_speculative_and_evaluation_on_two_meshes_equal_one_device():
   out = _run("decode")
   assert out.count(" tau ") == 1 + 2
 
 
+@pytest.mark.integration
 def test_checkpoint_saved_under_one_mesh_restores_under_others():
   out = _run("checkpoint")
   assert out.count("restored under") == 3

@@ -11,7 +11,6 @@ import pytest
 from distillspec_jax.models.config import MODEL_CONFIGS
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 ALLOWED_AXES = {"embed", "mlp", "heads", "kv", "joined_kv", "vocab", "relpos_buckets"}
 

@@ -18,7 +18,7 @@ import pytest
 from distillspec_jax.training import multihost
 from compilation import xla_flags
 
-pytestmark = [pytest.mark.usefixtures("fast_compilation"), pytest.mark.long]  # conftest.py
+pytestmark = pytest.mark.long
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "multihost_worker.py")
@@ -64,6 +64,7 @@ def _finish(procs, timeout):
   return outs
 
 
+@pytest.mark.integration
 def test_two_processes_equal_one_process(tmp_path):
   port = _free_port()
   single, multi = tmp_path / "single", tmp_path / "multi"

@@ -10,8 +10,6 @@ import pytest
 
 from distillspec_jax.training import optimizers
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
-
 
 def closed_form_lr(step, base=3e-4, warmup=5000, total=300000, final=0.1):
   """Independent statement of the paper schedule (Knowl 4)."""

@@ -18,8 +18,6 @@ from compilation import xla_flags
 from distillspec_jax.training import partitioning
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
-
 
 def test_rules_are_the_t5x_1d_model_parallel_rules():
   rules = dict(partitioning.LOGICAL_AXIS_RULES)
@@ -82,6 +80,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_eight_device_mesh_in_subprocess():
   env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"),
              JAX_PLATFORMS="cpu")

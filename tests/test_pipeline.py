@@ -14,8 +14,6 @@ from distillspec_jax.data import batches
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies.pipeline import PipelineConfig, required_stages, run_pipeline
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
-
 
 def _smoke_config(run_dir, **changes):
   """The whole-pipeline tests' settings (testing.PIPELINE) at gamma 2, T = 0 and 1."""
@@ -123,6 +121,7 @@ def _check_the_eval_binary_writes_the_same_record(config, report, model_dir):
       (timed["tau"], timed["draft_acceptance_rate"]))
 
 
+@pytest.mark.integration
 @pytest.mark.pipeline
 def test_adaspec_job_reuses_copied_stages_and_its_reference(tmp_path, shared_stages):
   # AdaSPEC's comparison job in a run directory holding copies of another run's finished
@@ -214,6 +213,7 @@ def test_adaspec_bad_input(tmp_path):
                    adaspec_reference="gkd")
 
 
+@pytest.mark.integration
 @pytest.mark.pipeline
 def test_decoder_only_job(tmp_path, shared_stages):
   """The same job with decoder-only models (prefix LM on the embedded task); the vocabulary

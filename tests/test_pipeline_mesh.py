@@ -27,7 +27,7 @@ import testing
 from compilation import xla_flags
 from test_multihost import _env, _finish, _flags, _free_port
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+pytestmark = pytest.mark.integration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTIHOST_WORKER = os.path.join(ROOT, "tests", "pipeline_multihost_worker.py")

@@ -5,10 +5,6 @@ import pathlib
 import re
 import tempfile
 
-import pytest
-
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
-
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 

@@ -19,7 +19,6 @@ from distillspec_jax.models.config import REMAT_POLICIES, TransformerConfig, mod
 from distillspec_jax.models.model import Model
 from distillspec_jax.training import trainer
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -156,6 +155,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.integration
 def test_full_remat_compiles_the_training_step_to_fewer_temporary_bytes():
   """XLA's buffer assignment for the compiled step (deterministic compiler output) with the
   dry run's CPU flags (dry_run.simulation_xla_flags: the memory-optimised scheduler), compiled

@@ -7,10 +7,13 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from scipy import stats
 
 from distillspec_jax.decoding import plain
 
+# Millions of draws: XLA's optimisations pay here (tests/conftest.py).
+pytestmark = pytest.mark.optimized_compilation
 T5_VOCAB = 32128
 
 

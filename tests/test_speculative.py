@@ -16,8 +16,6 @@ from distillspec_jax.models.model import Model
 from distillspec_jax.decoding.speculative import (DraftLength, Lenience, acceptance_probability,
                                                   speculative_decode)
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
-
 
 def _pair(kind):
   common = dict(kind=kind, vocab_size=97, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,

@@ -18,8 +18,6 @@ from distillspec_jax.decoding.plain import SamplingConfig, prompt_inputs
 from distillspec_jax.models.model import Model
 from distillspec_jax.decoding.speculative import Lenience, speculative_decode
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
-
 
 @pytest.fixture(scope="module")
 def pair():
@@ -202,6 +200,7 @@ def _affinity():
   return sorted(os.sched_getaffinity(0))
 
 
+@pytest.mark.integration
 def test_run_pinned_runs_in_a_pinned_child():
   allowed = sorted(os.sched_getaffinity(0))
   assert pinning.run_pinned(1, _affinity) == allowed[-1:]
@@ -218,6 +217,7 @@ def _read_after_release(folder):
     return f.read(), sorted(os.sched_getaffinity(0))
 
 
+@pytest.mark.integration
 def test_start_pinned_child_waits_for_release(tmp_path):
   allowed = sorted(os.sched_getaffinity(0))
   with pinning.start_pinned(1, _read_after_release, str(tmp_path)) as run:
@@ -236,7 +236,6 @@ def test_start_pinned_child_waits_for_release(tmp_path):
   with pytest.raises(RuntimeError, match="left early"):
     with pinning.start_pinned(1, pinning.wait_for_release):
       raise RuntimeError("left early")
-
 
 
 def test_interleaved_times_keep_each_windows_fastest_time_per_repeat(monkeypatch):

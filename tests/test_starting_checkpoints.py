@@ -12,7 +12,7 @@ from distillspec_jax.studies import pipeline
 from distillspec_jax.studies.pipeline import PipelineConfig
 from distillspec_jax.training.trainer import SyntheticData
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
+pytestmark = pytest.mark.integration
 
 VOCAB = 64
 

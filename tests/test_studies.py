@@ -17,7 +17,6 @@ from distillspec_jax.studies.garden import GardenConfig, pareto
 from distillspec_jax.studies.pipeline import run_pipeline
 from distillspec_jax.studies.recipe_grid import RecipeGridConfig
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 # The whole-pipeline tests' settings (testing.PIPELINE; the same decoding budget, so the
 # studies' programs are the smoke tests' where they can be), one timing repeat; each test
@@ -39,6 +38,7 @@ def _grid(run_dir, base, **changes):
                           temperatures=(0.0, 1.0), **dict(TINY, **changes))
 
 
+@pytest.mark.integration
 @pytest.mark.pipeline
 def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
   config = _grid(tmp_path / "grid", base_run)
@@ -97,6 +97,7 @@ def test_rules_on_a_hand_made_grid():
   assert t1["rule2"]["verdict"] in ("holds", "within noise")
 
 
+@pytest.mark.integration
 @pytest.mark.pipeline
 def test_garden_report_frontier_and_reference(tmp_path, base_run):
   config = GardenConfig(run_dir=str(tmp_path / "garden"), reuse_run_dir=base_run,

@@ -10,7 +10,6 @@ import testing
 from distillspec_jax.interop import t5x as t5x_lib
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 TINY = testing.T5_TINY
 

@@ -15,7 +15,6 @@ from distillspec_jax.decoding.speculative import speculative_decode
 from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 _CALLS = []  # the token width of every extend call of a _CountedModel
 

@@ -51,6 +51,7 @@ def _dec(vocab, row):
 
 
 # ------------------------------------------------------------------ TFDS
+@pytest.mark.integration
 def test_default_tasks_registered_on_demand_not_on_import():
   code = ("import seqio\nfrom distillspec_jax.data import batches, tasks\n"
           "assert 'xsum' not in seqio.TaskRegistry.names()\n"

@@ -20,7 +20,6 @@ from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.models.model import Model
 from distillspec_jax.studies.pipeline import InMemoryData
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 32
@@ -232,6 +231,7 @@ _WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_killed_writer_is_never_read_and_the_rerun_finishes(written, tmp_path):
   target, params, arrays, complete = written
   path = str(tmp_path / "killed")

@@ -11,8 +11,6 @@ from distillspec_jax.studies import pipeline
 from distillspec_jax.distill import teacher_cache
 from distillspec_jax.studies.pipeline import PipelineConfig
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
-
 
 def _config(run_dir, **changes):
   fields = dict(run_dir=str(run_dir), recipes=("gkd", "supervised_kd"), teacher_cache_k=4)
@@ -49,6 +47,7 @@ def test_bad_cache_settings_are_refused(tmp_path, changes, match):
     _config(tmp_path, **changes)
 
 
+@pytest.mark.integration
 def test_killed_stage_is_finished_by_the_rerun(tmp_path, monkeypatch):
   """A kill inside write_cache (here: an exception after shard 0) leaves no marker and no
   manifest; the rerun of the job reuses shard 0 and completes the cache."""

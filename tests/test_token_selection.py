@@ -10,8 +10,6 @@ import pytest
 from distillspec_jax.distill import divergences
 from distillspec_jax.distill import token_selection
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
-
 
 def random_mask(rng, batch, length, min_len=1):
   lengths = rng.integers(min_len, length + 1, batch)

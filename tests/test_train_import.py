@@ -19,7 +19,6 @@ from distillspec_jax.interop import t5x as t5x_lib
 from distillspec_jax.models.model import Model
 from distillspec_jax.training.trainer import SyntheticData
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 ROOT = gin_utils.REPO_ROOT
 # gin/runs/finetune_tiny.gin trains this model: tiny_encoder_decoder with vocab_size 64.
@@ -71,6 +70,7 @@ def _step_one_loss(params) -> float:
   return float(loss)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("fmt", ["hf", "t5x"])
 def test_train_binary_finetunes_from_an_imported_checkpoint(fmt, tmp_path, request):
   path = request.getfixturevalue(f"{fmt}_dir")
@@ -89,6 +89,7 @@ def test_train_binary_finetunes_from_an_imported_checkpoint(fmt, tmp_path, reque
   assert os.path.isdir(tmp_path / "run" / "2" / "params")  # trained on, saved in our format
 
 
+@pytest.mark.integration
 def test_train_binary_distills_towards_a_hugging_face_target(hf_dir, tmp_path, monkeypatch):
   """TARGET_CHECKPOINT_PATH in HF format: the trainer's frozen target is the imported model."""
   from distillspec_jax.training import trainer
@@ -129,6 +130,7 @@ def _bad_paths(tmp_path):
                                   "(64, 128)")}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case", ["missing", "unknown format", "other shapes"])
 @pytest.mark.parametrize("macro", ["INITIAL_CHECKPOINT_PATH", "TARGET_CHECKPOINT_PATH"])
 def test_bad_checkpoint_path_fails_before_model_dir_is_written(case, macro, tmp_path):
@@ -148,6 +150,7 @@ def test_bad_checkpoint_path_fails_before_model_dir_is_written(case, macro, tmp_
   assert not os.path.exists(model_dir / "config.gin") and not os.path.exists(model_dir)
 
 
+@pytest.mark.integration
 def test_distillation_without_a_target_path_fails_before_model_dir_is_written(tmp_path):
   with pytest.raises(gin_utils.GinConfigError, match="TARGET_CHECKPOINT_PATH"):
     train.main(["--gin_file=gin/runs/distill_tiny.gin", f"--gin.MODEL_DIR={tmp_path / 'run'}",
@@ -162,6 +165,7 @@ def test_hf_config_that_changes_the_function_is_refused(hf_dir, tmp_path):
   assert importer.check_checkpoint(hf_dir, MODEL.config) == "hf"
 
 
+@pytest.mark.integration
 def test_bad_path_exits_with_status_1_and_no_traceback(tmp_path):
   model_dir = tmp_path / "run"
   done = subprocess.run(

@@ -11,7 +11,6 @@ from distillspec_jax.distill import objectives
 from distillspec_jax.training import trainer as trainer_lib
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 VOCAB = 64
 

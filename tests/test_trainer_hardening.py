@@ -13,7 +13,6 @@ from distillspec_jax.training import metrics_log
 from distillspec_jax.training import trainer
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 VOCAB = 64
 

@@ -182,6 +182,7 @@ def test_the_binaries_exit_1_with_the_message(tmp_path, capsys):
   assert not os.path.exists(tmp_path / "main")
 
 
+@pytest.mark.integration
 def test_the_main_binary_run_as_a_module_exits_1_without_a_traceback(tmp_path):
   import subprocess
   import sys
