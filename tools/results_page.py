@@ -28,12 +28,12 @@ STAGES = ("vocab", "target", "draft_raw", "teacher_cache", "distill_gkd", "disti
           "evaluate")
 
 # Our names for a draft row's quantities -> the report's keys.
-_KEYS = {"tau": "tau", "tau_stderr": "tau_stderr", "alpha": "alpha",
+_KEYS = {"tau": "tau", "tau_stderr": "tau_stderr", "alpha": "draft_acceptance_rate",
          "decoding": "speedup", "decoding_range": "speedup_range",
          "end_to_end": "end_to_end_speedup", "end_to_end_range": "end_to_end_speedup_range",
          "cost_model_end_to_end": "cost_model_end_to_end_speedup",
-         "typical_end_to_end": "typical_end_to_end_speedup", "unreliable": "unreliable",
-         "draft": "recipe", "gamma": "gamma", "temperature": "temperature"}
+         "typical_end_to_end": "typical_end_to_end_speedup", "unreliable": "speedup_unreliable",
+         "draft": "draft", "gamma": "gamma", "temperature": "temperature"}
 
 
 def quantity(row: dict, name: str):
@@ -172,7 +172,7 @@ def adaptive_section() -> list:
       return f"cost rule (gamma_max {r['gamma']})"
     return f"{r['draft_length']} >= {r['threshold']:g} (gamma_max {r['gamma']})"
   rows = [[f"{r['temperature']:g}", label(r),
-           span(r["end_to_end_speedup"], r["end_to_end_speedup_range"]), f"{r['tau']:.2f}",
+           span(r["end_to_end_speedup"], r["end_to_end_speedup_range"]), f"{r['timed_tau']:.2f}",
            f"{r['drafted'] / max(r['rounds'], 1):.2f}"] for r in data["rows"]]
   return (["## Adaptive draft length", "",
            "`python bench/adaptive_gamma.py --out docs/benchmarks/adaptive_gamma.json` on the "
