@@ -250,8 +250,7 @@ def mixture_mean(name: str, rows_by_task: Mapping[str, Sequence[EvaluationRow]],
   averaged over the tasks that have it."""
   tasks = list(rows_by_task)
   keyed = [{(r.draft, r.point): r for r in rows_by_task[t]} for t in tasks]
-  measured = [k for k in EvaluationRow.json_keys()
-              if k not in ("task", "draft", "quality") and k not in GridPoint.json_keys()]
+  measured = Acceptance.json_keys() + SpeedFigures.json_keys()
   rows = []
   for key, first in keyed[0].items():
     group = [k[key] for k in keyed if key in k]
@@ -259,7 +258,8 @@ def mixture_mean(name: str, rows_by_task: Mapping[str, Sequence[EvaluationRow]],
     metric_names = sorted({m for r in group for m in (r.quality or {})})
     row = dict(first.to_json(), task=name,
                quality={m: _mean((r.quality or {}).get(m) for r in group)
-                        for m in metric_names})
+                        for m in metric_names},
+               predicted_alpha=_mean(r.predicted_alpha for r in group))
     row.update({k: _mean_field([j[k] for j in as_json]) for k in measured})
     se = [r.acceptance.tau_stderr for r in group]
     row["tau_stderr"] = float(np.sqrt(np.sum(np.square(se)))) / len(se)
