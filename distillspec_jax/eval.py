@@ -603,23 +603,24 @@ def run_dry_run(argv: Sequence[str]) -> int:
   default v4-8); 0 when it fits, 1 when it does not. Needs the presets (no checkpoint read)."""
   from distillspec_jax.training import dry_run
   config = load_config(argv)
-  settings = gin_utils.start_dry_run()  # before JAX starts: the slice's simulated devices
   if not (config.target_model and config.draft_model):
     raise gin_utils.GinConfigError(
         "--dry_run needs the models' shapes without reading the checkpoints: set "
         "--gin.EvalConfig.target_model=<preset> and --gin.EvalConfig.draft_model=<preset>.")
-  target, draft = Model(model_config(config.target_model)), Model(model_config(config.draft_model))
-  inputs = int(config.task_feature_lengths.get("inputs", 0) or 1)
-  stages = [dry_run.Stage("evaluate", lambda mesh, batch: dry_run.speculative_program(
-      target, draft, mesh, batch, inputs, config.new_tokens, gamma=max(config.gammas),
-      temperature=max(config.temperatures), target_param_dtype=config.target_param_dtype),
-      config.batch_size, {"target": target, "draft": draft})]
-  devices = dry_run.dry_run_devices(settings.devices)
-  rows = dry_run.run(stages, (config.data_parallel, config.model_parallel), devices,
-                     settings.chip, proxy_data=settings.proxy_data,
-                     peak_fraction=settings.peak_fraction)
-  levers = [] if config.target_param_dtype == "bfloat16" else ["--gin.TARGET_PARAM_DTYPE=bfloat16"]
-  return gin_utils.finish_dry_run(rows, stages, devices, settings, levers)
+
+  def plan() -> gin_utils.DryRunPlan:
+    target = Model(model_config(config.target_model))
+    draft = Model(model_config(config.draft_model))
+    inputs = int(config.task_feature_lengths.get("inputs", 0) or 1)
+    stage = dry_run.Stage("evaluate", lambda mesh, batch: dry_run.speculative_program(
+        target, draft, mesh, batch, inputs, config.new_tokens, gamma=max(config.gammas),
+        temperature=max(config.temperatures), target_param_dtype=config.target_param_dtype),
+        config.batch_size, {"target": target, "draft": draft})
+    levers = () if config.target_param_dtype == "bfloat16" else (
+        "--gin.TARGET_PARAM_DTYPE=bfloat16",)
+    return gin_utils.DryRunPlan([stage], (config.data_parallel, config.model_parallel), levers)
+
+  return gin_utils.run_dry_run(plan)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

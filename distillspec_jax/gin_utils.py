@@ -392,6 +392,33 @@ def start_dry_run() -> DryRunSettings:
   return settings
 
 
+@dataclasses.dataclass(frozen=True)
+class DryRunPlan:
+  """What a binary's --dry_run compiles: its stages (training.dry_run.Stage), the gin mesh
+  sizes (DATA_PARALLEL, MODEL_PARALLEL), and the levers to suggest when one does not fit."""
+
+  stages: list
+  mesh: tuple
+  levers: tuple = ()
+
+
+def run_dry_run(plan_of: Callable[[], DryRunPlan]) -> int:
+  """The binaries' one --dry_run (after gin is parsed): the slice's devices simulated, then
+  `plan_of()` (it may build models: JAX starts after the simulation flags are set), every
+  stage compiled for the mesh and the slice, the table printed; 0 when every stage fits,
+  else 1. A mesh, batch or model axis that cannot work is a GinConfigError."""
+  from distillspec_jax.training import dry_run
+  settings = start_dry_run()  # before JAX starts: the slice's simulated devices
+  plan = plan_of()
+  try:
+    devices = dry_run.dry_run_devices(settings.devices)
+    rows = dry_run.run(plan.stages, plan.mesh, devices, settings.chip,
+                       proxy_data=settings.proxy_data, peak_fraction=settings.peak_fraction)
+  except ValueError as error:
+    raise GinConfigError(f"--dry_run for {settings.slice_name}: {error}") from None
+  return finish_dry_run(rows, plan.stages, devices, settings, plan.levers)
+
+
 def finish_dry_run(rows: list, stages: list, devices: list, settings: DryRunSettings,
                    levers: Sequence[str] = ()) -> int:
   """Prints the table and the failures; 0 when every stage fits, else 1."""

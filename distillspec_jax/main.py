@@ -84,16 +84,10 @@ def prepare(argv: Sequence[str]) -> PipelineConfig:
 def run_dry_run(argv: Sequence[str]) -> int:
   """--dry_run (module doc): 0 when every stage fits the slice, 1 when one does not."""
   from distillspec_jax.studies import pipeline_dry_run
-  from distillspec_jax.training import dry_run
   config = load_pipeline(argv)
-  settings = gin_utils.start_dry_run()  # before JAX starts: the slice's simulated devices
-  stages = pipeline_dry_run.stages(config)
-  devices = dry_run.dry_run_devices(settings.devices)
-  rows = dry_run.run(stages, (config.data_parallel, config.model_parallel), devices,
-                     settings.chip, proxy_data=settings.proxy_data,
-                     peak_fraction=settings.peak_fraction)
-  return gin_utils.finish_dry_run(rows, stages, devices, settings,
-                                  pipeline_dry_run.levers(config))
+  return gin_utils.run_dry_run(lambda: gin_utils.DryRunPlan(
+      pipeline_dry_run.stages(config), (config.data_parallel, config.model_parallel),
+      tuple(pipeline_dry_run.levers(config))))
 
 
 def run(pipeline: PipelineConfig) -> int:

@@ -244,22 +244,18 @@ def dry_run_stages(spec: RunSpec) -> list:
 def run_dry_run(argv: Sequence[str]) -> int:
   """--dry_run: compiles the run's programs for the gin mesh and slice; 0 when all fit."""
   gin_utils.parse_binary_flags(argv)
-  settings = gin_utils.start_dry_run()  # before JAX starts: simulated devices
-  spec = resolve()
-  stages = dry_run_stages(spec)
-  config = spec.train_config
-  try:  # a mesh, batch or model axis that cannot work: the value and the fix (exit 1)
-    devices = dry_run.dry_run_devices(settings.devices)
-    rows = dry_run.run(stages, (config.data_parallel, config.model_parallel), devices,
-                       settings.chip, proxy_data=settings.proxy_data,
-                       peak_fraction=settings.peak_fraction)
-  except ValueError as error:
-    raise gin_utils.GinConfigError(f"--dry_run for {settings.slice_name}: {error}") from None
-  levers = [] if spec.model.config.remat_policy != "none" else [
-      "--gin.REMAT_POLICY=minimal (or full)"]
-  if spec.mode == "distill" and spec.target_param_dtype != "bfloat16":
-    levers.append("--gin.TARGET_PARAM_DTYPE=bfloat16")
-  return gin_utils.finish_dry_run(rows, stages, devices, settings, levers)
+
+  def plan() -> gin_utils.DryRunPlan:
+    spec = resolve()  # builds the models: after the slice's devices are simulated
+    config = spec.train_config
+    levers = [] if spec.model.config.remat_policy != "none" else [
+        "--gin.REMAT_POLICY=minimal (or full)"]
+    if spec.mode == "distill" and spec.target_param_dtype != "bfloat16":
+      levers.append("--gin.TARGET_PARAM_DTYPE=bfloat16")
+    return gin_utils.DryRunPlan(dry_run_stages(spec),
+                                (config.data_parallel, config.model_parallel), tuple(levers))
+
+  return gin_utils.run_dry_run(plan)
 
 
 def check_mesh(spec: RunSpec) -> None:
