@@ -538,21 +538,14 @@ def evaluate(config: EvalConfig) -> dict:
 
 
 def evaluate_job(config: EvalConfig) -> dict:
-  """The gin entry point: `evaluate_job.config = @EvalConfig()` in a gin/runs/eval_*.gin.
-  Registered by `load_config` (not at import: run as __main__, this module is also imported
-  as distillspec_jax.eval, and gin would see two configurables of one name)."""
+  """The gin entry point: `evaluate_job.config = @EvalConfig()` in a gin/runs/eval_*.gin
+  (registered by `load_config`: gin_utils.register)."""
   return evaluate(config)
-
-
-_REGISTERED = []
 
 
 def load_config(argv: Sequence[str]) -> EvalConfig:
   """Parses the gin flags and builds the run file's EvalConfig (nothing runs)."""
-  if not _REGISTERED:
-    gin.external_configurable(EvalConfig, name="EvalConfig")
-    gin.external_configurable(evaluate_job, name="evaluate_job")
-    _REGISTERED.append(True)
+  gin_utils.register(EvalConfig, evaluate_job)
   gin_utils.parse_binary_flags(argv)
   try:
     reference = gin.query_parameter("evaluate_job.config")

@@ -53,19 +53,27 @@ def model_by_name(name: str, **overrides) -> Model:
   return Model(config_lib.model_config(name, **overrides))
 
 
-_REGISTERED = False
+_REGISTERED: dict = {}
+
+
+def register(*configurables: Callable, **named: Callable) -> None:
+  """The one registration idiom: each class or function as a gin configurable named after
+  it (or, as a keyword, under that gin name), once per process. Binaries call it when they
+  parse their flags, not at import: run as __main__, a binary's module may also be imported
+  under its package name, and gin would see two configurables of one name."""
+  for name, fn in [(fn.__name__, fn) for fn in configurables] + list(named.items()):
+    if name not in _REGISTERED:
+      _REGISTERED[name] = gin.external_configurable(fn, name=name)
+
+
+def configurable(name: str) -> Callable:
+  """The registered configurable `name` (called, it takes its gin bindings)."""
+  return _REGISTERED[name]
 
 
 def register_configurables() -> None:
-  """Registers library constructors with gin (idempotent)."""
-  global _REGISTERED
-  if _REGISTERED:
-    return
-  gin.external_configurable(model_by_name, name="model_by_name")
-  gin.external_configurable(TrainConfig, name="TrainConfig")
-  gin.external_configurable(DistillationConfig, name="DistillationConfig")
-  gin.external_configurable(SyntheticData, name="SyntheticData")
-  _REGISTERED = True
+  """Registers the library constructors every binary's gin files may use."""
+  register(model_by_name, TrainConfig, DistillationConfig, SyntheticData)
 
 
 def _split(values: Sequence[str]) -> list[str]:

@@ -36,7 +36,6 @@ from distillspec_jax.studies.pipeline import PipelineConfig, check_run_dir, run_
 from distillspec_jax.studies.recipe_grid import RecipeGridConfig
 
 
-@gin.configurable
 def main_job(pipeline: PipelineConfig = gin.REQUIRED, stages: Optional[tuple] = None) -> dict:
   """Runs the configured pipeline's `stages` (None = all); a study's config (recipe_grid.py,
   garden.py) brings its own stage functions."""
@@ -44,16 +43,9 @@ def main_job(pipeline: PipelineConfig = gin.REQUIRED, stages: Optional[tuple] = 
   return run_pipeline(pipeline, stage_fns=stage_fns, stages=tuple(stages) if stages else None)
 
 
-_REGISTERED = []
-
-
 def load_pipeline(argv: Sequence[str]) -> PipelineConfig:
   """Parses the gin flags and builds the run file's PipelineConfig (nothing runs)."""
-  if not _REGISTERED:
-    gin.external_configurable(PipelineConfig, name="PipelineConfig")
-    gin.external_configurable(RecipeGridConfig, name="RecipeGridConfig")
-    gin.external_configurable(GardenConfig, name="GardenConfig")
-    _REGISTERED.append(True)
+  gin_utils.register(main_job, PipelineConfig, RecipeGridConfig, GardenConfig)
   gin_utils.parse_binary_flags(argv)
   try:
     reference = gin.query_parameter("main_job.pipeline")
@@ -92,7 +84,7 @@ def run_dry_run(argv: Sequence[str]) -> int:
 
 def run(pipeline: PipelineConfig) -> int:
   logging.basicConfig(level=logging.INFO, format="%(message)s")
-  outcome = main_job(pipeline=pipeline)
+  outcome = gin_utils.configurable("main_job")(pipeline=pipeline)  # main_job.stages bound
   print("stages:", ", ".join(f"{k}={v}" for k, v in outcome.items()))
   return 0
 
