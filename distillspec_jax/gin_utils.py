@@ -308,12 +308,35 @@ def binary_gin_files(binary: str) -> tuple:
   return run_files, macros
 
 
-def binary_help(binary: str, doc: str) -> str:
-  """The --help text of a binary: its module doc, its flags, its run files and macros."""
+def configs_help(configs: Sequence[type]) -> list:
+  """Lines naming each config dataclass a binary's gin files bind and its fields (with the
+  defaults)."""
+  lines = []
+  for config in configs:  # a class, or (its gin name, the class)
+    name, config = config if isinstance(config, tuple) else (config.__name__, config)
+    fields = [f for f in dataclasses.fields(config) if f.init]
+    lines.append(f"  {name}")
+    for field in fields:
+      if field.default is not dataclasses.MISSING:
+        default = repr(field.default)
+      elif field.default_factory is not dataclasses.MISSING:
+        default = repr(field.default_factory())
+      else:
+        default = "(required)"
+      lines.append(f"      .{field.name} = {default}")
+  return lines
+
+
+def binary_help(binary: str, doc: str, configs: Sequence[type] = ()) -> str:
+  """The --help text of a binary: its module doc, its flags, the configs its run files
+  bind, its run files and macros."""
   run_files, macros = binary_gin_files(binary)
   lines = [f"usage: python -m {binary} --gin_file=FILE [--gin_file=FILE ...] "
            "[--gin.NAME=VALUE ...]", "", (doc or "").strip(), "", "flags:"]
   lines += [f"  {flag}\n      {text}" for flag, text in HELP_FLAGS]
+  if configs:
+    lines += ["", "configs the run files bind (--gin.<Config>.<field>=VALUE), with defaults:"]
+    lines += configs_help(configs)
   lines += ["", "run files:", "  " + ", ".join(run_files), "",
             "macros the run files set (override any with --gin.NAME=VALUE), with the first "
             "value found:"]
@@ -323,10 +346,11 @@ def binary_help(binary: str, doc: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-def exit_on_help(argv: Sequence[str], binary: str, doc: str) -> None:
+def exit_on_help(argv: Sequence[str], binary: str, doc: str,
+                 configs: Sequence[type] = ()) -> None:
   """Prints the binary's help and exits 0 when argv asks for it (--help, -h)."""
   if any(arg in ("--help", "-h", "--helpfull") for arg in argv):
-    print(binary_help(binary, doc))
+    print(binary_help(binary, doc, configs))
     raise SystemExit(0)
 
 

@@ -91,7 +91,7 @@ def run(pipeline: PipelineConfig) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  gin_utils.exit_on_help(argv, "distillspec_jax.main", __doc__)
+  gin_utils.exit_on_help(argv, "distillspec_jax.main", __doc__, (PipelineConfig,))
   wanted, argv = gin_utils.take_dry_run_flag(argv)
   if wanted:
     return run_dry_run(argv)

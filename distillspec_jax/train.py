@@ -198,7 +198,8 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
 
 
 def main(argv: Sequence[str]) -> trainer.TrainResult:
-  gin_utils.exit_on_help(argv, "distillspec_jax.train", __doc__)
+  gin_utils.exit_on_help(argv, "distillspec_jax.train", __doc__,
+                         (("run", RunSpec), trainer.TrainConfig, DistillationConfig))
   wanted, argv = gin_utils.take_dry_run_flag(argv)
   if wanted:
     return run_dry_run(argv)
