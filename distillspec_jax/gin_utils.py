@@ -73,7 +73,8 @@ def configurable(name: str) -> Callable:
 
 def register_configurables() -> None:
   """Registers the library constructors every binary's gin files may use."""
-  register(model_by_name, TrainConfig, DistillationConfig, SyntheticData)
+  register(model_by_name, TrainConfig, DistillationConfig, SyntheticData,
+           dry_run=dry_run_settings)
 
 
 def _split(values: Sequence[str]) -> list[str]:
@@ -399,7 +400,6 @@ def take_dry_run_flag(argv: Sequence[str]) -> tuple[bool, list]:
   return wanted, argv
 
 
-@gin.configurable("dry_run")
 def dry_run_settings(slice: str = "v4-8",  # pylint: disable=redefined-builtin
                      peak_fraction: float = 0.4, proxy_data: Any = 2) -> DryRunSettings:
   """gin: `SLICE = 'v4-32'` (train_base.gin, paper_base.gin binds `dry_run.slice = %SLICE`);
@@ -407,9 +407,9 @@ def dry_run_settings(slice: str = "v4-8",  # pylint: disable=redefined-builtin
   `dry_run.proxy_data`: compile (d, m) as (proxy_data, m) on simulated devices (None: not)."""
   from distillspec_jax.training import dry_run
   from distillspec_jax.core.validation import check_positive_int
+  from distillspec_jax.core.validation import check_probability
   name, chip, devices = dry_run.parse_slice(slice)
-  if isinstance(peak_fraction, bool) or not 0.0 < float(peak_fraction) <= 1.0:
-    raise GinConfigError(f"dry_run.peak_fraction={peak_fraction!r} must be in (0, 1], e.g. 0.4.")
+  check_probability(peak_fraction, "dry_run.peak_fraction", zero=False, fix="pass e.g. 0.4.")
   if proxy_data is not None:
     check_positive_int(proxy_data, "dry_run.proxy_data")
   return DryRunSettings(name, chip, devices, float(peak_fraction), proxy_data)
@@ -419,7 +419,7 @@ def start_dry_run() -> DryRunSettings:
   """The gin-bound settings, with this process's XLA_FLAGS set to simulate the slice's devices
   (call after parsing gin, before anything starts JAX's backend)."""
   from distillspec_jax.training import dry_run
-  settings = dry_run_settings()
+  settings = configurable("dry_run")()
   dry_run.set_simulation_flags(settings.devices)
   return settings
 
