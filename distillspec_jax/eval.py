@@ -530,21 +530,14 @@ def evaluate(config: EvalConfig) -> dict:
 
 
 def evaluate_job(config: EvalConfig) -> dict:
-  """The gin entry point: `evaluate_job.config = @EvalConfig()` in a gin/runs/eval_*.gin.
-  Registered by `load_config` (not at import: run as __main__, this module is also imported
-  as distillspec_jax.eval, and gin would see two configurables of one name)."""
+  """The gin entry point: `evaluate_job.config = @EvalConfig()` in a gin/runs/eval_*.gin
+  (registered by `load_config`: gin_utils.register)."""
   return evaluate(config)
-
-
-_REGISTERED = []
 
 
 def load_config(argv: Sequence[str]) -> EvalConfig:
   """Parses the gin flags and builds the run file's EvalConfig (nothing runs)."""
-  if not _REGISTERED:
-    gin.external_configurable(EvalConfig, name="EvalConfig")
-    gin.external_configurable(evaluate_job, name="evaluate_job")
-    _REGISTERED.append(True)
+  gin_utils.register(EvalConfig, evaluate_job)
   gin_utils.parse_binary_flags(argv)
   try:
     reference = gin.query_parameter("evaluate_job.config")
@@ -595,28 +588,29 @@ def run_dry_run(argv: Sequence[str]) -> int:
   default v4-8); 0 when it fits, 1 when it does not. Needs the presets (no checkpoint read)."""
   from distillspec_jax.training import dry_run
   config = load_config(argv)
-  settings = gin_utils.start_dry_run()  # before JAX starts: the slice's simulated devices
   if not (config.target_model and config.draft_model):
     raise gin_utils.GinConfigError(
         "--dry_run needs the models' shapes without reading the checkpoints: set "
         "--gin.EvalConfig.target_model=<preset> and --gin.EvalConfig.draft_model=<preset>.")
-  target, draft = Model(model_config(config.target_model)), Model(model_config(config.draft_model))
-  inputs = int(config.task_feature_lengths.get("inputs", 0) or 1)
-  stages = [dry_run.Stage("evaluate", lambda mesh, batch: dry_run.speculative_program(
-      target, draft, mesh, batch, inputs, config.new_tokens, gamma=max(config.gammas),
-      temperature=max(config.temperatures), target_param_dtype=config.target_param_dtype),
-      config.batch_size, {"target": target, "draft": draft})]
-  devices = dry_run.dry_run_devices(settings.devices)
-  rows = dry_run.run(stages, (config.data_parallel, config.model_parallel), devices,
-                     settings.chip, proxy_data=settings.proxy_data,
-                     peak_fraction=settings.peak_fraction)
-  levers = [] if config.target_param_dtype == "bfloat16" else ["--gin.TARGET_PARAM_DTYPE=bfloat16"]
-  return gin_utils.finish_dry_run(rows, stages, devices, settings, levers)
+
+  def plan() -> gin_utils.DryRunPlan:
+    target = Model(model_config(config.target_model))
+    draft = Model(model_config(config.draft_model))
+    inputs = int(config.task_feature_lengths.get("inputs", 0) or 1)
+    stage = dry_run.Stage("evaluate", lambda mesh, batch: dry_run.speculative_program(
+        target, draft, mesh, batch, inputs, config.new_tokens, gamma=max(config.gammas),
+        temperature=max(config.temperatures), target_param_dtype=config.target_param_dtype),
+        config.batch_size, {"target": target, "draft": draft})
+    levers = () if config.target_param_dtype == "bfloat16" else (
+        "--gin.TARGET_PARAM_DTYPE=bfloat16",)
+    return gin_utils.DryRunPlan([stage], (config.data_parallel, config.model_parallel), levers)
+
+  return gin_utils.run_dry_run(plan)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  gin_utils.exit_on_help(argv, "distillspec_jax.eval", __doc__)
+  gin_utils.exit_on_help(argv, "distillspec_jax.eval", __doc__, (EvalConfig,))
   wanted, argv = gin_utils.take_dry_run_flag(argv)
   if wanted:
     return run_dry_run(argv)

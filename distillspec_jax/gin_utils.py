@@ -53,19 +53,28 @@ def model_by_name(name: str, **overrides) -> Model:
   return Model(config_lib.model_config(name, **overrides))
 
 
-_REGISTERED = False
+_REGISTERED: dict = {}
+
+
+def register(*configurables: Callable, **named: Callable) -> None:
+  """The one registration idiom: each class or function as a gin configurable named after
+  it (or, as a keyword, under that gin name), once per process. Binaries call it when they
+  parse their flags, not at import: run as __main__, a binary's module may also be imported
+  under its package name, and gin would see two configurables of one name."""
+  for name, fn in [(fn.__name__, fn) for fn in configurables] + list(named.items()):
+    if name not in _REGISTERED:
+      _REGISTERED[name] = gin.external_configurable(fn, name=name)
+
+
+def configurable(name: str) -> Callable:
+  """The registered configurable `name` (called, it takes its gin bindings)."""
+  return _REGISTERED[name]
 
 
 def register_configurables() -> None:
-  """Registers library constructors with gin (idempotent)."""
-  global _REGISTERED
-  if _REGISTERED:
-    return
-  gin.external_configurable(model_by_name, name="model_by_name")
-  gin.external_configurable(TrainConfig, name="TrainConfig")
-  gin.external_configurable(DistillationConfig, name="DistillationConfig")
-  gin.external_configurable(SyntheticData, name="SyntheticData")
-  _REGISTERED = True
+  """Registers the library constructors every binary's gin files may use."""
+  register(model_by_name, TrainConfig, DistillationConfig, SyntheticData,
+           dry_run=dry_run_settings)
 
 
 def _split(values: Sequence[str]) -> list[str]:
@@ -303,12 +312,35 @@ def binary_gin_files(binary: str) -> tuple:
   return run_files, macros
 
 
-def binary_help(binary: str, doc: str) -> str:
-  """The --help text of a binary: its module doc, its flags, its run files and macros."""
+def configs_help(configs: Sequence[type]) -> list:
+  """Lines naming each config dataclass a binary's gin files bind and its fields (with the
+  defaults)."""
+  lines = []
+  for config in configs:  # a class, or (its gin name, the class)
+    name, config = config if isinstance(config, tuple) else (config.__name__, config)
+    fields = [f for f in dataclasses.fields(config) if f.init]
+    lines.append(f"  {name}")
+    for field in fields:
+      if field.default is not dataclasses.MISSING:
+        default = repr(field.default)
+      elif field.default_factory is not dataclasses.MISSING:
+        default = repr(field.default_factory())
+      else:
+        default = "(required)"
+      lines.append(f"      .{field.name} = {default}")
+  return lines
+
+
+def binary_help(binary: str, doc: str, configs: Sequence[type] = ()) -> str:
+  """The --help text of a binary: its module doc, its flags, the configs its run files
+  bind, its run files and macros."""
   run_files, macros = binary_gin_files(binary)
   lines = [f"usage: python -m {binary} --gin_file=FILE [--gin_file=FILE ...] "
            "[--gin.NAME=VALUE ...]", "", (doc or "").strip(), "", "flags:"]
   lines += [f"  {flag}\n      {text}" for flag, text in HELP_FLAGS]
+  if configs:
+    lines += ["", "configs the run files bind (--gin.<Config>.<field>=VALUE), with defaults:"]
+    lines += configs_help(configs)
   lines += ["", "run files:", "  " + ", ".join(run_files), "",
             "macros the run files set (override any with --gin.NAME=VALUE), with the first "
             "value found:"]
@@ -318,10 +350,11 @@ def binary_help(binary: str, doc: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-def exit_on_help(argv: Sequence[str], binary: str, doc: str) -> None:
+def exit_on_help(argv: Sequence[str], binary: str, doc: str,
+                 configs: Sequence[type] = ()) -> None:
   """Prints the binary's help and exits 0 when argv asks for it (--help, -h)."""
   if any(arg in ("--help", "-h", "--helpfull") for arg in argv):
-    print(binary_help(binary, doc))
+    print(binary_help(binary, doc, configs))
     raise SystemExit(0)
 
 
@@ -370,7 +403,6 @@ def take_dry_run_flag(argv: Sequence[str]) -> tuple[bool, list]:
   return wanted, argv
 
 
-@gin.configurable("dry_run")
 def dry_run_settings(slice: str = "v4-8",  # pylint: disable=redefined-builtin
                      peak_fraction: float = 0.4, proxy_data: Any = 2) -> DryRunSettings:
   """gin: `SLICE = 'v4-32'` (train_base.gin, paper_base.gin binds `dry_run.slice = %SLICE`);
@@ -378,9 +410,9 @@ def dry_run_settings(slice: str = "v4-8",  # pylint: disable=redefined-builtin
   `dry_run.proxy_data`: compile (d, m) as (proxy_data, m) on simulated devices (None: not)."""
   from distillspec_jax.training import dry_run
   from distillspec_jax.core.validation import check_positive_int
+  from distillspec_jax.core.validation import check_probability
   name, chip, devices = dry_run.parse_slice(slice)
-  if isinstance(peak_fraction, bool) or not 0.0 < float(peak_fraction) <= 1.0:
-    raise GinConfigError(f"dry_run.peak_fraction={peak_fraction!r} must be in (0, 1], e.g. 0.4.")
+  check_probability(peak_fraction, "dry_run.peak_fraction", zero=False, fix="pass e.g. 0.4.")
   if proxy_data is not None:
     check_positive_int(proxy_data, "dry_run.proxy_data")
   return DryRunSettings(name, chip, devices, float(peak_fraction), proxy_data)
@@ -390,9 +422,36 @@ def start_dry_run() -> DryRunSettings:
   """The gin-bound settings, with this process's XLA_FLAGS set to simulate the slice's devices
   (call after parsing gin, before anything starts JAX's backend)."""
   from distillspec_jax.training import dry_run
-  settings = dry_run_settings()
+  settings = configurable("dry_run")()
   dry_run.set_simulation_flags(settings.devices)
   return settings
+
+
+@dataclasses.dataclass(frozen=True)
+class DryRunPlan:
+  """What a binary's --dry_run compiles: its stages (training.dry_run.Stage), the gin mesh
+  sizes (DATA_PARALLEL, MODEL_PARALLEL), and the levers to suggest when one does not fit."""
+
+  stages: list
+  mesh: tuple
+  levers: tuple = ()
+
+
+def run_dry_run(plan_of: Callable[[], DryRunPlan]) -> int:
+  """The binaries' one --dry_run (after gin is parsed): the slice's devices simulated, then
+  `plan_of()` (it may build models: JAX starts after the simulation flags are set), every
+  stage compiled for the mesh and the slice, the table printed; 0 when every stage fits,
+  else 1. A mesh, batch or model axis that cannot work is a GinConfigError."""
+  from distillspec_jax.training import dry_run
+  settings = start_dry_run()  # before JAX starts: the slice's simulated devices
+  plan = plan_of()
+  try:
+    devices = dry_run.dry_run_devices(settings.devices)
+    rows = dry_run.run(plan.stages, plan.mesh, devices, settings.chip,
+                       proxy_data=settings.proxy_data, peak_fraction=settings.peak_fraction)
+  except ValueError as error:
+    raise GinConfigError(f"--dry_run for {settings.slice_name}: {error}") from None
+  return finish_dry_run(rows, plan.stages, devices, settings, plan.levers)
 
 
 def finish_dry_run(rows: list, stages: list, devices: list, settings: DryRunSettings,

@@ -36,7 +36,6 @@ from distillspec_jax.studies.pipeline import PipelineConfig, check_run_dir, run_
 from distillspec_jax.studies.recipe_grid import RecipeGridConfig
 
 
-@gin.configurable
 def main_job(pipeline: PipelineConfig = gin.REQUIRED, stages: Optional[tuple] = None) -> dict:
   """Runs the configured pipeline's `stages` (None = all); a study's config (recipe_grid.py,
   garden.py) brings its own stage functions."""
@@ -44,16 +43,9 @@ def main_job(pipeline: PipelineConfig = gin.REQUIRED, stages: Optional[tuple] = 
   return run_pipeline(pipeline, stage_fns=stage_fns, stages=tuple(stages) if stages else None)
 
 
-_REGISTERED = []
-
-
 def load_pipeline(argv: Sequence[str]) -> PipelineConfig:
   """Parses the gin flags and builds the run file's PipelineConfig (nothing runs)."""
-  if not _REGISTERED:
-    gin.external_configurable(PipelineConfig, name="PipelineConfig")
-    gin.external_configurable(RecipeGridConfig, name="RecipeGridConfig")
-    gin.external_configurable(GardenConfig, name="GardenConfig")
-    _REGISTERED.append(True)
+  gin_utils.register(main_job, PipelineConfig, RecipeGridConfig, GardenConfig)
   gin_utils.parse_binary_flags(argv)
   try:
     reference = gin.query_parameter("main_job.pipeline")
@@ -84,28 +76,22 @@ def prepare(argv: Sequence[str]) -> PipelineConfig:
 def run_dry_run(argv: Sequence[str]) -> int:
   """--dry_run (module doc): 0 when every stage fits the slice, 1 when one does not."""
   from distillspec_jax.studies import pipeline_dry_run
-  from distillspec_jax.training import dry_run
   config = load_pipeline(argv)
-  settings = gin_utils.start_dry_run()  # before JAX starts: the slice's simulated devices
-  stages = pipeline_dry_run.stages(config)
-  devices = dry_run.dry_run_devices(settings.devices)
-  rows = dry_run.run(stages, (config.data_parallel, config.model_parallel), devices,
-                     settings.chip, proxy_data=settings.proxy_data,
-                     peak_fraction=settings.peak_fraction)
-  return gin_utils.finish_dry_run(rows, stages, devices, settings,
-                                  pipeline_dry_run.levers(config))
+  return gin_utils.run_dry_run(lambda: gin_utils.DryRunPlan(
+      pipeline_dry_run.stages(config), (config.data_parallel, config.model_parallel),
+      tuple(pipeline_dry_run.levers(config))))
 
 
 def run(pipeline: PipelineConfig) -> int:
   logging.basicConfig(level=logging.INFO, format="%(message)s")
-  outcome = main_job(pipeline=pipeline)
+  outcome = gin_utils.configurable("main_job")(pipeline=pipeline)  # main_job.stages bound
   print("stages:", ", ".join(f"{k}={v}" for k, v in outcome.items()))
   return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  gin_utils.exit_on_help(argv, "distillspec_jax.main", __doc__)
+  gin_utils.exit_on_help(argv, "distillspec_jax.main", __doc__, (PipelineConfig,))
   wanted, argv = gin_utils.take_dry_run_flag(argv)
   if wanted:
     return run_dry_run(argv)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from typing import Mapping, Optional, Sequence, Union
+from typing import Literal, Mapping, Optional, Sequence, Union
 
 import gin
 import jax
@@ -44,6 +44,7 @@ from distillspec_jax.training import partitioning
 from distillspec_jax.training import trainer
 from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.interop import importer
+from distillspec_jax.core.validation import check_field_types, check_positive_int, check_real
 from distillspec_jax.models import precision
 from distillspec_jax.models.model import Model
 from distillspec_jax.training import dry_run
@@ -53,13 +54,29 @@ SYNTHETIC_TASK = "synthetic_reverse"
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-  """Everything a run needs, resolved from gin before training starts."""
+  """Everything a run needs, bound in gin as `run.<field>` (train_base.gin) and checked when
+  it is built, before anything is trained.
 
-  mode: str
-  model: Model
-  train_config: trainer.TrainConfig
-  mixture_or_task_name: str
-  task_feature_lengths: Mapping[str, int]
+  Attributes:
+    mode: 'distill' (run.target toward run.model by run.distillation_config) or 'finetune'.
+    model: the trained model (run.model = @draft/model_by_name()).
+    train_config: the loop and optimiser (run.train_config = @TrainConfig()).
+    mixture_or_task_name / task_feature_lengths: the data (MIXTURE_OR_TASK_NAME, ...).
+    target / target_checkpoint_path: the frozen target of a distillation run.
+    distillation_config: the recipe (gin/recipes/*.gin).
+    split / eval_split / eval_batch_size / eval_gamma / eval_temperature: the data splits
+      and the speculative evaluation every EVAL_EVERY steps.
+    target_param_dtype: the frozen target's parameters cast after restoring
+      (TARGET_PARAM_DTYPE; None = as stored).
+    loss_block_size: positions per block of the fine-tuning loss (LOSS_BLOCK_SIZE, which also
+      sets DistillationConfig.loss_block_size; distill/blocked.py).
+  """
+
+  mode: Literal["finetune", "distill"] = "distill"
+  model: Optional[Model] = None
+  train_config: Optional[trainer.TrainConfig] = None
+  mixture_or_task_name: Optional[str] = None
+  task_feature_lengths: Optional[Mapping[str, int]] = None
   target: Optional[Model] = None
   target_checkpoint_path: Optional[str] = None
   distillation_config: Optional[DistillationConfig] = None
@@ -69,61 +86,45 @@ class RunSpec:
   eval_gamma: int = 4
   eval_temperature: float = 1.0
   target_param_dtype: Optional[str] = None
-  loss_block_size: Union[int, str, None] = "auto"
+  loss_block_size: Union[int, Literal["auto"], None] = "auto"
+
+  def __post_init__(self):
+    if self.model is None:
+      raise gin_utils.GinConfigError("run.model is not set; bind e.g. "
+                                     "run.model = @draft/model_by_name() in the gin file.")
+    if self.train_config is None:
+      raise gin_utils.GinConfigError("run.train_config is not set; include "
+                                     "gin/recipes/train_base.gin.")
+    if not self.mixture_or_task_name:
+      raise gin_utils.GinConfigError("MIXTURE_OR_TASK_NAME is not set; pass "
+                                     f"--gin.MIXTURE_OR_TASK_NAME=... (or '{SYNTHETIC_TASK}').")
+    check_field_types(self)
+    precision.check_param_dtype(self.target_param_dtype)
+    check_positive_int(self.eval_batch_size, "run.eval_batch_size")
+    check_positive_int(self.eval_gamma, "run.eval_gamma")
+    check_real(self.eval_temperature, "run.eval_temperature", minimum=0.0)
+    object.__setattr__(self, "task_feature_lengths", dict(self.task_feature_lengths or {}))
+    if self.mode == "distill":
+      if self.target is None:
+        raise gin_utils.GinConfigError("Distillation needs run.target "
+                                       "(TARGET = @target/model_by_name()).")
+      if self.distillation_config is None:
+        raise gin_utils.GinConfigError(
+            "Distillation needs a recipe: include one of "
+            "gin/recipes/{supervised_kd,seqkd,imitkd,fdistill,gkd}.gin.")
+      # Vocabulary / kind checks now, not after data loading.
+      objectives.DistillationObjective(self.target, self.model, self.distillation_config)
+    # The loss's block size against the decoder's length, now, not at the first step's trace.
+    block_size = (self.loss_block_size if self.mode == "finetune"
+                  else self.distillation_config.loss_block_size)
+    blocked.resolve_block_size(
+        block_size, _decoder_length(self.model, self.mixture_or_task_name,
+                                    self.task_feature_lengths), "LOSS_BLOCK_SIZE")
 
 
-@gin.configurable
-def run(mode: str = "distill", model: Optional[Model] = None,
-        train_config: Optional[trainer.TrainConfig] = None,
-        mixture_or_task_name: Optional[str] = None,
-        task_feature_lengths: Optional[Mapping[str, int]] = None,
-        target: Optional[Model] = None, target_checkpoint_path: Optional[str] = None,
-        distillation_config: Optional[DistillationConfig] = None, split: str = "train",
-        eval_split: str = "validation", eval_batch_size: int = 16, eval_gamma: int = 4,
-        eval_temperature: float = 1.0, target_param_dtype: Optional[str] = None,
-        loss_block_size: Union[int, str, None] = "auto") -> RunSpec:
-  """Validates the gin-bound pieces into a RunSpec (nothing is trained here).
-
-  target_param_dtype: the frozen target's parameters cast after restoring (TARGET_PARAM_DTYPE;
-  None = as stored). loss_block_size: positions per block of the fine-tuning loss
-  (LOSS_BLOCK_SIZE, which also sets DistillationConfig.loss_block_size; distill/blocked.py)."""
-  precision.check_param_dtype(target_param_dtype)
-  if mode not in ("finetune", "distill"):
-    raise gin_utils.GinConfigError(f"run.mode={mode!r}; use 'finetune' or 'distill'.")
-  if model is None:
-    raise gin_utils.GinConfigError("run.model is not set; bind e.g. "
-                                   "run.model = @draft/model_by_name() in the gin file.")
-  if train_config is None:
-    raise gin_utils.GinConfigError("run.train_config is not set; include "
-                                   "gin/recipes/train_base.gin.")
-  if not train_config.model_dir:
-    raise gin_utils.GinConfigError("MODEL_DIR is not set; pass --gin.MODEL_DIR=/path/to/dir.")
-  if not mixture_or_task_name:
-    raise gin_utils.GinConfigError("MIXTURE_OR_TASK_NAME is not set; pass "
-                                   f"--gin.MIXTURE_OR_TASK_NAME=... (or '{SYNTHETIC_TASK}').")
-  if mode == "distill":
-    if target is None:
-      raise gin_utils.GinConfigError("Distillation needs run.target "
-                                     "(TARGET = @target/model_by_name()).")
-    if distillation_config is None:
-      raise gin_utils.GinConfigError("Distillation needs a recipe: include one of "
-                                     "gin/recipes/{supervised_kd,seqkd,imitkd,fdistill,gkd}.gin.")
-    # Vocabulary / kind checks now, not after data loading.
-    objectives.DistillationObjective(target, model, distillation_config)
-  # The loss's block size against the decoder's length, now, not at the first step's trace.
-  block_size = (loss_block_size if mode == "finetune"
-                else distillation_config.loss_block_size)
-  blocked.resolve_block_size(
-      block_size, _decoder_length(model, mixture_or_task_name, task_feature_lengths),
-      "LOSS_BLOCK_SIZE")
-  return RunSpec(mode=mode, model=model, train_config=train_config,
-                 mixture_or_task_name=mixture_or_task_name,
-                 task_feature_lengths=dict(task_feature_lengths or {}), target=target,
-                 target_checkpoint_path=target_checkpoint_path,
-                 distillation_config=distillation_config, split=split, eval_split=eval_split,
-                 eval_batch_size=eval_batch_size, eval_gamma=eval_gamma,
-                 eval_temperature=eval_temperature, target_param_dtype=target_param_dtype,
-                 loss_block_size=loss_block_size)
+def register_configurables() -> None:
+  """This binary's configurables (`run` is RunSpec), before its gin files are parsed."""
+  gin_utils.register(run=RunSpec)
 
 
 def _decoder_length(model: Model, mixture_or_task_name: str, task_feature_lengths) -> int:
@@ -141,7 +142,7 @@ def resolve() -> RunSpec:
   """Calls the gin-configured `run`; a configuration error becomes a GinConfigError (the
   macros were checked when gin parsed: gin_utils.check_macros)."""
   try:
-    return run()
+    return gin_utils.configurable("run")()
   except gin_utils.GinConfigError:
     raise
   except (TypeError, ValueError) as error:
@@ -220,11 +221,13 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
 
 
 def main(argv: Sequence[str]) -> trainer.TrainResult:
-  gin_utils.exit_on_help(argv, "distillspec_jax.train", __doc__)
+  gin_utils.exit_on_help(argv, "distillspec_jax.train", __doc__,
+                         (("run", RunSpec), trainer.TrainConfig, DistillationConfig))
   wanted, argv = gin_utils.take_dry_run_flag(argv)
   if wanted:
     return run_dry_run(argv)
   argv = multihost.initialize_from_flags(argv)  # first: before any JAX backend starts
+  register_configurables()
   gin_utils.parse_binary_flags(argv)
   spec = resolve()
   check_mesh(spec)
@@ -268,23 +271,20 @@ def dry_run_stages(spec: RunSpec) -> list:
 
 def run_dry_run(argv: Sequence[str]) -> int:
   """--dry_run: compiles the run's programs for the gin mesh and slice; 0 when all fit."""
+  register_configurables()
   gin_utils.parse_binary_flags(argv)
-  settings = gin_utils.start_dry_run()  # before JAX starts: simulated devices
-  spec = resolve()
-  stages = dry_run_stages(spec)
-  config = spec.train_config
-  try:  # a mesh, batch or model axis that cannot work: the value and the fix (exit 1)
-    devices = dry_run.dry_run_devices(settings.devices)
-    rows = dry_run.run(stages, (config.data_parallel, config.model_parallel), devices,
-                       settings.chip, proxy_data=settings.proxy_data,
-                       peak_fraction=settings.peak_fraction)
-  except ValueError as error:
-    raise gin_utils.GinConfigError(f"--dry_run for {settings.slice_name}: {error}") from None
-  levers = [] if spec.model.config.remat_policy != "none" else [
-      "--gin.REMAT_POLICY=minimal (or full)"]
-  if spec.mode == "distill" and spec.target_param_dtype != "bfloat16":
-    levers.append("--gin.TARGET_PARAM_DTYPE=bfloat16")
-  return gin_utils.finish_dry_run(rows, stages, devices, settings, levers)
+
+  def plan() -> gin_utils.DryRunPlan:
+    spec = resolve()  # builds the models: after the slice's devices are simulated
+    config = spec.train_config
+    levers = [] if spec.model.config.remat_policy != "none" else [
+        "--gin.REMAT_POLICY=minimal (or full)"]
+    if spec.mode == "distill" and spec.target_param_dtype != "bfloat16":
+      levers.append("--gin.TARGET_PARAM_DTYPE=bfloat16")
+    return gin_utils.DryRunPlan(dry_run_stages(spec),
+                                (config.data_parallel, config.model_parallel), tuple(levers))
+
+  return gin_utils.run_dry_run(plan)
 
 
 def check_mesh(spec: RunSpec) -> None:

@@ -23,6 +23,7 @@ def _clear_gin():
 
 
 def _resolve(files, bindings=()):
+  train.register_configurables()
   gin_utils.parse_gin(files, list(bindings))
   return train.resolve()
 

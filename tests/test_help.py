@@ -16,15 +16,17 @@ FLAGS = ("--gin_file=FILE", "--gin.NAME=VALUE", "--gin_bindings", "--gin_search_
          "--coordinator_address", "--help")
 # binary: (its main, macros and run files its help must list, run files it must not list)
 BINARIES = {
-    "distillspec_jax.main": (main_lib.main, ("MODEL_DIR", "MIXTURE_OR_TASK_NAME", "TRAIN_STEPS",
+    "distillspec_jax.main": (main_lib.main, ("PipelineConfig", ".speed_calls = 6", "MODEL_DIR", "MIXTURE_OR_TASK_NAME", "TRAIN_STEPS",
                                              "DISTILL_TRAIN_STEPS", "RECIPES",
                                              "TARGET_CHECKPOINT_PATH", "DRAFT_CHECKPOINT_PATH",
                                              "TEACHER_CACHE_K", "gin/runs/demo.gin",
                                              "gin/runs/garden.gin"), ("gin/runs/eval_demo.gin",)),
-    "distillspec_jax.train": (train.main, ("MODEL_DIR", "TRAIN_STEPS", "BATCH_SIZE",
+    "distillspec_jax.train": (train.main, ("\n  run\n", "TrainConfig", "DistillationConfig",
+                                           ".divergence = 'fkl'", "MODEL_DIR", "TRAIN_STEPS",
+                                           "BATCH_SIZE",
                                                "INITIAL_CHECKPOINT_PATH", "LAMBDA1",
                                                "gin/runs/distill_tiny.gin"), ("gin/runs/demo.gin",)),
-    "distillspec_jax.eval": (eval_lib.main, ("MODEL_DIR", "TARGET_CHECKPOINT_PATH",
+    "distillspec_jax.eval": (eval_lib.main, ("EvalConfig", ".gammas = (3, 5, 7)", "MODEL_DIR", "TARGET_CHECKPOINT_PATH",
                                              "VOCABULARY", "EPSILONS", "SPEED_CALLS",
                                              "gin/runs/eval_demo.gin"), ("gin/runs/distill_tiny.gin",)),
 }

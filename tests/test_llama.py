@@ -250,6 +250,7 @@ def test_llama_run_files_build_llama_pairs():
     assert (config.target_model, config.draft_model) == ("llama_demo_target", "llama_demo_draft")
     assert config.feature_converter == "decoder"
     gin.clear_config()
+    train.register_configurables()
     gin_utils.parse_gin(["gin/runs/distill_llama_demo.gin"],
                         ["MODEL_DIR = '/tmp/unused'", "TRAIN_STEPS = 1"])
     spec = train.resolve()
