@@ -99,3 +99,73 @@ def test_predicted_alpha_of_a_head_is_its_first_draft_step_along_target_samples(
   sampled = quality.predicted_alpha(target, target_params, head, head_params, prompts, samples,
                                     1.0)
   assert 0.0 < sampled < 1.0
+
+
+@pytest.mark.integration
+@pytest.mark.pipeline
+def test_main_job_with_a_head_and_the_eval_binary_on_its_checkpoint(tmp_path, shared_stages):
+  import json
+  import os
+
+  import testing
+  from distillspec_jax import eval as eval_lib
+  from distillspec_jax.data.tasks import embedded
+  from distillspec_jax.evaluation.evaluate import EvaluationRow
+  from distillspec_jax.studies.pipeline import run_pipeline
+  from distillspec_jax.studies.pipeline_config import HeadStageConfig
+  shared_dir, _ = shared_stages
+  config = testing.pipeline_config(
+      tmp_path / "job", recipes=("supervised_kd",), gammas=(2,), temperatures=(0.0,),
+      head=HeadStageConfig(recipes=("supervised_kd",), steps=2, mlp_dim=32, unroll_steps=2))
+  testing.copy_stages(shared_dir, config)
+  outcome = run_pipeline(config)
+  assert outcome["distill_head_supervised_kd"] == "ran" and outcome["report"] == "ran"
+  marker = json.load(open(os.path.join(config.stage_dir("distill_head_supervised_kd"),
+                                       "DONE.json")))
+  assert marker["tau_curve"][0]["step"] == 0 and marker["num_params"] > 0
+  report = json.load(open(tmp_path / "job" / "report.json"))
+  rows = {r["draft"]: r for r in report["draft_rows"]}
+  # The raw draft, the distilled draft and the head: one record, the same keys, all measured.
+  assert set(rows) == {"raw", "supervised_kd", "head_supervised_kd"}
+  assert len({tuple(sorted(r)) for r in rows.values()}) == 1
+  for row in rows.values():
+    assert 1.0 <= row["tau"] <= row["gamma"] + 1 and row["tau_stderr"] >= 0
+    for key in ("speedup", "end_to_end_speedup", "cost_model_speedup",
+                "draft_acceptance_rate"):
+      assert row[key] is not None and row[key] >= 0, key
+  # The head paired with the raw draft, as the distilled draft is.
+  assert {r["recipe"] for r in report["paired_rows"]} == {"supervised_kd", "head_supervised_kd"}
+  drafts = report["drafts"]
+  assert drafts["head_supervised_kd"]["kind"] == "head"
+  assert drafts["raw"]["kind"] == drafts["supervised_kd"]["kind"] == "model"
+  assert drafts["head_supervised_kd"]["num_params"] == marker["num_params"]
+  assert drafts["head_supervised_kd"]["first_call_s"]["2"] == report["per_call_s"][
+      "distill_head_supervised_kd:draft_step_3"]
+  assert drafts["raw"]["first_call_s"]["2"] == report["per_call_s"]["draft_raw:draft_step_2"]
+  assert "head_supervised_kd" in report["tau_curves"]
+  markdown = open(tmp_path / "job" / "report.md").read()
+  assert "| head_supervised_kd | head |" in markdown
+
+  # The eval binary on the head's folder: tau, acceptance and timing in the same record.
+  head_dir = config.stage_dir("distill_head_supervised_kd")
+  settings = dict(
+      model_dir=str(tmp_path / "eval"), mixture_or_task_name=config.task,
+      task_feature_lengths=dict(config.task_feature_lengths), batch_size=config.eval_examples,
+      target_checkpoint_path=config.stage_dir("target"), draft_checkpoint_path=head_dir,
+      vocabulary=embedded.embedded_vocabulary_path(config.stage_dir("vocab"),
+                                                   config.vocab_size),
+      eval_examples=config.eval_examples, gammas=config.gammas,
+      temperatures=config.temperatures, max_new_tokens=config.max_new_tokens,
+      speed_examples=1, speed_repeats=1, speed_calls=1, speed_cpus=0, seed=config.seed,
+      progress_bar=False)
+  with pytest.raises(ValueError, match="DRAFT_KIND"):  # a head's folder as a draft model
+    eval_lib.EvalConfig(**settings).check_inputs()
+  eval_lib.evaluate(eval_lib.EvalConfig(**settings, draft_kind="head"))
+  (timed,) = json.load(open(tmp_path / "eval" / "metrics.json"))["rows"]
+  assert tuple(timed) == EvaluationRow.json_keys()
+  assert 0.0 <= timed["predicted_alpha"] <= 1.0
+  # The same head, prompts, grid point and seed as the job's evaluation: the same decodes.
+  job = rows["head_supervised_kd"]
+  assert (timed["tau"], timed["draft_acceptance_rate"]) == pytest.approx(
+      (job["tau"], job["draft_acceptance_rate"]))
+  assert timed["speedup"] > 0 and timed["cost_model_speedup"] > 0

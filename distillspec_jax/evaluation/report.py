@@ -94,12 +94,11 @@ def draft_costs(config, evaluation: dict) -> dict:
   costs are timed once per architecture, under its first draft's name."""
   names, per_call = draft_names(config), evaluation.get("per_call_s") or {}
   summaries = evaluation.get("drafts") or {}
-  timed = {}  # kind -> the evaluation name its calls were timed under
-  for name, summary in summaries.items():
-    timed.setdefault(summary["kind"], name)
+  timed = {summaries[name]["kind"]: name for name in summaries  # kind -> its timed name
+           if f"{name}:draft_step_1" in per_call}
   out = {}
   for name, summary in summaries.items():
-    owner = timed[summary["kind"]]
+    owner = timed.get(summary["kind"], name)
     width = lambda gamma: gamma + 1 if summary["kind"] == "head" else 2
     out[names.get(name, name)] = dict(
         summary, step_s=per_call.get(f"{owner}:draft_step_1"),
