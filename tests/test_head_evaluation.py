@@ -169,3 +169,60 @@ def test_main_job_with_a_head_and_the_eval_binary_on_its_checkpoint(tmp_path, sh
   assert (timed["tau"], timed["draft_acceptance_rate"]) == pytest.approx(
       (job["tau"], job["draft_acceptance_rate"]))
   assert timed["speedup"] > 0 and timed["cost_model_speedup"] > 0
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(recipes=()), "recipes=\\(\\) is empty"),
+    (dict(recipes=("adaspec",)), "reference head"),
+    (dict(recipes=("gkd", "gkd")), "repeats"),
+    (dict(steps=0), "steps"),
+    (dict(learning_rate=0.0), "learning_rate"),
+    (dict(mlp_dim=0), "mlp_dim"),
+    (dict(unroll_steps=0), "unroll steps=0"),
+    (dict(step_weights=(1.0,)), "one weight per step")])
+def test_head_stage_settings_are_refused_naming_the_value(changes, message):
+  from distillspec_jax.studies.pipeline_config import HeadStageConfig
+  with pytest.raises(ValueError, match=message):
+    HeadStageConfig(**changes)
+
+
+def test_a_head_layer_outside_the_target_is_refused_before_any_work(tmp_path):
+  from distillspec_jax.studies.pipeline_config import HeadStageConfig, PipelineConfig
+  head = HeadStageConfig(feature_layers=(0, 9))
+  with pytest.raises(ValueError, match="feature layer index 9 is outside the target"):
+    PipelineConfig(run_dir=str(tmp_path), target_model="demo_target", head=head)
+  config = PipelineConfig(run_dir=str(tmp_path), head=HeadStageConfig(recipes=("gkd", "seqkd")))
+  assert config.head_stages == ("distill_head_gkd", "distill_head_seqkd")
+  assert config.dependencies("distill_head_gkd") == ("target",)
+  assert set(config.head_stages) <= set(config.dependencies("evaluate"))
+  assert PipelineConfig(run_dir=str(tmp_path)).head_stages == ()
+
+
+def test_demo_head_run_file_adds_a_head_stage_at_gamma_5_and_7():
+  from distillspec_jax import main
+  config = main.load_pipeline(["--gin_file=gin/runs/demo_head.gin"])
+  assert config.head_stages == ("distill_head_gkd",) and config.gammas == (5, 7)
+  assert config.temperatures == (0.0, 1.0) and config.head.mlp_dim == 256
+  assert config.stages.index("distill_head_gkd") < config.stages.index("evaluate")
+
+
+def test_the_eval_binary_refuses_a_head_setting_that_does_not_fit(tmp_path):
+  from distillspec_jax import eval as eval_lib
+  from distillspec_jax.models.head import HEAD_CONFIG_FILE
+  with pytest.raises(ValueError, match="draft_model"):
+    eval_lib.EvalConfig(model_dir=str(tmp_path), mixture_or_task_name="x",
+                        task_feature_lengths={"targets": 4}, target_checkpoint_path="t",
+                        draft_checkpoint_path="d", draft_kind="head", draft_model="demo_draft")
+  with pytest.raises(ValueError, match="draft_kind"):
+    eval_lib.EvalConfig(model_dir=str(tmp_path), mixture_or_task_name="x",
+                        task_feature_lengths={"targets": 4}, target_checkpoint_path="t",
+                        draft_checkpoint_path="d", draft_kind="heads")
+  # A head's folder without head.json: named, with the fix.
+  from distillspec_jax.models.head import read_head_config
+  target = Model.from_name("tiny_encoder_decoder")
+  with pytest.raises(ValueError, match=f"{HEAD_CONFIG_FILE} is missing"):
+    read_head_config(str(tmp_path), target.config, "DRAFT_CHECKPOINT_PATH")
+  head = HeadConfig(target.config, mlp_dim=24, feature_layers=(0, 2))
+  from distillspec_jax.models.head import write_head_config
+  write_head_config(str(tmp_path), head)
+  assert read_head_config(str(tmp_path), target.config, "DRAFT_CHECKPOINT_PATH") == head
