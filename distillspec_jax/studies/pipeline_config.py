@@ -262,6 +262,9 @@ class PipelineConfig:
           raise ValueError(f"teacher_cache_recipes: recipe {recipe!r}: {error}") from error
     self.speed.check_prompts(self.eval_examples)
     if self.head is not None:
+      if not set(self.head_stages) <= set(self.stages):
+        raise ValueError(f"{type(self).__name__} does not run draft-head stages; set its "
+                         "head = None (the main job's PipelineConfig trains heads).")
       self.head.check_target(self.target_model)
       for recipe in self.head.recipes:
         distillation_config(self, recipe)
