@@ -435,7 +435,8 @@ def stage_distill_head(config: PipelineConfig, stage: str) -> dict:
   mesh = job_mesh(config, target, draft)
   target_params = load_params(config, "target", target, mesh, config.target_param_dtype)
   head = head_model(config, target)
-  write_head_config(config.stage_dir(stage), head.config)
+  if multihost.is_primary():  # the one writer (run_pipeline)
+    write_head_config(config.stage_dir(stage), head.config)
   prompts = heldout_prompts(config, 32).prompts
   eval_fn = make_speculative_eval_fn(target, target_params, head,
                                      prompt_inputs(target, prompts),
