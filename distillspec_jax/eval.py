@@ -6,9 +6,10 @@ r"""The evaluation binary, T5X style: quality next to latency for a target and a
 Macros (T5X names): MODEL_DIR, MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, BATCH_SIZE,
 TARGET_CHECKPOINT_PATH and DRAFT_CHECKPOINT_PATH (our orbax format, T5X or Hugging Face,
 autodetected by `importer.detect_format`; with DRAFT_KIND='head' a draft head's folder, the
-main job's distill_head_<recipe>, whose head.json gives its shape), plus VOCABULARY (the SentencePiece model the
-checkpoints were trained with), DATA_DIR (file-backed tasks), BBH_DIR (the public BBH bbh/
-folder) and the grid: GAMMAS, TEMPERATURES, LENIENCE_KINDS, EPSILONS.
+main job's distill_head_<recipe>, whose head.json gives its shape), plus VOCABULARY (the
+SentencePiece model the checkpoints were trained with), DATA_DIR (file-backed tasks),
+BBH_DIR (the public BBH bbh/ folder) and the grid: GAMMAS, TEMPERATURES, LENIENCE_KINDS,
+EPSILONS.
 
 For each task of the mixture (or the one task), on its evaluation split, it decodes with the
 target alone and with speculative decoding at every (temperature, gamma, lenience) and writes
