@@ -5,9 +5,11 @@ r"""The evaluation binary, T5X style: quality next to latency for a target and a
 
 Macros (T5X names): MODEL_DIR, MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, BATCH_SIZE,
 TARGET_CHECKPOINT_PATH and DRAFT_CHECKPOINT_PATH (our orbax format, T5X or Hugging Face,
-autodetected by `importer.detect_format`), plus VOCABULARY (the SentencePiece model the
-checkpoints were trained with), DATA_DIR (file-backed tasks), BBH_DIR (the public BBH bbh/
-folder) and the grid: GAMMAS, TEMPERATURES, LENIENCE_KINDS, EPSILONS.
+autodetected by `importer.detect_format`; with DRAFT_KIND='head' a draft head's folder, the
+main job's distill_head_<recipe>, whose head.json gives its shape), plus VOCABULARY (the
+SentencePiece model the checkpoints were trained with), DATA_DIR (file-backed tasks),
+BBH_DIR (the public BBH bbh/ folder) and the grid: GAMMAS, TEMPERATURES, LENIENCE_KINDS,
+EPSILONS.
 
 For each task of the mixture (or the one task), on its evaluation split, it decodes with the
 target alone and with speculative decoding at every (temperature, gamma, lenience) and writes
@@ -35,7 +37,7 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Literal, Optional, Sequence
 
 import gin
 import jax
@@ -55,6 +57,7 @@ from distillspec_jax.evaluation.evaluate import SpeedConfig, check_checkpoint
 from distillspec_jax.interop import importer
 from distillspec_jax.models import precision
 from distillspec_jax.models.config import TransformerConfig, model_config
+from distillspec_jax.models.head import HEAD_CONFIG_FILE, Head, read_head_config
 from distillspec_jax.models.model import Model
 from distillspec_jax.training import multihost
 from distillspec_jax.training import partitioning
@@ -107,6 +110,9 @@ class EvalConfig:
       draft_length_draft_cost; DRAFT_LENGTH_COSTS, DRAFT_LENGTH_DRAFT_COST).
     target_param_dtype: the target's parameters cast after loading (TARGET_PARAM_DTYPE; None
       = as stored).
+    draft_kind: 'model' (a separate draft model) or 'head' (DRAFT_KIND): a draft head
+      (models/head.py) whose folder (the main job's distill_head_<recipe>) holds head.json
+      beside its parameters; it drafts from the target's hidden states.
   """
 
   model_dir: str = ""
@@ -142,6 +148,7 @@ class EvalConfig:
   draft_length_threshold: float = 0.0
   draft_length_costs: tuple = ()
   draft_length_draft_cost: float = 0.0
+  draft_kind: Literal["model", "head"] = "model"
 
   def __post_init__(self):
     for name, macro, example in (
@@ -176,6 +183,10 @@ class EvalConfig:
                          "TASK_FEATURE_LENGTHS['targets'] (the decoding budget when "
                          "EvalConfig.max_new_tokens is None)")
     self.speed.check_prompts(self.eval_examples)
+    if self.draft_kind == "head" and self.draft_model is not None:
+      raise ValueError(f"EvalConfig.draft_model={self.draft_model!r} names a draft model preset "
+                       "but DRAFT_KIND='head': a head's shape comes from its folder's "
+                       "head.json; set EvalConfig.draft_model = None.")
 
   @property
   def speed(self) -> SpeedConfig:
@@ -215,6 +226,16 @@ class EvalConfig:
       transfer_tasks.check_bbh_dir(self.bbh_dir)
     check_checkpoint(self.target_checkpoint_path, "TARGET_CHECKPOINT_PATH")
     check_checkpoint(self.draft_checkpoint_path, "DRAFT_CHECKPOINT_PATH")
+    holds_head = os.path.exists(os.path.join(self.draft_checkpoint_path, HEAD_CONFIG_FILE))
+    if holds_head and self.draft_kind != "head":
+      raise ValueError(f"DRAFT_CHECKPOINT_PATH={self.draft_checkpoint_path!r} holds a draft "
+                       f"head ({HEAD_CONFIG_FILE}); pass --gin.DRAFT_KIND=\"'head'\" to "
+                       "evaluate it as one.")
+    if self.draft_kind == "head" and not holds_head:
+      raise ValueError(f"DRAFT_KIND='head' but DRAFT_CHECKPOINT_PATH="
+                       f"{self.draft_checkpoint_path!r} holds no {HEAD_CONFIG_FILE}: point it "
+                       "at a head's folder (the main job's distill_head_<recipe>), or set "
+                       "DRAFT_KIND='model'.")
 
 
 def check_lenience_grid(kinds: tuple, epsilons: tuple) -> None:
@@ -326,7 +347,7 @@ def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalC
   leniences interleaved in the same cycles, against one plain decoding). Loads the
   checkpoints itself (run_pinned)."""
   target, target_params = load_model(paths[0], "TARGET_CHECKPOINT_PATH", presets[0], capacity)
-  draft, draft_params = load_model(paths[1], "DRAFT_CHECKPOINT_PATH", presets[1], capacity)
+  draft, draft_params = load_draft(config, target, capacity)
   plan = speed.TimingPlan(gammas=config.gammas, temperatures=config.temperatures,
                          max_new_tokens=config.new_tokens, leniences=tuple(config.leniences),
                          draft_lengths=(config.draft_length,), seed=config.seed,
@@ -346,12 +367,35 @@ def _scalars(writer, row: evaluate_lib.EvaluationRow) -> None:
     writer.add_scalar(f"{tag}/{name}", value, 0)
 
 
+def load_head(path: str, target: Model) -> Head:
+  """The draft head whose folder `path` records its shape (head.json), for `target`."""
+  head = Head(read_head_config(path, target.config, "DRAFT_CHECKPOINT_PATH"))
+  head.check_target(target)
+  return head
+
+
+def load_draft(config: EvalConfig, target: Model, capacity: Optional[int]) -> tuple:
+  """(draft Model or Head, fp32 params) of DRAFT_CHECKPOINT_PATH, whole on this process
+  (the pinned timing process)."""
+  if config.draft_kind == "model":
+    return load_model(config.draft_checkpoint_path, "DRAFT_CHECKPOINT_PATH",
+                      config.draft_model, capacity)
+  head = load_head(config.draft_checkpoint_path, target)
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+                          head.param_shapes())
+  return head, importer.restore_any(config.draft_checkpoint_path, abstract)
+
+
 def _load_pair(config: EvalConfig) -> tuple:
   """(target, target params, draft, draft params), checked as a pair by the engine now, the
-  parameters on the EvalConfig's mesh (`_place`)."""
+  parameters on the EvalConfig's mesh (`_place`). A draft head's shape comes from its
+  folder's head.json; its parameters are restored into their shards."""
   models = {}
-  for role, path, preset in (("target", config.target_checkpoint_path, config.target_model),
-                             ("draft", config.draft_checkpoint_path, config.draft_model)):
+  roles = [("target", config.target_checkpoint_path, config.target_model)]
+  if config.draft_kind == "model":
+    roles.append(("draft", config.draft_checkpoint_path, config.draft_model))
+  for role, path, preset in roles:
     macro = f"{role.upper()}_CHECKPOINT_PATH"
     if preset:  # the shapes are known: nothing read but this process's shards
       check_checkpoint(path, macro)
@@ -364,6 +408,9 @@ def _load_pair(config: EvalConfig) -> tuple:
     else:
       model, params = load_model(path, macro, None, None)
       models[role] = (model, params, path)
+  if config.draft_kind == "head":
+    models["draft"] = (load_head(config.draft_checkpoint_path, models["target"][0]), None,
+                       config.draft_checkpoint_path)
   target, draft = models["target"][0], models["draft"][0]
   try:
     check_pair(target, draft)
@@ -496,7 +543,8 @@ def evaluate(config: EvalConfig) -> dict:
   width = max(e.prompts.shape[1] for e in examples.values())
   capacity = decode_capacity(config, target.config, draft.config, width)
   target = Model(target.config.replace(max_decode_length=capacity))
-  draft = Model(draft.config.replace(max_decode_length=capacity))
+  draft = (Head(draft.config.replace(target=target.config)) if isinstance(draft, Head)
+           else Model(draft.config.replace(max_decode_length=capacity)))
   vocabulary = batches.get_vocabulary(names[0])
   if vocabulary.vocab_size > target.config.vocab_size:
     raise ValueError(f"The task's vocabulary has {vocabulary.vocab_size} pieces but the models "
@@ -588,6 +636,11 @@ def run_dry_run(argv: Sequence[str]) -> int:
   default v4-8); 0 when it fits, 1 when it does not. Needs the presets (no checkpoint read)."""
   from distillspec_jax.training import dry_run
   config = load_config(argv)
+  if config.draft_kind == "head":
+    raise gin_utils.GinConfigError(
+        "--dry_run compiles a separate draft model's engine; with DRAFT_KIND='head' run it "
+        "with a draft preset (--gin.DRAFT_KIND=\"'model'\" --gin.EvalConfig.draft_model=...) "
+        "or without --dry_run.")
   if not (config.target_model and config.draft_model):
     raise gin_utils.GinConfigError(
         "--dry_run needs the models' shapes without reading the checkpoints: set "

@@ -6,7 +6,9 @@
 The run file binds a `PipelineConfig` (pipeline_config.py) through the T5X macros MODEL_DIR,
 MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, TRAIN_STEPS, BATCH_SIZE (and, where the run file
 has them, TARGET_CHECKPOINT_PATH / DRAFT_CHECKPOINT_PATH: starting weights, any format);
-`main_job.stages` picks what to make (their inputs are made first when missing). Every bad
+`main_job.stages` picks what to make (their inputs are made first when missing).
+`PipelineConfig.head = @HeadStageConfig()` adds a draft head per recipe (stages
+distill_head_<recipe>), evaluated beside the drafts (gin/runs/demo_head.gin). Every bad
 run file, binding, value, input path or MODEL_DIR fails here, before any training starts:
 exit status 1 and the message naming the fix.
 
@@ -33,6 +35,7 @@ from distillspec_jax.training import multihost
 from distillspec_jax.studies import pipeline as pipeline_lib
 from distillspec_jax.studies.garden import GardenConfig
 from distillspec_jax.studies.pipeline import PipelineConfig, check_run_dir, run_pipeline
+from distillspec_jax.studies.pipeline_config import HeadStageConfig
 from distillspec_jax.studies.recipe_grid import RecipeGridConfig
 
 
@@ -45,7 +48,7 @@ def main_job(pipeline: PipelineConfig = gin.REQUIRED, stages: Optional[tuple] = 
 
 def load_pipeline(argv: Sequence[str]) -> PipelineConfig:
   """Parses the gin flags and builds the run file's PipelineConfig (nothing runs)."""
-  gin_utils.register(main_job, PipelineConfig, RecipeGridConfig, GardenConfig)
+  gin_utils.register(main_job, PipelineConfig, HeadStageConfig, RecipeGridConfig, GardenConfig)
   gin_utils.parse_binary_flags(argv)
   try:
     reference = gin.query_parameter("main_job.pipeline")

@@ -28,6 +28,7 @@ import numpy as np
 from distillspec_jax.core.records import JsonRecord, flattened
 from distillspec_jax.decoding.plain import SamplingConfig, decode, default_rng, prompt_inputs
 from distillspec_jax.distill.divergences import cross_entropy, expected_acceptance
+from distillspec_jax.models.head import Head
 from distillspec_jax.models.model import EOS_ID, Model
 from distillspec_jax.decoding.speculative import DraftLength, Lenience, speculative_decode
 from distillspec_jax.decoding.stats import (acceptance_by_position, block_efficiency_stats,
@@ -205,6 +206,30 @@ def _token_acceptance(target: Model, target_params, draft: Model, draft_params, 
                              draft_temperature=temperature)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 2, 5))
+def _head_token_acceptance(target: Model, target_params, head: Head, head_params, batch: dict,
+                           temperature: float):
+  """`_token_acceptance` of a draft head: its first draft step at position t (the target's
+  features at t and the token at t + 1) against the target's distribution at t + 1, placed at
+  t + 1 (position 0, which a head never proposes, gets 0; the caller's mask is shifted to
+  match)."""
+  target_logits, features, encoded = target.layer_features(target_params, batch,
+                                                           head.feature_layers)
+  mask = None if encoded is None else batch["encoder_input_tokens"] > 0
+  tokens = jnp.pad(batch["decoder_input_tokens"][:, 1:], ((0, 0), (0, 1)))
+  (head_logits,) = head.unroll(head_params, tokens, features, 1, encoded, mask)
+  draft_logits = head.to_target_logits(head_logits)[:, :-1]
+  target_logits = target_logits[:, 1:]
+  if temperature == 0.0:
+    acceptance = (jnp.argmax(target_logits, -1) == jnp.argmax(draft_logits, -1))
+    acceptance = acceptance.astype(jnp.float32)
+  else:
+    acceptance = expected_acceptance(target_logits, draft_logits,
+                                     target_temperature=temperature,
+                                     draft_temperature=temperature)
+  return jnp.pad(acceptance, ((0, 0), (1, 0)))
+
+
 def predicted_alpha(target: Model, target_params, draft: Model, draft_params, prompts,
                     samples, temperature: float, place=None, real: Optional[int] = None
                     ) -> float:
@@ -213,25 +238,31 @@ def predicted_alpha(target: Model, target_params, draft: Model, draft_params, pr
   running the speculative engine. `samples: [N, T]` are target decodes at `temperature`
   (EOS included, 0 after); both models are teacher-forced on [prompt, sample]. At T = 0 the
   distributions are one-hot and the rate is the fraction of positions where the draft's
-  argmax equals the target's. `place` (a placement.BatchPlacement for N rows): the
-  teacher-forced batch laid out by it, only the first `real` rows counted (the rest pad)."""
+  argmax equals the target's. A draft head (models/head.py) is scored by its first draft
+  step over the target's features (`_head_token_acceptance`: the positions after the first
+  one). `place` (a placement.BatchPlacement for N rows): the teacher-forced batch laid out by
+  it, only the first `real` rows counted (the rest pad)."""
   batch, sequence, mask = _teacher_forcing(target, np.asarray(prompts), np.asarray(samples))
   del sequence
+  token_acceptance = _token_acceptance
+  if isinstance(draft, Head):
+    token_acceptance = _head_token_acceptance
+    mask = jnp.pad(mask[:, 1:], ((0, 0), (1, 0)))  # a head never proposes position 0
   if place is not None:
     # Summed on the host from every row, so that the value does not depend on how the
     # rows are split over devices and processes (a cross-process sum adds in another order).
     # The mask comes back from the devices too: each row's is that of the process holding
     # the row's prompt (a process holds only its rows' prompts; evaluation/examples.py).
     placed_mask = place.put(np.asarray(mask))
-    acceptance, mask = place.gather((_token_acceptance(
+    acceptance, mask = place.gather((token_acceptance(
         target, target_params, draft, draft_params,
         {k: place.put(np.asarray(v)) for k, v in batch.items()}, float(temperature)),
         placed_mask))
     mask = np.array(mask)
     mask[real:] = 0.0  # the padding rows of the last batch
     return float(np.sum(acceptance * mask) / max(np.sum(mask), 1.0))
-  acceptance = _token_acceptance(target, target_params, draft, draft_params, batch,
-                                 float(temperature))
+  acceptance = token_acceptance(target, target_params, draft, draft_params, batch,
+                                float(temperature))
   return float(jnp.sum(acceptance * mask) / jnp.maximum(jnp.sum(mask), 1.0))
 
 

@@ -9,6 +9,10 @@ report.json:
     Acceptance and SpeedFigures) once as <key>_raw and once as <key>_distilled (tau_raw,
     tau_stderr_raw, end_to_end_speedup_distilled, ...), tau_gain and delta_speedup (of the
     decoding-phase speedup).
+  drafts: {draft: kind ("model" or "head"), num_params, step_s, first_call_s {gamma: s}}:
+    parameters and per-call costs (`draft_costs`).
+  A draft head of the main job (stage distill_head_<recipe>) is the draft `head_<recipe>` in
+  every table, paired with the raw draft as a distilled draft is.
   target_quality, plain_tokens_per_s, plain (speed.PlainSpeed per temperature), machine
   ({"cpus", "pinned"}), speed_protocol (speed.SpeedProtocol), wall_clock_s (per stage) and
   wall_clock_total_s, tau_curves.
@@ -49,15 +53,22 @@ def evaluation_rows(evaluation: dict) -> list:
   return [EvaluationRow.from_json(r) for r in evaluation["speculative"]]
 
 
+def _head_stages(config) -> tuple:
+  return tuple(getattr(config, "head_stages", ()))
+
+
 def build_rows(config, evaluation: dict) -> list:
-  """One row per (recipe, temperature, gamma): raw draft versus distilled draft."""
+  """One row per (recipe, temperature, gamma): raw draft versus distilled draft (a draft
+  head's recipe is its report name, `head_<recipe>`)."""
   by_key = {(r.draft, r.point.temperature, r.point.gamma): r
             for r in evaluation_rows(evaluation)}
+  names = draft_names(config)
   rows = []
-  for stage in config.distill_stages:
+  for stage in config.distill_stages + _head_stages(config):
     for temperature in config.temperatures:
       for gamma in config.gammas:
-        rows.append(_paired_row(config.task, stage[len("distill_"):],
+        recipe = names[stage] if stage in _head_stages(config) else stage[len("distill_"):]
+        rows.append(_paired_row(config.task, recipe,
                                 by_key[("draft_raw", temperature, gamma)],
                                 by_key[(stage, temperature, gamma)]))
   return rows
@@ -71,7 +82,29 @@ def draft_names(config) -> dict:
     names[stage] = stage[len("distill_"):]
   if "adaspec" in config.recipes:
     names[f"distill_{config.adaspec_reference}"] = "distillspec"
+  for stage in _head_stages(config):
+    names[stage] = stage[len("distill_"):]  # head_<recipe>
   return names
+
+
+def draft_costs(config, evaluation: dict) -> dict:
+  """{report draft name: {"kind", "num_params", "step_s", "first_call_s"}}: each draft's
+  parameters and per-call costs timed with the rows (a one-token draft step; a round's first
+  call by gamma: 2 tokens for a draft model, gamma + 1 positions for a head). The per-call
+  costs are timed once per architecture, under its first draft's name."""
+  names, per_call = draft_names(config), evaluation.get("per_call_s") or {}
+  summaries = evaluation.get("drafts") or {}
+  timed = {summaries[name]["kind"]: name for name in summaries  # kind -> its timed name
+           if f"{name}:draft_step_1" in per_call}
+  out = {}
+  for name, summary in summaries.items():
+    owner = timed.get(summary["kind"], name)
+    width = lambda gamma: gamma + 1 if summary["kind"] == "head" else 2
+    out[names.get(name, name)] = dict(
+        summary, step_s=per_call.get(f"{owner}:draft_step_1"),
+        first_call_s={str(g): per_call.get(f"{owner}:draft_step_{width(g)}")
+                      for g in config.gammas})
+  return out
 
 
 def build_draft_rows(config, evaluation: dict) -> list:
@@ -158,7 +191,7 @@ def build_report(config, evaluation: dict, wall_clock: dict, curves: dict) -> di
             "quiet_timeline": evaluation.get("quiet_timeline"),
             "wall_clock_s": wall_clock,
             "wall_clock_total_s": sum(v for v in wall_clock.values() if v is not None),
-            "tau_curves": curves}
+            "tau_curves": curves, "drafts": draft_costs(config, evaluation)}
   report["measurement"] = measurement_sentence(report)
   check_finite(report["paired_rows"] + report["draft_rows"], "report")
   return report
@@ -250,6 +283,28 @@ def _acceptance_table(report: dict) -> list:
   return lines
 
 
+def _drafts_table(report: dict) -> list:
+  """Each draft's parameters and per-call costs beside the target's step and verification."""
+  drafts, per_call = report.get("drafts") or {}, report.get("per_call_s") or {}
+  if not drafts:
+    return []
+  gammas = sorted({int(g) for d in drafts.values() for g in d["first_call_s"]})
+  us = lambda s: "-" if s is None else f"{1e6 * s:.1f}"
+  lines = ["## Drafts: parameters and per-call cost (us, batch 1, timed with the rows)", "",
+           f"Target step {us(per_call.get('target_step'))} us; verification of gamma + 1 "
+           "tokens: " + ", ".join(f"gamma {g}: {us(per_call.get(f'verification_{g}'))}"
+                                  for g in gammas) + " us. A round's first draft call is "
+           "2 tokens for a draft model and gamma + 1 positions for a head (it rewrites the "
+           "accepted positions with the target's features).", "",
+           "| draft | kind | parameters | draft step | " + " | ".join(
+               f"first call, gamma {g}" for g in gammas) + " |",
+           "|---|---|---|---|" + "---|" * len(gammas)]
+  for name, d in drafts.items():
+    lines.append(f"| {name} | {d['kind']} | {d['num_params']:,} | {us(d['step_s'])} | "
+                 + " | ".join(us(d["first_call_s"].get(str(g))) for g in gammas) + " |")
+  return lines
+
+
 def render_markdown(config, report: dict) -> str:
   quality = report["target_quality"]
   lines = [f"# DistillSpec demo report: {config.task}", "",
@@ -262,7 +317,7 @@ def render_markdown(config, report: dict) -> str:
     lines.append(f"| {name} | {q.get('accuracy', float('nan')):.3f} | "
                  f"{q['per_token_loss']:.4f} |")
   lines += ["", *_paired_table(report), "", *_request_table(report), "",
-            *_acceptance_table(report)]
+            *_acceptance_table(report), "", *_drafts_table(report)]
   lines += ["", "## Wall clock per stage (s)", "", "| stage | seconds |", "|---|---|"]
   for stage, seconds in report["wall_clock_s"].items():
     lines.append(f"| {stage} | {seconds:.0f} |")

@@ -32,8 +32,10 @@ One measurement protocol, used by the main job's evaluation and by `bench/`:
   is flagged `speedup_unreliable` (`compared_speedups`, a `Speedups` record).
 - The cost-model speedup predicts both times from per-call costs measured in the same cycles
   and windows: plain = (tokens - 1) target steps per prompt (exactly the calls plain
-  decoding makes after its setup); speculative = per round one
-  2-token and gamma - 1 one-token draft calls and one (gamma + 1)-token verification. Model
+  decoding makes after its setup); speculative = per round one first draft call (2 tokens
+  for a draft model; gamma + 1 positions for a draft head, which rewrites the accepted
+  positions with the target's features) and gamma - 1 one-token draft calls and one
+  (gamma + 1)-token verification. Model
   calls are timed in jitted loops fed the previous call's outputs (see `_repeated_extend`).
 - Reported apart: `plain[T].call_overhead_s`, the fastest whole call less its windows
   (dispatch and the call's own fixed work: paid once per call of N prompts, outside every
@@ -66,6 +68,7 @@ from jax.experimental import io_callback
 from distillspec_jax.core.records import JsonRecord, flattened
 from distillspec_jax.core.validation import check_budget, check_grid, check_positive_int
 from distillspec_jax.decoding.plain import (SamplingConfig, cache_capacity, decode_start, decode_steps, prompt_inputs)
+from distillspec_jax.models.head import Head
 from distillspec_jax.models.model import Model
 from distillspec_jax.evaluation.grid_point import GridPoint
 from distillspec_jax.evaluation.pinning import machine_info
@@ -328,11 +331,78 @@ def per_call_function(model: Model, params, inputs: dict, batch: int, width: int
   tokens = jnp.full((batch, width), 5, jnp.int32)
   run = functools.partial(_repeated_extend, model, params, cache, tokens, width=width,
                           steps=steps, windows=windows)
-  jax.block_until_ready(run(1))  # compiles (once per model, width and batch: passes is traced)
+  return _calibrated(run, steps * windows, duration)
+
+
+def _calibrated(run: Callable, calls_per_pass: int, duration: float) -> tuple:
+  """(run with the passes that make it last about `duration` seconds, model calls it makes):
+  `run(passes)` is compiled first (passes is traced, so once)."""
+  jax.block_until_ready(run(1))
   start = time.perf_counter()
   jax.block_until_ready(run(1))
   passes = max(1, round(duration / (time.perf_counter() - start)))
-  return functools.partial(run, passes), steps * passes * windows
+  return functools.partial(run, passes), calls_per_pass * passes
+
+
+@functools.partial(jax.jit, static_argnames=("head", "width", "steps", "windows",
+                                             "from_target"))
+def _repeated_head_extend(head, params, cache, tokens, inputs, passes, *, width, steps,
+                          windows, from_target):
+  """`_repeated_extend` for a draft head (models/head.py): calls of `head.extend` on `width`
+  positions per row, each fed the argmax of the previous call's logits and its own output as
+  the next call's input (tiled over the feature layers where the call reads target features
+  [batch, width, n * embed]), so nothing is hoisted out of the loop."""
+  start_positions = cache.positions
+  layers = inputs.shape[-1] // head.config.width
+
+  def one_pass(pass_index, carry):
+    def body(step, carry):
+      cache, tokens, inputs = carry
+      logits, out, cache = head.extend(params, cache, tokens, inputs, from_target=from_target)
+      tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+      return cache, tokens, jnp.tile(out, (1, 1, layers)).astype(inputs.dtype)
+
+    cache, tokens, inputs = carry
+    return jax.lax.fori_loop(0, steps, body,
+                             (cache.replace(positions=start_positions), tokens, inputs))
+
+  window = lambda carry, _: (jax.lax.fori_loop(0, passes, one_pass, carry), None)
+  (_, tokens, _), _, stamps = _stamped_scan(window, (cache, tokens, inputs), None, windows)
+  return tokens, stamps
+
+
+@functools.partial(jax.jit, static_argnames=("target", "head", "batch", "capacity"))
+def _empty_head_cache(target, target_params, head, params, batch, capacity, encoder_inputs):
+  encoded = mask = None
+  if head.is_encoder_decoder:
+    encoded, mask = target.encode(target_params, encoder_inputs), encoder_inputs > 0
+  return head.init_cache(params, batch, capacity, encoded, mask)
+
+
+def head_call_function(target: Model, target_params, head: Head, params, inputs: dict,
+                       width: int, duration: float, capacity: Optional[int] = None,
+                       windows: int = 4):
+  """`per_call_function` of a draft head at batch 1: calls of `width` positions, reading the
+  target's features (`width` > 1: a round's first call, which writes the accepted positions
+  and drafts the first token) or its own output (`width` 1: every later draft step)."""
+  capacity = capacity or target.config.max_decode_length
+  steps = max(1, capacity // width)
+  cache = _empty_head_cache(target, target_params, head, params, 1, capacity,
+                            inputs.get("encoder_input_tokens"))
+  tokens = jnp.full((1, width), 5, jnp.int32)
+  from_target = width > 1
+  features = head.config.width * (len(head.feature_layers) if from_target else 1)
+  inputs = jnp.full((1, width, features), 0.1, head.config.layer_config.activation_dtype)
+  run = functools.partial(_repeated_head_extend, head, params, cache, tokens, inputs,
+                          width=width, steps=steps, windows=windows, from_target=from_target)
+  return _calibrated(run, steps * windows, duration)
+
+
+def first_call_width(draft, gamma: int) -> int:
+  """Positions of a round's first draft call: 2 for a draft model ([previous, pending]),
+  gamma + 1 for a head (the accepted positions rewritten with the target's features, in one
+  fixed-width call; decoding/head_draft.py)."""
+  return gamma + 1 if isinstance(draft, Head) else 2
 
 
 def _map_prompts(run_one: Callable) -> Callable:
@@ -545,7 +615,8 @@ class SpeedMeasurement(JsonRecord):
     rows: one SpeedRow per timed speculative configuration.
     plain: str(temperature) -> PlainSpeed.
     per_call_s: per-call costs: "target_step", "verification_<gamma>",
-      "<draft>:draft_step_<1|2>" (per model call) and "stamp" (per prompt).
+      "<draft>:draft_step_<w>" (per draft call of w positions: 1, and a round's first call's
+      width, 2 or gamma + 1 for a head) and "stamp" (per prompt).
     interference: {"target_step", "verification_<max gamma>"}: a typical call's time over
       its fastest windows, less 1.
     quiet_timeline: {"plain", "verification_<max gamma>"}: `quiet_timeline` of each.
@@ -655,8 +726,9 @@ def _drafts_by_model(drafts: Mapping[str, tuple]) -> dict:
 def _per_call_functions(target: Model, target_params, drafts: Mapping[str, tuple],
                         model_of: dict, prompts, gammas: Sequence[int]) -> tuple:
   """(name -> timed callable, name -> model calls it makes) of the per-call costs:
-  "target_step", "verification_<gamma>" and "<draft>:draft_step_<1|2>" (one per draft
-  Model, named after its first draft). Temperature-independent."""
+  "target_step", "verification_<gamma>" and "<draft>:draft_step_<w>" (one per draft Model
+  or Head, named after its first draft) for w = 1 and each round's first call's width
+  (`first_call_width`: 2, or gamma + 1 for a head). Temperature-independent."""
   one_prompt = {k: v[:1] for k, v in prompt_inputs(target, prompts).items()}
   capacity = target.config.max_decode_length
   per_call, extends = {}, {}
@@ -667,10 +739,14 @@ def _per_call_functions(target: Model, target_params, drafts: Mapping[str, tuple
         target, target_params, one_prompt, 1, gamma + 1, 0.03, capacity)
   for draft, names in model_of.items():
     params = drafts[names[0]][1]
-    for width in (1, 2):
+    for width in sorted({1} | {first_call_width(draft, gamma) for gamma in gammas}):
       key = f"{names[0]}:draft_step_{width}"
-      per_call[key], extends[key] = per_call_function(draft, params, one_prompt, 1, width,
-                                                      0.03, capacity)
+      if isinstance(draft, Head):
+        per_call[key], extends[key] = head_call_function(
+            target, target_params, draft, params, one_prompt, width, 0.03, capacity)
+      else:
+        per_call[key], extends[key] = per_call_function(draft, params, one_prompt, 1, width,
+                                                        0.03, capacity)
   return per_call, extends
 
 
@@ -846,7 +922,7 @@ def _speculative_rows(runs: dict, timing: dict, cost: dict, model_of: dict, temp
   plain_tokens, predicted_plain = plain.tokens, plain.cost_model_decode_seconds
   rows = []
   for draft, names in model_of.items():
-    draft_one, draft_two = (cost[f"{names[0]}:draft_step_{w}"] for w in (1, 2))
+    draft_one = cost[f"{names[0]}:draft_step_1"]
     setup_key = ("setup_speculative", temperature, names[0])
     setup_spec = statistics.median(timing["windows"][setup_key])
     for name, gamma, lenience, rule in itertools.product(names, gammas, leniences,
@@ -859,8 +935,8 @@ def _speculative_rows(runs: dict, timing: dict, cost: dict, model_of: dict, temp
       rounds = int(np.sum(result["target_calls"]))
       times = _decoder_times(runs, timing, key, setup_key)
       spec_decode = times["decode"]
-      predicted = rounds * (draft_two + (gamma - 1) * draft_one
-                            + cost[f"verification_{gamma}"])
+      first = cost[f"{names[0]}:draft_step_{first_call_width(draft, gamma)}"]
+      predicted = rounds * (first + (gamma - 1) * draft_one + cost[f"verification_{gamma}"])
       model = lambda value: None if rule.adaptive else value
       figures = SpeedFigures(
           speedups=compared_speedups(tokens, times, plain_tokens, plain_times),
@@ -944,7 +1020,8 @@ def measure_speed(target: Model, target_params, drafts: Mapping[str, tuple], pro
   plain decoding.
 
   Args:
-    drafts: name -> (draft Model, draft params); drafts of one Model share compiled code.
+    drafts: name -> (draft Model or Head, its params); drafts of one Model (or Head) share
+      compiled code.
     prompts: [N, P] right-padded prompts (encoder inputs of an encoder-decoder), each decoded
       alone.
     plan: the TimingPlan: the grid, the budget and the timing's settings.

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any, Optional
 
 import flax.linen as nn
@@ -43,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distillspec_jax.core.files import read_json, write_json_atomic
 from distillspec_jax.core.validation import check_field_types, check_int, check_positive_int
 from distillspec_jax.models import layers
 from distillspec_jax.models import llama
@@ -143,6 +145,41 @@ class HeadConfig:
 
   def replace(self, **changes) -> "HeadConfig":
     return dataclasses.replace(self, **changes)
+
+  def to_json(self) -> dict:
+    """The head's own fields (not the target's config), as a checkpoint's `head.json` holds
+    them beside the parameters."""
+    as_list = lambda v: None if v is None else [int(x) for x in v]
+    return {"feature_layers": list(self.layers), "mlp_dim": self.layer_config.mlp_dim,
+            "draft_ids": as_list(self.draft_ids)}
+
+  @classmethod
+  def from_json(cls, data: dict, target: TransformerConfig) -> "HeadConfig":
+    """The HeadConfig of `to_json`'s fields for `target` (checked as any HeadConfig)."""
+    as_tuple = lambda v: None if v is None else tuple(int(x) for x in v)
+    return cls(target, feature_layers=as_tuple(data.get("feature_layers")),
+               mlp_dim=data.get("mlp_dim"), draft_ids=as_tuple(data.get("draft_ids")))
+
+
+# A head checkpoint's folder holds its HeadConfig's own fields in this file beside the
+# parameters, so that a reader can rebuild the head for its target.
+HEAD_CONFIG_FILE = "head.json"
+
+
+def write_head_config(directory: str, config: HeadConfig) -> None:
+  """`directory`/head.json of `config` (written atomically)."""
+  write_json_atomic(os.path.join(directory, HEAD_CONFIG_FILE), config.to_json())
+
+
+def read_head_config(directory: str, target: TransformerConfig, name: str) -> HeadConfig:
+  """The HeadConfig a head checkpoint folder records, for `target`; a ValueError naming
+  `name` (the setting that points there) when the folder holds no head."""
+  path = os.path.join(directory, HEAD_CONFIG_FILE)
+  if not os.path.exists(path):
+    raise ValueError(f"{name}={directory!r} holds no draft head ({HEAD_CONFIG_FILE} is "
+                     "missing): point it at a head's folder (the main job's "
+                     "distill_head_<recipe>), or evaluate a draft model there instead.")
+  return HeadConfig.from_json(read_json(path), target)
 
 
 def check_feature_layers(feature_layers, num_layers: int) -> None:

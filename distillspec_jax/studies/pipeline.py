@@ -6,8 +6,11 @@ Stages (each writes `<run_dir>/<stage>/` and a `DONE.json` marker last, atomical
   draft_raw        fine-tune the draft with cross-entropy (the "w/o distillation" draft)
   teacher_cache    (only with teacher_cache_k) the target's top-k log-probs over the train split
   distill_<recipe> distil the raw draft toward the target with each recipe (GKD, SupervisedKD..)
-  evaluate         task quality of every model; tau, alpha and speedup of every draft with the
-                   target at each gamma and temperature, by running the speculative engine
+  distill_head_<recipe>  (only with `head`) distil a draft head (EAGLE-3 style, reading the
+                   target's hidden states) from the target with each head recipe
+  evaluate         task quality of every model; tau, alpha and speedup of every draft (heads
+                   included) with the target at each gamma and temperature, by running the
+                   speculative engine
   report           report.md, report.json and the PNG plots
 
 A stage whose marker exists and is newer than its inputs' markers is skipped; a stage that was
@@ -42,7 +45,10 @@ from distillspec_jax.distill.teacher_cache import (CachedTeacherObjective, check
                                            with_cache, write_cache)
 from distillspec_jax.training.trainer import TrainConfig, distill, finetune, train
 # Re-exported: pipeline.PipelineConfig, pipeline.distillation_config.
-from distillspec_jax.studies.pipeline_config import PipelineConfig, distillation_config
+from distillspec_jax.studies.pipeline_config import (HEAD_STAGE_PREFIX, PipelineConfig,
+                                                     distillation_config)
+from distillspec_jax.distill.head_objectives import HeadDistillationObjective
+from distillspec_jax.models.head import Head, HeadConfig, write_head_config
 
 DONE = "DONE.json"
 # Stages that only process 0 runs (host-side files: vocabulary, report); the training stages,
@@ -126,7 +132,8 @@ def run_pipeline(config: PipelineConfig, stage_fns: Optional[dict] = None,
     os.makedirs(stage_dir, exist_ok=True)
     print(f"=== stage {stage} ===", flush=True)
     start = time.time()
-    fn = stage_fns["distill"] if stage.startswith("distill_") else stage_fns[stage]
+    fn = (stage_fns["distill_head"] if stage.startswith(HEAD_STAGE_PREFIX)
+          else stage_fns["distill"] if stage.startswith("distill_") else stage_fns[stage])
     if primary or stage not in PRIMARY_ONLY_STAGES:
       summary = fn(config, stage) or {}
       summary["wall_clock_s"] = time.time() - start
@@ -140,7 +147,8 @@ def run_pipeline(config: PipelineConfig, stage_fns: Optional[dict] = None,
 
 def default_stage_functions() -> dict:
   return {"vocab": stage_vocab, "target": stage_finetune, "draft_raw": stage_finetune,
-          "distill": stage_distill, "evaluate": stage_evaluate, "report": stage_report,
+          "distill": stage_distill, "distill_head": stage_distill_head,
+          "evaluate": stage_evaluate, "report": stage_report,
           "teacher_cache": stage_teacher_cache}
 
 
@@ -410,6 +418,47 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
           "final_loss": _last_loss(result.history), "tau_curve": curve}
 
 
+def head_model(config: PipelineConfig, target: Model) -> Head:
+  """The job's draft head for `target` (PipelineConfig.head's shape)."""
+  return Head(HeadConfig(target.config, feature_layers=config.head.feature_layers,
+                         mlp_dim=config.head.mlp_dim))
+
+
+def stage_distill_head(config: PipelineConfig, stage: str) -> dict:
+  """Distils a draft head from the target with the stage's recipe: the trainer with a
+  HeadDistillationObjective (the training-time test; distill/head_objectives.py), the head's
+  embedding starting as the target's; its tau curve at gamma 5, T = 0 as the drafts'. Writes
+  head.json (the head's shape) beside the checkpoints, for the eval binary."""
+  recipe = stage[len(HEAD_STAGE_PREFIX):]
+  distillation = distillation_config(config, recipe)
+  target, draft = models(config)
+  mesh = job_mesh(config, target, draft)
+  target_params = load_params(config, "target", target, mesh, config.target_param_dtype)
+  head = head_model(config, target)
+  if multihost.is_primary():  # the one writer (run_pipeline)
+    write_head_config(config.stage_dir(stage), head.config)
+  prompts = heldout_prompts(config, 32).prompts
+  eval_fn = make_speculative_eval_fn(target, target_params, head,
+                                     prompt_inputs(target, prompts),
+                                     max_new_tokens=config.max_new_tokens, gamma=5,
+                                     temperature=0.0, seed=config.seed)
+  train_config = stage_train_config(config, stage, config.head.steps,
+                                    config.head.learning_rate, eval_every=config.eval_every)
+  init = head.init(jax.random.PRNGKey(config.seed), target_params)
+  start = eval_fn(init, 0)
+  objective = HeadDistillationObjective(target, head, distillation, config.head.training)
+  result = train(train_config, objective, train_data(config),
+                 frozen_params={"target": target_params}, init_params=init, eval_fn=eval_fn,
+                 mesh=mesh)
+  last = [r for r in result.history if "predicted_acceptance" in r]
+  return {"recipe": recipe, "divergence": distillation.divergence,
+          "lambda1": distillation.lambda1, "lambda2": distillation.lambda2,
+          "unroll_steps": config.head.unroll_steps, **head.config.to_json(),
+          "num_params": head.num_params(), "final_loss": _last_loss(result.history),
+          "predicted_acceptance_last": last[-1]["predicted_acceptance"] if last else None,
+          "tau_curve": tau_curve(start, result.full_history)}
+
+
 def _train_arrays(config: PipelineConfig) -> dict:
   if not config.in_memory_data:
     raise ValueError("teacher_cache_k needs in_memory_data=True: the cache is row-aligned with "
@@ -459,16 +508,39 @@ def _cached_train_data(config: PipelineConfig, cache) -> "InMemoryData":
 
 
 def eval_models_and_params(config: PipelineConfig, mesh: bool = True) -> tuple:
-  """(target, draft, {stage name: params}) of every trained model of the job, restored
-  straight into their shards on the job's mesh (over every process's devices; `mesh` False:
-  whole on this process's default device, e.g. the pinned timing process)."""
+  """(target, draft, {stage name: params}) of every trained model of the job (draft heads
+  included: `job_drafts`), restored straight into their shards on the job's mesh (over every
+  process's devices; `mesh` False: whole on this process's default device, e.g. the pinned
+  timing process)."""
   target, draft = models(config)
   on = job_mesh(config, target, draft) if mesh else None
   params = {"target": load_params(config, "target", target, on, config.target_param_dtype),
             "draft_raw": load_params(config, "draft_raw", draft, on)}
   for name in config.distill_stages:
     params[name] = load_params(config, name, draft, on)
+  if config.head_stages:
+    head = head_model(config, target)
+    for name in config.head_stages:
+      params[name] = load_params(config, name, head, on)
   return target, draft, params
+
+
+def job_drafts(config: PipelineConfig, target: Model, draft: Model, params: dict) -> dict:
+  """{stage name: (draft Model or Head, params)} of every draft of the job, in report order:
+  the raw draft, the distilled drafts, the heads."""
+  drafts = {name: (draft, params[name]) for name in ("draft_raw",) + config.distill_stages}
+  if config.head_stages:
+    head = head_model(config, target)
+    drafts.update({name: (head, params[name]) for name in config.head_stages})
+  return drafts
+
+
+def draft_summaries(drafts: dict) -> dict:
+  """{name: {"kind": "model" | "head", "num_params"}} of `job_drafts`' drafts (eval.json's
+  "drafts": the report's parameter counts)."""
+  return {name: {"kind": "head" if isinstance(model, Head) else "model",
+                 "num_params": int(model.num_params())}
+          for name, (model, _) in drafts.items()}
 
 
 def check_speed_prompts(config: PipelineConfig, examples) -> None:
@@ -497,7 +569,7 @@ def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None
   from distillspec_jax.evaluation import speed
   target, draft, params = eval_models_and_params(config, mesh=False)
   prompts = test_examples(config)[0].prompts[:config.speed_examples]
-  drafts = {name: (draft, p) for name, p in params.items() if name != "target"}
+  drafts = job_drafts(config, target, draft, params)
   plan = speed.TimingPlan(gammas=config.gammas, temperatures=config.temperatures,
                          max_new_tokens=config.max_new_tokens, seed=config.seed,
                          **config.speed.measure_kwargs())
@@ -522,8 +594,11 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   primary = multihost.is_primary()
   scorer = evaluate_lib.task_scorer(config.eval_task or config.task, register_task(
       config).output_features["targets"].vocabulary)
-  drafts = {name: (draft, params[name]) for name in ("draft_raw",) + config.distill_stages}
-  total = len(params) + len(config.temperatures) * len(drafts) * len(config.gammas)
+  drafts = job_drafts(config, target, draft, params)
+  # A head does not decode alone: the quality of the target and the separate drafts.
+  alone_models = {name: (target if name == "target" else draft, p)
+                  for name, p in params.items() if name not in config.head_stages}
+  total = len(alone_models) + len(config.temperatures) * len(drafts) * len(config.gammas)
   # The timing process loads and compiles on its pinned core while this one evaluates; it
   # starts timing only once released, when nothing else runs.
   timing = ((pinning.timing_cpus(config.speed_cpus, jax.process_count()), measure_run_speed)
@@ -532,15 +607,15 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
       tqdm(total=total, desc="evaluate (quality, tau)", dynamic_ncols=True,
            disable=not (config.progress_bar and primary)) as bar:
     alone = evaluate_lib.quality_alone(
-        {name: (target if name == "target" else draft, p) for name, p in params.items()},
-        examples, scorer, max_new_tokens=config.max_new_tokens, on_done=bar.update,
+        alone_models, examples, scorer, max_new_tokens=config.max_new_tokens, on_done=bar.update,
         batch_size=config.eval_batch_size, place=place)
     rows = evaluate_lib.speculative_grid(
         target, params["target"], drafts, examples, scorer, gammas=config.gammas,
         temperatures=config.temperatures, max_new_tokens=config.max_new_tokens,
         batch_size=config.eval_batch_size, seed=config.seed, on_done=bar.update, place=place)
     bar.close()
-    del params, drafts  # the timing process loads its own copy
+    summaries = draft_summaries(drafts)
+    del params, drafts, alone_models  # the timing process loads its own copy
     timing = timing_run.result()
   if not primary:  # process 0 writes eval.json; the others only took part in the decodes
     return {"num_test_prompts": int(len(examples))}
@@ -548,15 +623,17 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
                                         timing.row(run.draft, run.point).figures)
           for run in rows]
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"),
-                    evaluation_json(alone, rows, timing))
+                    evaluation_json(alone, rows, timing, summaries))
   return {"num_test_prompts": int(len(examples))}
 
 
-def evaluation_json(quality: dict, rows: list, timing) -> dict:
-  """eval.json: the models' quality, the drafts' EvaluationRows ("speculative") and the
-  timing's plain decoding, per-call costs, machine and protocol (a speed.SpeedMeasurement)."""
+def evaluation_json(quality: dict, rows: list, timing, drafts: Optional[dict] = None) -> dict:
+  """eval.json: the models' quality, the drafts' EvaluationRows ("speculative"), each draft's
+  kind and parameter count ("drafts": `draft_summaries`) and the timing's plain decoding,
+  per-call costs, machine and protocol (a speed.SpeedMeasurement)."""
   measured = timing.to_json()
   return {"quality": quality, "speculative": [row.to_json() for row in rows],
+          "drafts": drafts or {},
           "plain": measured["plain"], "per_call_s": measured["per_call_s"],
           "machine": measured["machine"], "interference": measured["interference"],
           "quiet_timeline": measured["quiet_timeline"], "speed_protocol": measured["protocol"]}
@@ -578,5 +655,8 @@ def stage_report(config: PipelineConfig, stage: str) -> dict:
       wall_clock[name] = read_json(_marker(config, name)).get("wall_clock_s")
   for name in config.distill_stages:
     curves[name[len("distill_"):]] = read_json(_marker(config, name)).get("tau_curve", [])
+  for name in config.head_stages:
+    curves[report_lib.draft_names(config)[name]] = read_json(_marker(config, name)).get(
+        "tau_curve", [])
   report = report_lib.build_report(config, evaluation, wall_clock, curves)
   return {"plots": report_lib.write_report(config, report, config.run_dir)}

@@ -8,12 +8,76 @@ import os
 from typing import Literal, Optional, Union
 
 from distillspec_jax.core.validation import (check_field_types, check_grid, check_int,
-                                             check_path, check_positive_int)
+                                             check_path, check_positive_int, check_real)
 from distillspec_jax.distill import blocked
+from distillspec_jax.distill.head_objectives import HeadTrainingConfig
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
 from distillspec_jax.evaluation.evaluate import SpeedConfig, check_checkpoint
 from distillspec_jax.models.config import DTYPES, REMAT_POLICIES, model_config
+from distillspec_jax.models.head import check_feature_layers
 from distillspec_jax.models.precision import check_param_dtype
+
+
+# A head stage's name: this prefix and its recipe.
+HEAD_STAGE_PREFIX = "distill_head_"
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadStageConfig:
+  """The main job's draft-head stages (`PipelineConfig.head`; None = none): one EAGLE-3-style
+  head (models/head.py) distilled from the target per recipe, in stage `distill_head_<recipe>`
+  (trainer + distill/head_objectives.HeadDistillationObjective), then evaluated and timed
+  like the separate drafts (report name `head_<recipe>`).
+
+  Attributes:
+    recipes: DistillSpec recipes (objectives.RECIPES: the data sources and divergence; for a
+      head the on-policy source is the head's own proposals); `PipelineConfig.divergence`
+      overrides theirs as for the drafts. AdaSPEC is not offered here (it needs a reference
+      head).
+    steps / learning_rate: each head's training steps and peak learning rate.
+    mlp_dim: the head layer's MLP width (None = the target's; the demo target's 2048 would
+      make a head step cost half a target step).
+    feature_layers: the target's hidden-state indices the head reads (None = low, middle
+      and high: models/head.default_feature_layers).
+    unroll_steps / step_weights: the training-time test (HeadTrainingConfig).
+  """
+
+  recipes: tuple = ("gkd",)
+  steps: int = 600
+  learning_rate: float = 1e-3
+  mlp_dim: Optional[int] = 256
+  feature_layers: Optional[tuple] = None
+  unroll_steps: int = 3
+  step_weights: Optional[tuple] = None
+
+  def __post_init__(self):
+    check_field_types(self)
+    if not self.recipes:
+      raise ValueError(f"HeadStageConfig.recipes=() is empty; name at least one of "
+                       f"{sorted(RECIPES)}, or set PipelineConfig.head = None for no head.")
+    for recipe in self.recipes:
+      if recipe not in RECIPES:
+        raise ValueError(f"HeadStageConfig.recipes has {recipe!r}; a head is distilled with "
+                         f"one of {sorted(RECIPES)} (AdaSPEC needs a reference head, which "
+                         "the main job does not train).")
+    if len(set(self.recipes)) != len(self.recipes):
+      raise ValueError(f"HeadStageConfig.recipes={self.recipes} repeats a recipe.")
+    check_positive_int(self.steps, "HeadStageConfig.steps")
+    check_real(self.learning_rate, "HeadStageConfig.learning_rate", minimum=0.0, above=True,
+               fix="pass a learning rate > 0, e.g. 1e-3.")
+    if self.mlp_dim is not None:
+      check_positive_int(self.mlp_dim, "HeadStageConfig.mlp_dim")
+    self.training  # HeadTrainingConfig checks the unroll steps and their weights
+
+  @property
+  def training(self) -> HeadTrainingConfig:
+    return HeadTrainingConfig(self.unroll_steps, self.step_weights)
+
+  def check_target(self, target_model: str) -> None:
+    """Refuses feature layers outside the target preset (before any work)."""
+    if self.feature_layers is not None:
+      check_feature_layers(tuple(self.feature_layers),
+                           model_config(target_model).num_decoder_layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +155,8 @@ class PipelineConfig:
     eval_batch_size: prompts per batch of the evaluation's decodes (None = all at once).
     loss_block_size: positions per block of every training stage's loss (LOSS_BLOCK_SIZE;
       distill/blocked.py): an int in [1, decoder length], "auto" or None (whole logits).
+    head: the draft-head stages (HeadStageConfig; None = no head): a head per recipe,
+      distilled from the target and evaluated beside the separate drafts.
   """
 
   run_dir: str = "runs/demo"
@@ -150,6 +216,7 @@ class PipelineConfig:
   target_param_dtype: Optional[str] = None
   eval_batch_size: Optional[int] = None
   loss_block_size: Union[int, Literal["auto"], None] = "auto"
+  head: Optional[HeadStageConfig] = None
 
   def __post_init__(self):
     if not self.run_dir:  # gin's unset MODEL_DIR is None: say which macro, not the type
@@ -194,6 +261,13 @@ class PipelineConfig:
         except ValueError as error:
           raise ValueError(f"teacher_cache_recipes: recipe {recipe!r}: {error}") from error
     self.speed.check_prompts(self.eval_examples)
+    if self.head is not None:
+      if not set(self.head_stages) <= set(self.stages):
+        raise ValueError(f"{type(self).__name__} does not run draft-head stages; set its "
+                         "head = None (the main job's PipelineConfig trains heads).")
+      self.head.check_target(self.target_model)
+      for recipe in self.head.recipes:
+        distillation_config(self, recipe)
 
   def _check_scale(self) -> None:
     """The mesh sizes, remat policies and dtypes: the value, the macro and the choices."""
@@ -257,14 +331,21 @@ class PipelineConfig:
     return tuple(f"distill_{r}" for r in self.recipes)
 
   @property
+  def head_stages(self) -> tuple:
+    """`distill_head_<recipe>` of each head recipe (none without `head`)."""
+    return tuple(f"{HEAD_STAGE_PREFIX}{r}" for r in (self.head.recipes if self.head else ()))
+
+  @property
   def stages(self) -> tuple:
     cache = ("teacher_cache",) if self.cached_recipes else ()
-    return ("vocab", "target", "draft_raw") + cache + self.distill_stages + ("evaluate",
-                                                                              "report")
+    return (("vocab", "target", "draft_raw") + cache + self.distill_stages + self.head_stages
+            + ("evaluate", "report"))
 
   def dependencies(self, stage: str) -> tuple:
     if stage in ("target", "draft_raw"):
       return ("vocab",)
+    if stage.startswith(HEAD_STAGE_PREFIX):
+      return ("target",)
     if stage == "distill_adaspec":
       return ("target", "draft_raw", f"distill_{self.adaspec_reference}")
     if stage == "teacher_cache":
@@ -273,7 +354,7 @@ class PipelineConfig:
       cache = ("teacher_cache",) if stage[len("distill_"):] in self.cached_recipes else ()
       return ("target", "draft_raw") + cache
     if stage == "evaluate":
-      return ("target", "draft_raw") + self.distill_stages
+      return ("target", "draft_raw") + self.distill_stages + self.head_stages
     if stage == "report":
       return ("evaluate",)
     return ()

@@ -10,8 +10,10 @@ Stages compiled (training/dry_run.py: abstract sharded parameters, the trainer's
   evaluate            the speculative engine (target + draft + both decoding caches) at the
                       grid's largest gamma and temperature, on `eval_batch_size` prompts (all
                       `eval_examples` at once when None).
-Not compiled: vocab and report (no device program), and the recipes that read the cache
-(their step holds the draft and a batch of cached top-k features, not the target).
+Not compiled: vocab and report (no device program), the recipes that read the cache
+(their step holds the draft and a batch of cached top-k features, not the target), and the
+draft-head stages distill_head_<recipe> (a head is one decoder layer; its step holds the
+frozen target as a live recipe's does).
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ def check_model_axis(models: dict, mesh: Mesh) -> None:
     return
   widths = {}
   for role, model in models.items():
-    c = model.config
+    c = getattr(model.config, "layer_config", model.config)  # a draft head: its layer's
     for name, value in (("num_heads", c.num_heads), ("mlp_dim", c.mlp_dim),
                         ("encoder_mlp_dim", getattr(c, "encoder_mlp_width", c.mlp_dim)),
                         ("vocab_size", c.vocab_size)):
