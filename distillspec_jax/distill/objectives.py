@@ -13,7 +13,9 @@ flow to the draft only; the target (and the optional AdaSPEC reference) are froz
 divergence may be one of the four of the paper or an acceptance-targeted LK loss
 (divergences.py); `position_weighting="block_acceptance"` weights each position's loss by the
 detached chance that a round reaches it (block_acceptance.py). Every data source, recipe and
-AdaSPEC selection takes each of them.
+AdaSPEC selection takes each of them. A draft with an acceptance head trains it jointly:
+`acceptance_weight` times a binary cross-entropy against the acceptance the target would give
+at the same positions (acceptance_signal.py) joins the loss.
 
 The objectives here are frozen (hashable) dataclasses so the trainer can close over them in
 one jitted step. Library code: no gin here (gin_utils registers these classes).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Optional
 
 import jax
@@ -31,6 +34,7 @@ import jax.numpy as jnp
 from distillspec_jax.decoding import plain
 from distillspec_jax.decoding import speculative
 from distillspec_jax.decoding.stats import block_efficiency_stats
+from distillspec_jax.distill import acceptance_signal
 from distillspec_jax.distill import block_acceptance
 from distillspec_jax.distill import divergences
 from distillspec_jax.distill import token_selection
@@ -70,6 +74,11 @@ class DistillationConfig:
     position_weighting: "uniform" (every loss position alike) or "block_acceptance" (each
       position's loss times the detached probability of reaching it in its block).
     block_size: positions per block of "block_acceptance" (gamma), an int >= 1.
+    acceptance_weight: the weight (>= 0) of the acceptance head's binary cross-entropy in the
+      loss; > 0 exactly when the draft has an acceptance head.
+    acceptance_temperature: the decoding temperature whose acceptance the head learns: 0 =
+      greedy (hard labels: the argmaxes agree), T > 0 = sampled (soft labels sum_v min(p, q)
+      at T, the expected min(1, p/q)).
     target_temperature / draft_temperature: T_p, T_q applied inside the divergence.
     sampling_temperature: temperature of the draft/target samples (0 = greedy).
     max_new_tokens: sample length; None = the width of the batch's decoder_target_tokens.
@@ -91,6 +100,8 @@ class DistillationConfig:
   lk_eta: float = divergences.LK_ETA
   position_weighting: str = "uniform"
   block_size: int = 5
+  acceptance_weight: float = 0.0
+  acceptance_temperature: float = 0.0
 
   def __post_init__(self):
     validation.check_field_types(self)  # lambda1="0.5", beta=True, ... are refused here
@@ -131,6 +142,14 @@ class DistillationConfig:
                        "DistillationConfig.position_weighting to one of "
                        f"{block_acceptance.POSITION_WEIGHTINGS}.")
     validation.check_positive_int(self.block_size, "DistillationConfig.block_size")
+    if not (math.isfinite(self.acceptance_weight) and self.acceptance_weight >= 0.0):
+      raise ValueError(f"acceptance_weight={self.acceptance_weight!r} must be finite and >= 0 "
+                       "(the acceptance head's cross-entropy weight; 0 = no head). Set "
+                       "DistillationConfig.acceptance_weight.")
+    if not (math.isfinite(self.acceptance_temperature) and self.acceptance_temperature >= 0.0):
+      raise ValueError(f"acceptance_temperature={self.acceptance_temperature!r} must be finite "
+                       "and >= 0 (0 = greedy acceptance labels). Set "
+                       "DistillationConfig.acceptance_temperature.")
 
   @classmethod
   def from_recipe(cls, recipe: str, **overrides) -> "DistillationConfig":
@@ -309,6 +328,14 @@ class DistillationObjective:
     if self.reference is not None:
       check_same_vocabulary(self.target.config, self.reference.config,
                             roles=("target", "reference"))
+    has_head = self.draft.acceptance_head is not None
+    if self.config.acceptance_weight > 0.0 and not has_head:
+      self.draft.check_acceptance_head(
+          f"acceptance_weight={self.config.acceptance_weight!r}")
+    if has_head and self.config.acceptance_weight == 0.0:
+      raise ValueError("The draft has an acceptance head but acceptance_weight=0.0 would "
+                       "leave it untrained; set DistillationConfig.acceptance_weight > 0 "
+                       "(1.0 is a good start) or build the draft without the head.")
 
   @property
   def model(self) -> Model:
@@ -348,7 +375,11 @@ class DistillationObjective:
     c = self.config
     weights = batch["decoder_loss_weights"]
     target_logits = jax.lax.stop_gradient(self.target.logits(frozen["target"], batch))
-    draft_logits = self.draft.logits(params, batch, dropout_rng=dropout_rng)
+    if self.draft.acceptance_head is None:
+      draft_logits = self.draft.logits(params, batch, dropout_rng=dropout_rng)
+    else:
+      draft_logits, head_logits = self.draft.logits_with_acceptance(params, batch,
+                                                                    dropout_rng=dropout_rng)
     per_token = divergences.token_divergence(c.divergence, target_logits, draft_logits,
                                              **c.divergence_kwargs)
     divergence = jnp.mean(divergences.masked_sequence_mean(per_token, weights))
@@ -369,6 +400,12 @@ class DistillationObjective:
       loss = token_selection.selective_loss(per_token, keep, weights,
                                             c.selection_normalization)
       metrics.update(token_selection.selection_stats(margin, keep, weights))
+    if self.draft.acceptance_head is not None:
+      labels = acceptance_signal.acceptance_labels(target_logits, draft_logits,
+                                                   c.acceptance_temperature)
+      head_loss, head_metrics = acceptance_signal.acceptance_loss(head_logits, labels, weights)
+      loss = loss + c.acceptance_weight * head_loss
+      metrics.update(head_metrics)
     tvd = jnp.mean(divergences.masked_sequence_mean(per_token_tvd, weights))
     metrics.update(loss=loss, tvd=tvd, predicted_acceptance=1.0 - tvd,
                    num_tokens=jnp.sum(weights))
