@@ -1,6 +1,8 @@
 """The acceptance head: parameters, labels and loss, its calibration, the engine driven by it
 (exactness, greedy and sampled), and bad input."""
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -199,3 +201,23 @@ def test_bad_input_is_refused_before_work():
     AcceptanceHeadConfig(width=0)
   with pytest.raises(ValueError, match="already has an acceptance head"):
     Model(draft.config, HEAD).with_acceptance_head(dp, HEAD, jax.random.PRNGKey(0))
+
+
+@pytest.mark.integration  # trains a target and a draft (bench/acceptance_calibration.py)
+def test_calibration_bench_smoke(tmp_path):
+  import sys
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+  import acceptance_calibration
+  out = tmp_path / "calibration.json"
+  args = acceptance_calibration.parse(["--smoke", "--out", str(out)])
+  report = acceptance_calibration.run(args)
+  entry = report["temperatures"]["1"]
+  assert set(entry["calibration"]) == {"top_probability", "acceptance_head"}
+  for table in entry["calibration"].values():
+    assert 0.0 <= table["ece"] <= 1.0 and table["positions"] > 0
+  assert (tmp_path / entry["diagram"]).stat().st_size > 0
+  assert {row["signal"] for row in entry["rules"]} == {"top_probability", "acceptance_head"}
+  with pytest.raises(ValueError, match="--head_width=0"):
+    acceptance_calibration.parse(["--out", str(out), "--head_width", "0"])
+  with pytest.raises(ValueError, match="acceptance_weight=-1.0"):
+    acceptance_calibration.parse(["--out", str(out), "--acceptance_weight", "-1"])
