@@ -221,3 +221,26 @@ def test_calibration_bench_smoke(tmp_path):
     acceptance_calibration.parse(["--out", str(out), "--head_width", "0"])
   with pytest.raises(ValueError, match="acceptance_weight=-1.0"):
     acceptance_calibration.parse(["--out", str(out), "--acceptance_weight", "-1"])
+
+
+def test_the_trainer_trains_and_checkpoints_the_head_with_the_draft(tmp_path):
+  """The project's trainer: the head's loss is logged, its parameters are saved and restored
+  (resume) with the draft's and the next step updates them."""
+  from distillspec_jax.training import trainer
+  target, tp, draft, _ = _pair("encoder_decoder")
+  draft = Model(draft.config, HEAD)
+  data = trainer.SyntheticData(8, vocab_size=97)
+  objective = DistillationObjective(target, draft, DistillationConfig(
+      lambda1=1.0, lambda2=0.0, acceptance_weight=1.0))
+  config = lambda steps: trainer.TrainConfig(
+      model_dir=str(tmp_path / "draft"), train_steps=steps, batch_size=8, optimizer="adamw",
+      learning_rate=1e-2, warmup_steps=0, decay_steps=100, save_every=12, log_every=1,
+      progress_bar=False)
+  first = trainer.train(config(12), objective, data, frozen_params={"target": tp})
+  losses = [r["acceptance_bce"] for r in first.history if "acceptance_bce" in r]
+  assert len(losses) == 12 and np.all(np.isfinite(losses))
+  resumed = trainer.train(config(13), objective, data, frozen_params={"target": tp})
+  assert resumed.resumed_history and int(resumed.state.step) == 13
+  before = first.state.params["acceptance_head"]["output"]["kernel"]
+  after = resumed.state.params["acceptance_head"]["output"]["kernel"]
+  assert not np.allclose(before, after)
