@@ -199,6 +199,10 @@ def test_bad_input_is_refused_before_work():
     DistillationObjective(target, Model(draft.config, HEAD), DistillationConfig())
   with pytest.raises(ValueError, match="width=0"):
     AcceptanceHeadConfig(width=0)
+  from distillspec_jax.distill.teacher_cache import CachedTeacherObjective
+  with pytest.raises(ValueError, match="teacher cache does not train an acceptance head"):
+    CachedTeacherObjective(Model(draft.config, HEAD), DistillationConfig(
+        lambda1=1.0, lambda2=0.0, acceptance_weight=1.0))
   with pytest.raises(ValueError, match="already has an acceptance head"):
     Model(draft.config, HEAD).with_acceptance_head(dp, HEAD, jax.random.PRNGKey(0))
 
@@ -244,3 +248,20 @@ def test_the_trainer_trains_and_checkpoints_the_head_with_the_draft(tmp_path):
   before = first.state.params["acceptance_head"]["output"]["kernel"]
   after = resumed.state.params["acceptance_head"]["output"]["kernel"]
   assert not np.allclose(before, after)
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_gemma3"])
+def test_head_reads_the_last_hidden_state_of_the_rope_families(name):
+  """The head finds each family's final norm: its incremental output equals its
+  teacher-forced one, and the logits are the network's."""
+  plain = Model.from_name(name, max_decode_length=32)
+  model = Model(plain.config, HEAD)
+  params = model.init(jax.random.PRNGKey(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 5), 2, plain.config.vocab_size)
+  logits, head = model.logits_with_acceptance(params, {"decoder_input_tokens": tokens})
+  np.testing.assert_array_equal(
+      logits, plain.logits({k: v for k, v in params.items() if k != "acceptance_head"},
+                           {"decoder_input_tokens": tokens}))
+  _, acceptance, _ = model.extend_with_acceptance(params, model.init_cache(params, 2, 16),
+                                                  tokens)
+  np.testing.assert_allclose(acceptance, jax.nn.sigmoid(head), atol=1e-5)
