@@ -155,7 +155,8 @@ def test_pareto_on_a_hand_made_example():
     (dict(divergences=("fkl", "kl")), "Unknown divergence 'kl'"),
     (dict(recipes=("gkd", "gkd")), "repeats a name"),
     (dict(divergence="fkl"), "divergence='fkl' is set"),
-    (dict(recipes=("gkd", "adaspec")), "adaspec"),
+    (dict(recipes=("gkd", "adaspec")),
+     r"includes 'adaspec' but not its reference recipe adaspec_reference='supervised_kd'"),
     (dict(seeds=(0, 1, 0)), r"seeds=\(0, 1, 0\) repeats seed 0"),
     (dict(seeds=(1, -2)), r"seeds\[1\]=-2 must be an integer >= 0"),
     (dict(seeds=(True,)), r"seeds\[0\]=True is a bool"),
@@ -243,3 +244,36 @@ def test_a_cell_over_seeds_on_hand_made_runs():
   curve = recipe_grid.build_curves(config, markers)["gkd-fkl"]
   assert [p["tau"] for p in curve] == [pytest.approx(2.0), pytest.approx(3.2)]
   assert curve[1]["tau_stderr"] == pytest.approx(0.2)
+
+
+def test_recipe_grid_adaspec_over_seeds_at_its_reference_compute():
+  """AdaSPEC cells: after and depending on the reference recipe's cell of the same objective
+  and seed, at the reference's target compute per step."""
+  config = RecipeGridConfig(run_dir="unused", recipes=("adaspec", "supervised_kd"),
+                            divergences=("fkl", "tvd"), seeds=(0, 1), batch_size=4,
+                            task_feature_lengths={"inputs": 6, "targets": 4},
+                            compute_budget=400)
+  assert config.step_cost("adaspec") == config.step_cost("supervised_kd") == 40
+  assert config.steps_of("adaspec") == config.steps_of("supervised_kd") == 10
+  stages = config.distill_stages
+  assert stages[:4] == tuple(recipe_grid.cell_stage("supervised_kd", d, s)
+                             for d in ("fkl", "tvd") for s in (0, 1))
+  assert config.dependencies("distill_adaspec-tvd-s1") == (
+      "target", "draft_raw", "distill_supervised_kd-tvd-s1")
+  assert config.dependencies("distill_supervised_kd-tvd-s1") == ("target", "draft_raw")
+
+
+def test_adaspec_verdict_on_a_hand_made_grid():
+  def cell(recipe, divergence, tau):
+    return dict(recipe=recipe, divergence=divergence, temperature=0.0, gamma=5, tau=tau,
+                tau_stderr=0.05, draft_acceptance_rate=0.5)
+
+  cells = [cell("supervised_kd", "fkl", 3.0), cell("supervised_kd", "tvd", 3.2),
+           cell("adaspec", "fkl", 3.5), cell("adaspec", "tvd", 3.7)]
+  (answer,) = recipe_grid.rules(cells, 5)
+  assert answer["adaspec"]["difference"] == pytest.approx(0.5)
+  assert answer["adaspec"]["verdict"] == "holds"
+  # AdaSPEC's cells stay out of the paper's rules: rule 2 reads the reference's alone.
+  assert answer["rule2"]["by_divergence"]["fkl"]["tau"] == pytest.approx(3.0)
+  close = [dict(c, tau=c["tau"] - 0.45) if c["recipe"] == "adaspec" else c for c in cells]
+  assert recipe_grid.rules(close, 5)[0]["adaspec"]["verdict"] == "within noise"
