@@ -126,22 +126,25 @@ def test_trained_head_is_better_calibrated_than_the_top_probability(temperature)
   assert head.ece < 0.12
 
 
-def test_greedy_speculative_with_the_head_signal_equals_greedy_target():
-  for kind in ("encoder_decoder", "decoder_only"):
-    target, tp, draft, dp = _pair(kind)
-    draft, dp = _with_head(draft, dp)
-    prompts = _prompts(kind)
-    reference = decode(target, tp, max_new_tokens=20, **prompts)
-    for rule in (DraftLength("confidence", 0.5, signal="acceptance_head"),
-                 DraftLength("cumulative", 0.2, signal="acceptance_head"),
-                 DraftLength("cost", costs=(1.0, 1.0, 1.0, 1.0, 3.0), draft_cost=0.05,
-                             signal="acceptance_head")):
-      result = speculative_decode(target, tp, draft, dp, max_new_tokens=20, gamma=4,
-                                  draft_length=rule, **prompts)
-      np.testing.assert_array_equal(result.tokens, reference.tokens)
-      np.testing.assert_array_equal(result.lengths, reference.lengths)
-      proposed, rounds = int(np.sum(result.drafted)), int(np.sum(result.target_calls))
-      assert rounds < proposed < 4 * rounds, (kind, rule.rule)  # the head stopped some rounds
+# Each rule on the head's signal; the confidence rule on both model kinds.
+@pytest.mark.parametrize("kind, rules", [
+    ("encoder_decoder", (DraftLength("confidence", 0.5, signal="acceptance_head"),)),
+    ("decoder_only", (DraftLength("confidence", 0.5, signal="acceptance_head"),
+                      DraftLength("cumulative", 0.2, signal="acceptance_head"),
+                      DraftLength("cost", costs=(1.0, 1.0, 1.0, 1.0, 3.0), draft_cost=0.05,
+                                  signal="acceptance_head")))])
+def test_greedy_speculative_with_the_head_signal_equals_greedy_target(kind, rules):
+  target, tp, draft, dp = _pair(kind)
+  draft, dp = _with_head(draft, dp)
+  prompts = _prompts(kind)
+  reference = decode(target, tp, max_new_tokens=20, **prompts)
+  for rule in rules:
+    result = speculative_decode(target, tp, draft, dp, max_new_tokens=20, gamma=4,
+                                draft_length=rule, **prompts)
+    np.testing.assert_array_equal(result.tokens, reference.tokens)
+    np.testing.assert_array_equal(result.lengths, reference.lengths)
+    proposed, rounds = int(np.sum(result.drafted)), int(np.sum(result.target_calls))
+    assert rounds < proposed < 4 * rounds, (kind, rule.rule)  # the head stopped some rounds
 
 
 def test_head_signal_drives_the_rule_not_the_top_probability():

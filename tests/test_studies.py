@@ -34,14 +34,15 @@ def base_run(shared_stages):
 
 
 def _grid(run_dir, base, **changes):
+  settings = dict(TINY, recipes=("supervised_kd", "gkd"), divergences=("fkl",),
+                  temperatures=(0.0, 1.0))
   return RecipeGridConfig(run_dir=str(run_dir), reuse_run_dir=base, target_model="smoke_target",
-                          recipes=("supervised_kd", "gkd"), divergences=("fkl",),
-                          temperatures=(0.0, 1.0), **dict(TINY, **changes))
+                          **dict(settings, **changes))
 
 
 @pytest.mark.pipeline
 def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
-  config = _grid(tmp_path / "grid", base_run)
+  config = _grid(tmp_path / "grid", base_run, recipes=("supervised_kd", "gkd", "adaspec"))
   # An interrupted grid: the first cell done, then the run stops.
   done = config.distill_stages[:1]
   outcome = run_pipeline(config, config.stage_functions(), stages=done)
@@ -60,7 +61,7 @@ def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
 
   report = json.load(open(tmp_path / "grid" / "report.json"))
   cells = report["cells"]
-  assert len(cells) == 2 * 1 * 2  # recipes x divergences x temperatures at one gamma
+  assert len(cells) == 3 * 1 * 2  # recipes x divergences x temperatures at one gamma
   assert {(c["recipe"], c["divergence"]) for c in cells} == set(config.cells)
   for cell in cells:
     assert set(cell) >= {"recipe", "divergence", "temperature", "gamma", "tau", "tau_stderr",
@@ -73,6 +74,7 @@ def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
   assert {a["temperature"] for a in report["rules"]} == {0.0, 1.0}
   for answer in report["rules"]:
     assert answer["rule1"]["verdict"] in ("holds", "reversed", "within noise")
+    assert answer["adaspec"]["verdict"] in ("holds", "reversed", "within noise")
   assert report["rules"][0]["rule2"]["by_divergence"].keys() == {"fkl"}  # claimed at T = 0
   markdown = open(tmp_path / "grid" / "report.md").read()
   assert "| SupervisedKD |" in markdown and "rule 2" in markdown
