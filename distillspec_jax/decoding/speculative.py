@@ -666,7 +666,8 @@ def _draft_block_adaptive(draft: Model, draft_params, draft_cache, context: Arra
                           rule: "DraftLength") -> DraftBlock:
   """Up to gamma draft steps from `context: [batch, 2]` (as `_draft_block`), each row
   proposing its first token and then each next one while `rule` says so (`DraftLength`:
-  its confidence (`_scored_extend`: the top probability or the acceptance head's), the product of the round's confidences up to it, or `_worth_drafting`);
+  its confidence (`_scored_extend`: the top probability or the acceptance head's), the
+  product of the round's confidences up to it, or `_worth_drafting`);
   the steps stop once no `active` row proposes more. The uniforms are `_draft_block`'s, so a
   row that proposes gamma tokens draws the same tokens."""
   batch = context.shape[0]
