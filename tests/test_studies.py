@@ -33,15 +33,16 @@ def base_run(shared_stages):
 
 
 def _grid(run_dir, base, **changes):
+  settings = dict(TINY, recipes=("supervised_kd", "gkd"), divergences=("fkl",),
+                  temperatures=(0.0, 1.0))
   return RecipeGridConfig(run_dir=str(run_dir), reuse_run_dir=base, target_model="smoke_target",
-                          recipes=("supervised_kd", "gkd"), divergences=("fkl",),
-                          temperatures=(0.0, 1.0), **dict(TINY, **changes))
+                          **dict(settings, **changes))
 
 
 @pytest.mark.integration
 @pytest.mark.pipeline
 def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
-  config = _grid(tmp_path / "grid", base_run)
+  config = _grid(tmp_path / "grid", base_run, recipes=("supervised_kd", "gkd", "adaspec"))
   # An interrupted grid: the first cell done, then the run stops.
   done = config.distill_stages[:1]
   outcome = run_pipeline(config, config.stage_functions(), stages=done)
@@ -60,7 +61,7 @@ def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
 
   report = json.load(open(tmp_path / "grid" / "report.json"))
   cells = report["cells"]
-  assert len(cells) == 2 * 1 * 2  # recipes x divergences x temperatures at one gamma
+  assert len(cells) == 3 * 1 * 2  # recipes x divergences x temperatures at one gamma
   assert {(c["recipe"], c["divergence"]) for c in cells} == set(config.cells)
   for cell in cells:
     assert set(cell) >= {"recipe", "divergence", "temperature", "gamma", "tau", "tau_stderr",
@@ -73,6 +74,7 @@ def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
   assert {a["temperature"] for a in report["rules"]} == {0.0, 1.0}
   for answer in report["rules"]:
     assert answer["rule1"]["verdict"] in ("holds", "reversed", "within noise")
+    assert answer["adaspec"]["verdict"] in ("holds", "reversed", "within noise")
   assert report["rules"][0]["rule2"]["by_divergence"].keys() == {"fkl"}  # claimed at T = 0
   markdown = open(tmp_path / "grid" / "report.md").read()
   assert "| SupervisedKD |" in markdown and "rule 2" in markdown
@@ -156,7 +158,8 @@ def test_pareto_on_a_hand_made_example():
     (dict(divergences=("fkl", "kl")), "Unknown divergence 'kl'"),
     (dict(recipes=("gkd", "gkd")), "repeats a name"),
     (dict(divergence="fkl"), "divergence='fkl' is set"),
-    (dict(recipes=("gkd", "adaspec")), "adaspec"),
+    (dict(recipes=("gkd", "adaspec")),
+     r"includes 'adaspec' but not its reference recipe adaspec_reference='supervised_kd'"),
     (dict(seeds=(0, 1, 0)), r"seeds=\(0, 1, 0\) repeats seed 0"),
     (dict(seeds=(1, -2)), r"seeds\[1\]=-2 must be an integer >= 0"),
     (dict(seeds=(True,)), r"seeds\[0\]=True is a bool"),
@@ -244,3 +247,36 @@ def test_a_cell_over_seeds_on_hand_made_runs():
   curve = recipe_grid.build_curves(config, markers)["gkd-fkl"]
   assert [p["tau"] for p in curve] == [pytest.approx(2.0), pytest.approx(3.2)]
   assert curve[1]["tau_stderr"] == pytest.approx(0.2)
+
+
+def test_recipe_grid_adaspec_over_seeds_at_its_reference_compute():
+  """AdaSPEC cells: after and depending on the reference recipe's cell of the same objective
+  and seed, at the reference's target compute per step."""
+  config = RecipeGridConfig(run_dir="unused", recipes=("adaspec", "supervised_kd"),
+                            divergences=("fkl", "tvd"), seeds=(0, 1), batch_size=4,
+                            task_feature_lengths={"inputs": 6, "targets": 4},
+                            compute_budget=400)
+  assert config.step_cost("adaspec") == config.step_cost("supervised_kd") == 40
+  assert config.steps_of("adaspec") == config.steps_of("supervised_kd") == 10
+  stages = config.distill_stages
+  assert stages[:4] == tuple(recipe_grid.cell_stage("supervised_kd", d, s)
+                             for d in ("fkl", "tvd") for s in (0, 1))
+  assert config.dependencies("distill_adaspec-tvd-s1") == (
+      "target", "draft_raw", "distill_supervised_kd-tvd-s1")
+  assert config.dependencies("distill_supervised_kd-tvd-s1") == ("target", "draft_raw")
+
+
+def test_adaspec_verdict_on_a_hand_made_grid():
+  def cell(recipe, divergence, tau):
+    return dict(recipe=recipe, divergence=divergence, temperature=0.0, gamma=5, tau=tau,
+                tau_stderr=0.05, draft_acceptance_rate=0.5)
+
+  cells = [cell("supervised_kd", "fkl", 3.0), cell("supervised_kd", "tvd", 3.2),
+           cell("adaspec", "fkl", 3.5), cell("adaspec", "tvd", 3.7)]
+  (answer,) = recipe_grid.rules(cells, 5)
+  assert answer["adaspec"]["difference"] == pytest.approx(0.5)
+  assert answer["adaspec"]["verdict"] == "holds"
+  # AdaSPEC's cells stay out of the paper's rules: rule 2 reads the reference's alone.
+  assert answer["rule2"]["by_divergence"]["fkl"]["tau"] == pytest.approx(3.0)
+  close = [dict(c, tau=c["tau"] - 0.45) if c["recipe"] == "adaspec" else c for c in cells]
+  assert recipe_grid.rules(close, 5)[0]["adaspec"]["verdict"] == "within noise"

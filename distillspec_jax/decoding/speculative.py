@@ -134,6 +134,10 @@ class Lenience:
 
 DraftLengthRule = Literal["fixed", "confidence", "cumulative", "cost"]
 DRAFT_LENGTH_RULES = typing.get_args(DraftLengthRule)
+# What the adaptive rules read as a draft token's confidence: the draft's top probability, or
+# its acceptance head's probability that the target accepts the token (models/acceptance_head.py).
+ConfidenceSignal = Literal["top_probability", "acceptance_head"]
+CONFIDENCE_SIGNALS = typing.get_args(ConfidenceSignal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +157,10 @@ class DraftLength:
   product of their top probabilities and that of later ones by the last token's (no
   threshold). Where a wider verification costs a jump (a CPU's vector width, a TPU's tile),
   the rule drafts past it only when the draft is sure enough to pay for it.
+  signal: the per-token confidence the adaptive rules read in place of the top probability:
+  "top_probability" (above), or "acceptance_head", the draft's acceptance head's estimate that
+  the target accepts the token (a draft built with one; trained to be calibrated, where the
+  top probability is not the acceptance probability).
   The verification scores only the batch's longest proposal, and the draft stops once every
   row has stopped. Lossless: whether a token is proposed depends on the draft alone, and
   every proposed token goes through the same acceptance test (DistillSpec Knowl 5 at each
@@ -163,9 +171,14 @@ class DraftLength:
   threshold: float = 0.0
   costs: tuple = ()
   draft_cost: float = 0.0
+  signal: ConfidenceSignal = "top_probability"
 
   def __post_init__(self):
     check_field_types(self)
+    if self.signal != "top_probability" and self.rule == "fixed":
+      raise ValueError(f"signal={self.signal!r} with rule 'fixed': the fixed rule reads no "
+                       "confidence; pick an adaptive rule ('confidence', 'cumulative', "
+                       "'cost') or leave the signal at 'top_probability'.")
     check_probability(self.threshold, "draft length threshold",
                       fix="pass a probability in [0, 1] (0 proposes gamma_max every round).")
     if self.rule == "cost":
@@ -328,6 +341,12 @@ def _validate(target: Model, draft: Model, gamma: int, lenience: Lenience,
   gamma = check_positive_int(gamma, "gamma_max" if adaptive else "gamma")
   if adaptive:
     draft_length.check_gamma_max(gamma)
+    if draft_length.signal == "acceptance_head" and isinstance(draft, Head):
+      raise ValueError("DraftLength(signal='acceptance_head') reads a draft model's acceptance "
+                       "head; a target-conditioned draft head has none: use "
+                       "signal='top_probability' with a head.")
+    if draft_length.signal == "acceptance_head":
+      draft.check_acceptance_head("DraftLength(signal='acceptance_head')")
   if isinstance(draft, Head):
     draft.check_target(target)
   else:
@@ -569,11 +588,21 @@ def _draft_block(draft: Model, draft_params, draft_cache, context: Array, rng: A
                     cache=draft_cache, proposed=full, row_calls=full, calls=jnp.int32(gamma))
 
 
-def _confidence(logits: Array, temperature: float) -> Array:
-  """The draft's top probability for its next token, [batch], from logits [batch, vocab]: at
+def top_probability(logits: Array, temperature: float) -> Array:
+  """The draft's top probability for its next token, [...], from logits [..., vocab]: at
   the sampling temperature, at temperature 1 when greedy (one-hot would always be 1)."""
   scale = temperature if temperature > 0.0 else 1.0
   return jnp.max(jax.nn.softmax(logits.astype(jnp.float32) / scale, axis=-1), axis=-1)
+
+
+def _scored_extend(draft: Model, draft_params, cache, tokens: Array, temperature: float,
+                   signal: str):
+  """The draft's call on `tokens: [batch, k]` with each next token's confidence, the signal
+  the adaptive rules read: (logits [batch, k, vocab], confidence [batch, k], cache)."""
+  if signal == "acceptance_head":
+    return draft.extend_with_acceptance(draft_params, cache, tokens)
+  logits, cache = draft.extend(draft_params, cache, tokens)
+  return logits, top_probability(logits, temperature), cache
 
 
 def _worth_drafting(rule: "DraftLength", gamma: int, step: Array, confidence: Array,
@@ -623,9 +652,9 @@ def _adaptive_step(draft: Model, draft_params, uniform: Array, carry: _AdaptiveD
   joins the proposal (`uniform`: [batch, gamma, UNIFORMS_PER_DRAW])."""
   step = carry.step
   previous = jax.lax.dynamic_index_in_dim(carry.tokens, step - 1, axis=1, keepdims=True)
-  logits, cache = draft.extend(draft_params, carry.cache, previous)
-  step_logits = logits[:, 0]
-  confidence = _confidence(step_logits, temperature)
+  logits, confidences, cache = _scored_extend(draft, draft_params, carry.cache, previous,
+                                              temperature, rule.signal)
+  step_logits, confidence = logits[:, 0], confidences[:, 0]
   if rule.rule == "cost":
     going = carry.going & _worth_drafting(rule, gamma, step, confidence, carry.product,
                                           carry.expected)
@@ -648,14 +677,15 @@ def _draft_block_adaptive(draft: Model, draft_params, draft_cache, context: Arra
                           rule: "DraftLength") -> DraftBlock:
   """Up to gamma draft steps from `context: [batch, 2]` (as `_draft_block`), each row
   proposing its first token and then each next one while `rule` says so (`DraftLength`:
-  `_confidence` of it, the product of the round's confidences up to it, or `_worth_drafting`);
+  its confidence (`_scored_extend`: the top probability or the acceptance head's), the
+  product of the round's confidences up to it, or `_worth_drafting`);
   the steps stop once no `active` row proposes more. The uniforms are `_draft_block`'s, so a
   row that proposes gamma tokens draws the same tokens."""
   batch = context.shape[0]
   uniform = jax.random.uniform(rng, (batch, gamma, UNIFORMS_PER_DRAW))
-  logits, draft_cache = draft.extend(draft_params, draft_cache, context)
-  first = logits[:, 1]
-  first_confidence = _confidence(first, temperature)
+  logits, confidences, draft_cache = _scored_extend(draft, draft_params, draft_cache, context,
+                                                    temperature, rule.signal)
+  first, first_confidence = logits[:, 1], confidences[:, 1]
   start = _AdaptiveDraft(
       step=jnp.int32(1),
       tokens=jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(

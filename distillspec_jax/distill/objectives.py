@@ -13,7 +13,9 @@ flow to the draft only; the target (and the optional AdaSPEC reference) are froz
 divergence may be one of the four of the paper or an acceptance-targeted LK loss
 (divergences.py); `position_weighting="block_acceptance"` weights each position's loss by the
 detached chance that a round reaches it (block_acceptance.py). Every data source, recipe and
-AdaSPEC selection takes each of them.
+AdaSPEC selection takes each of them. A draft with an acceptance head trains it jointly:
+`acceptance_weight` times a binary cross-entropy against the acceptance the target would give
+at the same positions (acceptance_signal.py) joins the loss.
 
 The objectives here are frozen (hashable) dataclasses so the trainer can close over them in
 one jitted step. Library code: no gin here (gin_utils registers these classes).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Literal, Optional, Union
 
 import jax
@@ -31,6 +34,7 @@ import jax.numpy as jnp
 from distillspec_jax.decoding import plain
 from distillspec_jax.decoding import speculative
 from distillspec_jax.decoding.stats import block_efficiency_stats
+from distillspec_jax.distill import acceptance_signal
 from distillspec_jax.distill import block_acceptance
 from distillspec_jax.distill import blocked
 from distillspec_jax.distill import divergences
@@ -71,6 +75,11 @@ class DistillationConfig:
     position_weighting: "uniform" (every loss position alike) or "block_acceptance" (each
       position's loss times the detached probability of reaching it in its block).
     block_size: positions per block of "block_acceptance" (gamma), an int >= 1.
+    acceptance_weight: the weight (>= 0) of the acceptance head's binary cross-entropy in the
+      loss; > 0 exactly when the draft has an acceptance head.
+    acceptance_temperature: the decoding temperature whose acceptance the head learns: 0 =
+      greedy (hard labels: the argmaxes agree), T > 0 = sampled (soft labels sum_v min(p, q)
+      at T, the expected min(1, p/q)).
     target_temperature / draft_temperature: T_p, T_q applied inside the divergence.
     sampling_temperature: temperature of the draft/target samples (0 = greedy).
     max_new_tokens: sample length; None = the width of the batch's decoder_target_tokens.
@@ -97,6 +106,8 @@ class DistillationConfig:
   position_weighting: block_acceptance.PositionWeighting = "uniform"
   block_size: int = 5
   loss_block_size: Union[int, Literal["auto"], None] = blocked.AUTO
+  acceptance_weight: float = 0.0
+  acceptance_temperature: float = 0.0
 
   def __post_init__(self):
     # Types and the choices of divergence / selection_normalization / position_weighting
@@ -126,6 +137,14 @@ class DistillationConfig:
                                    "pass a value in (0, 1], or None to disable selection.")
     divergences.validate_lk_schedule(self.lk_s, self.lk_eta)
     validation.check_positive_int(self.block_size, "DistillationConfig.block_size")
+    if not (math.isfinite(self.acceptance_weight) and self.acceptance_weight >= 0.0):
+      raise ValueError(f"acceptance_weight={self.acceptance_weight!r} must be finite and >= 0 "
+                       "(the acceptance head's cross-entropy weight; 0 = no head). Set "
+                       "DistillationConfig.acceptance_weight.")
+    if not (math.isfinite(self.acceptance_temperature) and self.acceptance_temperature >= 0.0):
+      raise ValueError(f"acceptance_temperature={self.acceptance_temperature!r} must be finite "
+                       "and >= 0 (0 = greedy acceptance labels). Set "
+                       "DistillationConfig.acceptance_temperature.")
 
   @classmethod
   def from_recipe(cls, recipe: str, **overrides) -> "DistillationConfig":
@@ -332,6 +351,14 @@ class DistillationObjective:
     if self.reference is not None:
       check_same_vocabulary(self.target.config, self.reference.config,
                             roles=("target", "reference"))
+    has_head = self.draft.acceptance_head is not None
+    if self.config.acceptance_weight > 0.0 and not has_head:
+      self.draft.check_acceptance_head(
+          f"acceptance_weight={self.config.acceptance_weight!r}")
+    if has_head and self.config.acceptance_weight == 0.0:
+      raise ValueError("The draft has an acceptance head but acceptance_weight=0.0 would "
+                       "leave it untrained; set DistillationConfig.acceptance_weight > 0 "
+                       "(1.0 is a good start) or build the draft without the head.")
 
   @property
   def model(self) -> Model:
@@ -384,7 +411,11 @@ class DistillationObjective:
     def per_position(index, block):
       target_logits = jax.lax.stop_gradient(self.target.project(frozen["target"],
                                                                 block["target"]))
-      draft_logits = self.draft.project(params, block["draft"], dropout_rng=block_rng(index))
+      if self.draft.acceptance_head is None:
+        draft_logits = self.draft.project(params, block["draft"], dropout_rng=block_rng(index))
+      else:
+        draft_logits, head_logits = self.draft.project_with_acceptance(
+            params, block["draft"], dropout_rng=block_rng(index))
       out = {"divergence": divergences.token_divergence(c.divergence, target_logits,
                                                         draft_logits, **c.divergence_kwargs),
              # TVD is tracked whatever is trained: 1 - TVD is the expected acceptance (Knowl 2).
@@ -392,6 +423,10 @@ class DistillationObjective:
                  "tvd", target_logits, jax.lax.stop_gradient(draft_logits),
                  target_temperature=c.target_temperature,
                  draft_temperature=c.draft_temperature)}
+      if self.draft.acceptance_head is not None:
+        out["head_logits"] = head_logits
+        out["acceptance_label"] = acceptance_signal.acceptance_labels(
+            target_logits, draft_logits, c.acceptance_temperature)
       if self.reference is not None:
         reference_logits = jax.lax.stop_gradient(
             self.reference.project(frozen["reference"], block["reference"]))
@@ -414,6 +449,11 @@ class DistillationObjective:
       loss = token_selection.selective_loss(per_token, keep, weights,
                                             c.selection_normalization)
       metrics.update(token_selection.selection_stats(values["margin"], keep, weights))
+    if self.draft.acceptance_head is not None:
+      head_loss, head_metrics = acceptance_signal.acceptance_loss(
+          values["head_logits"], values["acceptance_label"], weights)
+      loss = loss + c.acceptance_weight * head_loss
+      metrics.update(head_metrics)
     tvd = jnp.mean(divergences.masked_sequence_mean(values["tvd"], weights))
     metrics.update(loss=loss, tvd=tvd, predicted_acceptance=1.0 - tvd,
                    num_tokens=jnp.sum(weights))

@@ -427,6 +427,12 @@ class CachedTeacherObjective:
 
   def __post_init__(self):
     check_fixed_data(self.config)
+    if self.draft.acceptance_head is not None or self.config.acceptance_weight > 0.0:
+      raise ValueError(
+          "The teacher cache does not train an acceptance head (its labels need the target's "
+          "full distribution at each position, the cache holds its top k); train a draft with "
+          "a head with the target in the step (teacher_cache_k=None), or leave the head out "
+          f"(acceptance_weight={self.config.acceptance_weight!r}).")
 
   @property
   def model(self) -> Model:

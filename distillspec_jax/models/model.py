@@ -5,6 +5,10 @@ teacher-forced logits for training, and incremental scoring against an explicit
 `DecodingCache` for decoding and speculative decoding. Encoder-decoder and decoder-only
 models present the same decoding interface: the *decoder prompt* is `[0]` (T5's start token)
 for an encoder-decoder, and `[0] + prompt` for a decoder-only model.
+
+A draft may carry an acceptance head (`acceptance_head`, models/acceptance_head.py): its
+parameters sit under `acceptance_head/` beside the network's, `logits` and `extend` ignore
+them, and `logits_with_acceptance` / `extend_with_acceptance` also give the head's output.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from distillspec_jax.models import acceptance_head as head_lib
 from distillspec_jax.models import llama
 from distillspec_jax.models import network
 from distillspec_jax.models.cache import DecodingCache, empty_self_attention
@@ -34,9 +39,20 @@ DECODER_START_ID = 0
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-  """A network plus its config; hashable, so it can be a static argument of `jax.jit`."""
+  """A network plus its config; hashable, so it can be a static argument of `jax.jit`.
+
+  acceptance_head: the config of an acceptance-probability head on the last hidden state, or
+    None (no head; the parameter tree is the network's alone).
+  """
 
   config: TransformerConfig
+  acceptance_head: Optional[head_lib.AcceptanceHeadConfig] = None
+
+  def __post_init__(self):
+    if self.acceptance_head is not None and not isinstance(self.acceptance_head,
+                                                           head_lib.AcceptanceHeadConfig):
+      raise TypeError(f"acceptance_head must be an AcceptanceHeadConfig or None, got "
+                      f"{self.acceptance_head!r}.")
 
   @classmethod
   def from_name(cls, name: str, **overrides) -> "Model":
@@ -58,9 +74,15 @@ class Model:
 
   def _init_boxed(self, rng: Array):
     tokens = jnp.ones((1, 4), jnp.int32)
+    network_rng, head_rng = jax.random.split(rng) if self.acceptance_head else (rng, None)
     if self.is_encoder_decoder:
-      return self.module.init(rng, tokens, tokens)["params"]
-    return self.module.init(rng, tokens)["params"]
+      params = self.module.init(network_rng, tokens, tokens)["params"]
+    else:
+      params = self.module.init(network_rng, tokens)["params"]
+    if self.acceptance_head is None:
+      return params
+    return dict(params, **{head_lib.PARAMS_KEY: head_lib.init_boxed(
+        self.acceptance_head, head_rng, self.config.emb_dim)})
 
   def init(self, rng: Array) -> Params:
     """Random parameters (fp32), as a plain nested dict of arrays."""
@@ -77,6 +99,24 @@ class Model:
   def num_params(self) -> int:
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(self.param_shapes())))
 
+  def with_acceptance_head(self, params: Params, head: head_lib.AcceptanceHeadConfig,
+                           rng: Array) -> tuple["Model", Params]:
+    """(this model with `head`, `params` plus the head's fresh parameters): a trained draft
+    without a head gains one, its network parameters unchanged."""
+    if self.acceptance_head is not None:
+      raise ValueError("This model already has an acceptance head.")
+    model = dataclasses.replace(self, acceptance_head=head)
+    head_params = nn.unbox(head_lib.init_boxed(head, rng, self.config.emb_dim))
+    return model, dict(_network_params(params), **{head_lib.PARAMS_KEY: head_params})
+
+  def check_acceptance_head(self, what: str) -> None:
+    """Refuses a model without an acceptance head where `what` needs one."""
+    if self.acceptance_head is None:
+      raise ValueError(f"{what} needs a draft with an acceptance head, but this draft has "
+                       "none; build it with Model(config, acceptance_head="
+                       "AcceptanceHeadConfig()) (or Model.with_acceptance_head) and train the "
+                       "head (DistillationConfig.acceptance_weight > 0).")
+
   # --- training -----------------------------------------------------------------------------
 
   def logits(self, params: Params, batch: dict, *, dropout_rng: Optional[Array] = None) -> Array:
@@ -85,13 +125,30 @@ class Model:
     batch: `decoder_input_tokens: [batch, target_len]` and, for encoder-decoders,
     `encoder_input_tokens: [batch, input_len]`. Dropout is on iff `dropout_rng` is given.
     """
+    logits, _ = self._teacher_forced(params, batch, dropout_rng, hidden=False)
+    return logits
+
+  def logits_with_acceptance(self, params: Params, batch: dict, *,
+                             dropout_rng: Optional[Array] = None) -> tuple[Array, Array]:
+    """(`logits`, the acceptance head's logits [batch, target_len] fp32): the head reads the
+    last hidden state at each position, before the next token is drawn from it."""
+    self.check_acceptance_head("logits_with_acceptance")
+    logits, hidden = self._teacher_forced(params, batch, dropout_rng, hidden=True)
+    return logits, head_lib.apply(self.acceptance_head, params[head_lib.PARAMS_KEY], hidden)
+
+  def _teacher_forced(self, params: Params, batch: dict, dropout_rng, *, hidden: bool):
     deterministic = dropout_rng is None
     rngs = None if deterministic else {"dropout": dropout_rng}
-    variables = {"params": params}
+    variables = {"params": _network_params(params)}
     if self.is_encoder_decoder:
-      return self.module.apply(variables, batch["encoder_input_tokens"],
-                               batch["decoder_input_tokens"], deterministic, rngs=rngs)
-    return self.module.apply(variables, batch["decoder_input_tokens"], deterministic, rngs=rngs)
+      args = (batch["encoder_input_tokens"], batch["decoder_input_tokens"], deterministic)
+    else:
+      args = (batch["decoder_input_tokens"], deterministic)
+    if not hidden:
+      return self.module.apply(variables, *args, rngs=rngs), None
+    logits, state = self.module.apply(variables, *args, rngs=rngs,
+                                      capture_intermediates=_is_final_norm)
+    return logits, _final_norm_output(state)
 
   def hidden_states(self, params: Params, batch: dict, *,
                     dropout_rng: Optional[Array] = None) -> Array:
@@ -103,7 +160,7 @@ class Model:
     module = self.module
     tokens = ((batch["encoder_input_tokens"], batch["decoder_input_tokens"])
               if self.is_encoder_decoder else (batch["decoder_input_tokens"],))
-    return module.apply({"params": params}, *tokens, deterministic, rngs=rngs,
+    return module.apply({"params": _network_params(params)}, *tokens, deterministic, rngs=rngs,
                         method=module.hidden_states)
 
   def project(self, params: Params, hidden: Array, *,
@@ -114,8 +171,22 @@ class Model:
     deterministic = dropout_rng is None
     rngs = None if deterministic else {"dropout": dropout_rng}
     module = self.module
-    return module.apply({"params": params}, hidden, deterministic, rngs=rngs,
+    return module.apply({"params": _network_params(params)}, hidden, deterministic, rngs=rngs,
                         method=module.project)
+
+  def project_with_acceptance(self, params: Params, hidden: Array, *,
+                              dropout_rng: Optional[Array] = None) -> tuple[Array, Array]:
+    """(`project`'s logits [..., vocab], the acceptance head's logits [...]) of hidden states
+    [..., embed]: the head reads the final norm's output at the same positions."""
+    self.check_acceptance_head("project_with_acceptance")
+    deterministic = dropout_rng is None
+    rngs = None if deterministic else {"dropout": dropout_rng}
+    module = self.module
+    logits, state = module.apply({"params": _network_params(params)}, hidden, deterministic,
+                                 rngs=rngs, method=module.project,
+                                 capture_intermediates=_is_final_norm)
+    return logits, head_lib.apply(self.acceptance_head, params[head_lib.PARAMS_KEY],
+                                  _final_norm_output(state))
 
   # --- incremental decoding -----------------------------------------------------------------
 
@@ -134,7 +205,7 @@ class Model:
       return DecodingCache(positions=positions, self_attention=self_attention)
     if encoder_input_tokens is None:
       raise ValueError("An encoder-decoder model needs encoder_input_tokens to start decoding.")
-    module, variables = self.module, {"params": params}
+    module, variables = self.module, {"params": _network_params(params)}
     encoded = module.apply(variables, encoder_input_tokens, method=module.encode)
     cross = module.apply(variables, encoded, method=module.cross_key_values)
     return DecodingCache(positions=positions, self_attention=self_attention,
@@ -150,24 +221,21 @@ class Model:
     caller guarantees `positions + k <= max_length`: writes past the end are not dropped but
     clamped onto the row's last valid slots or undefined (see `DecodingCache`).
     """
-    module = self.module
-    outputs = module.apply(
-        {"params": params}, tokens, positions=cache.positions, self_caches=cache.self_attention,
-        cross=cache.cross_attention, encoder_mask=cache.encoder_mask,
-        hidden_layers=tuple(hidden_layers), method=module.decode)
-    cache = cache.replace(self_attention=outputs[1]).advance(tokens.shape[1])
-    return (outputs[0], cache) + tuple(outputs[2:])
+    logits, _, cache, extras = self._extend(params, cache, tokens, hidden=False,
+                                            hidden_layers=hidden_layers)
+    return (logits, cache) + extras
 
   def encode(self, params: Params, encoder_input_tokens: Array) -> Array:
     """An encoder-decoder's encoder output [batch, input_len, emb_dim] (no dropout)."""
     module = self.module
-    return module.apply({"params": params}, encoder_input_tokens, method=module.encode)
+    return module.apply({"params": _network_params(params)}, encoder_input_tokens,
+                        method=module.encode)
 
   def layer_features(self, params: Params, batch: dict, hidden_layers: tuple[int, ...]):
     """Teacher-forced (logits [batch, len, vocab] fp32, hidden [batch, len, len(hidden_layers)
     * emb_dim], encoded [batch, input_len, emb_dim] or None), no dropout; `batch` as for
     `logits`. What a draft head is trained on."""
-    module, variables = self.module, {"params": params}
+    module, variables = self.module, {"params": _network_params(params)}
     tokens = batch["decoder_input_tokens"]
     if not self.is_encoder_decoder:
       logits, _, hidden = module.apply(variables, tokens, hidden_layers=tuple(hidden_layers),
@@ -180,6 +248,36 @@ class Model:
                                      hidden_layers=tuple(hidden_layers), method=module.decode)
     return logits, hidden, encoded
 
+  def extend_with_acceptance(self, params: Params, cache: DecodingCache, tokens: Array):
+    """`extend` plus the acceptance head's probability that the target accepts each next
+    token: (logits [batch, k, vocab], acceptance [batch, k] in [0, 1], cache)."""
+    self.check_acceptance_head("extend_with_acceptance")
+    logits, hidden, cache, _ = self._extend(params, cache, tokens, hidden=True)
+    acceptance = jax.nn.sigmoid(
+        head_lib.apply(self.acceptance_head, params[head_lib.PARAMS_KEY], hidden))
+    return logits, acceptance, cache
+
+  def _extend(self, params: Params, cache: DecodingCache, tokens: Array, *, hidden: bool,
+              hidden_layers: tuple[int, ...] = ()):
+    """(logits, the final norm's output [batch, k, embed] or None, the advanced cache, the
+    `hidden_layers` states as a 0- or 1-tuple)."""
+    module = self.module
+    kwargs = dict(positions=cache.positions, self_caches=cache.self_attention,
+                  cross=cache.cross_attention, encoder_mask=cache.encoder_mask,
+                  method=module.decode)
+    if hidden_layers:
+      kwargs["hidden_layers"] = tuple(hidden_layers)
+    variables = {"params": _network_params(params)}
+    last_hidden = None
+    if hidden:
+      outputs, state = module.apply(variables, tokens, capture_intermediates=_is_final_norm,
+                                    **kwargs)
+      last_hidden = _final_norm_output(state)
+    else:
+      outputs = module.apply(variables, tokens, **kwargs)
+    cache = cache.replace(self_attention=outputs[1]).advance(tokens.shape[1])
+    return outputs[0], last_hidden, cache, tuple(outputs[2:])
+
   def prefill(self, params: Params, cache: DecodingCache, tokens: Array, lengths: Array):
     """Stores right-padded `tokens: [batch, P]` of per-row `lengths: [batch]` (>= 1).
 
@@ -190,6 +288,25 @@ class Model:
     cache = cache.rollback(tokens.shape[1] - lengths)
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
     return last, cache
+
+
+def _network_params(params: Params) -> Params:
+  """The network's parameters: `params` without the acceptance head's."""
+  if isinstance(params, dict) and head_lib.PARAMS_KEY in params:
+    return {k: v for k, v in params.items() if k != head_lib.PARAMS_KEY}
+  return params
+
+
+def _is_final_norm(module: nn.Module, method_name: str) -> bool:
+  """The decoder's final norm (every family names it `decoder_norm`): its output is the last
+  hidden state, the vector the logits are read from."""
+  return module.name == "decoder_norm" and method_name == "__call__"
+
+
+def _final_norm_output(state) -> Array:
+  """The captured output of the final norm, [batch, k, embed]."""
+  (hidden,) = state["intermediates"]["decoder"]["decoder_norm"]["__call__"]
+  return hidden
 
 
 @functools.lru_cache(maxsize=64)

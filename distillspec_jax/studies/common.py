@@ -78,10 +78,14 @@ def reusing(stage_fn: Callable, reuse_run_dir: Optional[str]) -> Callable:
 
 
 def distill_toward(config, stage: str, teacher, teacher_params, student, student_params,
-                   distillation: DistillationConfig) -> dict:
+                   distillation: DistillationConfig, *, reference=None,
+                   reference_params=None) -> dict:
   """Distils `student` (starting from `student_params`) toward the frozen `teacher` for
   `config.distill_steps` steps into `config.stage_dir(stage)`, with tau (gamma=5, T=0, on the
   first CURVE_PROMPTS validation prompts) every `config.eval_every` steps.
+
+  `reference` / `reference_params`: AdaSPEC's reference model (with
+  distillation.top_k_fraction).
 
   Returns the stage summary: recipe fields, final_loss and tau_curve [{step, tau, tau_stderr,
   draft_acceptance_rate}] starting at step 0.
@@ -96,7 +100,8 @@ def distill_toward(config, stage: str, teacher, teacher_params, student, student
                                              eval_every=config.eval_every)
   start = eval_fn(student_params, 0)
   result = distill(train_config, teacher, teacher_params, student, pipeline.train_data(config),
-                   distillation, init_params=student_params, eval_fn=eval_fn)
+                   distillation, init_params=student_params, eval_fn=eval_fn,
+                   reference=reference, reference_params=reference_params)
   curve = pipeline.tau_curve(start, result.full_history)
   losses = [r["loss"] for r in result.history if "loss" in r]
   return {"divergence": distillation.divergence, "lambda1": distillation.lambda1,

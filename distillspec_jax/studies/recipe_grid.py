@@ -17,6 +17,13 @@ Stages (run_pipeline's bookkeeping, so an interrupted grid resumes run by run):
                              `temperatures` on `eval_examples` test prompts; in its DONE.json
   report                     report.json, report.md, grid_heatmap.png, grid_tau_curves.png
 
+AdaSPEC (the recipe "adaspec", beside its `adaspec_reference` recipe): each of its cells is
+the reference recipe's data source and objective with AdaSPEC token selection, its reference
+model the reference recipe's cell of the same objective and seed (a stage it depends on), so
+AdaSPEC and DistillSpec are compared over the same seeds at the same target compute (the
+reference's own forward pass is a draft-sized one, not counted); the report adds a verdict on
+AdaSPEC's claim (it beats its reference) per temperature.
+
 Seeds and compute: every cell runs once per seed in `seeds`, and the report gives each
 cell's mean over seeds with its standard error over seeds beside the one over prompts. With
 `compute_budget` set, every cell gets the same budget of target forward tokens (the target is
@@ -55,6 +62,8 @@ DIVERGENCE_LABELS = {"fkl": "FKL", "rkl": "RKL", "jsd": "JSD(0.5)", "tvd": "TVD"
 OBJECTIVES = DIVERGENCES + ("block_acceptance",)
 GRID_DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
 FIXED_DATA_RECIPES = ("supervised_kd",)
+ADASPEC = "adaspec"
+LABELS = dict(RECIPE_LABELS, adaspec="AdaSPEC")
 # The paper's rule 2: the divergences it finds best at each temperature.
 PAPER_BEST_DIVERGENCES = {0.0: ("fkl", "jsd"), 1.0: ("rkl",)}
 CELL_SEPARATOR = "-"
@@ -65,7 +74,8 @@ class RecipeGridConfig(PipelineConfig):
   """A PipelineConfig whose distillation stages are the cells recipes x divergences.
 
   Attributes (besides PipelineConfig's; `divergence` must stay None):
-    recipes: data sources (objectives.RECIPES names).
+    recipes: data sources (objectives.RECIPES names), and "adaspec" (AdaSPEC selection on
+      the `adaspec_reference` recipe, which must be listed too).
     divergences: the objectives, OBJECTIVES names: divergences.DIVERGENCES ("jsd" is
       JSD(beta) with the recipes' beta = 0.5) or "block_acceptance" (TVD weighted by the
       detached chance of reaching each position in blocks of gammas[0]).
@@ -95,10 +105,10 @@ class RecipeGridConfig(PipelineConfig):
     if self.divergence is not None:
       raise ValueError(f"divergence={self.divergence!r} is set, but the grid's divergences "
                        "come from `divergences`; leave divergence=None.")
-    if "adaspec" in self.recipes:
-      raise ValueError("recipes includes 'adaspec'; the grid's cells are the paper's data "
-                       f"sources {sorted(RECIPES)} (AdaSPEC has its own job, "
-                       "gin/runs/adaspec_compare.gin).")
+    if ADASPEC in self.recipes and self.adaspec_reference not in self.recipes:
+      raise ValueError(f"recipes={tuple(self.recipes)!r} includes 'adaspec' but not its "
+                       f"reference recipe adaspec_reference={self.adaspec_reference!r}; add "
+                       "it (AdaSPEC's reference model is that recipe's cell).")
     for name, values in (("recipes", self.recipes), ("divergences", self.divergences)):
       if len(set(values)) != len(values):
         raise ValueError(f"{name}={tuple(values)!r} repeats a name; list each once.")
@@ -133,10 +143,10 @@ class RecipeGridConfig(PipelineConfig):
     (encoding or prefilling the inputs, then one token per generated target)."""
     return sum(int(v) for v in self.task_feature_lengths.values())
 
-  @staticmethod
-  def _target_sample_share(recipe: str) -> float:
-    """The probability that a step of `recipe` samples from the target (Knowl 4)."""
-    lambda1, lambda2, _ = RECIPES[recipe]
+  def _target_sample_share(self, recipe: str) -> float:
+    """The probability that a step of `recipe` samples from the target (Knowl 4); AdaSPEC
+    draws its reference recipe's data."""
+    lambda1, lambda2, _ = RECIPES[self.adaspec_reference if recipe == ADASPEC else recipe]
     return (1.0 - lambda1) * (1.0 - lambda2)
 
   def step_cost(self, recipe: str) -> int:
@@ -163,8 +173,10 @@ class RecipeGridConfig(PipelineConfig):
 
   @property
   def cells(self) -> tuple:
-    """((recipe, divergence), ...) in row-major order (recipe first)."""
-    return tuple((r, d) for r in self.recipes for d in self.divergences)
+    """((recipe, divergence), ...) in row-major order (recipe first), AdaSPEC's last: its
+    cells read their reference's."""
+    recipes = sorted(self.recipes, key=lambda r: r == ADASPEC)  # stable
+    return tuple((r, d) for r in recipes for d in self.divergences)
 
   @property
   def runs(self) -> tuple:
@@ -182,6 +194,11 @@ class RecipeGridConfig(PipelineConfig):
   def dependencies(self, stage: str) -> tuple:
     if stage == "report":
       return self.distill_stages
+    if stage in self.distill_stages:
+      recipe, objective, seed = parse_cell_stage(stage)
+      reference = ((cell_stage(self.adaspec_reference, objective, seed),)
+                   if recipe == ADASPEC else ())
+      return ("target", "draft_raw") + reference
     return super().dependencies(stage)
 
   def stage_functions(self) -> dict:
@@ -233,16 +250,23 @@ def stage_cell(config: RecipeGridConfig, stage: str) -> dict:
   (gamma, temperature) of the grid on the test prompts."""
   _print_grid_progress(config, stage)
   recipe, objective, seed = parse_cell_stage(stage)
+  settings = dict(max_new_tokens=config.task_feature_lengths["targets"],
+                  **objective_settings(objective, int(config.gammas[0])))
+  target, draft = pipeline.models(config)
+  reference = {}
+  if recipe == ADASPEC:
+    settings.update(top_k_fraction=config.adaspec_top_k,
+                    selection_normalization=config.adaspec_normalization)
+    reference = dict(reference=draft, reference_params=pipeline.load_params(
+        config, cell_stage(config.adaspec_reference, objective, seed), draft))
   distillation = DistillationConfig.from_recipe(
-      recipe, max_new_tokens=config.task_feature_lengths["targets"],
-      **objective_settings(objective, int(config.gammas[0])))
+      config.adaspec_reference if recipe == ADASPEC else recipe, **settings)
   steps = config.steps_of(recipe)
   run = dataclasses.replace(config, seed=seed, distill_steps=steps)
-  target, draft = pipeline.models(config)
   target_params = pipeline.load_params(config, "target", target)
   summary = common_lib.distill_toward(run, stage, target, target_params, draft,
                                    pipeline.load_params(config, "draft_raw", draft),
-                                   distillation)
+                                   distillation, **reference)
   params = pipeline.load_params(config, stage, draft)
   summary.update(recipe=recipe, divergence=objective, seed=seed, steps=steps,
                  target_tokens=steps * config.step_cost(recipe),
@@ -342,18 +366,21 @@ def _mean_with_stderr(rows: list) -> tuple:
           float(np.sqrt(sum(r["tau_stderr"] ** 2 for r in rows)) / len(rows)))
 
 
-def rules(cells: list, gamma: int) -> list:
+def rules(cells: list, gamma: int, reference: str = "supervised_kd") -> list:
   """The measured answer to the paper's two rules at `gamma`, one entry per temperature.
 
   Rule 1: mean tau of the model-generated-data recipes against SupervisedKD's (over the
   divergences). Rule 2: mean tau of each divergence over the recipes, and whether the
   paper's best divergence(s) at that temperature is the measured best within two standard
-  errors. Errors are treated as independent although every cell shares prompts and keys
-  (paired differences would be tighter).
+  errors. AdaSPEC (cells of the recipe "adaspec", left out of rules 1 and 2): its mean tau
+  over the objectives against its reference recipe's over the same objectives. Errors are
+  treated as independent although every cell shares prompts and keys (paired differences
+  would be tighter).
   """
   answers = []
   for temperature in sorted({c["temperature"] for c in cells}):
-    rows = [c for c in cells if c["temperature"] == temperature and c["gamma"] == gamma]
+    every = [c for c in cells if c["temperature"] == temperature and c["gamma"] == gamma]
+    rows = [c for c in every if c["recipe"] != ADASPEC]
     fixed = [c for c in rows if c["recipe"] in FIXED_DATA_RECIPES]
     generated = [c for c in rows if c["recipe"] not in FIXED_DATA_RECIPES]
     answer = {"temperature": temperature, "gamma": gamma}
@@ -384,8 +411,29 @@ def rules(cells: list, gamma: int) -> list:
           "gap_stderr": gap_err,
           "verdict": ("holds" if best in claimed else
                       "within noise" if gap <= 2 * gap_err else "does not hold")}
+    adaspec = _adaspec_answer(every, reference)
+    if adaspec:
+      answer["adaspec"] = adaspec
     answers.append(answer)
   return answers
+
+
+def _adaspec_answer(rows: list, reference: str) -> Optional[dict]:
+  """AdaSPEC against its reference recipe over the objectives both ran (None without
+  AdaSPEC cells)."""
+  ada = {c["divergence"]: c for c in rows if c["recipe"] == ADASPEC}
+  ref = {c["divergence"]: c for c in rows if c["recipe"] == reference}
+  shared = [d for d in ada if d in ref]
+  if not shared:
+    return None
+  (a_mean, a_err) = _mean_with_stderr([ada[d] for d in shared])
+  (r_mean, r_err) = _mean_with_stderr([ref[d] for d in shared])
+  difference, error = a_mean - r_mean, float(np.hypot(a_err, r_err))
+  return {"claim": f"AdaSPEC beats its reference recipe ({LABELS.get(reference, reference)})",
+          "objectives": shared, "adaspec_tau": a_mean, "reference_tau": r_mean,
+          "difference": difference, "difference_stderr": error,
+          "verdict": ("holds" if difference > 2 * error else
+                      "reversed" if difference < -2 * error else "within noise")}
 
 
 def build_report(config: RecipeGridConfig, markers: dict, raw_draft: list) -> dict:
@@ -395,7 +443,7 @@ def build_report(config: RecipeGridConfig, markers: dict, raw_draft: list) -> di
   budget = ("the same budget of target forward tokens"
             if config.compute_budget is not None else f"{config.distill_steps} steps")
   return {"cells": cells, "runs": runs, "raw_draft": raw_draft,
-          "rules": rules(cells, int(config.gammas[0])),
+          "rules": rules(cells, int(config.gammas[0]), config.adaspec_reference),
           "tau_curves": build_curves(config, markers),
           "budget": {"compute_budget": config.compute_budget,
                      "unit": "target forward tokens",
@@ -438,7 +486,7 @@ def render_markdown(config: RecipeGridConfig, report: dict) -> str:
                                          for d in config.divergences) + " |",
                 "|---" * (len(config.divergences) + 1) + "|"]
       for recipe in config.recipes:
-        lines.append(f"| {RECIPE_LABELS.get(recipe, recipe)} | " + " | ".join(
+        lines.append(f"| {LABELS.get(recipe, recipe)} | " + " | ".join(
             _cell_text(index.get((recipe, d) + key)) for d in config.divergences) + " |")
       lines.append("")
   lines += ["## The paper's rules, measured", ""]
@@ -458,6 +506,13 @@ def render_markdown(config: RecipeGridConfig, report: dict) -> str:
                    f"measured best {DIVERGENCE_LABELS.get(r['measured_best'])} "
                    f"(gap to the claimed {r['gap_to_claimed']:.2f} ± {r['gap_stderr']:.2f}) "
                    f"-> **{r['verdict']}**.")
+    if "adaspec" in answer:
+      r = answer["adaspec"]
+      lines.append(f"- T = {t:g}, {r['claim']}: mean tau over "
+                   f"{', '.join(DIVERGENCE_LABELS.get(d, d) for d in r['objectives'])} "
+                   f"{r['adaspec_tau']:.2f} vs {r['reference_tau']:.2f}: difference "
+                   f"{r['difference']:+.2f} ± {r['difference_stderr']:.2f} -> "
+                   f"**{r['verdict']}**.")
   lines += ["", "Verdicts: a difference beyond two standard errors counts; errors are "
             "combined as independent although the cells share prompts and keys.", ""]
   return "\n".join(lines)
@@ -491,7 +546,7 @@ def plot(config: RecipeGridConfig, report: dict, out_dir: str) -> list:
     ax.set_xticks(range(len(config.divergences)),
                   [DIVERGENCE_LABELS.get(d, d) for d in config.divergences])
     ax.set_yticks(range(len(config.recipes)),
-                  [RECIPE_LABELS.get(r, r) for r in config.recipes])
+                  [LABELS.get(r, r) for r in config.recipes])
     ax.set_title(f"tau at gamma={gamma}, T={temperature:g}")
     fig.colorbar(image, ax=ax, shrink=0.8)
   fig.tight_layout()
@@ -509,7 +564,7 @@ def plot(config: RecipeGridConfig, report: dict, out_dir: str) -> list:
       line, = ax.plot(x, tau, marker="o", ms=3,
                       label=DIVERGENCE_LABELS.get(divergence, divergence))
       ax.fill_between(x, tau - err, tau + err, color=line.get_color(), alpha=0.2)
-    ax.set_title(RECIPE_LABELS.get(recipe, recipe))
+    ax.set_title(LABELS.get(recipe, recipe))
     ax.set_xlabel("target forward tokens" if config.compute_budget else "distillation step")
   axes[0][0].set_ylabel("tau (gamma=5, T=0, 32 val. prompts; band: ± s.e.)")
   axes[0][-1].legend(fontsize=7)

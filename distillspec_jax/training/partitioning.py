@@ -39,6 +39,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Optional[str]], ...] = (
     ("kv", None),
     ("length", None),
     ("relpos_buckets", None),
+    ("acceptance", None),  # the acceptance head's one output (models/acceptance_head.py)
 )
 
 
