@@ -20,7 +20,6 @@ from distillspec_jax.models.model import Model
 from test_speculative import (_exact_sequence_distribution, _goodness_of_fit_pvalue,
                               _pair, _peaked_decoder_pair, _prompts)
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
 
 HEAD = AcceptanceHeadConfig(width=16)
 
