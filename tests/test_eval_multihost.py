@@ -114,6 +114,7 @@ def _check_model_sharded_equals_data_parallel(sharded_dir, data_parallel_dir, tm
   assert calls and all(c == [0, BATCH, BATCH] for c in calls)
 
 
+@pytest.mark.integration
 def test_eval_binary_on_two_processes_with_uneven_prompts_and_host_loaded_checkpoints(
     tmp_path):
   """No presets (each process loads the whole checkpoints on the host, then keeps its
