@@ -244,3 +244,35 @@ def check_same_vocabulary(a: VocabLike, b: VocabLike) -> bool:
         f"Draft and target vocabularies have the same size ({va.vocab_size}) but different "
         f"SentencePiece models: {_describe(va)} vs {_describe(vb)}. Use the same .model file.")
   return True
+
+
+def checkpoint_tokenizer(path: Optional[str]) -> Optional[str]:
+  """The tokenizer a checkpoint folder carries (its tokenizer.json, as save_pretrained
+  writes it), or None."""
+  if not path or _is_remote(os.fspath(path)):
+    return None
+  path = os.fspath(path)
+  folder = path if os.path.isdir(path) else os.path.dirname(path)
+  candidate = os.path.join(folder, hf_vocabulary.TOKENIZER_FILE)
+  return candidate if os.path.isfile(candidate) else None
+
+
+def check_vocabulary(path: Union[str, os.PathLike], name: str = "VOCABULARY",
+                     checkpoints: Sequence[tuple] = ()) -> seqio.Vocabulary:
+  """The vocabulary at `path`, for a binary's input `name`, loaded now (a bad file is a
+  ValueError naming `name`, the path and the fix); every (macro, checkpoint path) of
+  `checkpoints` that carries its own tokenizer must carry this one."""
+  try:
+    vocab = as_vocabulary(path)
+  except (OSError, ValueError) as error:
+    raise ValueError(f"{name}={os.fspath(path)!r}: {error}") from None
+  for macro, checkpoint in checkpoints:
+    own = checkpoint_tokenizer(checkpoint)
+    if own is None:
+      continue
+    try:
+      check_same_vocabulary(vocab, os.path.dirname(own))
+    except ValueError as error:
+      raise ValueError(f"{macro}={checkpoint!r} carries another tokenizer than {name}="
+                       f"{os.fspath(path)!r}: {error}") from None
+  return vocab

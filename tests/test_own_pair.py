@@ -1,0 +1,93 @@
+"""A user's own pretrained pair through the binaries: Hugging Face Llama-3-style and Qwen2
+folders (tiny, random, one byte-level BPE tokenizer), a GSM8K-style JSONL folder, the models'
+own tokenizer as VOCABULARY; bad inputs refused before anything is written."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import hf_fixtures
+from distillspec_jax import eval as eval_lib
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("fast_compilation")]
+
+LENGTHS = {"inputs": 160, "targets": 8}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory):
+  root = tmp_path_factory.mktemp("own")
+  out = {}
+  for kind in ("llama", "qwen2"):
+    tokenizer = hf_fixtures.fast_tokenizer(kind)
+    out[kind] = {
+        "target": hf_fixtures.save_model(str(root / kind / "target"), kind, tokenizer,
+                                         vocab_size=len(tokenizer) + 36),
+        "draft": hf_fixtures.save_model(str(root / kind / "draft"), kind, tokenizer,
+                                        vocab_size=len(tokenizer) + 20, seed=1,
+                                        num_hidden_layers=1)}
+  other = hf_fixtures.fast_tokenizer("llama", sentences=[s[::-1] for s in hf_fixtures.SENTENCES])
+  out["other_draft"] = hf_fixtures.save_model(str(root / "other_draft"), "llama", other,
+                                              num_hidden_layers=1)
+  data = root / "data" / "gsm8k"
+  data.mkdir(parents=True)
+  rows = [{"question": q, "answer": f"So {i}!\n#### {i}"}
+          for i, q in enumerate(hf_fixtures.SENTENCES[:4])]
+  for split in ("train", "test"):
+    with open(data / f"{split}.jsonl", "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+  out["data_dir"] = str(root / "data")
+  return out
+
+
+def _config(own, kind, model_dir, **changes):
+  fields = dict(model_dir=str(model_dir), mixture_or_task_name="gsm8k_files",
+                task_feature_lengths=LENGTHS, batch_size=4, eval_examples=4,
+                target_checkpoint_path=own[kind]["target"],
+                draft_checkpoint_path=own[kind]["draft"], vocabulary=own[kind]["target"],
+                data_dir=own["data_dir"], gammas=(2,), temperatures=(0.0,),
+                speed_examples=0, progress_bar=False)
+  fields.update(changes)
+  return eval_lib.EvalConfig(**fields)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_eval_binary_reports_tau_with_the_models_tokenizer(own, kind, tmp_path):
+  metrics = eval_lib.evaluate(_config(own, kind, tmp_path / "run"))
+  (row,) = metrics["rows"]
+  assert 1.0 <= row["tau"] <= 3.0  # gamma 2: at most 3 tokens a target call
+  with open(tmp_path / "run" / "inferences" / "gsm8k_files.jsonl") as f:
+    lines = [json.loads(l) for l in f]
+  assert [l["decoder"] for l in lines].count("speculative") == 4
+  assert lines[0]["input"].startswith("Q: Natalia sold clips")
+
+
+def test_a_draft_with_another_tokenizer_is_refused_before_work(own, tmp_path):
+  with pytest.raises(ValueError, match=r"DRAFT_CHECKPOINT_PATH=.*other_draft.* carries another "
+                                       r"tokenizer than VOCABULARY"):
+    eval_lib.evaluate(_config(own, "llama", tmp_path / "run",
+                              draft_checkpoint_path=own["other_draft"]))
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_file_that_is_not_a_tokenizer_is_a_user_error_naming_it(own, tmp_path):
+  bad = tmp_path / "tokenizer.json"
+  bad.write_bytes(b"\x0a\x05hello protobuf")
+  model_dir = tmp_path / "run"
+  command = [sys.executable, "-m", "distillspec_jax.eval", "--gin_file=gin/runs/eval_demo.gin",
+             f"--gin.MODEL_DIR='{model_dir}'",
+             f"--gin.TARGET_CHECKPOINT_PATH='{own['llama']['target']}'",
+             f"--gin.DRAFT_CHECKPOINT_PATH='{own['llama']['draft']}'",
+             f"--gin.VOCABULARY='{bad}'", f"--gin.DATA_DIR='{own['data_dir']}'",
+             "--gin.MIXTURE_OR_TASK_NAME='gsm8k_files'"]
+  done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO,
+                        env={**os.environ, "PYTHONPATH": REPO})
+  assert done.returncode == 2, done.stderr[-2000:]  # the binaries' user-error status
+  assert f"VOCABULARY='{bad}'" in done.stderr and "is not a Hugging Face tokenizer.json" in (
+      done.stderr)
+  assert "Traceback" not in done.stderr and "DecodeError" not in done.stderr
+  assert not os.path.exists(model_dir)
