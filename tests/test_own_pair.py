@@ -91,3 +91,34 @@ def test_a_file_that_is_not_a_tokenizer_is_a_user_error_naming_it(own, tmp_path)
       done.stderr)
   assert "Traceback" not in done.stderr and "DecodeError" not in done.stderr
   assert not os.path.exists(model_dir)
+
+
+def test_convert_round_trips_a_non_preset_model_without_model(own, tmp_path):
+  import numpy as np
+  import torch
+  import transformers
+  from distillspec_jax import convert
+  from distillspec_jax.interop import importer
+  source = own["llama"]["target"]
+  ours, back = str(tmp_path / "ours"), str(tmp_path / "hf")
+  assert convert.main(["--from=hf", "--to=ours", f"--input={source}", f"--output={ours}"]) == 0
+  stored = importer.ours_config(ours)
+  assert (stored.rope_theta, stored.rope_scaling, stored.norm_epsilon) == (500000.0, "llama3", 1e-5)
+  assert convert.main(["--from=ours", "--to=hf", f"--input={ours}", f"--output={back}",
+                       f"--tokenizer_dir={source}"]) == 0
+  original = transformers.AutoModelForCausalLM.from_pretrained(source).eval()
+  exported = transformers.AutoModelForCausalLM.from_pretrained(back).eval()
+  for key in ("rope_parameters", "max_position_embeddings", "bos_token_id", "eos_token_id",
+              "pad_token_id", "rms_norm_eps"):
+    assert getattr(exported.config, key) == getattr(original.config, key), key
+  assert exported.config.rope_parameters["rope_type"] == "llama3"
+  assert exported.config.max_position_embeddings == 4096  # not capped at our cache size
+  assert exported.generation_config.eos_token_id == original.config.eos_token_id
+  ids = transformers.AutoTokenizer.from_pretrained(back)("Betty has $100!", return_tensors="pt")
+  with torch.no_grad():
+    np.testing.assert_array_equal(exported(**ids).logits.numpy(), original(**ids).logits.numpy())
+  # A configuration given beside the checkpoint is checked against the stored one.
+  with pytest.raises(ValueError, match=r"rope_theta: checkpoint 500000.0 vs configured 10000.0"):
+    importer.load_checkpoint(ours, stored.replace(rope_theta=10000.0))
+  with pytest.raises(ValueError, match=r"rope_theta: checkpoint 500000.0"):
+    importer.check_checkpoint(ours, stored.replace(rope_theta=10000.0))

@@ -11,7 +11,9 @@ Formats:
   t5x   T5X checkpoint: a checkpoint_<step> directory (msgpack + TensorStore) or a MODEL_DIR of
         them, or an orbax checkpoint written by T5X.
   ours  Our orbax format (`training.checkpoints`): `<path>/params`, or a MODEL_DIR of
-        `<step>/params`.
+        `<step>/params`, with the complete model configuration in `meta` (written by the
+        trainer and by `save_ours`): the checkpoint alone rebuilds its model, and a preset
+        given beside it is checked against it field by field (RoPE, norm epsilon, shapes).
 
 `restore_any(path, abstract_params)` is the trainer's `restore_fn` for INITIAL_CHECKPOINT_PATH
 and the target: the binaries pass it (the training layer never imports this one), so every
@@ -31,6 +33,7 @@ from distillspec_jax.interop import hf_llama
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.interop import t5x as t5x_checkpoints
 from distillspec_jax.models.config import TransformerConfig
+from distillspec_jax.models.config_json import config_from_json, config_to_json
 from distillspec_jax.models.model import Model
 from distillspec_jax.training import checkpoints
 from distillspec_jax.training import multihost
@@ -42,9 +45,32 @@ FORMATS = ("hf", "t5x", "ours")
 # --- our format (delegates to distillspec_jax.training.checkpoints) ----------------------------------
 
 
-def save_ours(params: Params, path: str) -> None:
-  """Writes `params` in our orbax format; `checkpoints.restore_params(path, ...)` reads it."""
-  checkpoints.save_params(path, jax.tree.map(np.asarray, params))
+def save_ours(params: Params, path: str, config: Optional[TransformerConfig] = None) -> None:
+  """Writes `params` in our orbax format, with the model configuration `config` beside them
+  (`meta`), so that the checkpoint alone rebuilds its model; `load_checkpoint` reads both."""
+  meta = None if config is None else {"model_config": config_to_json(config)}
+  checkpoints.save_params(path, jax.tree.map(np.asarray, params), meta)
+
+
+def ours_config(path: str) -> Optional[TransformerConfig]:
+  """The model configuration stored with our checkpoint (its `meta`), or None (none stored)."""
+  meta = checkpoints.read_meta(path)
+  if not meta or "model_config" not in meta:
+    return None
+  return config_from_json(meta["model_config"], f"{path}: meta model_config")
+
+
+# Fields of a configuration that the computation does not depend on (a run may set them
+# afresh): everything else must agree between a stored configuration and a preset.
+RUN_FIELDS = ("dropout_rate", "max_decode_length", "remat_policy", "dtype")
+
+
+def stored_config_mismatches(stored: TransformerConfig, config: TransformerConfig) -> list:
+  """'field: stored a vs configured b' for every model field (RoPE, norm epsilon, shapes,
+  ...) where a checkpoint's stored configuration and the configured model differ."""
+  a, b = config_to_json(stored)["fields"], config_to_json(config)["fields"]
+  return [f"{k}: checkpoint {a.get(k)!r} vs configured {b.get(k)!r}"
+          for k in sorted(set(a) | set(b)) if k not in RUN_FIELDS and a.get(k) != b.get(k)]
 
 
 def _ours_params_dir(path: str) -> Optional[str]:
@@ -199,6 +225,14 @@ def load_checkpoint(path: str, config: Optional[TransformerConfig] = None, *,
       config = config_from_params(stored)
     return t5x_checkpoints.load_t5x(path, config), config
   if fmt == "ours":
+    stored_config = ours_config(path)
+    if config is None:
+      config = stored_config
+    elif stored_config is not None:
+      wrong = stored_config_mismatches(stored_config, config)
+      if wrong:
+        raise ValueError(f"{path} holds another model than the configured one: "
+                         + "; ".join(wrong[:6]) + ".")
     if config is None:
       stored = _ours_shapes(path)
       _refuse_llama_without_config(stored, path)
@@ -268,6 +302,9 @@ def check_checkpoint(path: str, config: TransformerConfig) -> str:
     lines = checkpoints.shape_mismatches(Model(config).param_shapes(), shapes)
     if fmt == "hf":
       lines += _hf_config_mismatches(path, config)
+    if fmt == "ours" and not lines:
+      stored_config = ours_config(path)
+      lines += [] if stored_config is None else stored_config_mismatches(stored_config, config)
   except (ValueError, KeyError, FileNotFoundError) as error:
     raise ValueError(f"{path!r} ({fmt} checkpoint) cannot be read as {model}: "
                      f"{' '.join(str(error).split())}") from error
@@ -308,7 +345,7 @@ def save_checkpoint(params: Params, config: TransformerConfig, path: str, fmt: s
   llama-kind model, a folder whose tokenizer files are copied along (an HF checkpoint's,
   whose bos/eos/pad ids are kept)."""
   if fmt == "ours":
-    save_ours(params, path)
+    save_ours(params, path, config)
   elif fmt == "hf" and config.kind == "llama":
     hf_llama.save_hf(params, config, path, source)
   elif fmt == "hf":
