@@ -332,23 +332,22 @@ def load_hf(path: str, config: Optional[TransformerConfig] = None):
 
 
 def _source_ids(source_dir: str, hf: Optional[dict]) -> dict:
-  """bos/eos/pad ids for an export next to the `source_dir` tokenizer: the tokenizer's own
-  (tokenizer_config.json, then config.json), else the source config.json's."""
-  ids = {}
+  """bos/eos/pad ids for an export next to the `source_dir` tokenizer: the source model's
+  config.json's, else the tokenizer's own (tokenizer_config.json); none: ours."""
+  if hf:
+    return {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf}
   if os.path.isfile(os.path.join(source_dir, hf_vocabulary.TOKENIZER_FILE)):
     vocab = hf_vocabulary.load_hf_vocabulary(source_dir)
-    ids = {"bos_token_id": vocab.bos_id, "eos_token_id": vocab.eos_id,
-           "pad_token_id": vocab.pad_token_id}
-  elif hf:
-    ids = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf}
-  return ids
+    return {"bos_token_id": vocab.bos_id, "eos_token_id": vocab.eos_id,
+            "pad_token_id": vocab.pad_token_id}
+  return {}
 
 
 def save_hf(params: Params, config: TransformerConfig, directory: str,
             source: Optional[str] = None) -> None:
   """Writes config.json and model.safetensors (fp32, exact) into `directory`, plus the
   tokenizer files of the `source` folder (an HF checkpoint or a tokenizer folder): the
-  special ids are the tokenizer's, the context length (max_position_embeddings) the source
+  special ids are its config.json's or else its tokenizer's, the context length (max_position_embeddings) the source
   config.json's when longer than ours (our max_decode_length is only a cache size), and
   generation_config.json the source's or, without one, the special ids."""
   from safetensors.numpy import save_file
