@@ -32,6 +32,7 @@ from distillspec_jax import gin_utils
 from distillspec_jax.training import multihost
 from distillspec_jax.studies import pipeline as pipeline_lib
 from distillspec_jax.studies.garden import GardenConfig
+from distillspec_jax.studies.pair_source import PairSource
 from distillspec_jax.studies.pipeline import PipelineConfig, check_run_dir, run_pipeline
 from distillspec_jax.studies.recipe_grid import RecipeGridConfig
 
@@ -51,6 +52,7 @@ def load_pipeline(argv: Sequence[str]) -> PipelineConfig:
   """Parses the gin flags and builds the run file's PipelineConfig (nothing runs)."""
   if not _REGISTERED:
     gin.external_configurable(PipelineConfig, name="PipelineConfig")
+    gin.external_configurable(PairSource, name="PairSource")
     gin.external_configurable(RecipeGridConfig, name="RecipeGridConfig")
     gin.external_configurable(GardenConfig, name="GardenConfig")
     _REGISTERED.append(True)

@@ -122,3 +122,84 @@ def test_convert_round_trips_a_non_preset_model_without_model(own, tmp_path):
     importer.load_checkpoint(ours, stored.replace(rope_theta=10000.0))
   with pytest.raises(ValueError, match=r"rope_theta: checkpoint 500000.0"):
     importer.check_checkpoint(ours, stored.replace(rope_theta=10000.0))
+
+
+def _job(own, kind, run_dir, **changes):
+  from distillspec_jax.studies.pair_source import PairSource
+  from distillspec_jax.studies.pipeline import PipelineConfig
+  fields = dict(
+      run_dir=str(run_dir), task="gsm8k_files", data_dir=own["data_dir"],
+      task_feature_lengths={"inputs": 160, "targets": 16}, target_model=None, draft_model=None,
+      target_checkpoint_path=own[kind]["target"], draft_checkpoint_path=own[kind]["draft"],
+      pair=PairSource(vocabulary=own[kind]["target"]), recipes=("supervised_kd",),
+      distill_steps=2, batch_size=2, warmup_steps=1, eval_examples=2, speed_examples=1,
+      speed_repeats=1, speed_calls=1, speed_cpus=0, gammas=(2,), temperatures=(0.0,),
+      max_new_tokens=6, eval_every=1, max_decode_length=192, progress_bar=False)
+  fields.update(changes)
+  return PipelineConfig(**fields)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_main_job_from_a_pretrained_pair(own, kind, tmp_path):
+  import jax
+  import numpy as np
+  import transformers
+  from distillspec_jax import convert
+  from distillspec_jax.interop import importer
+  from distillspec_jax.studies import pipeline
+  config = _job(own, kind, tmp_path / "run")
+  config.check_inputs()
+  outcome = pipeline.run_pipeline(config)
+  assert outcome["target"] == "ran" and os.path.isfile(tmp_path / "run" / "report.json")
+  # The ids trained on are the tokenizer's, with no start id 0 before them.
+  tokenizer = transformers.AutoTokenizer.from_pretrained(own[kind]["target"])
+  with np.load(tmp_path / "run" / "vocab" / "train.npz") as arrays:
+    inputs = arrays["decoder_input_tokens"]
+  rows = [json.loads(l) for l in open(os.path.join(own["data_dir"], "gsm8k", "train.jsonl"))]
+  from distillspec_jax.data.tasks import preprocessors
+  prompts = ["Q: " + r["question"] + " A: Let's think step by step." for r in rows]
+  assert preprocessors.COT_PREFIX == "Q: "
+  expected = [tokenizer(p)["input_ids"] for p in prompts]
+  assert len(inputs) == len(expected)
+  starts = sorted(tuple(row[:len(e)]) for row in inputs.tolist() for e in expected
+                  if tuple(row[:len(e)]) == tuple(e))
+  assert starts == sorted(tuple(e) for e in expected)  # each row begins with one prompt's ids
+  # The target was loaded, not trained: bit for bit the checkpoint's weights.
+  target, draft = pipeline.models(config)
+  loaded = pipeline.load_params(config, "target", target)
+  original, _ = importer.load_checkpoint(own[kind]["target"])
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), loaded, original)
+  raw = pipeline.load_params(config, "draft_raw", draft)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), raw,
+               importer.load_checkpoint(own[kind]["draft"])[0])
+  report = json.load(open(tmp_path / "run" / "report.json"))
+  assert "supervised_kd" in json.dumps(report)
+  # The distilled draft exports beside the target's tokenizer and loads in transformers.
+  out = str(tmp_path / "export")
+  assert convert.main(["--from=ours", "--to=hf", f"--input={tmp_path / 'run' / 'distill_supervised_kd'}",
+                       f"--output={out}", f"--tokenizer_dir={own[kind]['target']}"]) == 0
+  exported = transformers.AutoModelForCausalLM.from_pretrained(out)
+  source = transformers.AutoConfig.from_pretrained(own[kind]["draft"])
+  for key in ("rope_parameters", "max_position_embeddings", "rms_norm_eps", "eos_token_id",
+              "bos_token_id", "vocab_size", "num_hidden_layers"):
+    assert getattr(exported.config, key) == getattr(source, key), key
+  assert transformers.AutoTokenizer.from_pretrained(out)("Hi!")["input_ids"] == tokenizer(
+      "Hi!")["input_ids"]
+
+
+def test_main_job_refuses_bad_pairs_before_work(own, tmp_path):
+  from distillspec_jax.studies.pair_source import PairSource
+  with pytest.raises(ValueError, match=r"DRAFT_CHECKPOINT_PATH=.*other_draft.* carries another "
+                                       r"tokenizer"):
+    _job(own, "llama", tmp_path / "a", draft_checkpoint_path=own["other_draft"]).check_inputs()
+  with pytest.raises(ValueError, match=r"carry different tokenizers"):
+    _job(own, "llama", tmp_path / "b", draft_checkpoint_path=own["other_draft"],
+         pair=PairSource()).check_inputs()
+  with pytest.raises(ValueError, match=r"TARGET_CHECKPOINT_PATH=.*does not hold the target "
+                                       r"preset 'tiny_llama'"):
+    _job(own, "llama", tmp_path / "c", target_model="tiny_llama").check_inputs()
+  with pytest.raises(ValueError, match=r"TRAIN_VOCABULARY=True"):
+    _job(own, "llama", tmp_path / "d", train_vocabulary=True).check_inputs()
+  with pytest.raises(ValueError, match=r"TARGET_MODEL=None needs TARGET_CHECKPOINT_PATH"):
+    _job(own, "llama", tmp_path / "e", target_checkpoint_path=None)
+  assert not any(os.path.exists(tmp_path / n) for n in "abcde")

@@ -23,12 +23,14 @@ against a model before any work starts, from stored shapes only (`stored_shapes`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Optional
 
 import jax
 import numpy as np
 
+from distillspec_jax.data import vocabularies
 from distillspec_jax.interop import hf_llama
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.interop import t5x as t5x_checkpoints
@@ -354,3 +356,42 @@ def save_checkpoint(params: Params, config: TransformerConfig, path: str, fmt: s
     t5x_checkpoints.save_t5x(params, path)
   else:
     raise ValueError(f"Unknown format {fmt!r}; use one of {FORMATS}.")
+
+
+# --- one typed handle for an opened checkpoint ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenedCheckpoint:
+  """What a checkpoint path holds, read once (no weights): its format, the model
+  configuration it carries (HF config.json, our stored `meta`; None where only shapes are
+  stored and they do not say everything, as for a llama-kind T5X tree) and the tokenizer
+  folder it carries (an HF folder's tokenizer.json; None without one)."""
+
+  path: str
+  format: str
+  config: Optional[TransformerConfig]
+  tokenizer: Optional[str]
+
+
+def open_checkpoint(path: str) -> OpenedCheckpoint:
+  """The OpenedCheckpoint of `path` (ValueError naming the path when it holds none)."""
+  path = os.fspath(path)
+  if not os.path.exists(path) and "://" not in path:
+    raise ValueError(f"{path!r} does not exist.")
+  fmt = detect_format(path)
+  config = None
+  if fmt == "hf":
+    hf = hf_t5.read_hf_config(path)
+    if hf is not None:
+      family = _hf_family(path, None)
+      config = family.config_from_hf(hf)
+  elif fmt == "ours":
+    config = ours_config(path)
+  if config is None and fmt in ("ours", "t5x"):
+    shapes = _ours_shapes(path) if fmt == "ours" else t5x_checkpoints.read_t5x_shapes(path)
+    if "relpos_bias" in shapes["decoder"]:  # T5 kinds: the shapes say everything
+      config = config_from_params(shapes)
+  tokenizer = vocabularies.checkpoint_tokenizer(path)
+  return OpenedCheckpoint(path=path, format=fmt, config=config,
+                          tokenizer=None if tokenizer is None else os.path.dirname(tokenizer))
