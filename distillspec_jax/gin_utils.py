@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 import gin
 
 from distillspec_jax.models import config as config_lib
+from distillspec_jax.data.task_source import TaskSource
 from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.models.model import Model
 from distillspec_jax.training import multihost
@@ -65,6 +66,7 @@ def register_configurables() -> None:
   gin.external_configurable(TrainConfig, name="TrainConfig")
   gin.external_configurable(DistillationConfig, name="DistillationConfig")
   gin.external_configurable(SyntheticData, name="SyntheticData")
+  gin.external_configurable(TaskSource, name="TaskSource")
   _REGISTERED = True
 
 

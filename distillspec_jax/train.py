@@ -6,7 +6,8 @@ r"""The gin binary: fine-tuning and DistillSpec distillation, T5X style.
 
 Macros (T5X names): MODEL_DIR, MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, TRAIN_STEPS,
 BATCH_SIZE, INITIAL_CHECKPOINT_PATH (start of the trained model), TARGET_CHECKPOINT_PATH
-(the frozen target of a distillation run), plus the recipe macros LAMBDA1, LAMBDA2,
+(the frozen target of a distillation run), DATA_DIR (file-backed tasks such as gsm8k_files),
+VOCABULARY (the models' tokenizer: a Hugging Face folder, tokenizer.json or .model), plus the recipe macros LAMBDA1, LAMBDA2,
 DIVERGENCE, BETA, SAMPLING_TEMPERATURE (gin/recipes/).
 
 Multi-host (multihost.py): --coordinator_address=HOST:PORT --process_count=N
@@ -36,6 +37,7 @@ import gin
 import jax
 
 from distillspec_jax.training import checkpoints
+from distillspec_jax.data.task_source import TaskSource
 from distillspec_jax.distill import objectives as distillation
 from distillspec_jax import gin_utils
 from distillspec_jax.training import multihost
@@ -68,6 +70,7 @@ class RunSpec:
   eval_gamma: int = 4
   eval_temperature: float = 1.0
   target_param_dtype: Optional[str] = None
+  data: TaskSource = TaskSource()
 
 
 @gin.configurable
@@ -78,11 +81,13 @@ def run(mode: str = "distill", model: Optional[Model] = None,
         target: Optional[Model] = None, target_checkpoint_path: Optional[str] = None,
         distillation_config: Optional[DistillationConfig] = None, split: str = "train",
         eval_split: str = "validation", eval_batch_size: int = 16, eval_gamma: int = 4,
-        eval_temperature: float = 1.0, target_param_dtype: Optional[str] = None) -> RunSpec:
+        eval_temperature: float = 1.0, target_param_dtype: Optional[str] = None,
+        data: Optional[TaskSource] = None) -> RunSpec:
   """Validates the gin-bound pieces into a RunSpec (nothing is trained here).
 
   target_param_dtype: the frozen target's parameters cast after restoring (TARGET_PARAM_DTYPE;
-  None = as stored)."""
+  None = as stored). data: DATA_DIR and VOCABULARY (TaskSource); both models take the
+  vocabulary's special ids."""
   precision.check_param_dtype(target_param_dtype)
   if mode not in ("finetune", "distill"):
     raise gin_utils.GinConfigError(f"run.mode={mode!r}; use 'finetune' or 'distill'.")
@@ -97,6 +102,12 @@ def run(mode: str = "distill", model: Optional[Model] = None,
   if not mixture_or_task_name:
     raise gin_utils.GinConfigError("MIXTURE_OR_TASK_NAME is not set; pass "
                                    f"--gin.MIXTURE_OR_TASK_NAME=... (or '{SYNTHETIC_TASK}').")
+  data = data or TaskSource()
+  data.check((("INITIAL_CHECKPOINT_PATH", train_config.initial_checkpoint_path or None),
+              ("TARGET_CHECKPOINT_PATH", target_checkpoint_path)))
+  tokens = data.tokens
+  model = model.with_tokens(tokens)
+  target = None if target is None else target.with_tokens(tokens)
   if mode == "distill":
     if target is None:
       raise gin_utils.GinConfigError("Distillation needs run.target "
@@ -112,7 +123,8 @@ def run(mode: str = "distill", model: Optional[Model] = None,
                  target_checkpoint_path=target_checkpoint_path,
                  distillation_config=distillation_config, split=split, eval_split=eval_split,
                  eval_batch_size=eval_batch_size, eval_gamma=eval_gamma,
-                 eval_temperature=eval_temperature, target_param_dtype=target_param_dtype)
+                 eval_temperature=eval_temperature, target_param_dtype=target_param_dtype,
+                 data=data)
 
 
 def resolve() -> RunSpec:
@@ -148,6 +160,7 @@ def make_data(spec: RunSpec, split: str, batch_size: int, seed: int, repeat: boo
                                  decoder_only=decoder_only)
   from distillspec_jax.data import batches as data
   converter = "decoder" if decoder_only else "enc_dec"
+  spec.data.register()
 
   def factory(shard=None):
     # Seeded shuffle: the same order after a restart; the trainer skips consumed batches.

@@ -203,3 +203,33 @@ def test_main_job_refuses_bad_pairs_before_work(own, tmp_path):
   with pytest.raises(ValueError, match=r"TARGET_MODEL=None needs TARGET_CHECKPOINT_PATH"):
     _job(own, "llama", tmp_path / "e", target_checkpoint_path=None)
   assert not any(os.path.exists(tmp_path / n) for n in "abcde")
+
+
+def test_train_binary_distils_on_a_file_task_with_the_models_tokenizer(own, tmp_path):
+  tokenizer = hf_fixtures.fast_tokenizer("llama")
+  target = hf_fixtures.save_model(str(tmp_path / "target"), "llama", tokenizer, vocab_size=336,
+                                  hidden_size=128, intermediate_size=1024, head_dim=32,
+                                  num_attention_heads=4, num_key_value_heads=2)
+  preset = "llama_demo_target/model_by_name"
+  flags = [f"--gin.{preset}.{k}={v}" for k, v in (
+      ("vocab_size", 336), ("rope_theta", 500000.0), ("rope_scaling", "'llama3'"),
+      ("rope_scaling_factor", 8.0), ("rope_original_max_length", 64))]
+  data_dir = own["data_dir"]
+  command = [sys.executable, "-m", "distillspec_jax.train",
+             "--gin_file=gin/runs/distill_llama_demo.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
+             "--gin.TRAIN_STEPS=2", "--gin.EVAL_EVERY=0", "--gin.BATCH_SIZE=2",
+             "--gin.MIXTURE_OR_TASK_NAME='gsm8k_files'",
+             "--gin.TASK_FEATURE_LENGTHS={'inputs': 160, 'targets': 16}",
+             f"--gin.TARGET_CHECKPOINT_PATH='{target}'", f"--gin.DATA_DIR='{data_dir}'",
+             f"--gin.VOCABULARY='{target}'", "--gin.llama_demo_draft/model_by_name.vocab_size=320",
+             "--gin.DistillationConfig.max_new_tokens=8", *flags]
+  env = {**os.environ, "PYTHONPATH": REPO}
+  done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert json.loads(done.stdout.strip().splitlines()[-1])["loss"] > 0
+  # The preset's RoPE left at the default: refused before MODEL_DIR is written.
+  bad = [c for c in command if "rope_theta" not in c and "MODEL_DIR" not in c]
+  done = subprocess.run(bad + [f"--gin.MODEL_DIR='{tmp_path / 'bad'}'"], capture_output=True,
+                        text=True, timeout=600, cwd=REPO, env=env)
+  assert done.returncode == 2 and "rope_theta" in done.stderr and "Traceback" not in done.stderr
+  assert not os.path.exists(tmp_path / "bad")
