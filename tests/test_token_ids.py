@@ -108,3 +108,20 @@ def test_t5_conventions_are_unchanged():
                                                  "num_encoder_layers": 0}))
   tokens, lengths = decoder_prompt(decoder_only, prompts, 2)
   assert tokens.tolist() == [[0, 5, 6, 0], [0, 7, 0, 0]] and lengths.tolist() == [3, 2]
+
+
+def test_on_policy_batches_keep_the_tokenizers_layout(pair):
+  from distillspec_jax.distill import objectives
+  _, _, target, *_ = pair
+  # prompt [5, 0, 7] (0 is "!"), target [9, EOS]: inputs are the sequence, targets one ahead.
+  eos = target.tokens.eos_id
+  batch = {"decoder_input_tokens": np.array([[5, 0, 7, 9, 0, 0]]),
+           "decoder_target_tokens": np.array([[0, 7, 9, eos, 0, 0]]),
+           "decoder_loss_weights": np.array([[0, 0, 1, 1, 0, 0]])}
+  prompts = objectives.prompt_tokens_from_batch(batch, target)
+  assert prompts.tolist() == [[5, 0, 7, NO_TOKEN, NO_TOKEN, NO_TOKEN]]
+  rebuilt = objectives.samples_to_batch(jnp.array([[9, eos, 0]]), jnp.array([2]), batch, target,
+                                        prompts)
+  assert rebuilt["decoder_target_tokens"].tolist() == batch["decoder_target_tokens"].tolist()
+  assert rebuilt["decoder_input_tokens"][0, :4].tolist() == [5, 0, 7, 9]
+  assert rebuilt["decoder_loss_weights"].tolist() == [[0, 0, 1, 1, 0, 0]]
