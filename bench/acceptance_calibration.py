@@ -133,8 +133,8 @@ def rule_rows(target, tp, draft, dp, prompts, args, temperature) -> list:
 def run(args) -> dict:
   started = time.time()
   target_config, draft_config = _configs(args)
-  target, draft = Model(target_config), Model(draft_config,
-                                              AcceptanceHeadConfig(args.head_width))
+  target, draft = Model(target_config), Model(
+      draft_config, acceptance_head=AcceptanceHeadConfig(args.head_width))
   data = SyntheticData(batch_size=16, vocab_size=args.vocab, seed=0)
   tp = train(FinetuneObjective(target), target.init(jax.random.PRNGKey(0)), data,
              args.target_steps, {}, seed=0)

@@ -58,7 +58,7 @@ from distillspec_jax.interop import importer
 from distillspec_jax.models import precision
 from distillspec_jax.models.config import TransformerConfig, model_config
 from distillspec_jax.models.head import HEAD_CONFIG_FILE, Head, read_head_config
-from distillspec_jax.models.model import Model
+from distillspec_jax.models.model import Model, TokenIds
 from distillspec_jax.training import multihost
 from distillspec_jax.training import partitioning
 
@@ -77,7 +77,9 @@ class EvalConfig:
     target_checkpoint_path / draft_checkpoint_path: checkpoints in any supported format.
     target_model / draft_model: preset names (config.MODEL_CONFIGS) to check the checkpoints'
       shapes against; None infers the model from the checkpoint.
-    vocabulary: SentencePiece model path of the checkpoints (None: the task's own).
+    vocabulary: the checkpoints' vocabulary: a Hugging Face model folder, its tokenizer.json
+      (ids, special tokens and BOS rule as transformers has them) or a SentencePiece .model
+      (T5's conventions); None: the task's own.
     data_dir: DATA_DIR of the file-backed tasks (gsm8k_files, mbpp_files, ...).
     bbh_dir: the BBH folder (one JSON per subtask) for the bbh_* tasks and the 'bbh' mixture.
     split: evaluation split (None: 'test', else 'validation').
@@ -214,10 +216,15 @@ class EvalConfig:
   def check_inputs(self) -> None:
     """Refuses, before work starts, input paths that do not exist or hold no checkpoint."""
     if self.vocabulary is not None:
-      check_path(self.vocabulary, "VOCABULARY", kind="file",
-                 fix="pass the SentencePiece .model the checkpoints were trained with (e.g. "
-                     "runs/demo/vocab/embedded_arithmetic_v2_bpe256.model), or None for the "
+      check_path(self.vocabulary, "VOCABULARY", kind="any",
+                 fix="pass the checkpoints' tokenizer: a Hugging Face model folder, its "
+                     "tokenizer.json, or the SentencePiece .model they were trained with (e.g. "
+                     "runs/demo/vocab/embedded_arithmetic_v2_bpe256.model); or None for the "
                      "task's own.")
+      from distillspec_jax.data import vocabularies
+      vocabularies.check_vocabulary(self.vocabulary, "VOCABULARY", (
+          ("TARGET_CHECKPOINT_PATH", self.target_checkpoint_path),
+          ("DRAFT_CHECKPOINT_PATH", self.draft_checkpoint_path)))
     if self.data_dir is not None:
       check_path(self.data_dir, "DATA_DIR", kind="dir",
                  fix="pass the folder with gsm8k/, mbpp/, alpaca/, ... (e.g. ../shared/data).")
@@ -342,12 +349,16 @@ def eval_split(task_name: str, split: Optional[str]) -> str:
 # --- timing --------------------------------------------------------------------------------
 
 
-def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalConfig) -> dict:
+def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalConfig,
+             tokens: TokenIds = TokenIds()) -> dict:
   """measure_speed of the pair over the whole lenience grid in one measurement (its
   leniences interleaved in the same cycles, against one plain decoding). Loads the
-  checkpoints itself (run_pinned)."""
+  checkpoints itself (run_pinned); `tokens`: the vocabulary's special ids."""
   target, target_params = load_model(paths[0], "TARGET_CHECKPOINT_PATH", presets[0], capacity)
   draft, draft_params = load_draft(config, target, capacity)
+  target = target.with_tokens(tokens)
+  if not isinstance(draft, Head):
+    draft = draft.with_tokens(tokens)
   plan = speed.TimingPlan(gammas=config.gammas, temperatures=config.temperatures,
                          max_new_tokens=config.new_tokens, leniences=tuple(config.leniences),
                          draft_lengths=(config.draft_length,), seed=config.seed,
@@ -387,10 +398,11 @@ def load_draft(config: EvalConfig, target: Model, capacity: Optional[int]) -> tu
   return head, importer.restore_any(config.draft_checkpoint_path, abstract)
 
 
-def _load_pair(config: EvalConfig) -> tuple:
-  """(target, target params, draft, draft params), checked as a pair by the engine now, the
-  parameters on the EvalConfig's mesh (`_place`). A draft head's shape comes from its
-  folder's head.json; its parameters are restored into their shards."""
+def _load_pair(config: EvalConfig, tokens: TokenIds) -> tuple:
+  """(target, target params, draft, draft params), the models with the vocabulary's special
+  ids `tokens`, checked as a pair by the engine now, the parameters on the EvalConfig's mesh
+  (`_place`). A draft head's shape comes from its folder's head.json; its parameters are
+  restored into their shards."""
   models = {}
   roles = [("target", config.target_checkpoint_path, config.target_model)]
   if config.draft_kind == "model":
@@ -408,6 +420,10 @@ def _load_pair(config: EvalConfig) -> tuple:
     else:
       model, params = load_model(path, macro, None, None)
       models[role] = (model, params, path)
+    try:
+      models[role] = (models[role][0].with_tokens(tokens),) + models[role][1:]
+    except ValueError as error:
+      raise ValueError(f"{macro}={path!r} does not fit the vocabulary: {error}") from None
   if config.draft_kind == "head":
     models["draft"] = (load_head(config.draft_checkpoint_path, models["target"][0]), None,
                        config.draft_checkpoint_path)
@@ -481,11 +497,11 @@ def _evaluate_task(config: EvalConfig, name: str, examples, pair: tuple,
 
 
 def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
-                 rows_by_task: dict) -> None:
+                 rows_by_task: dict, tokens: TokenIds) -> None:
   """Times each task's grid in a pinned process (loading the checkpoints itself) and gives
   its rows their speed.SpeedFigures (None when speed_examples is 0, and on processes other
   than 0: the timing is one process's batch-1 decodes, and process 0 alone writes the
-  rows)."""
+  rows). `tokens`: the vocabulary's special ids."""
   for name in names:
     timing = None
     if config.speed.examples and multihost.is_primary():
@@ -493,7 +509,7 @@ def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
           pinning.timing_cpus(config.speed.cpus, jax.process_count()), _timings,
           (config.target_checkpoint_path, config.draft_checkpoint_path),
           (config.target_model, config.draft_model), capacity,
-          examples[name].prompts[:config.speed.examples], config)
+          examples[name].prompts[:config.speed.examples], config, tokens)
     if timing is not None:
       rows_by_task[name] = [dataclasses.replace(row, speed=timing.row(row.draft,
                                                                         row.point).figures)
@@ -521,6 +537,7 @@ def evaluate(config: EvalConfig) -> dict:
   """Runs the evaluation and writes every output; returns the metrics.json object."""
   from tqdm.auto import tqdm
   from distillspec_jax.data import batches
+  from distillspec_jax.data import vocabularies
   config.check_inputs()
   # Every process takes part in every decode (one mesh over all of them, each process
   # handing over its rows of each batch) and gets every output; process 0 alone writes, and
@@ -531,7 +548,9 @@ def evaluate(config: EvalConfig) -> dict:
   register_tasks(config)
   names = task_names(config.mixture_or_task_name)
   splits = {name: eval_split(name, config.split) for name in names}
-  target, target_params, draft, draft_params = _load_pair(config)
+  vocabulary = batches.get_vocabulary(names[0])
+  tokens = vocabularies.token_ids(vocabulary)
+  target, target_params, draft, draft_params = _load_pair(config, tokens)
   # Each process reads only the rows it hands to the decoders (process 0 also the timed
   # first prompts); every process gets every row's texts and lengths.
   mesh = eval_mesh(config, target, draft)
@@ -542,10 +561,9 @@ def evaluate(config: EvalConfig) -> dict:
   examples = {name: value[0] for name, value in read.items()}
   width = max(e.prompts.shape[1] for e in examples.values())
   capacity = decode_capacity(config, target.config, draft.config, width)
-  target = Model(target.config.replace(max_decode_length=capacity))
+  target = Model(target.config.replace(max_decode_length=capacity), tokens)
   draft = (Head(draft.config.replace(target=target.config)) if isinstance(draft, Head)
-           else Model(draft.config.replace(max_decode_length=capacity)))
-  vocabulary = batches.get_vocabulary(names[0])
+           else Model(draft.config.replace(max_decode_length=capacity), tokens))
   if vocabulary.vocab_size > target.config.vocab_size:
     raise ValueError(f"The task's vocabulary has {vocabulary.vocab_size} pieces but the models "
                      f"have vocab_size={target.config.vocab_size}; pass the checkpoints' "
@@ -560,7 +578,7 @@ def evaluate(config: EvalConfig) -> dict:
           config, name, examples[name], (target, target_params, draft, draft_params),
           evaluate_lib.TaskScorer(name, vocabulary), bar, read[name][1])
   del target_params, draft_params
-  _add_timings(config, names, examples, capacity, rows_by_task)
+  _add_timings(config, names, examples, capacity, rows_by_task, tokens)
   rows = [r for name in names for r in rows_by_task[name]]
   if len(names) > 1:
     mixture_rows, mixture_alone = evaluate_lib.mixture_mean(config.mixture_or_task_name,

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 import gin
 
 from distillspec_jax.models import config as config_lib
+from distillspec_jax.data.task_source import TaskSource
 from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.models.model import Model
 from distillspec_jax.training import multihost
@@ -73,7 +74,7 @@ def configurable(name: str) -> Callable:
 
 def register_configurables() -> None:
   """Registers the library constructors every binary's gin files may use."""
-  register(model_by_name, TrainConfig, DistillationConfig, SyntheticData,
+  register(model_by_name, TrainConfig, DistillationConfig, SyntheticData, TaskSource,
            dry_run=dry_run_settings)
 
 

@@ -34,6 +34,7 @@ from distillspec_jax import gin_utils
 from distillspec_jax.training import multihost
 from distillspec_jax.studies import pipeline as pipeline_lib
 from distillspec_jax.studies.garden import GardenConfig
+from distillspec_jax.studies.pair_source import PairSource
 from distillspec_jax.studies.pipeline import PipelineConfig, check_run_dir, run_pipeline
 from distillspec_jax.studies.pipeline_config import HeadStageConfig
 from distillspec_jax.studies.recipe_grid import RecipeGridConfig
@@ -48,7 +49,8 @@ def main_job(pipeline: PipelineConfig = gin.REQUIRED, stages: Optional[tuple] = 
 
 def load_pipeline(argv: Sequence[str]) -> PipelineConfig:
   """Parses the gin flags and builds the run file's PipelineConfig (nothing runs)."""
-  gin_utils.register(main_job, PipelineConfig, HeadStageConfig, RecipeGridConfig, GardenConfig)
+  gin_utils.register(main_job, PipelineConfig, PairSource, HeadStageConfig, RecipeGridConfig,
+                     GardenConfig)
   gin_utils.parse_binary_flags(argv)
   try:
     reference = gin.query_parameter("main_job.pipeline")

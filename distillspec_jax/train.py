@@ -6,9 +6,10 @@ r"""The gin binary: fine-tuning and DistillSpec distillation, T5X style.
 
 Macros (T5X names): MODEL_DIR, MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, TRAIN_STEPS,
 BATCH_SIZE, INITIAL_CHECKPOINT_PATH (start of the trained model), TARGET_CHECKPOINT_PATH
-(the frozen target of a distillation run), plus the recipe macros LAMBDA1, LAMBDA2,
-DIVERGENCE, BETA, SAMPLING_TEMPERATURE, LK_S, LK_ETA, POSITION_WEIGHTING, BLOCK_SIZE
-(gin/recipes/distill_base.gin).
+(the frozen target of a distillation run), DATA_DIR (file-backed tasks such as gsm8k_files),
+VOCABULARY (the models' tokenizer: a Hugging Face folder, tokenizer.json or .model), plus the
+recipe macros LAMBDA1, LAMBDA2, DIVERGENCE, BETA, SAMPLING_TEMPERATURE, LK_S, LK_ETA,
+POSITION_WEIGHTING, BLOCK_SIZE (gin/recipes/distill_base.gin).
 
 Multi-host (multihost.py): --coordinator_address=HOST:PORT --process_count=N
 --process_index=I on every process (GPU clusters, localhost tests); none on a TPU VM slice,
@@ -36,6 +37,7 @@ import gin
 import jax
 
 from distillspec_jax.training import checkpoints
+from distillspec_jax.data.task_source import TaskSource
 from distillspec_jax.distill import blocked
 from distillspec_jax.distill import objectives
 from distillspec_jax import gin_utils
@@ -70,6 +72,8 @@ class RunSpec:
       (TARGET_PARAM_DTYPE; None = as stored).
     loss_block_size: positions per block of the fine-tuning loss (LOSS_BLOCK_SIZE, which also
       sets DistillationConfig.loss_block_size; distill/blocked.py).
+    data: DATA_DIR and VOCABULARY (a TaskSource; None = the default one); both models take
+      the vocabulary's special ids.
   """
 
   mode: Literal["finetune", "distill"] = "distill"
@@ -87,6 +91,7 @@ class RunSpec:
   eval_temperature: float = 1.0
   target_param_dtype: Optional[str] = None
   loss_block_size: Union[int, Literal["auto"], None] = "auto"
+  data: Optional[TaskSource] = None
 
   def __post_init__(self):
     if self.model is None:
@@ -104,6 +109,14 @@ class RunSpec:
     check_positive_int(self.eval_gamma, "run.eval_gamma")
     check_real(self.eval_temperature, "run.eval_temperature", minimum=0.0)
     object.__setattr__(self, "task_feature_lengths", dict(self.task_feature_lengths or {}))
+    # DATA_DIR and VOCABULARY: both models take the vocabulary's special ids.
+    data = self.data or TaskSource()
+    data.check((("INITIAL_CHECKPOINT_PATH", self.train_config.initial_checkpoint_path or None),
+                ("TARGET_CHECKPOINT_PATH", self.target_checkpoint_path)))
+    object.__setattr__(self, "data", data)
+    object.__setattr__(self, "model", self.model.with_tokens(data.tokens))
+    if self.target is not None:
+      object.__setattr__(self, "target", self.target.with_tokens(data.tokens))
     if self.mode == "distill":
       if self.target is None:
         raise gin_utils.GinConfigError("Distillation needs run.target "
@@ -165,6 +178,7 @@ def make_data(spec: RunSpec, split: str, batch_size: int, seed: int, repeat: boo
                                  decoder_only=decoder_only)
   from distillspec_jax.data import batches as batches_lib
   converter = "decoder" if decoder_only else "enc_dec"
+  spec.data.register()
 
   def factory(shard=None):
     # Seeded shuffle: the same order after a restart; the trainer skips consumed batches.

@@ -88,7 +88,7 @@ def _train_jointly(temperature, steps=150):
   common = dict(kind="decoder_only", vocab_size=24, emb_dim=32, num_heads=2, head_dim=16,
                 mlp_dim=64, dropout_rate=0.0, max_decode_length=32, num_encoder_layers=0)
   target = Model(TransformerConfig(num_decoder_layers=2, **common))
-  draft = Model(TransformerConfig(num_decoder_layers=1, **common), HEAD)
+  draft = Model(TransformerConfig(num_decoder_layers=1, **common), acceptance_head=HEAD)
   tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
   objective = DistillationObjective(target, draft, DistillationConfig(
       lambda1=1.0, lambda2=0.0, acceptance_weight=1.0, acceptance_temperature=temperature))
@@ -198,15 +198,15 @@ def test_bad_input_is_refused_before_work():
   with pytest.raises(ValueError, match="acceptance_weight=1.0 needs a draft with an acceptance"):
     DistillationObjective(target, draft, DistillationConfig(acceptance_weight=1.0))
   with pytest.raises(ValueError, match="acceptance_weight=0.0 would leave it untrained"):
-    DistillationObjective(target, Model(draft.config, HEAD), DistillationConfig())
+    DistillationObjective(target, Model(draft.config, acceptance_head=HEAD), DistillationConfig())
   with pytest.raises(ValueError, match="width=0"):
     AcceptanceHeadConfig(width=0)
   from distillspec_jax.distill.teacher_cache import CachedTeacherObjective
   with pytest.raises(ValueError, match="teacher cache does not train an acceptance head"):
-    CachedTeacherObjective(Model(draft.config, HEAD), DistillationConfig(
+    CachedTeacherObjective(Model(draft.config, acceptance_head=HEAD), DistillationConfig(
         lambda1=1.0, lambda2=0.0, acceptance_weight=1.0))
   with pytest.raises(ValueError, match="already has an acceptance head"):
-    Model(draft.config, HEAD).with_acceptance_head(dp, HEAD, jax.random.PRNGKey(0))
+    Model(draft.config, acceptance_head=HEAD).with_acceptance_head(dp, HEAD, jax.random.PRNGKey(0))
 
 
 @pytest.mark.integration  # trains a target and a draft (bench/acceptance_calibration.py)
@@ -234,7 +234,7 @@ def test_the_trainer_trains_and_checkpoints_the_head_with_the_draft(tmp_path):
   (resume) with the draft's and the next step updates them."""
   from distillspec_jax.training import trainer
   target, tp, draft, _ = _pair("encoder_decoder")
-  draft = Model(draft.config, HEAD)
+  draft = Model(draft.config, acceptance_head=HEAD)
   data = trainer.SyntheticData(8, vocab_size=97)
   objective = DistillationObjective(target, draft, DistillationConfig(
       lambda1=1.0, lambda2=0.0, acceptance_weight=1.0))
@@ -257,7 +257,7 @@ def test_head_reads_the_last_hidden_state_of_the_rope_families(name):
   """The head finds each family's final norm: its incremental output equals its
   teacher-forced one, and the logits are the network's."""
   plain = Model.from_name(name, max_decode_length=32)
-  model = Model(plain.config, HEAD)
+  model = Model(plain.config, acceptance_head=HEAD)
   params = model.init(jax.random.PRNGKey(0))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 5), 2, plain.config.vocab_size)
   logits, head = model.logits_with_acceptance(params, {"decoder_input_tokens": tokens})

@@ -168,11 +168,17 @@ def test_round_trips_are_exact_and_tokenizer_files_pass_through(tmp_path):
   loaded, loaded_config = importer.load_checkpoint(str(tmp_path / "hf"))
   assert loaded_config == config.replace(max_decode_length=loaded_config.max_decode_length)
   jax.tree.map(np.testing.assert_array_equal, loaded, jax.tree.map(np.asarray, params))
-  # ours -> hf -> ours through the CLI, with the preset (RoPE is not in our format's shapes).
+  # Our format stores the configuration with the weights: no preset needed to read it back.
   importer.save_checkpoint(params, config, str(tmp_path / "ours"), "ours")
+  again, again_config = importer.load_checkpoint(str(tmp_path / "ours"))
+  assert again_config == config
+  jax.tree.map(np.testing.assert_array_equal, again, jax.tree.map(np.asarray, params))
+  # Weights saved without it (older checkpoints) still need the configuration said.
+  from distillspec_jax.training import checkpoints
+  checkpoints.save_params(str(tmp_path / "bare"), jax.tree.map(np.asarray, params))
   with pytest.raises(ValueError, match="rope_theta, rope_scaling and norm_epsilon"):
-    importer.load_checkpoint(str(tmp_path / "ours"))
-  again, _ = importer.load_checkpoint(str(tmp_path / "ours"), config)
+    importer.load_checkpoint(str(tmp_path / "bare"))
+  again, _ = importer.load_checkpoint(str(tmp_path / "bare"), config)
   jax.tree.map(np.testing.assert_array_equal, again, jax.tree.map(np.asarray, params))
 
 
@@ -181,14 +187,18 @@ def test_convert_cli_exports_a_preset_with_its_tokenizer(tmp_path, capsys):
   model = Model.from_name("tiny_llama")
   importer.save_checkpoint(model.init(jax.random.PRNGKey(0)), model.config,
                            str(tmp_path / "ours"), "ours")
-  (tmp_path / "tok").mkdir()
-  (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+  import hf_fixtures
+  tokenizer = hf_fixtures.save_tokenizer(str(tmp_path / "tok"), "llama")
   assert convert.main(["--from=ours", "--to=hf", f"--input={tmp_path / 'ours'}",
                        f"--output={tmp_path / 'hf'}", "--model=tiny_llama",
-                       f"--tokenizer_dir={tmp_path / 'tok'}"]) == 0
+                       f"--tokenizer_dir={tokenizer}"]) == 0
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["kind"] == "llama"
-  assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "model.safetensors",
-                                                 "tokenizer.json"]
+  assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "generation_config.json",
+                                                 "model.safetensors", "tokenizer.json",
+                                                 "tokenizer_config.json"]
+  written = json.load(open(tmp_path / "hf" / "config.json"))
+  assert (written["bos_token_id"], written["eos_token_id"], written["pad_token_id"]) == (
+      298, 299, None)  # the tokenizer's, not T5's 0 / 1 / 0
   assert convert.main(["--from=hf", "--to=ours", f"--input={tmp_path / 'hf'}",
                        f"--output={tmp_path / 'back'}"]) == 0
   fmt = importer.check_checkpoint(str(tmp_path / "hf"), model.config)

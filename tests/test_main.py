@@ -54,3 +54,15 @@ def test_every_main_run_file_builds_its_pipeline(run_file):
 def test_paper_run_file_needs_a_model_dir():
   with pytest.raises(gin_utils.GinConfigError, match="MODEL_DIR is not set"):
     main.load_pipeline(["--gin_file=gin/runs/paper_xsum.gin"])
+
+
+def test_own_pair_run_file_takes_the_pair_from_the_checkpoints():
+  flags = ["--gin_file=gin/runs/own_pair_gsm8k.gin", "--gin.MODEL_DIR=/tmp/unused"]
+  with pytest.raises(gin_utils.GinConfigError, match="TARGET_MODEL=None needs "
+                                                     "TARGET_CHECKPOINT_PATH"):
+    main.load_pipeline(flags)
+  config = main.load_pipeline(flags + ["--gin.TARGET_CHECKPOINT_PATH='t'",
+                                       "--gin.DRAFT_CHECKPOINT_PATH='d'",
+                                       "--gin.VOCABULARY='t'"])
+  assert (config.target_model, config.draft_model, config.pair.vocabulary) == (None, None, "t")
+  assert not config.pair.finetune_target and config.teacher_cache_k is None

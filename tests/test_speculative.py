@@ -475,7 +475,7 @@ def test_interior_prompt_padding_is_refused():
   prompts = np.array([[5, 6, 7], [5, 0, 7], [9, 0, 0]], np.int32)
   for array in (prompts, jnp.asarray(prompts)):
     with pytest.raises(ValueError, match=r"prompt_tokens row 1 has padding \(id 0\) at "
-                                         r"position 1 followed by a non-zero id"):
+                                         r"position 1 followed by a real id"):
       speculative_decode(target, tp, draft, dp, prompt_tokens=array, max_new_tokens=4, gamma=2)
   ok = speculative_decode(target, tp, draft, dp, prompt_tokens=prompts[[0, 2]],
                           max_new_tokens=4, gamma=2)

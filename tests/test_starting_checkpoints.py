@@ -1,5 +1,6 @@
 """The main job's starting checkpoints: PipelineConfig.target_checkpoint_path (any format,
-read by interop.importer.restore_any) is where the target's fine-tuning starts."""
+read by interop.importer.restore_any) is where the target's fine-tuning starts when the job
+asks for it (PairSource.finetune_target)."""
 
 import jax
 import numpy as np
@@ -9,6 +10,7 @@ from distillspec_jax.interop import importer
 from distillspec_jax.models.config import model_config
 from distillspec_jax.models.model import Model
 from distillspec_jax.studies import pipeline
+from distillspec_jax.studies.pair_source import PairSource
 from distillspec_jax.studies.pipeline import PipelineConfig
 from distillspec_jax.training.trainer import SyntheticData
 
@@ -23,7 +25,8 @@ def test_the_target_stage_starts_from_a_hugging_face_checkpoint(tmp_path, monkey
   importer.save_checkpoint(start, model.config, str(tmp_path / "hf"), "hf")
   config = PipelineConfig(run_dir=str(tmp_path / "run"), target_model="tiny_encoder_decoder",
                           target_steps=1, batch_size=2, warmup_steps=1, learning_rate=1e-9,
-                          target_checkpoint_path=str(tmp_path / "hf"), progress_bar=False)
+                          target_checkpoint_path=str(tmp_path / "hf"), progress_bar=False,
+                          pair=PairSource(finetune_target=True))
   config.check_inputs()  # the path is a checkpoint the importer reads
   # The vocab stage's outputs, stood in for: the vocabulary's size and a tiny data source.
   monkeypatch.setattr(pipeline, "vocab_size", lambda config: VOCAB)

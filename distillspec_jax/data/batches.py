@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import logging
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
@@ -30,6 +31,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from distillspec_jax.data import tasks
+from distillspec_jax.data import vocabularies
 
 FEATURE_CONVERTERS = ("enc_dec", "decoder")
 
@@ -160,6 +162,42 @@ def check_prompt_lengths(task_name: str, split: str, sequence_lengths: Mapping[s
                       task.name, too_long, len(lens), length)
 
 
+def _check_tokenizer_converter(task_name: str, kind: str, pack: bool) -> None:
+  if kind == "enc_dec":
+    raise ValueError(
+        f"Task {task_name!r} uses a Hugging Face tokenizer, which has no decoder start token; "
+        "encoder-decoder batches need T5's conventions: pass the folder's SentencePiece "
+        "spiece.model as the vocabulary, or feature_converter='decoder'.")
+  if pack:
+    raise ValueError(f"Task {task_name!r} uses a Hugging Face tokenizer: packed batches are "
+                     "not supported with it; pass pack=False.")
+
+
+def tokenizer_features(ex: Mapping[str, tf.Tensor], width: int) -> Dict[str, tf.Tensor]:
+  """A decoder-only training example as a tokenizer's model reads it, from a task example's
+  'inputs' (the prompt, as the tokenizer encodes it) and 'targets' (ending in EOS).
+
+  The sequence is prompt + targets; `decoder_input_tokens` is the sequence and
+  `decoder_target_tokens` the same one ahead (no start id: seqio's converter would put T5's
+  0, a real token here, first), each `[width]` (= inputs + targets lengths - 1), zero-filled
+  after the sequence. `decoder_loss_weights` marks the targets by position, so a target id 0
+  still counts (seqio reads id 0 as padding); `decoder_causal_attention` marks the prompt.
+  An LM task (no 'inputs') predicts every token after the first.
+  """
+  targets = tf.cast(ex["targets"], tf.int32)
+  prompt = tf.cast(ex["inputs"], tf.int32) if "inputs" in ex else targets[:0]
+  sequence = tf.concat([prompt, targets], axis=0)[:width + 1]
+  n = tf.shape(sequence)[0]
+  first = tf.maximum(tf.shape(prompt)[0], 1)  # the first predicted token's position
+  positions = tf.range(width)
+  pad = [[0, width + 1 - n]]
+  padded = tf.pad(sequence, pad)
+  return {
+      "decoder_input_tokens": padded[:-1], "decoder_target_tokens": padded[1:],
+      "decoder_loss_weights": tf.cast((positions >= first - 1) & (positions < n - 1), tf.int32),
+      "decoder_causal_attention": tf.cast(positions < first, tf.int32)}
+
+
 def get_tf_dataset(task_name: str, split: str, sequence_lengths: Mapping[str, int],
                    batch_size: int, feature_converter: Any = "enc_dec", shuffle: bool = False,
                    seed: Optional[int] = None, num_epochs: Optional[int] = 1,
@@ -179,10 +217,18 @@ def get_tf_dataset(task_name: str, split: str, sequence_lengths: Mapping[str, in
   if max_truncated_fraction is not None:
     check_prompt_lengths(task_name, split, sequence_lengths,
                          max_truncated_fraction=max_truncated_fraction)
-  ds = seqio.get_dataset(task_name, task_feature_lengths=dict(sequence_lengths),
-                         feature_converter=converter, dataset_split=split, shuffle=shuffle,
-                         num_epochs=num_epochs, seed=seed, shard_info=shard_info,
-                         verbose=False)
+  if vocabularies.is_tokenizer(get_vocabulary(task_name)):
+    _check_tokenizer_converter(task_name, kind, pack)
+    width = sum(int(v) for v in sequence_lengths.values()) - 1
+    ds = task.get_dataset(sequence_length=dict(sequence_lengths), split=split, shuffle=shuffle,
+                          seed=seed, num_epochs=num_epochs, shard_info=shard_info)
+    ds = ds.map(functools.partial(tokenizer_features, width=width),
+                num_parallel_calls=tf.data.AUTOTUNE)
+  else:
+    ds = seqio.get_dataset(task_name, task_feature_lengths=dict(sequence_lengths),
+                           feature_converter=converter, dataset_split=split, shuffle=shuffle,
+                           num_epochs=num_epochs, seed=seed, shard_info=shard_info,
+                           verbose=False)
   ds = ds.batch(int(batch_size), drop_remainder=drop_remainder)
   return ds.prefetch(tf.data.AUTOTUNE)
 
@@ -219,8 +265,8 @@ def get_dataset(task_name: str, split: str, sequence_lengths: Mapping[str, int],
   return iter(tfds.as_numpy(ds))
 
 
-def _pad(rows: Sequence[np.ndarray], width: int) -> np.ndarray:
-  out = np.zeros((len(rows), width), dtype=np.int32)
+def _pad(rows: Sequence[np.ndarray], width: int, value: int = 0) -> np.ndarray:
+  out = np.full((len(rows), width), value, dtype=np.int32)
   for i, r in enumerate(rows):
     out[i, : len(r)] = r[:width]
   return out
@@ -302,7 +348,10 @@ def get_prompts_and_targets(task_name: str, split: str,
                             rows: Optional[RowSelection] = None) -> Examples:
   """Prompts and references, tokenized, for decoding evaluation: the split's Examples.
 
-  Longer references are cut to T-1 tokens + EOS. P and T come from sequence_lengths ('inputs', 'targets') or are the longest
+  Longer references are cut to T-1 tokens + EOS. Prompts and targets are right-padded with
+  `vocabularies.pad_value(vocab)` (0 for T5, NO_TOKEN = -1 for a Hugging Face tokenizer,
+  whose id 0 is a real token); prompts are the task's 'inputs' tokens exactly as the models
+  see them in training. P and T come from sequence_lengths ('inputs', 'targets') or are the longest
   lengths present.  A prompt longer than P raises ValueError naming the example,
   its length and P (on_long_prompt='error'); 'truncate' keeps its first P-1
   tokens + EOS, 'skip' drops it.  For LM tasks (no 'inputs') the first
@@ -328,6 +377,8 @@ def get_prompts_and_targets(task_name: str, split: str,
   sequence_lengths = dict(sequence_lengths or {})
   max_p, max_t = sequence_lengths.get("inputs"), sequence_lengths.get("targets")
   eos = task.output_features["targets"].vocabulary.eos_id
+  pad = vocabularies.pad_value(task.output_features["targets"].vocabulary)
+  prompt_eos = task.output_features["inputs"].add_eos if has_inputs else True
   num = -1 if num_examples is None else num_examples
   if rows is None:
     ds = _untrimmed_examples(task, split, num, shuffle=shuffle, seed=seed)
@@ -365,7 +416,10 @@ def get_prompts_and_targets(task_name: str, split: str,
             f"{len(prm)}, or on_long_prompt='truncate' / 'skip'.")
       if on_long_prompt == "skip":
         continue
-      prm = np.concatenate([prm[: max_p - 1], [eos]]) if has_inputs else prm[-max_p:]
+      if not has_inputs:
+        prm = prm[-max_p:]
+      else:  # the prompt's start and, with T5's conventions, its EOS
+        prm = np.concatenate([prm[: max_p - 1], [eos]]) if prompt_eos else prm[:max_p]
     if max_t is not None and len(tgt) > max_t:
       tgt = np.concatenate([tgt[: max_t - 1], [eos]])
     prompts.append(prm)
@@ -380,9 +434,9 @@ def get_prompts_and_targets(task_name: str, split: str,
   selection = {} if positions is None else dict(
       positions=np.asarray(positions, np.int64),
       complete=read == len(positions) == len(prompts))
-  return Examples(prompts=_pad(prompts, p_width),
+  return Examples(prompts=_pad(prompts, p_width, pad),
                   prompt_lengths=np.asarray([len(p) for p in prompts], dtype=np.int32),
-                  targets=_pad(targets, t_width),
+                  targets=_pad(targets, t_width, pad),
                   target_lengths=np.asarray([len(t) for t in targets], dtype=np.int32),
                   prompt_texts=p_texts, target_texts=t_texts, **selection)
 

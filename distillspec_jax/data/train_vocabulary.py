@@ -33,7 +33,8 @@ def task_texts(task_name: str, split: str = "train",
 
   task = batches.get_task(task_name)
   skip = {seqio.preprocessors.tokenize, seqio.preprocessors.tokenize_and_append_eos,
-          seqio.preprocessors.append_eos, seqio.preprocessors.append_eos_after_trim}
+          seqio.preprocessors.append_eos, seqio.preprocessors.append_eos_after_trim,
+          tasks.preprocessors.add_special_tokens}
   ds = task.source.get_dataset(split=split, shuffle=False)
   for p in task.preprocessors:
     if p in skip or getattr(p, "func", None) in skip:

@@ -1,4 +1,10 @@
-"""SentencePiece vocabularies for distillspec_jax (seqio.SentencePieceVocabulary).
+"""Vocabularies for distillspec_jax: SentencePiece models and Hugging Face tokenizers.
+
+`as_vocabulary(path)` takes a Hugging Face model folder (its tokenizer.json; a folder with
+only a SentencePiece tokenizer.model / spiece.model gives that), a tokenizer.json (see
+hf_vocabulary.py: ids, special tokens and the BOS rule exactly as transformers has them), or a
+SentencePiece .model file (T5's layout: pad 0, EOS 1, decoding starts from 0).
+`token_ids(vocab)` gives the models' `TokenIds` for a vocabulary.
 
 * TPU default: T5's public model, ``gs://t5-data/vocabs/cc_all.32000/sentencepiece.model``
   with 100 extra ids (as in T5X).  Loaded lazily, so naming it offline is fine
@@ -12,7 +18,7 @@
   pad=0, eos=1, unk=2, no bos.
 
 Draft and target models must share one vocabulary; check it with
-``check_same_vocabulary(a, b)``.
+``check_same_vocabulary(a, b)`` (the tokenizers are compared, not their sizes).
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ import tempfile
 from typing import Iterable, Optional, Sequence, Union
 
 import seqio
+
+from distillspec_jax.data import hf_vocabulary
+from distillspec_jax.models.model import NO_TOKEN, TokenIds
 
 T5_DEFAULT_SPM_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 T5_DEFAULT_EXTRA_IDS = 100
@@ -53,20 +62,81 @@ def get_vocabulary(path: Union[str, os.PathLike] = T5_DEFAULT_SPM_PATH,
         f"of an existing .model file: T5's {T5_DEFAULT_SPM_PATH!r} on TPU, or one "
         "trained offline with `python -m distillspec_jax.data.train_vocabulary "
         "--task=<task> --out=<file.model> --vocab_size=<n>`.")
+  if not _is_remote(path):
+    _check_sentencepiece(path)
   return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
 
+def _first_line(error: Exception) -> str:
+  return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+
+
+def _check_sentencepiece(path: str) -> None:
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  try:
+    spm.SentencePieceProcessor(model_file=path)
+  except Exception as e:  # pylint: disable=broad-except  (a parse error of any kind)
+    raise ValueError(
+        f"{path!r} is not a SentencePiece model ({_first_line(e)}). "
+        "Pass a SentencePiece .model file, a Hugging Face tokenizer.json, or a model folder "
+        "saved by transformers' save_pretrained.") from None
+
+
+SENTENCEPIECE_IN_FOLDER = ("tokenizer.model", "spiece.model", "sentencepiece.model")
+
+
+def load_vocabulary(path: Union[str, os.PathLike]) -> seqio.Vocabulary:
+  """A vocabulary from a path: an HF model folder, a tokenizer.json, or a .model file."""
+  path = os.fspath(path)
+  if _is_remote(path):
+    return get_vocabulary(path)
+  if os.path.isdir(path):
+    if os.path.isfile(os.path.join(path, hf_vocabulary.TOKENIZER_FILE)):
+      return hf_vocabulary.load_hf_vocabulary(path)
+    for name in SENTENCEPIECE_IN_FOLDER:
+      if os.path.isfile(os.path.join(path, name)):
+        return get_vocabulary(os.path.join(path, name))
+    raise FileNotFoundError(
+        f"Folder {path!r} holds no tokenizer: expected tokenizer.json (a Hugging Face model "
+        f"folder) or one of {list(SENTENCEPIECE_IN_FOLDER)}.")
+  if path.endswith(".json"):
+    return hf_vocabulary.load_hf_vocabulary(path)
+  return get_vocabulary(path)
+
+
 def as_vocabulary(vocab: Optional[VocabLike]) -> seqio.Vocabulary:
-  """Vocabulary object from a Vocabulary, a path, or None (T5 default)."""
+  """Vocabulary object from a Vocabulary, a path (`load_vocabulary`), or None (T5 default)."""
   if vocab is None:
     return get_vocabulary(T5_DEFAULT_SPM_PATH)
   if isinstance(vocab, seqio.Vocabulary):
     return vocab
   if isinstance(vocab, (str, os.PathLike)):
-    return get_vocabulary(vocab)
+    return load_vocabulary(vocab)
   raise TypeError(
-      f"Expected a seqio.Vocabulary or a SentencePiece model path, got {type(vocab).__name__}: "
-      f"{vocab!r}")
+      f"Expected a seqio.Vocabulary or a vocabulary path (model folder, tokenizer.json or "
+      f"SentencePiece .model), got {type(vocab).__name__}: {vocab!r}")
+
+
+def is_tokenizer(vocab: seqio.Vocabulary) -> bool:
+  """Whether `vocab` is a Hugging Face tokenizer (its own special ids and BOS rule) rather
+  than a vocabulary with T5's conventions."""
+  return isinstance(vocab, hf_vocabulary.HFTokenizerVocabulary)
+
+
+def token_ids(vocab: VocabLike) -> TokenIds:
+  """The models' TokenIds for `vocab`: T5's for SentencePiece vocabularies; for a tokenizer
+  its EOS, no start id (prompts begin as the tokenizer encodes them), padding marked by
+  NO_TOKEN (0 is a real token), and its size (embedding rows past it are never output)."""
+  vocab = as_vocabulary(vocab)
+  if not is_tokenizer(vocab):
+    return TokenIds()
+  return TokenIds(eos_id=int(vocab.eos_id), decoder_start_id=None, pad_id=NO_TOKEN,
+                  num_tokens=int(vocab.vocab_size))
+
+
+def pad_value(vocab: VocabLike) -> int:
+  """The value right-padding token arrays of `vocab`'s ids (`token_ids(vocab).pad_id`)."""
+  return token_ids(vocab).pad_id
 
 
 def train_sentencepiece(texts: Iterable[str], out_path: Union[str, os.PathLike],
@@ -113,7 +183,22 @@ def train_sentencepiece(texts: Iterable[str], out_path: Union[str, os.PathLike],
   return out_path
 
 
+def _tokenizer_difference(a, b) -> str:
+  ia, ib = a.identity(), b.identity()
+  for key in ("bos", "eos", "prefix", "suffix"):
+    if ia[key] != ib[key]:
+      return f"{key}: {ia[key]} vs {ib[key]}"
+  ta, tb = ia["tokenizer"], ib["tokenizer"]
+  for key in sorted(set(ta) | set(tb)):
+    if ta.get(key) != tb.get(key):
+      sizes = f"; sizes {a.vocab_size} vs {b.vocab_size}" if key == "model" else ""
+      return f"their {key!r} entries differ{sizes}"
+  return "their definitions differ"
+
+
 def _describe(vocab: seqio.Vocabulary) -> str:
+  if is_tokenizer(vocab):
+    return repr(vocab)
   path = getattr(vocab, "sentencepiece_model_file", None)
   return f"{type(vocab).__name__}({path!r}, extra_ids={getattr(vocab, 'extra_ids', '?')})"
 
@@ -127,6 +212,16 @@ def check_same_vocabulary(a: VocabLike, b: VocabLike) -> bool:
   """
   va, vb = as_vocabulary(a), as_vocabulary(b)
   if va is vb:
+    return True
+  if is_tokenizer(va) or is_tokenizer(vb):
+    if not (is_tokenizer(va) and is_tokenizer(vb)):
+      raise ValueError(f"Draft and target vocabularies differ in type: {_describe(va)} vs "
+                       f"{_describe(vb)}. Use the same tokenizer for both models.")
+    if va != vb:
+      raise ValueError(
+          f"Draft and target tokenizers differ: {va.tokenizer_file} and {vb.tokenizer_file} "
+          f"({_tokenizer_difference(va, vb)}). Speculative decoding and distillation compare "
+          "the models token by token: give both the same tokenizer (the target's).")
     return True
   pa = getattr(va, "sentencepiece_model_file", None)
   pb = getattr(vb, "sentencepiece_model_file", None)
@@ -149,3 +244,35 @@ def check_same_vocabulary(a: VocabLike, b: VocabLike) -> bool:
         f"Draft and target vocabularies have the same size ({va.vocab_size}) but different "
         f"SentencePiece models: {_describe(va)} vs {_describe(vb)}. Use the same .model file.")
   return True
+
+
+def checkpoint_tokenizer(path: Optional[str]) -> Optional[str]:
+  """The tokenizer a checkpoint folder carries (its tokenizer.json, as save_pretrained
+  writes it), or None."""
+  if not path or _is_remote(os.fspath(path)):
+    return None
+  path = os.fspath(path)
+  folder = path if os.path.isdir(path) else os.path.dirname(path)
+  candidate = os.path.join(folder, hf_vocabulary.TOKENIZER_FILE)
+  return candidate if os.path.isfile(candidate) else None
+
+
+def check_vocabulary(path: Union[str, os.PathLike], name: str = "VOCABULARY",
+                     checkpoints: Sequence[tuple] = ()) -> seqio.Vocabulary:
+  """The vocabulary at `path`, for a binary's input `name`, loaded now (a bad file is a
+  ValueError naming `name`, the path and the fix); every (macro, checkpoint path) of
+  `checkpoints` that carries its own tokenizer must carry this one."""
+  try:
+    vocab = as_vocabulary(path)
+  except (OSError, ValueError) as error:
+    raise ValueError(f"{name}={os.fspath(path)!r}: {error}") from None
+  for macro, checkpoint in checkpoints:
+    own = checkpoint_tokenizer(checkpoint)
+    if own is None:
+      continue
+    try:
+      check_same_vocabulary(vocab, os.path.dirname(own))
+    except ValueError as error:
+      raise ValueError(f"{macro}={checkpoint!r} carries another tokenizer than {name}="
+                       f"{os.fspath(path)!r}: {error}") from None
+  return vocab

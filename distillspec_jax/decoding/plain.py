@@ -22,7 +22,7 @@ import numpy as np
 
 from distillspec_jax.core.validation import check_field_types, check_positive_int, check_real
 from distillspec_jax.models.config import check_token_ids
-from distillspec_jax.models.model import EOS_ID, PAD_ID, Model, decoder_prompt
+from distillspec_jax.models.model import PAD_ID, Model, decoder_prompt
 
 Array = jax.Array
 
@@ -54,11 +54,13 @@ def check_rng(rng: Optional[Array], sampling: "SamplingConfig") -> Array:
       "rng=jax.random.PRNGKey(seed) (a fixed default would give every call the same samples).")
 
 
-def check_prompt_padding(prompt_tokens, name: str = "prompt_tokens") -> None:
-  """Refuses interior padding in right-padded prompts `[batch, P]` (0 = PAD_ID).
+def check_prompt_padding(prompt_tokens, name: str = "prompt_tokens", pad_id: int = PAD_ID,
+                         need_tokens: bool = False) -> None:
+  """Refuses interior padding in right-padded prompts `[batch, P]` (padding = `pad_id`).
 
-  A row's length is its number of non-zero ids, so padding is trailing only: a 0 followed by a
-  non-zero id in the same row is an error naming the row and the position. Checked eagerly
+  A row's length is its number of ids other than `pad_id`, so padding is trailing only: a pad
+  followed by a real id in the same row is an error naming the row and the position; with
+  `need_tokens` (no start id precedes the prompt) an empty row is refused too. Checked eagerly
   when the prompts are concrete (NumPy or JAX arrays outside jit); traced prompts are trusted.
   """
   if prompt_tokens is None or isinstance(prompt_tokens, jax.core.Tracer):
@@ -66,7 +68,7 @@ def check_prompt_padding(prompt_tokens, name: str = "prompt_tokens") -> None:
   tokens = np.asarray(prompt_tokens)
   if tokens.ndim != 2:
     raise ValueError(f"{name} must be [batch, P]; got shape {tokens.shape}.")
-  pad = tokens == PAD_ID
+  pad = tokens == pad_id
   # Padding followed by a real id anywhere in a row shows as a PAD right before a real id.
   interior = pad[:, :-1] & ~pad[:, 1:]
   if interior.any():
@@ -74,9 +76,13 @@ def check_prompt_padding(prompt_tokens, name: str = "prompt_tokens") -> None:
     column = int(np.argmax(pad[row]))  # the row's first padding position
     shown = str(tokens[row, :24].tolist())[:-1] + (", ...]" if tokens.shape[1] > 24 else "]")
     raise ValueError(
-        f"{name} row {row} has padding (id {PAD_ID}) at position {column} followed by a "
-        f"non-zero id: {shown}. Prompts are right-padded: put every real token "
+        f"{name} row {row} has padding (id {pad_id}) at position {column} followed by a "
+        f"real id: {shown}. Prompts are right-padded: put every real token "
         "first and the padding after it.")
+  if need_tokens and tokens.size and pad[:, 0].any():
+    row = int(np.argmax(pad[:, 0]))
+    raise ValueError(f"{name} row {row} is empty; this model's tokenizer has no start token, "
+                     "so every prompt needs at least one token.")
 
 
 def cache_capacity(model: Model, max_length) -> int:
@@ -105,7 +111,11 @@ def check_prompts(model: Model, encoder_input_tokens, prompt_tokens) -> None:
   spanning processes)."""
   encoder_input_tokens, prompt_tokens = map(local_rows, (encoder_input_tokens, prompt_tokens))
   if not model.is_encoder_decoder:
-    check_prompt_padding(prompt_tokens)
+    pad_id = model.tokens.pad_id
+    check_prompt_padding(prompt_tokens, pad_id=pad_id,
+                         need_tokens=model.tokens.decoder_start_id is None)
+    if prompt_tokens is not None and not isinstance(prompt_tokens, jax.core.Tracer):
+      prompt_tokens = np.where(np.asarray(prompt_tokens) == pad_id, 0, prompt_tokens)
   for name, tokens in (("encoder_input_tokens", encoder_input_tokens),
                        ("prompt_tokens", prompt_tokens)):
     if tokens is not None:
@@ -116,10 +126,14 @@ def check_prompts(model: Model, encoder_input_tokens, prompt_tokens) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-  """How the next token is chosen. temperature == 0 is greedy (argmax)."""
+  """How the next token is chosen. temperature == 0 is greedy (argmax). eos_id: the id that
+  ends a row; None: the model's own (`Model.tokens.eos_id`); -1: none (fixed lengths)."""
 
   temperature: float = 0.0
-  eos_id: int = EOS_ID
+  eos_id: Optional[int] = None
+
+  def eos_for(self, model: Model) -> int:
+    return model.tokens.eos_id if self.eos_id is None else self.eos_id
 
   def __post_init__(self):
     check_field_types(self)
@@ -193,7 +207,8 @@ def sample_tokens(logits: Array, rng: Array, temperature: float,
 
 @flax.struct.dataclass
 class DecodeResult:
-  """tokens: [batch, max_new_tokens], EOS included, PAD (0) after it; lengths: [batch]."""
+  """tokens: [batch, max_new_tokens], EOS included, the model's pad id (T5: 0) after it;
+  lengths: [batch]."""
 
   tokens: Array
   lengths: Array
@@ -300,12 +315,12 @@ def decode_steps(model: Model, params, logits, cache, rng, *, max_new_tokens: in
   def emit(step, logits, out, done, lengths):
     """Samples token `step` of every row; finished rows get PAD."""
     token = sample_tokens(logits, jax.random.fold_in(rng, step), sampling.temperature)
-    token = jnp.where(done, PAD_ID, token)
+    token = jnp.where(done, model.tokens.pad_id, token)
     out = out.at[:, step].set(token)
     lengths = lengths + (~done).astype(jnp.int32)
-    return token, out, done | (token == sampling.eos_id), lengths
+    return token, out, done | (token == sampling.eos_for(model)), lengths
 
-  out = jnp.full((batch_size, max_new_tokens), PAD_ID, jnp.int32)
+  out = jnp.full((batch_size, max_new_tokens), model.tokens.pad_id, jnp.int32)
   token, out, done, lengths = emit(0, logits, out, jnp.zeros((batch_size,), bool),
                                    jnp.zeros((batch_size,), jnp.int32))
 

@@ -78,14 +78,13 @@ import numpy as np
 from distillspec_jax.core.validation import (check_field_types, check_positive_int,
                                              check_probability, check_real)
 from distillspec_jax.decoding import head_draft
-from distillspec_jax.models.config import check_same_vocabulary
 from distillspec_jax.decoding.plain import (UNIFORMS_PER_DRAW, SamplingConfig, cache_capacity,
                                       check_capacity, check_prompts,
                                       check_rng, probabilities, sample_from_probabilities,
                                       sample_tokens)
 from distillspec_jax.models.cache import DecodingCache
 from distillspec_jax.models.head import Head
-from distillspec_jax.models.model import PAD_ID, Model, decoder_prompt
+from distillspec_jax.models.model import Model, check_same_tokens, decoder_prompt
 
 Array = jax.Array
 
@@ -350,7 +349,7 @@ def _validate(target: Model, draft: Model, gamma: int, lenience: Lenience,
   if isinstance(draft, Head):
     draft.check_target(target)
   else:
-    check_same_vocabulary(target.config, draft.config)
+    check_same_tokens(target, draft)
   if target.config.kind != draft.config.kind:
     raise ValueError(f"The target is {target.config.kind} but the draft is {draft.config.kind}; "
                      "pair models of the same kind.")
@@ -434,7 +433,7 @@ class SpeculativeState:
   round: [] int32, rounds run (each folds its index into `loop_rng`).
   target_cache, draft_cache: the models' DecodingCaches over [batch] rows (see the module
     docstring for what each holds at the start of a round).
-  out: [batch, max_new_tokens + gamma + 1] int32, the output so far, PAD_ID after it (one
+  out: [batch, max_new_tokens + gamma + 1] int32, the output so far, the target's pad id after it (one
     spare block at the end so that a round's writes never fall off the buffer).
   accepted_per_round, proposed_per_round, tested_per_round: [batch, max_new_tokens] int32,
     as `SpeculativeResult`'s.
@@ -508,14 +507,15 @@ def speculative_start(target, target_params, draft, draft_params, encoder_input_
     pending = sample_tokens(first_logits, first_rng, sampling.temperature)
   previous = jnp.take_along_axis(prompt, (prompt_lengths - 1)[:, None], axis=1)[:, 0]
 
-  out = jnp.full((batch, max_new_tokens + gamma + 1), PAD_ID, jnp.int32).at[:, 0].set(pending)
+  out = jnp.full((batch, max_new_tokens + gamma + 1), target.tokens.pad_id,
+                 jnp.int32).at[:, 0].set(pending)
   zeros = jnp.zeros_like(pending)
   return SpeculativeState(
       generated=jnp.ones_like(pending), target_calls=zeros, accepted=zeros,
       accepted_proposed=zeros, rejections=zeros, output_rejections=zeros, drafted=zeros,
       draft_calls=zeros,
       previous=previous, pending=pending,
-      done=(pending == sampling.eos_id) | (max_new_tokens <= 1), round=jnp.int32(0),
+      done=(pending == sampling.eos_for(target)) | (max_new_tokens <= 1), round=jnp.int32(0),
       target_cache=target_cache, draft_cache=draft_cache, out=out,
       accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32),
       proposed_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32),
@@ -525,8 +525,8 @@ def speculative_start(target, target_params, draft, draft_params, encoder_input_
 def start_state_for_gamma(state: SpeculativeState, *, gamma: int,
                           max_new_tokens: int) -> SpeculativeState:
   """`speculative_start`'s state (any leading axes) as `speculative_start` makes it with
-  `gamma`: only the output buffer's width, `out: [..., max_new_tokens + gamma + 1]` (PAD_ID
-  after the first token), depends on gamma, so cutting or padding it is exact. Lets one
+  `gamma`: only the output buffer's width, `out: [..., max_new_tokens + gamma + 1]` (the pad
+  id after the first token), depends on gamma, so cutting or padding it is exact. Lets one
   compiled start serve every gamma (speed.py). Refuses a state whose rounds have begun."""
   gamma = check_positive_int(gamma, "gamma")
   rounds = np.asarray(state.round)
@@ -538,7 +538,8 @@ def start_state_for_gamma(state: SpeculativeState, *, gamma: int,
   if out.shape[-1] >= width:
     out = out[..., :width]
   else:
-    pad = jnp.full(out.shape[:-1] + (width - out.shape[-1],), PAD_ID, out.dtype)
+    # Past the first token the buffer holds only padding (the model's pad id).
+    pad = jnp.broadcast_to(out[..., -1:], out.shape[:-1] + (width - out.shape[-1],))
     out = jnp.concatenate([out, pad], axis=-1)
   if isinstance(state.draft_cache, head_draft.HeadDraftState):
     state = state.replace(draft_cache=state.draft_cache.resize(gamma + 1))
@@ -846,7 +847,7 @@ def _round(target, target_params, draft, draft_params, state: SpeculativeState, 
   block, num_accepted, drafted = verified.block, verified.num_accepted, verified.draft
   out, produced, first_eos = _round_output(state, block, num_accepted, verified.next_token,
                                            max_new_tokens=max_new_tokens, gamma=gamma,
-                                           eos=sampling.eos_id)
+                                           eos=sampling.eos_for(target))
   # Accepted draft tokens that reach the output: all n, unless EOS or the length limit cut
   # the round at produced <= n tokens, all of them draft tokens.
   kept = jnp.minimum(num_accepted, produced)

@@ -40,8 +40,7 @@ from distillspec_jax.distill import blocked
 from distillspec_jax.distill import divergences
 from distillspec_jax.distill import token_selection
 from distillspec_jax.core import validation
-from distillspec_jax.models.config import check_same_vocabulary
-from distillspec_jax.models.model import EOS_ID, PAD_ID, Model
+from distillspec_jax.models.model import Model, TokenIds, check_same_tokens
 
 Array = jax.Array
 Params = Any
@@ -187,14 +186,22 @@ def shift_right(tokens: Array) -> Array:
   return jnp.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
 
 
-def prompt_tokens_from_batch(batch: dict) -> Array:
-  """Decoder-only prompts [b, L] right-padded: `prompt_tokens` if present, else the prefix of a
-  prefix-LM batch (target tokens before the first position with loss weight > 0)."""
+def prompt_tokens_from_batch(batch: dict, model: Optional[Model] = None) -> Array:
+  """Decoder-only prompts [b, L] right-padded with `model.tokens.pad_id` (T5's 0 when no
+  model is given): `prompt_tokens` if present, else the prefix of a prefix-LM batch. With a
+  start id the prefix is the target tokens before the first position with loss weight > 0;
+  without one (a tokenizer's own BOS rule) the input tokens up to that position."""
   if "prompt_tokens" in batch:
     return jnp.asarray(batch["prompt_tokens"], jnp.int32)
-  targets = jnp.asarray(batch["decoder_target_tokens"], jnp.int32)
-  in_prefix = jnp.cumsum(jnp.asarray(batch["decoder_loss_weights"]) > 0, axis=1) == 0
-  return jnp.where(in_prefix, targets, PAD_ID)
+  tokens = model.tokens if model is not None else TokenIds()
+  weighted = jnp.asarray(batch["decoder_loss_weights"]) > 0
+  if tokens.decoder_start_id is None:
+    source = jnp.asarray(batch["decoder_input_tokens"], jnp.int32)
+    in_prefix = jnp.cumsum(weighted, axis=1) - weighted == 0
+  else:
+    source = jnp.asarray(batch["decoder_target_tokens"], jnp.int32)
+    in_prefix = jnp.cumsum(weighted, axis=1) == 0
+  return jnp.where(in_prefix, source, tokens.pad_id)
 
 
 def samples_to_batch(tokens: Array, lengths: Array, batch: dict, model: Model,
@@ -220,31 +227,41 @@ def samples_to_batch(tokens: Array, lengths: Array, batch: dict, model: Model,
       sample_weights = jnp.pad(sample_weights, ((0, 0), (0, width - n)))
     targets, weights = tokens[:, :width], sample_weights[:, :width]
     out = {"encoder_input_tokens": jnp.asarray(batch["encoder_input_tokens"], jnp.int32)}
-  else:
-    # Each row: its prompt, then its sample right after the prompt's last real token.
-    prompt_len = jnp.sum(prompt_tokens != PAD_ID, axis=1)
-    rows = jnp.arange(b)[:, None]
-    columns = prompt_len[:, None] + positions
-    targets = jnp.zeros((b, width), jnp.int32)
-    targets = targets.at[:, :prompt_tokens.shape[1]].set(prompt_tokens[:, :width])
-    targets = targets.at[rows, columns].set(tokens, mode="drop")
-    weights = jnp.zeros((b, width), jnp.float32).at[rows, columns].set(sample_weights,
-                                                                       mode="drop")
-    out = {}
-  out.update(decoder_target_tokens=targets, decoder_input_tokens=shift_right(targets),
-             decoder_loss_weights=weights)
-  return out
+    out.update(decoder_target_tokens=targets, decoder_input_tokens=shift_right(targets),
+               decoder_loss_weights=weights)
+    return out
+  # Each row: its prompt, then its sample right after the prompt's last real token; the
+  # sequence has one more position than the batch, which a model without a start id reads
+  # shifted (inputs = sequence[:-1], targets = sequence[1:]).
+  real = prompt_tokens != model.tokens.pad_id
+  prompt_len = jnp.sum(real, axis=1)
+  rows = jnp.arange(b)[:, None]
+  columns = prompt_len[:, None] + positions
+  sequence = jnp.zeros((b, width + 1), jnp.int32)
+  sequence = sequence.at[:, :prompt_tokens.shape[1]].set(
+      jnp.where(real, prompt_tokens, 0)[:, :width + 1])
+  sequence = sequence.at[rows, columns].set(tokens, mode="drop")
+  weights = jnp.zeros((b, width + 1), jnp.float32).at[rows, columns].set(sample_weights,
+                                                                         mode="drop")
+  if model.tokens.decoder_start_id is None:
+    return {"decoder_input_tokens": sequence[:, :width],
+            "decoder_target_tokens": sequence[:, 1:], "decoder_loss_weights": weights[:, 1:]}
+  targets = sequence[:, :width]
+  return {"decoder_target_tokens": targets, "decoder_input_tokens": shift_right(targets),
+          "decoder_loss_weights": weights[:, :width]}
 
 
 def sample_batch(model: Model, params: Params, batch: dict, rng: Array, *,
-                 max_new_tokens: int, temperature: float, eos_id: int = EOS_ID) -> dict:
+                 max_new_tokens: int, temperature: float,
+                 eos_id: Optional[int] = None) -> dict:
   """y ~ model(. | x) for the batch's prompts (jitted `plain.decode`), as a training batch.
 
   The decode cache holds exactly the request (1 start token + prompt width + max_new_tokens);
   a request past the model's cache capacity (`max_decode_length`) is refused."""
   sampling = plain.SamplingConfig(temperature=temperature, eos_id=eos_id)
   max_new_tokens = validation.check_positive_int(max_new_tokens, "max_new_tokens")
-  prompt_width = 0 if model.is_encoder_decoder else prompt_tokens_from_batch(batch).shape[1]
+  prompt_width = (0 if model.is_encoder_decoder
+                  else prompt_tokens_from_batch(batch, model).shape[1])
   plain.check_capacity(1 + prompt_width, max_new_tokens, model.config.max_decode_length,
                           f"the sampler's max_new_tokens={max_new_tokens} after the prompt")
   if model.is_encoder_decoder:
@@ -252,7 +269,7 @@ def sample_batch(model: Model, params: Params, batch: dict, rng: Array, *,
                              max_new_tokens=max_new_tokens, sampling=sampling, rng=rng,
                              max_length=1 + max_new_tokens)
     return samples_to_batch(result.tokens, result.lengths, batch, model)
-  prompts = prompt_tokens_from_batch(batch)
+  prompts = prompt_tokens_from_batch(batch, model)
   result = plain.decode(model, params, prompt_tokens=prompts, max_new_tokens=max_new_tokens,
                            sampling=sampling, rng=rng,
                            max_length=1 + prompts.shape[1] + max_new_tokens)
@@ -340,7 +357,7 @@ class DistillationObjective:
   name = "distill"
 
   def __post_init__(self):
-    check_same_vocabulary(self.target.config, self.draft.config)
+    check_same_tokens(self.target, self.draft)
     if self.target.config.kind != self.draft.config.kind:
       raise ValueError(f"The target is {self.target.config.kind} but the draft is "
                        f"{self.draft.config.kind}; distil between models of the same kind.")
@@ -349,7 +366,7 @@ class DistillationObjective:
                        "top_k_fraction; set both (reference = a FKL-distilled copy of the draft) "
                        "or neither.")
     if self.reference is not None:
-      check_same_vocabulary(self.target.config, self.reference.config,
+      check_same_tokens(self.target, self.reference,
                             roles=("target", "reference"))
     has_head = self.draft.acceptance_head is not None
     if self.config.acceptance_weight > 0.0 and not has_head:
@@ -480,7 +497,7 @@ def mean_tvd(target: Model, target_params, draft: Model, draft_params, batch: di
 
 def _prompt_kwargs(model: Model, batch: dict) -> dict:
   prompts = (batch["encoder_input_tokens"] if model.is_encoder_decoder
-             else prompt_tokens_from_batch(batch))
+             else prompt_tokens_from_batch(batch, model))
   return plain.prompt_inputs(model, prompts)
 
 

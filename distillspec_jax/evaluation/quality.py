@@ -29,7 +29,7 @@ from distillspec_jax.core.records import JsonRecord, flattened
 from distillspec_jax.decoding.plain import SamplingConfig, decode, default_rng, prompt_inputs
 from distillspec_jax.distill.divergences import cross_entropy, expected_acceptance
 from distillspec_jax.models.head import Head
-from distillspec_jax.models.model import EOS_ID, Model
+from distillspec_jax.models.model import Model
 from distillspec_jax.decoding.speculative import DraftLength, Lenience, speculative_decode
 from distillspec_jax.decoding.stats import (acceptance_by_position, block_efficiency_stats,
                                             block_statistics,
@@ -88,22 +88,31 @@ class QualityRow(JsonRecord):
 
 
 def _teacher_forcing(model: Model, prompts: np.ndarray, targets: np.ndarray):
-  """(batch, decoder targets, loss mask) scoring `targets` after `prompts`: encoder inputs for
-  an encoder-decoder; [prompt, target] with loss on the target part for a decoder-only model."""
+  """(batch, decoder targets, loss mask) scoring `targets` after `prompts` (rows padded with
+  the model's pad id): encoder inputs for an encoder-decoder; [prompt, target] with loss on
+  the target part for a decoder-only model, read shifted by one where the model has no start
+  id (its prompts begin as the tokenizer encoded them)."""
+  pad, start = model.tokens.pad_id, model.tokens.decoder_start_id
   if model.is_encoder_decoder:
     sequence, mask = targets, targets > 0
     batch = {"encoder_input_tokens": jnp.asarray(prompts, jnp.int32)}
   else:
+    shift = 1 if start is None else 0
     width = prompts.shape[1] + targets.shape[1]
-    sequence = np.zeros((len(prompts), width), np.int32)
-    mask = np.zeros((len(prompts), width), bool)
+    sequence = np.zeros((len(prompts), width + shift), np.int32)
+    mask = np.zeros((len(prompts), width + shift), bool)
     for i, (prompt, target) in enumerate(zip(prompts, targets)):
-      p, t = prompt[prompt > 0], target[target > 0]
+      p, t = prompt[prompt != pad], target[target != pad]
       sequence[i, :len(p) + len(t)] = np.concatenate([p, t])
       mask[i, len(p):len(p) + len(t)] = True
+    if start is None:
+      batch = {"decoder_input_tokens": jnp.asarray(sequence[:, :-1], jnp.int32)}
+      return batch, jnp.asarray(sequence[:, 1:], jnp.int32), jnp.asarray(mask[:, 1:],
+                                                                         jnp.float32)
     batch = {}
   sequence = jnp.asarray(sequence, jnp.int32)
-  batch["decoder_input_tokens"] = jnp.pad(sequence, ((0, 0), (1, 0)))[:, :-1]
+  batch["decoder_input_tokens"] = jnp.pad(sequence, ((0, 0), (1, 0)),
+                                          constant_values=start)[:, :-1]
   return batch, sequence, jnp.asarray(mask, jnp.float32)
 
 
@@ -138,7 +147,7 @@ def per_token_loss(model: Model, params, prompts: np.ndarray, targets: np.ndarra
   prompts, targets = np.asarray(prompts), np.asarray(targets)
   batch_size = batch_size or len(prompts)
   total, count = 0.0, 0.0
-  for index, chunk, real in _batches(prompts, batch_size):
+  for index, chunk, real in _batches(prompts, batch_size, model):
     start = index * batch_size
     rows = targets[start:start + batch_size]
     rows = np.concatenate([rows, np.zeros((batch_size - real,) + rows.shape[1:], rows.dtype)])
@@ -159,11 +168,11 @@ def greedy_predictions(model: Model, params, prompts: np.ndarray, max_new_tokens
   # Greedy: the key is not read, but across processes every input must be a global array.
   rng = None if place is None else place.key(default_rng())
   predictions = []
-  for _, chunk, real in _batches(prompts, batch_size or len(prompts)):
+  for _, chunk, real in _batches(prompts, batch_size or len(prompts), model):
     result = _fetched(decode(model, params, max_new_tokens=max_new_tokens, rng=rng,
                              **_placed(prompt_inputs(model, chunk), place)), place)
     predictions += _texts(np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real],
-                          detokenize)
+                          detokenize, model.tokens.eos_id)
   return predictions
 
 
@@ -266,12 +275,12 @@ def predicted_alpha(target: Model, target_params, draft: Model, draft_params, pr
   return float(jnp.sum(acceptance * mask) / jnp.maximum(jnp.sum(mask), 1.0))
 
 
-def _batches(prompts: np.ndarray, batch_size: int):
+def _batches(prompts: np.ndarray, batch_size: int, model: Model):
   """(index, [batch_size, P] prompts, real rows) per batch; the last one is padded with
   one-token prompts (EOS) so every batch has one shape (one compilation). The padding is the
   same on every process: it does not depend on which rows a process holds."""
-  padding = np.zeros((1,) + prompts.shape[1:], prompts.dtype)
-  padding[:, 0] = EOS_ID
+  padding = np.full((1,) + prompts.shape[1:], model.tokens.pad_id, prompts.dtype)
+  padding[:, 0] = model.tokens.eos_id
   for index, start in enumerate(range(0, len(prompts), batch_size)):
     chunk = prompts[start:start + batch_size]
     real = len(chunk)
@@ -295,8 +304,8 @@ def _fetched(result, place):
   return jax.device_get(result) if place is None else place.gather(result)
 
 
-def _texts(tokens, lengths, detokenize) -> list:
-  return [detokenize([int(t) for t in row[:n] if t != EOS_ID]) for row, n in
+def _texts(tokens, lengths, detokenize, eos_id: int) -> list:
+  return [detokenize([int(t) for t in row[:n] if t != eos_id]) for row, n in
           zip(np.asarray(tokens), np.asarray(lengths))]
 
 
@@ -330,12 +339,12 @@ def target_alone(target: Model, target_params, draft: Model, draft_params, examp
   key = jax.random.PRNGKey(seed)
   sampling = SamplingConfig(float(temperature))
   predictions, acceptance, weights = [], [], []
-  for index, chunk, real in _batches(prompts, batch_size):
+  for index, chunk, real in _batches(prompts, batch_size, target):
     result = _fetched(decode(target, target_params, max_new_tokens=max_new_tokens,
                              sampling=sampling, rng=_key(jax.random.fold_in(key, index), place),
                              **_placed(prompt_inputs(target, chunk), place)), place)
     tokens, lengths = np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real]
-    predictions += _texts(tokens, lengths, detokenize)
+    predictions += _texts(tokens, lengths, detokenize, target.tokens.eos_id)
     if place is None:
       acceptance.append(predicted_alpha(target, target_params, draft, draft_params,
                                         chunk[:real], tokens, temperature))
@@ -365,7 +374,7 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params,
   sampling = SamplingConfig(float(temperature))
   predictions, rounds, tests = [], [], []
   produced, calls, accepted, drafted, proposed, rejections = [], [], [], [], [], []
-  for index, chunk, real in _batches(prompts, batch_size):
+  for index, chunk, real in _batches(prompts, batch_size, target):
     result = speculative_decode(target, target_params, draft, draft_params,
                                 max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
                                 lenience=lenience,
@@ -375,7 +384,7 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params,
     result = _fetched(result, place)
     tokens, lengths = np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real]
     if detokenize is not None:
-      predictions += _texts(tokens, lengths, detokenize)
+      predictions += _texts(tokens, lengths, detokenize, target.tokens.eos_id)
     per_round = np.asarray(result.accepted_per_round)[:real]
     rounds += [[int(n) for n in row if n >= 0] for row in per_round]
     tests += [[int(k) for k in row if k >= 0]

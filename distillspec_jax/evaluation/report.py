@@ -308,7 +308,8 @@ def _drafts_table(report: dict) -> list:
 def render_markdown(config, report: dict) -> str:
   quality = report["target_quality"]
   lines = [f"# DistillSpec demo report: {config.task}", "",
-           f"Target `{config.target_model}`, draft `{config.draft_model}`; "
+           f"Target `{config.target_model or config.target_checkpoint_path}`, draft "
+           f"`{config.draft_model or config.draft_checkpoint_path}`; "
            f"{config.eval_examples} test prompts for quality and tau (with its standard error "
            f"over prompts).", "", report["measurement"], "",
            "## Quality (greedy decoding, test split)", "",

@@ -47,6 +47,7 @@ from typing import Any, Mapping, Optional
 import jax
 import numpy as np
 
+from distillspec_jax.data import hf_vocabulary
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.model import DECODER_START_ID, EOS_ID, PAD_ID, Model
@@ -530,18 +531,36 @@ def load_hf(path: str, config: Optional[TransformerConfig] = None):
   return params_from_hf(hf_t5.read_hf_tensors(path), config), config
 
 
+def _source_ids(source_dir: str, hf: Optional[dict]) -> dict:
+  """bos/eos/pad ids for an export next to the `source_dir` tokenizer: the source model's
+  config.json's, else the tokenizer's own (tokenizer_config.json); none: ours."""
+  if hf:
+    return {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf}
+  if os.path.isfile(os.path.join(source_dir, hf_vocabulary.TOKENIZER_FILE)):
+    vocab = hf_vocabulary.load_hf_vocabulary(source_dir)
+    return {"bos_token_id": vocab.bos_id, "eos_token_id": vocab.eos_id,
+            "pad_token_id": vocab.pad_token_id}
+  return {}
+
+
 def save_hf(params: Params, config: TransformerConfig, directory: str,
             source: Optional[str] = None) -> None:
   """Writes config.json and model.safetensors (fp32, exact) into `directory`, plus the
-  tokenizer files of the `source` folder (an HF checkpoint or a tokenizer folder), whose
-  config.json's bos/eos/pad ids are kept."""
+  tokenizer files of the `source` folder (an HF checkpoint or a tokenizer folder): the
+  special ids are its config.json's or else its tokenizer's, the context length (max_position_embeddings) the source
+  config.json's when longer than ours (our max_decode_length is only a cache size), and
+  generation_config.json the source's or, without one, the special ids."""
   from safetensors.numpy import save_file
   tensors = params_to_hf(params, config)
   _matched({k: v.shape for k, v in tensors.items()}, config)
   source_dir = None if source is None else (source if os.path.isdir(source)
                                             else os.path.dirname(source))
-  token_ids = hf_t5.read_hf_config(source_dir) if source_dir else None
+  source_hf = hf_t5.read_hf_config(source_dir) if source_dir else None
+  token_ids = _source_ids(source_dir, source_hf) if source_dir else None
   hf_config = config_to_hf(config, token_ids)
+  if source_hf and int(source_hf.get("max_position_embeddings") or 0) > hf_config[
+      "max_position_embeddings"]:
+    hf_config["max_position_embeddings"] = int(source_hf["max_position_embeddings"])
   os.makedirs(directory, exist_ok=True)
   with open(os.path.join(directory, hf_t5.CONFIG_NAME), "w") as f:
     json.dump(hf_config, f, indent=2, sort_keys=True)
@@ -549,6 +568,11 @@ def save_hf(params: Params, config: TransformerConfig, directory: str,
   for name in TOKENIZER_FILES if source_dir else ():
     if os.path.isfile(os.path.join(source_dir, name)):
       shutil.copyfile(os.path.join(source_dir, name), os.path.join(directory, name))
+  generation = os.path.join(directory, "generation_config.json")
+  if not os.path.isfile(generation):
+    with open(generation, "w") as f:
+      json.dump({k: hf_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")},
+                f, indent=2, sort_keys=True)
 
 
 def to_transformers(params: Params, config: TransformerConfig):

@@ -12,7 +12,9 @@ Formats:
   t5x   T5X checkpoint: a checkpoint_<step> directory (msgpack + TensorStore) or a MODEL_DIR of
         them, or an orbax checkpoint written by T5X.
   ours  Our orbax format (`training.checkpoints`): `<path>/params`, or a MODEL_DIR of
-        `<step>/params`.
+        `<step>/params`, with the complete model configuration in `meta` (written by the
+        trainer and by `save_ours`): the checkpoint alone rebuilds its model, and a preset
+        given beside it is checked against it field by field (RoPE, norm epsilon, shapes).
 
 `restore_any(path, abstract_params)` is the trainer's `restore_fn` for INITIAL_CHECKPOINT_PATH
 and the target: the binaries pass it (the training layer never imports this one), so every
@@ -22,16 +24,19 @@ against a model before any work starts, from stored shapes only (`stored_shapes`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Optional
 
 import jax
 import numpy as np
 
+from distillspec_jax.data import vocabularies
 from distillspec_jax.interop import hf_llama
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.interop import t5x as t5x_lib
 from distillspec_jax.models.config import TransformerConfig
+from distillspec_jax.models.config_json import config_from_json, config_to_json
 from distillspec_jax.models.model import Model
 from distillspec_jax.training import checkpoints
 from distillspec_jax.training import multihost
@@ -43,9 +48,32 @@ FORMATS = ("hf", "t5x", "ours")
 # --- our format (delegates to distillspec_jax.training.checkpoints) ----------------------------------
 
 
-def save_ours(params: Params, path: str) -> None:
-  """Writes `params` in our orbax format; `checkpoints.restore_params(path, ...)` reads it."""
-  checkpoints.save_params(path, jax.tree.map(np.asarray, params))
+def save_ours(params: Params, path: str, config: Optional[TransformerConfig] = None) -> None:
+  """Writes `params` in our orbax format, with the model configuration `config` beside them
+  (`meta`), so that the checkpoint alone rebuilds its model; `load_checkpoint` reads both."""
+  meta = None if config is None else {"model_config": config_to_json(config)}
+  checkpoints.save_params(path, jax.tree.map(np.asarray, params), meta)
+
+
+def ours_config(path: str) -> Optional[TransformerConfig]:
+  """The model configuration stored with our checkpoint (its `meta`), or None (none stored)."""
+  meta = checkpoints.read_meta(path)
+  if not meta or "model_config" not in meta:
+    return None
+  return config_from_json(meta["model_config"], f"{path}: meta model_config")
+
+
+# Fields of a configuration that the computation does not depend on (a run may set them
+# afresh): everything else must agree between a stored configuration and a preset.
+RUN_FIELDS = ("dropout_rate", "max_decode_length", "remat_policy", "dtype")
+
+
+def stored_config_mismatches(stored: TransformerConfig, config: TransformerConfig) -> list:
+  """'field: stored a vs configured b' for every model field (RoPE, norm epsilon, shapes,
+  ...) where a checkpoint's stored configuration and the configured model differ."""
+  a, b = config_to_json(stored)["fields"], config_to_json(config)["fields"]
+  return [f"{k}: checkpoint {a.get(k)!r} vs configured {b.get(k)!r}"
+          for k in sorted(set(a) | set(b)) if k not in RUN_FIELDS and a.get(k) != b.get(k)]
 
 
 def _ours_params_dir(path: str) -> Optional[str]:
@@ -212,6 +240,14 @@ def load_checkpoint(path: str, config: Optional[TransformerConfig] = None, *,
       config = config_from_params(stored)
     return t5x_lib.load_t5x(path, config), config
   if fmt == "ours":
+    stored_config = ours_config(path)
+    if config is None:
+      config = stored_config
+    elif stored_config is not None:
+      wrong = stored_config_mismatches(stored_config, config)
+      if wrong:
+        raise ValueError(f"{path} holds another model than the configured one: "
+                         + "; ".join(wrong[:6]) + ".")
     if config is None:
       stored = _ours_shapes(path)
       _refuse_llama_without_config(stored, path)
@@ -281,6 +317,9 @@ def check_checkpoint(path: str, config: TransformerConfig) -> str:
     lines = checkpoints.shape_mismatches(Model(config).param_shapes(), shapes)
     if fmt == "hf":
       lines += _hf_config_mismatches(path, config)
+    if fmt == "ours" and not lines:
+      stored_config = ours_config(path)
+      lines += [] if stored_config is None else stored_config_mismatches(stored_config, config)
   except (ValueError, KeyError, FileNotFoundError) as error:
     raise ValueError(f"{path!r} ({fmt} checkpoint) cannot be read as {model}: "
                      f"{' '.join(str(error).split())}") from error
@@ -321,7 +360,7 @@ def save_checkpoint(params: Params, config: TransformerConfig, path: str, fmt: s
   RoPE-kind model, a folder whose tokenizer files are copied along (an HF checkpoint's,
   whose bos/eos/pad ids are kept)."""
   if fmt == "ours":
-    save_ours(params, path)
+    save_ours(params, path, config)
   elif fmt == "hf" and config.is_rope_decoder:
     hf_llama.save_hf(params, config, path, source)
   elif fmt == "hf":
@@ -330,3 +369,42 @@ def save_checkpoint(params: Params, config: TransformerConfig, path: str, fmt: s
     t5x_lib.save_t5x(params, path)
   else:
     raise ValueError(f"Unknown format {fmt!r}; use one of {FORMATS}.")
+
+
+# --- one typed handle for an opened checkpoint ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenedCheckpoint:
+  """What a checkpoint path holds, read once (no weights): its format, the model
+  configuration it carries (HF config.json, our stored `meta`; None where only shapes are
+  stored and they do not say everything, as for a llama-kind T5X tree) and the tokenizer
+  folder it carries (an HF folder's tokenizer.json; None without one)."""
+
+  path: str
+  format: str
+  config: Optional[TransformerConfig]
+  tokenizer: Optional[str]
+
+
+def open_checkpoint(path: str) -> OpenedCheckpoint:
+  """The OpenedCheckpoint of `path` (ValueError naming the path when it holds none)."""
+  path = os.fspath(path)
+  if not os.path.exists(path) and "://" not in path:
+    raise ValueError(f"{path!r} does not exist.")
+  fmt = detect_format(path)
+  config = None
+  if fmt == "hf":
+    hf = hf_t5.read_hf_config(path)
+    if hf is not None:
+      family = _hf_family(path, None)
+      config = family.config_from_hf(hf)
+  elif fmt == "ours":
+    config = ours_config(path)
+  if config is None and fmt in ("ours", "t5x"):
+    shapes = _ours_shapes(path) if fmt == "ours" else t5x_checkpoints.read_t5x_shapes(path)
+    if "relpos_bias" in shapes["decoder"]:  # T5 kinds: the shapes say everything
+      config = config_from_params(shapes)
+  tokenizer = vocabularies.checkpoint_tokenizer(path)
+  return OpenedCheckpoint(path=path, format=fmt, config=config,
+                          tokenizer=None if tokenizer is None else os.path.dirname(tokenizer))

@@ -3,8 +3,10 @@
 It wraps a `TransformerConfig` and exposes pure functions of explicit parameters:
 teacher-forced logits for training, and incremental scoring against an explicit
 `DecodingCache` for decoding and speculative decoding. Encoder-decoder and decoder-only
-models present the same decoding interface: the *decoder prompt* is `[0]` (T5's start token)
-for an encoder-decoder, and `[0] + prompt` for a decoder-only model.
+models present the same decoding interface: the *decoder prompt* is `[start]` for an
+encoder-decoder and `[start] + prompt` for a decoder-only model, where `start` is T5's start
+token 0; a model whose `TokenIds` come from a Hugging Face tokenizer has no start token and
+takes its prompt exactly as the tokenizer encoded it.
 
 A draft may carry an acceptance head (`acceptance_head`, models/acceptance_head.py): its
 parameters sit under `acceptance_head/` beside the network's, `logits` and `extend` ignore
@@ -26,7 +28,7 @@ from distillspec_jax.models import acceptance_head as head_lib
 from distillspec_jax.models import llama
 from distillspec_jax.models import network
 from distillspec_jax.models.cache import DecodingCache, empty_self_attention
-from distillspec_jax.models.config import TransformerConfig, model_config
+from distillspec_jax.models.config import TransformerConfig, check_same_vocabulary, model_config
 
 Array = jax.Array
 Params = Any
@@ -35,17 +37,50 @@ Params = Any
 PAD_ID = 0
 EOS_ID = 1
 DECODER_START_ID = 0
+# Padding of token rows when 0 is a real token: no token has a negative id.
+NO_TOKEN = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenIds:
+  """The ids decoding relies on, from the model's vocabulary (the defaults are T5's).
+
+  eos_id: ends a row's output.
+  decoder_start_id: put before every decoder prompt; None (a Hugging Face tokenizer): the
+    prompt is used as the tokenizer encoded it (its own BOS, if any).
+  pad_id: the value right-padding token rows (prompts `[batch, P]`, decoded outputs); 0 for
+    T5 (its real pad), NO_TOKEN where 0 is a real token, so that no id is read as padding.
+  num_tokens: the tokenizer's size when the embedding has more rows (rows past it are never
+    sampled: logits are cut to `num_tokens`); None: every row is a token.
+  """
+
+  eos_id: int = EOS_ID
+  decoder_start_id: Optional[int] = DECODER_START_ID
+  pad_id: int = PAD_ID
+  num_tokens: Optional[int] = None
+
+  def __post_init__(self):
+    for name in ("eos_id", "decoder_start_id", "pad_id", "num_tokens"):
+      value = getattr(self, name)
+      if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise TypeError(f"TokenIds.{name}={value!r} must be an int.")
+    if self.num_tokens is not None and self.num_tokens <= self.eos_id:
+      raise ValueError(f"TokenIds.num_tokens={self.num_tokens} must exceed eos_id="
+                       f"{self.eos_id}.")
 
 
 @dataclasses.dataclass(frozen=True)
 class Model:
   """A network plus its config; hashable, so it can be a static argument of `jax.jit`.
 
+  `tokens` gives the special ids decoding uses (T5's unless a vocabulary says otherwise;
+  `with_tokens`).
   acceptance_head: the config of an acceptance-probability head on the last hidden state, or
     None (no head; the parameter tree is the network's alone).
   """
 
   config: TransformerConfig
+  tokens: TokenIds = TokenIds()
   acceptance_head: Optional[head_lib.AcceptanceHeadConfig] = None
 
   def __post_init__(self):
@@ -53,6 +88,26 @@ class Model:
                                                            head_lib.AcceptanceHeadConfig):
       raise TypeError(f"acceptance_head must be an AcceptanceHeadConfig or None, got "
                       f"{self.acceptance_head!r}.")
+    t = self.tokens
+    if self.config.kind == "encoder_decoder" and t.decoder_start_id is None:
+      raise ValueError("An encoder-decoder model needs a decoder start id; its TokenIds "
+                       "have decoder_start_id=None.")
+    if t.num_tokens is not None and t.num_tokens > self.config.vocab_size:
+      raise ValueError(
+          f"The vocabulary has {t.num_tokens} tokens but the model only {self.config.vocab_size} "
+          "embedding rows; use a model with vocab_size >= the tokenizer's size.")
+
+  def with_tokens(self, tokens: TokenIds) -> "Model":
+    return dataclasses.replace(self, tokens=tokens)
+
+  @property
+  def output_size(self) -> int:
+    """Width of the logits: the tokenizer's size when it is smaller than the embedding."""
+    return self.tokens.num_tokens or self.config.vocab_size
+
+  def _cut(self, logits: Array) -> Array:
+    n = self.tokens.num_tokens
+    return logits if n is None or n == logits.shape[-1] else logits[..., :n]
 
   @classmethod
   def from_name(cls, name: str, **overrides) -> "Model":
@@ -145,10 +200,10 @@ class Model:
     else:
       args = (batch["decoder_input_tokens"], deterministic)
     if not hidden:
-      return self.module.apply(variables, *args, rngs=rngs), None
+      return self._cut(self.module.apply(variables, *args, rngs=rngs)), None
     logits, state = self.module.apply(variables, *args, rngs=rngs,
                                       capture_intermediates=_is_final_norm)
-    return logits, _final_norm_output(state)
+    return self._cut(logits), _final_norm_output(state)
 
   def hidden_states(self, params: Params, batch: dict, *,
                     dropout_rng: Optional[Array] = None) -> Array:
@@ -171,8 +226,8 @@ class Model:
     deterministic = dropout_rng is None
     rngs = None if deterministic else {"dropout": dropout_rng}
     module = self.module
-    return module.apply({"params": _network_params(params)}, hidden, deterministic, rngs=rngs,
-                        method=module.project)
+    return self._cut(module.apply({"params": _network_params(params)}, hidden, deterministic,
+                                  rngs=rngs, method=module.project))
 
   def project_with_acceptance(self, params: Params, hidden: Array, *,
                               dropout_rng: Optional[Array] = None) -> tuple[Array, Array]:
@@ -185,8 +240,9 @@ class Model:
     logits, state = module.apply({"params": _network_params(params)}, hidden, deterministic,
                                  rngs=rngs, method=module.project,
                                  capture_intermediates=_is_final_norm)
-    return logits, head_lib.apply(self.acceptance_head, params[head_lib.PARAMS_KEY],
-                                  _final_norm_output(state))
+    return self._cut(logits), head_lib.apply(self.acceptance_head,
+                                             params[head_lib.PARAMS_KEY],
+                                             _final_norm_output(state))
 
   # --- incremental decoding -----------------------------------------------------------------
 
@@ -240,13 +296,13 @@ class Model:
     if not self.is_encoder_decoder:
       logits, _, hidden = module.apply(variables, tokens, hidden_layers=tuple(hidden_layers),
                                        method=module.decode)
-      return logits, hidden, None
+      return self._cut(logits), hidden, None
     inputs = batch["encoder_input_tokens"]
     encoded = self.encode(params, inputs)
     cross = module.apply(variables, encoded, method=module.cross_key_values)
     logits, _, hidden = module.apply(variables, tokens, cross=cross, encoder_mask=inputs > 0,
                                      hidden_layers=tuple(hidden_layers), method=module.decode)
-    return logits, hidden, encoded
+    return self._cut(logits), hidden, encoded
 
   def extend_with_acceptance(self, params: Params, cache: DecodingCache, tokens: Array):
     """`extend` plus the acceptance head's probability that the target accepts each next
@@ -276,7 +332,7 @@ class Model:
     else:
       outputs = module.apply(variables, tokens, **kwargs)
     cache = cache.replace(self_attention=outputs[1]).advance(tokens.shape[1])
-    return outputs[0], last_hidden, cache, tuple(outputs[2:])
+    return self._cut(outputs[0]), last_hidden, cache, tuple(outputs[2:])
 
   def prefill(self, params: Params, cache: DecodingCache, tokens: Array, lengths: Array):
     """Stores right-padded `tokens: [batch, P]` of per-row `lengths: [batch]` (>= 1).
@@ -322,13 +378,41 @@ def _abstract_init(model: Model):
 def decoder_prompt(model: Model, prompt_tokens: Optional[Array], batch_size: int):
   """The decoder's prompt and per-row lengths.
 
-  Encoder-decoder: `[0]` for every row (the prompt goes to the encoder). Decoder-only:
-  `[0] + prompt` where `prompt_tokens: [batch, P]` is right-padded with 0.
-  Returns (tokens [batch, 1 + P], lengths [batch] int32).
+  Encoder-decoder: `[start]` for every row (the prompt goes to the encoder). Decoder-only:
+  `[start] + prompt`, or the prompt alone when the model has no start id, where
+  `prompt_tokens: [batch, P]` is right-padded with `model.tokens.pad_id` (the padding
+  is read as a mask; the padded slots are given id 0, which is never attended to).
+  Returns (tokens [batch, P (+ 1 with a start id)], lengths [batch] int32).
   """
-  start = jnp.full((batch_size, 1), DECODER_START_ID, jnp.int32)
+  start_id = model.tokens.decoder_start_id
   if model.is_encoder_decoder or prompt_tokens is None:
-    return start, jnp.ones((batch_size,), jnp.int32)
+    if start_id is None:
+      raise ValueError("Decoding without a prompt needs a decoder start id; this model's "
+                       "tokenizer has none, so pass prompt_tokens.")
+    return jnp.full((batch_size, 1), start_id, jnp.int32), jnp.ones((batch_size,), jnp.int32)
   prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
-  lengths = 1 + jnp.sum(prompt_tokens != PAD_ID, axis=1).astype(jnp.int32)
-  return jnp.concatenate([start, prompt_tokens], axis=1), lengths
+  real = prompt_tokens != model.tokens.pad_id
+  lengths = jnp.sum(real, axis=1).astype(jnp.int32)
+  prompt_tokens = jnp.where(real, prompt_tokens, 0)
+  if start_id is None:
+    return prompt_tokens, lengths
+  start = jnp.full((batch_size, 1), start_id, jnp.int32)
+  return jnp.concatenate([start, prompt_tokens], axis=1), lengths + 1
+
+
+def check_same_tokens(target: Model, draft: Model,
+                      roles: tuple[str, str] = ("target", "draft")) -> None:
+  """Refuses a pair whose distributions cannot be compared token by token.
+
+  With a tokenizer's TokenIds on both (`num_tokens` set) the two must agree on them; their
+  embeddings may have different row counts (the rows past `num_tokens` are never output).
+  Otherwise (T5's conventions) the vocab sizes must be equal. That the two tokenizers are
+  the same is checked where the vocabulary is read (`data.vocabularies`)."""
+  first, second = roles
+  if target.tokens.num_tokens is None and draft.tokens.num_tokens is None:
+    check_same_vocabulary(target.config, draft.config, roles)
+    return
+  if target.tokens != draft.tokens:
+    raise ValueError(
+        f"The {second}'s token ids {draft.tokens} differ from the {first}'s {target.tokens}; "
+        f"give both models the one tokenizer they share (Model.with_tokens).")

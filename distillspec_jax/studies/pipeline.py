@@ -45,6 +45,7 @@ from distillspec_jax.distill.teacher_cache import (CachedTeacherObjective, check
                                            with_cache, write_cache)
 from distillspec_jax.training.trainer import TrainConfig, distill, finetune, train
 # Re-exported: pipeline.PipelineConfig, pipeline.distillation_config.
+from distillspec_jax.studies import pair_source
 from distillspec_jax.studies.pipeline_config import (HEAD_STAGE_PREFIX, PipelineConfig,
                                                      distillation_config)
 from distillspec_jax.distill.head_objectives import HeadDistillationObjective
@@ -195,7 +196,15 @@ def register_task(config: PipelineConfig, vocabulary=None):
   vocab stage trained, or the task's default)."""
   from distillspec_jax.data import batches as batches_lib
   from distillspec_jax.data import tasks
-  if config.task == tasks.EMBEDDED_TASK_NAME:
+  if vocabulary is None and config.pair.vocabulary is not None:
+    vocabulary = config.pair.vocabulary  # the user's tokenizer: nothing built or trained
+    if config.task == tasks.EMBEDDED_TASK_NAME:
+      tasks.register_embedded_task(vocabulary=vocabulary)
+    elif config.data_dir:
+      tasks.register_file_tasks(config.data_dir, vocabulary=vocabulary)
+    else:
+      tasks.register_tfds_tasks(vocabulary)
+  elif config.task == tasks.EMBEDDED_TASK_NAME:
     vocabulary = tasks.embedded.embedded_vocabulary(config.stage_dir("vocab"), config.vocab_size)
     tasks.register_embedded_task(vocabulary=vocabulary)
   elif config.data_dir:
@@ -209,7 +218,9 @@ def stage_vocab(config: PipelineConfig, stage: str) -> dict:
   """Builds the vocabulary and tokenizes the train split once into train.npz."""
   from distillspec_jax.data import batches as batches_lib
   from distillspec_jax.data.tasks import embedded
-  if config.task == embedded.TASK_NAME:
+  if config.pair.vocabulary is not None:
+    pass  # the user's tokenizer (PairSource.vocabulary): nothing to build
+  elif config.task == embedded.TASK_NAME:
     embedded.build_embedded_vocabulary(config.stage_dir(stage), config.vocab_size)
   elif config.train_vocabulary:
     from distillspec_jax.data import train_vocabulary, vocabularies
@@ -272,11 +283,14 @@ def train_data(config: PipelineConfig):
 
 
 def models(config: PipelineConfig, vocab: Optional[int] = None) -> tuple:
-  """(target, draft) Models with the vocabulary's size (`vocab`: before the vocab stage)."""
-  vocab = vocab or vocab_size(config)
-  return tuple(Model(model_config(name, vocab_size=vocab, **config.model_overrides(role)))
-               for role, name in (("target", config.target_model),
-                                  ("draft", config.draft_model)))
+  """(target, draft) Models: a preset's with the vocabulary's size (`vocab`: before the vocab
+  stage), or a checkpoint's own model when no preset is named (pair_source.role_config); both
+  with the vocabulary's special ids."""
+  presets = [config.target_model, config.draft_model]
+  vocab = vocab or (vocab_size(config) if any(presets) else None)
+  return tuple(Model(pair_source.role_config(path, preset, vocab, config.model_overrides(role),
+                                             macro), config.pair.tokens)
+               for role, (macro, path, preset) in config.roles.items())
 
 
 def job_mesh(config: PipelineConfig, target: Model, draft: Model):
@@ -346,6 +360,9 @@ def stage_finetune(config: PipelineConfig, stage: str) -> dict:
   steps = config.target_steps if stage == "target" else config.draft_steps
   start = (config.target_checkpoint_path if stage == "target"
            else config.draft_checkpoint_path)
+  role = "target" if stage == "target" else "draft"
+  if start is not None and not config.pair.finetunes(role):
+    return _load_pretrained(config, stage, model, start)
   learning_rate = config.learning_rate
   if stage == "target" and config.target_learning_rate is not None:
     learning_rate = config.target_learning_rate
@@ -353,6 +370,17 @@ def stage_finetune(config: PipelineConfig, stage: str) -> dict:
                                   initial_checkpoint_path=start), model, train_data(config),
                     restore_fn=importer.restore_any, loss_block_size=config.loss_block_size)
   return {"final_loss": _last_loss(result.history), "num_params": model.num_params()}
+
+
+def _load_pretrained(config: PipelineConfig, stage: str, model: Model, path: str) -> dict:
+  """The stage's model is the pretrained checkpoint at `path` as it is: its weights (every
+  shape checked) are written to the stage's folder in our format, with their configuration,
+  unchanged (fp32, bit for bit)."""
+  from distillspec_jax.interop import importer
+  params, _ = importer.load_checkpoint(path, model.config)
+  if multihost.is_primary():
+    importer.save_ours(params, config.stage_dir(stage), model.config)
+  return {"loaded_from": path, "num_params": model.num_params()}
 
 
 def heldout_prompts(config: PipelineConfig, num_examples: int, split: str = "validation",

@@ -16,6 +16,8 @@ from distillspec_jax.evaluation.evaluate import SpeedConfig, check_checkpoint
 from distillspec_jax.models.config import DTYPES, REMAT_POLICIES, model_config
 from distillspec_jax.models.head import check_feature_layers
 from distillspec_jax.models.precision import check_param_dtype
+from distillspec_jax.studies import pair_source
+from distillspec_jax.studies.pair_source import PairSource
 
 
 # A head stage's name: this prefix and its recipe.
@@ -89,7 +91,8 @@ class PipelineConfig:
     task: seqio task name (MIXTURE_OR_TASK_NAME).
     task_feature_lengths: TASK_FEATURE_LENGTHS, {"inputs": ..., "targets": ...}.
     target_model / draft_model: preset names from config.MODEL_CONFIGS (vocab_size is set from
-      the vocabulary).
+      the vocabulary); None: the model of target_checkpoint_path / draft_checkpoint_path
+      (a preset named beside a checkpoint is checked against it).
     target_steps / draft_steps / distill_steps: TRAIN_STEPS of each stage.
     recipe_steps: {recipe: steps} overriding distill_steps for the named recipes (e.g. a
       SupervisedKD stage on the teacher cache, whose steps cost a fraction of a live one's).
@@ -139,9 +142,12 @@ class PipelineConfig:
       teacher_cache stores the target's top-k log-probabilities over the train split once,
       and the `teacher_cache_recipes` (fixed-data recipes only) train on them with the
       (k + 1)-bin divergence instead of running the target; the other recipes run it live.
-    target_checkpoint_path / draft_checkpoint_path: starting weights of the target / raw
-      draft fine-tuning (any format: our orbax, T5X, Hugging Face; interop.importer), their
-      shapes those of target_model / draft_model with the vocabulary's size; None = random.
+    target_checkpoint_path / draft_checkpoint_path: a pretrained target / draft (any format:
+      our orbax, T5X, Hugging Face; interop.importer): the target stage loads the target as it
+      is and the raw draft is the draft, unless `pair` asks to fine-tune them from there;
+      None = trained from random weights.
+    pair: the user's own pair (studies/pair_source.py PairSource): VOCABULARY (the models'
+      tokenizer, no vocabulary trained), FINETUNE_TARGET, FINETUNE_DRAFT.
     seed: the one seed of the job.
     data_parallel / model_parallel: the (data, model) mesh of every stage (DATA_PARALLEL,
       MODEL_PARALLEL; -1 = the devices left over); the model axis must divide both models'
@@ -163,8 +169,8 @@ class PipelineConfig:
   task: str = "embedded_arithmetic"
   task_feature_lengths: dict = dataclasses.field(
       default_factory=lambda: {"inputs": 40, "targets": 44})
-  target_model: str = "demo_target"
-  draft_model: str = "demo_draft"
+  target_model: Optional[str] = "demo_target"
+  draft_model: Optional[str] = "demo_draft"
   target_steps: int = 1500
   draft_steps: int = 1500
   distill_steps: int = 600
@@ -217,12 +223,20 @@ class PipelineConfig:
   eval_batch_size: Optional[int] = None
   loss_block_size: Union[int, Literal["auto"], None] = "auto"
   head: Optional[HeadStageConfig] = None
+  pair: PairSource = PairSource()
 
   def __post_init__(self):
     if not self.run_dir:  # gin's unset MODEL_DIR is None: say which macro, not the type
       raise ValueError("MODEL_DIR is not set; pass --gin.MODEL_DIR=<directory> "
                        "(PipelineConfig.run_dir; a gs:// path on a TPU slice).")
     check_field_types(self)
+    if not isinstance(self.pair, PairSource):
+      raise TypeError(f"pair={self.pair!r} must be a PairSource (gin: @PairSource()).")
+    for role in ("target", "draft"):
+      if getattr(self, f"{role}_model") is None and getattr(
+          self, f"{role}_checkpoint_path") is None:
+        raise ValueError(f"{role.upper()}_MODEL=None needs {role.upper()}_CHECKPOINT_PATH: "
+                         f"the {role} comes from a preset or from a checkpoint.")
     for name in ("target_steps", "draft_steps", "distill_steps", "batch_size", "eval_examples",
                  "speed_examples", "max_new_tokens", "vocab_size", "lm_prompt_length"):
       check_positive_int(getattr(self, name), name)
@@ -308,11 +322,23 @@ class PipelineConfig:
     for name in ("target_checkpoint_path", "draft_checkpoint_path"):
       if getattr(self, name) is not None:
         check_checkpoint(getattr(self, name), f"{name.upper()} (PipelineConfig.{name})")
+    pair_source.check_pair_inputs(self.pair, self.roles, self.train_vocabulary)
+
+  @property
+  def roles(self) -> dict:
+    """{role: (checkpoint macro, checkpoint path, preset)} of "target" and "draft"."""
+    return {role: (f"{role.upper()}_CHECKPOINT_PATH", getattr(self, f"{role}_checkpoint_path"),
+                   getattr(self, f"{role}_model")) for role in ("target", "draft")}
 
   @property
   def feature_converter(self) -> str:
     """'enc_dec' for encoder-decoder models, 'decoder' (prefix LM / LM) for decoder-only."""
-    return "enc_dec" if model_config(self.target_model).kind == "encoder_decoder" else "decoder"
+    if self.target_model is not None:
+      kind = model_config(self.target_model).kind
+    else:
+      kind = pair_source.role_config(self.target_checkpoint_path, None, None, {},
+                                     "TARGET_CHECKPOINT_PATH").kind
+    return "enc_dec" if kind == "encoder_decoder" else "decoder"
 
   def stage_dir(self, stage: str) -> str:
     return os.path.join(self.run_dir, stage)

@@ -244,11 +244,26 @@ def params_metadata(params_dir: str) -> Any:
   return ocp.StandardCheckpointHandler().metadata(epath.Path(params_dir))
 
 
-def save_params(path: str, params: Params) -> None:
-  """Writes `params` as `<path>/params` (a step-directory layout readable by restore_params)."""
+def save_params(path: str, params: Params, meta: Optional[dict] = None) -> None:
+  """Writes `params` as `<path>/params` (a step-directory layout readable by restore_params),
+  and `meta` (e.g. {"model_config": ...}, JSON) as `<path>/meta` as the trainer's steps have
+  it."""
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(os.path.join(os.path.abspath(path), "params"), params)
     checkpointer.wait_until_finished()
+  if meta is not None:
+    with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as writer:
+      writer.save(os.path.join(os.path.abspath(path), "meta"), args=ocp.args.JsonSave(meta))
+
+
+def read_meta(path: str) -> Optional[dict]:
+  """The `meta` item of a checkpoint (MODEL_DIR: its latest step; or a step directory), or
+  None when it has none (parameters saved alone by an older version)."""
+  _, step_dir = _params_dir(path)
+  if not os.path.isdir(os.path.join(step_dir, "meta")):
+    return None
+  with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as reader:
+    return dict(reader.restore(os.path.join(step_dir, "meta"), args=ocp.args.JsonRestore()))
 
 
 def abstract_like(tree: Any, shardings: Any = None) -> Any:

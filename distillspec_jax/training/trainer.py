@@ -36,6 +36,7 @@ from distillspec_jax.training import multihost
 from distillspec_jax.training import optimizers
 from distillspec_jax.training import partitioning
 from distillspec_jax.core import validation
+from distillspec_jax.models.config_json import config_to_json
 from distillspec_jax.models.config import check_token_ids
 from distillspec_jax.distill.objectives import (SOURCES, DistillationConfig, DistillationObjective,
                                           FinetuneObjective)
@@ -579,7 +580,7 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
   state, start_step = _start_state(config, model, checkpointer, state_shardings, init_key,
                                    restore_fn, init_params)
   frozen_params = _placed_frozen_params(frozen_params, frozen_shardings)
-  meta = {"model_config": dataclasses.asdict(model.config), "objective": objective.name}
+  meta = {"model_config": config_to_json(model.config), "objective": objective.name}
   shard = multihost.data_shard(mesh, config.batch_size)
   batches = as_batch_iterator(data, start_step, shard)
   log = _LoopLog(config, objective, checkpointer, data_name, start_step)

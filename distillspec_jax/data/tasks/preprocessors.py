@@ -11,6 +11,8 @@ from __future__ import annotations
 import seqio
 import tensorflow as tf
 
+from distillspec_jax.data import vocabularies
+
 SUMMARIZE_PREFIX = "summarize: "
 TRANSLATE_PREFIX_TEMPLATE = "translate {source} to {target}: "
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "ro": "Romanian"}
@@ -120,3 +122,23 @@ def filter_empty(dataset: tf.data.Dataset, keys=("inputs", "targets")) -> tf.dat
     return ok
 
   return dataset.filter(keep)
+
+
+def add_special_tokens(dataset: tf.data.Dataset, output_features) -> tf.data.Dataset:
+  """After tokenizing with a Hugging Face tokenizer: the prompt ('inputs', else the 'targets'
+  of an LM task) gets the special tokens the tokenizer puts around a text (Llama's BOS), so
+  that its ids equal `tokenizer(text)["input_ids"]`. No-op for other vocabularies."""
+  key = "inputs" if "inputs" in output_features else "targets"
+  vocab = output_features[key].vocabulary
+  if not vocabularies.is_tokenizer(vocab) or not (vocab.prompt_prefix or vocab.prompt_suffix):
+    return dataset
+  prefix = tf.constant(vocab.prompt_prefix, tf.int32, shape=[len(vocab.prompt_prefix)])
+  suffix = tf.constant(vocab.prompt_suffix if key == "inputs" else (), tf.int32,
+                       shape=[len(vocab.prompt_suffix) if key == "inputs" else 0])
+
+  def wrap(ex):
+    ex = dict(ex)
+    ex[key] = tf.concat([prefix, tf.cast(ex[key], tf.int32), suffix], axis=0)
+    return ex
+
+  return dataset.map(wrap, num_parallel_calls=tf.data.AUTOTUNE)

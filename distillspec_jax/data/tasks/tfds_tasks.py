@@ -34,10 +34,13 @@ TFDS_TASK_NAMES = ("xsum", "cnn_dailymail", "gsm8k", "wmt14_en_de", "lm1b")
 
 # ------------------------------------------------------------ shared helpers
 def text_features(vocabulary: seqio.Vocabulary, with_inputs: bool = True) -> dict:
-  """Output features: 'inputs' (EOS) if `with_inputs`, and 'targets' (EOS)."""
+  """Output features: 'inputs' if `with_inputs`, and 'targets' (EOS). The inputs end in EOS
+  with T5's conventions; with a Hugging Face tokenizer they are encoded as the tokenizer
+  encodes a text (`preprocessors.add_special_tokens`), with no EOS after the prompt."""
   feats = {"targets": seqio.Feature(vocabulary=vocabulary, add_eos=True)}
   if with_inputs:
-    feats["inputs"] = seqio.Feature(vocabulary=vocabulary, add_eos=True)
+    feats["inputs"] = seqio.Feature(vocabulary=vocabulary,
+                                    add_eos=not vocabularies.is_tokenizer(vocabulary))
   return feats
 
 
@@ -62,17 +65,21 @@ def register_mixture(name: str, tasks: Sequence[str], default_rate: float = 1.0,
 
 
 def text_task_preprocessors(format_fn: Callable, **kwargs) -> list:
-  """[format (with kwargs), drop empty, tokenize, append EOS after trimming]."""
+  """[format (with kwargs), drop empty, tokenize, a tokenizer's special tokens, append EOS
+  after trimming]."""
   return [functools.partial(format_fn, **kwargs) if kwargs else format_fn,
           preprocessors.filter_empty, seqio.preprocessors.tokenize,
+          preprocessors.add_special_tokens,
           seqio.preprocessors.append_eos_after_trim]
 
 
 def lm_task_preprocessors(text_key: str = "text") -> list:
-  """[text -> targets, drop empty, tokenize, append EOS after trimming]."""
+  """[text -> targets, drop empty, tokenize, a tokenizer's special tokens, append EOS after
+  trimming]."""
   return [functools.partial(preprocessors.lm_text, text_key=text_key),
           functools.partial(preprocessors.filter_empty, keys=("targets",)),
-          seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim]
+          seqio.preprocessors.tokenize, preprocessors.add_special_tokens,
+          seqio.preprocessors.append_eos_after_trim]
 
 
 # Tasks whose inputs are documents that T5-style setups routinely truncate

@@ -1,0 +1,206 @@
+"""A Hugging Face tokenizer (a `tokenizer.json`, read by the `tokenizers` library) as a
+seqio.Vocabulary.
+
+    vocab = load_hf_vocabulary("path/to/model_folder")   # or ".../tokenizer.json"
+    vocab.encode("Hi!")          # raw ids, no special tokens (seqio's contract)
+    vocab.encode_prompt("Hi!")   # == transformers' tokenizer("Hi!")["input_ids"] (its BOS rule)
+
+Special ids come from the tokenizer and the model's configs in the same folder, never from
+constants: EOS from tokenizer_config.json's `eos_token`, else config.json's or
+generation_config.json's `eos_token_id`; BOS and pad likewise, and either may be absent (a
+Llama-3 tokenizer has no pad token, a Qwen2 one no BOS). The tokens the tokenizer adds around
+a single text (its post-processor: Llama's BOS) are `prompt_prefix` / `prompt_suffix`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILES = ("tokenizer_config.json", "config.json", "generation_config.json")
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+  if not os.path.isfile(path):
+    return {}
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path} is not a JSON file ({e}); it is read for the tokenizer's "
+                     "special tokens, so fix or remove it.") from None
+  return value if isinstance(value, dict) else {}
+
+
+def _load_tokenizer(path: str):
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  try:
+    with open(path, encoding="utf-8") as f:
+      json.load(f)
+    return tokenizers.Tokenizer.from_file(path)
+  except (UnicodeDecodeError, json.JSONDecodeError, Exception) as e:  # pylint: disable=broad-except
+    reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+    raise ValueError(
+        f"{path!r} is not a Hugging Face tokenizer.json ({reason}). Pass a model folder saved "
+        "by transformers' save_pretrained, its tokenizer.json, or a SentencePiece .model "
+        "file.") from None
+
+
+def _token_id(tokenizer, token: Any, where: str) -> Optional[int]:
+  """The id of a special token as tokenizer_config.json writes it (a string or an
+  AddedToken dict); None when absent."""
+  if isinstance(token, dict):
+    token = token.get("content")
+  if token is None:
+    return None
+  if not isinstance(token, str):
+    raise ValueError(f"{where}: expected a token string, got {token!r}.")
+  found = tokenizer.token_to_id(token)
+  if found is None:
+    raise ValueError(f"{where}: special token {token!r} is not in the tokenizer's vocabulary; "
+                     "the folder's tokenizer files do not belong together.")
+  return int(found)
+
+
+def _config_id(value: Any) -> Optional[int]:
+  """An id from config.json / generation_config.json: an int, or the first of a list."""
+  if isinstance(value, list):
+    value = value[0] if value else None
+  return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def special_ids(tokenizer, folder: str) -> Dict[str, Optional[int]]:
+  """{"bos", "eos", "pad"} ids: tokenizer_config.json's tokens first, then config.json's and
+  generation_config.json's `*_token_id` (None where no file names one)."""
+  configs = {name: _read_json(os.path.join(folder, name)) for name in CONFIG_FILES}
+  out = {}
+  for key in ("bos", "eos", "pad"):
+    where = os.path.join(folder, "tokenizer_config.json") + f" {key}_token"
+    found = _token_id(tokenizer, configs["tokenizer_config.json"].get(f"{key}_token"), where)
+    for name in CONFIG_FILES[1:]:
+      if found is None:
+        found = _config_id(configs[name].get(f"{key}_token_id"))
+    out[key] = found
+  return out
+
+
+def _added_around(tokenizer) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+  """(prefix, suffix): the ids the tokenizer's post-processor puts around one text."""
+  sample = "a b"
+  raw = tokenizer.encode(sample, add_special_tokens=False).ids
+  full = tokenizer.encode(sample, add_special_tokens=True).ids
+  for start in range(len(full) - len(raw) + 1):
+    if full[start:start + len(raw)] == raw:
+      return tuple(full[:start]), tuple(full[start + len(raw):])
+  raise ValueError("The tokenizer's post-processor changes the text's own ids; such a "
+                   "tokenizer is not supported.")
+
+
+class HFTokenizerVocabulary(seqio.Vocabulary):
+  """seqio.Vocabulary over a `tokenizers.Tokenizer`; ids as transformers gives them."""
+
+  def __init__(self, path: str):
+    super().__init__(extra_ids=0)
+    self.tokenizer_file = os.path.abspath(path)
+    self.folder = os.path.dirname(self.tokenizer_file)
+    self.tokenizer = _load_tokenizer(self.tokenizer_file)
+    ids = special_ids(self.tokenizer, self.folder)
+    if ids["eos"] is None:
+      raise ValueError(
+          f"No EOS token for {self.tokenizer_file!r}: none of {list(CONFIG_FILES)} in "
+          f"{self.folder!r} names one. Pass the model folder saved by save_pretrained.")
+    self._bos, self._eos, self._pad = ids["bos"], ids["eos"], ids["pad"]
+    self.prompt_prefix, self.prompt_suffix = _added_around(self.tokenizer)
+
+  # Special ids: from the files, any of BOS and pad may be absent (None).
+  @property
+  def bos_id(self) -> Optional[int]:
+    return self._bos
+
+  @property
+  def eos_id(self) -> int:
+    return self._eos
+
+  @property
+  def pad_token_id(self) -> Optional[int]:
+    """The tokenizer's pad token, or None. Padding itself is marked by masks."""
+    return self._pad
+
+  @property
+  def pad_id(self) -> int:
+    # seqio replaces the ids after EOS with pad_id before decoding; EOS is a special token
+    # that decoding skips, so the text is the same whether or not a pad token exists.
+    return self._eos if self._pad is None else self._pad
+
+  @property
+  def unk_id(self) -> Optional[int]:
+    return None
+
+  @property
+  def _base_vocab_size(self) -> int:
+    return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+
+  def _encode(self, s: str) -> Sequence[int]:
+    return self.tokenizer.encode(s, add_special_tokens=False).ids
+
+  def encode_prompt(self, s: str) -> list:
+    """The ids of `s` as the tokenizer encodes one text, special tokens included."""
+    return list(self.tokenizer.encode(s, add_special_tokens=True).ids)
+
+  def _decode(self, ids) -> str:
+    size = self._base_vocab_size
+    # Ids of embedding rows beyond the tokenizer (never sampled) have no text.
+    return self.tokenizer.decode([int(i) for i in ids if 0 <= int(i) < size],
+                                 skip_special_tokens=True)
+
+  def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
+    def encode(text):
+      return np.asarray(self._encode(text.decode("utf-8")), np.int32)
+    ids = tf.numpy_function(encode, [s], tf.int32, stateful=False)
+    ids.set_shape([None])
+    return ids
+
+  def _decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
+    def decode(row):
+      return np.asarray(self._decode(row.tolist()).encode("utf-8"), dtype=object)
+    if ids.shape.rank == 1:
+      return tf.numpy_function(decode, [ids], tf.string, stateful=False)
+    return tf.map_fn(lambda r: tf.numpy_function(decode, [r], tf.string, stateful=False),
+                     ids, fn_output_signature=tf.string)
+
+  def identity(self) -> Dict[str, Any]:
+    """What makes two tokenizers tokenize alike: the tokenizer's definition (without its
+    truncation/padding settings) and the special ids."""
+    spec = json.loads(self.tokenizer.to_str())
+    spec.pop("truncation", None)
+    spec.pop("padding", None)
+    return {"tokenizer": spec, "bos": self._bos, "eos": self._eos,
+            "prefix": self.prompt_prefix, "suffix": self.prompt_suffix}
+
+  def __eq__(self, other):
+    return isinstance(other, HFTokenizerVocabulary) and (
+        self.tokenizer_file == other.tokenizer_file or self.identity() == other.identity())
+
+  def __hash__(self):
+    return hash(self.tokenizer_file)
+
+  def __repr__(self):
+    return f"HFTokenizerVocabulary({self.tokenizer_file!r}, size={self.vocab_size})"
+
+
+def load_hf_vocabulary(path: str) -> HFTokenizerVocabulary:
+  """An HFTokenizerVocabulary from a model folder or its tokenizer.json."""
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    path = os.path.join(path, TOKENIZER_FILE)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path!r} does not exist; pass a model folder with a "
+                            "tokenizer.json, the tokenizer.json itself, or a SentencePiece "
+                            ".model file.")
+  return HFTokenizerVocabulary(path)

@@ -1,0 +1,95 @@
+"""Hugging Face model folders built offline for the tests: a byte-level BPE tokenizer trained
+with `tokenizers` on a few fixture sentences, saved by transformers' save_pretrained with tiny
+random Llama-3-style (llama3 RoPE scaling, BOS added by the tokenizer, no pad token) or Qwen2
+(no BOS, pad = EOS) configs. Everything is deterministic and takes well under a second."""
+
+from __future__ import annotations
+
+import os
+
+SENTENCES = (
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
+    "in May. How many clips did Natalia sell altogether in April and May?",
+    "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
+    "How much did she earn?",
+    "Betty is saving money for a new wallet which costs $100! Betty has only half of the money.",
+    "James writes a 3-page letter to 2 different friends twice a week. How many pages a year?",
+    "The answer is 72! #### 72",
+)
+
+LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>")
+QWEN2_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def train_tokenizer(vocab_size: int = 300, specials=LLAMA3_SPECIALS, bos=None,
+                    sentences=SENTENCES):
+  """A byte-level BPE `tokenizers.Tokenizer` whose special tokens come after the learnt ones
+  (as in Llama-3 and Qwen2: id 0 is "!", a real token); with `bos`, a post-processor that
+  puts it first."""
+  import tokenizers
+  from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(specials),
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                show_progress=False)
+  tok.train_from_iterator(list(sentences), trainer)
+  tok.add_special_tokens(list(specials))
+  if bos is not None:
+    bos_id = tok.token_to_id(bos)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)])
+  return tok
+
+
+def fast_tokenizer(kind: str = "llama", vocab_size: int = 300, sentences=SENTENCES):
+  """A transformers PreTrainedTokenizerFast in the style of `kind` ("llama" or "qwen2")."""
+  from transformers import PreTrainedTokenizerFast
+  if kind == "llama":
+    tok = train_tokenizer(vocab_size, LLAMA3_SPECIALS, bos="<|begin_of_text|>",
+                          sentences=sentences)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
+                                   eos_token="<|end_of_text|>")
+  tok = train_tokenizer(vocab_size, QWEN2_SPECIALS, sentences=sentences)
+  return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                 pad_token="<|endoftext|>")
+
+
+def model_config(kind: str, tokenizer, vocab_size=None, max_positions: int = 4096, **sizes):
+  """A tiny transformers config of `kind` with the tokenizer's special ids."""
+  import transformers
+  common = dict(vocab_size=vocab_size or len(tokenizer), hidden_size=32, intermediate_size=64,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=max_positions, eos_token_id=tokenizer.eos_token_id,
+                bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=False)
+  common.update(sizes)
+  if kind == "llama":
+    return transformers.LlamaConfig(
+        rope_theta=500000.0, rms_norm_eps=1e-5,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        **common)
+  return transformers.Qwen2Config(rope_theta=1000000.0, rms_norm_eps=1e-6, **common)
+
+
+def save_model(directory: str, kind: str = "llama", tokenizer=None, vocab_size=None,
+               seed: int = 0, **sizes) -> str:
+  """Saves a tiny random model of `kind` with its tokenizer under `directory`; returns it."""
+  import torch
+  import transformers
+  tokenizer = tokenizer or fast_tokenizer(kind)
+  config = model_config(kind, tokenizer, vocab_size, **sizes)
+  torch.manual_seed(seed)
+  model = transformers.AutoModelForCausalLM.from_config(config)
+  os.makedirs(directory, exist_ok=True)
+  model.save_pretrained(directory)
+  tokenizer.save_pretrained(directory)
+  return directory
+
+
+def save_tokenizer(directory: str, kind: str = "llama", **kwargs) -> str:
+  """Saves only the tokenizer files (and a config.json-free folder) under `directory`."""
+  os.makedirs(directory, exist_ok=True)
+  fast_tokenizer(kind, **kwargs).save_pretrained(directory)
+  return directory

@@ -1,0 +1,127 @@
+"""Decoding with a Hugging Face tokenizer's ids: prompts exactly as the tokenizer encodes them
+(no T5 start id 0 before them, id 0 a real token), the model's own EOS, and embedding rows past
+the tokenizer never output; T5's conventions unchanged where no tokenizer is given."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hf_fixtures
+from distillspec_jax.data import vocabularies
+from distillspec_jax.decoding import plain, speculative
+from distillspec_jax.interop import importer
+from distillspec_jax.models.model import NO_TOKEN, Model, TokenIds, decoder_prompt
+
+PROMPTS = ("Betty has $100!", "How many clips did Natalia sell! 48")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+  """(vocab, target folder, target, target params, draft, draft params): one 300-token
+  Llama-3-style tokenizer, embeddings of 336 (target) and 320 (draft) rows."""
+  root = tmp_path_factory.mktemp("pair")
+  tokenizer = hf_fixtures.fast_tokenizer("llama")
+  target_dir = hf_fixtures.save_model(str(root / "target"), "llama", tokenizer, vocab_size=336)
+  draft_dir = hf_fixtures.save_model(str(root / "draft"), "llama", tokenizer, vocab_size=320,
+                                     seed=1, num_hidden_layers=1)
+  vocab = vocabularies.as_vocabulary(target_dir)
+  vocabularies.check_same_vocabulary(vocab, draft_dir)
+  tokens = vocabularies.token_ids(vocab)
+  tp, tc = importer.load_checkpoint(target_dir)
+  dp, dc = importer.load_checkpoint(draft_dir)
+  return vocab, target_dir, Model(tc, tokens), tp, Model(dc, tokens), dp
+
+
+def _prompts(vocab):
+  rows = [vocab.encode_prompt(p) for p in PROMPTS]
+  width = max(map(len, rows))
+  out = np.full((len(rows), width), NO_TOKEN, np.int32)
+  for i, r in enumerate(rows):
+    out[i, :len(r)] = r
+  return out, rows
+
+
+def test_prompts_are_used_as_the_tokenizer_encodes_them(pair):
+  vocab, _, target, *_ = pair
+  prompts, rows = _prompts(vocab)
+  assert any(0 in r for r in rows)  # "!" is id 0: a token, not padding
+  tokens, lengths = decoder_prompt(target, prompts, len(rows))
+  assert lengths.tolist() == [len(r) for r in rows]
+  for row, r in zip(np.asarray(tokens), rows):
+    assert row[:len(r)].tolist() == r  # nothing put before the tokenizer's BOS
+
+
+def test_greedy_decode_equals_transformers(pair):
+  import torch
+  import transformers
+  vocab, target_dir, target, tp, _, _ = pair
+  prompts, rows = _prompts(vocab)
+  result = plain.decode(target, tp, prompt_tokens=prompts, max_new_tokens=6, max_length=64)
+  hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
+  for i, r in enumerate(rows):
+    with torch.no_grad():
+      logits = hf(torch.tensor([r])).logits[0, -1, :vocab.vocab_size]
+    first = int(torch.argmax(logits))  # the tokenizer's rows only
+    assert int(result.tokens[i, 0]) == first
+    assert np.all(np.asarray(result.tokens)[i, :int(result.lengths[i])] < vocab.vocab_size)
+
+
+def test_pair_with_more_rows_than_the_tokenizer_decodes_exactly(pair):
+  vocab, _, target, tp, draft, dp = pair
+  assert (target.config.vocab_size, draft.config.vocab_size, target.output_size) == (336, 320, 300)
+  prompts, _ = _prompts(vocab)
+  alone = plain.decode(target, tp, prompt_tokens=prompts, max_new_tokens=8, max_length=64)
+  spec = speculative.speculative_decode(target, tp, draft, dp, prompt_tokens=prompts,
+                                        max_new_tokens=8, gamma=3, max_length=64)
+  for i in range(len(PROMPTS)):
+    n = int(alone.lengths[i])
+    assert int(spec.lengths[i]) == n
+    np.testing.assert_array_equal(np.asarray(spec.tokens)[i, :n], np.asarray(alone.tokens)[i, :n])
+    text = vocab.decode(np.asarray(spec.tokens)[i, :n].tolist())
+    assert isinstance(text, str)
+  logits = target.logits(tp, {"decoder_input_tokens": jnp.asarray(prompts.clip(0))})
+  assert logits.shape[-1] == vocab.vocab_size
+
+
+def test_pairs_with_other_token_ids_are_refused(pair):
+  _, _, target, tp, draft, dp = pair
+  other = draft.with_tokens(TokenIds(eos_id=5, decoder_start_id=None, pad_id=NO_TOKEN,
+                                     num_tokens=300))
+  with pytest.raises(ValueError, match="token ids"):
+    speculative.check_pair(target, other)
+  with pytest.raises(ValueError, match="vocab_size"):  # T5 conventions: sizes must agree
+    speculative.check_pair(Model(target.config), Model(draft.config))
+  with pytest.raises(ValueError, match="embedding rows"):
+    Model(draft.config, TokenIds(num_tokens=400))
+
+
+def test_t5_conventions_are_unchanged():
+  model = Model.from_name("demo_draft")
+  assert model.tokens == TokenIds(eos_id=1, decoder_start_id=0, pad_id=0, num_tokens=None)
+  prompts = np.array([[5, 6, 0], [7, 0, 0]], np.int32)
+  tokens, lengths = decoder_prompt(Model.from_name("smoke_target").with_tokens(TokenIds()),
+                                   None, 2)
+  assert tokens.tolist() == [[0], [0]] and lengths.tolist() == [1, 1]
+  decoder_only = Model(model.config.__class__(**{**model.config.__dict__,
+                                                 "kind": "decoder_only",
+                                                 "num_encoder_layers": 0}))
+  tokens, lengths = decoder_prompt(decoder_only, prompts, 2)
+  assert tokens.tolist() == [[0, 5, 6, 0], [0, 7, 0, 0]] and lengths.tolist() == [3, 2]
+
+
+def test_on_policy_batches_keep_the_tokenizers_layout(pair):
+  from distillspec_jax.distill import objectives
+  _, _, target, *_ = pair
+  # prompt [5, 0, 7] (0 is "!"), target [9, EOS]: inputs are the sequence, targets one ahead.
+  eos = target.tokens.eos_id
+  batch = {"decoder_input_tokens": np.array([[5, 0, 7, 9, 0, 0]]),
+           "decoder_target_tokens": np.array([[0, 7, 9, eos, 0, 0]]),
+           "decoder_loss_weights": np.array([[0, 0, 1, 1, 0, 0]])}
+  prompts = objectives.prompt_tokens_from_batch(batch, target)
+  assert prompts.tolist() == [[5, 0, 7, NO_TOKEN, NO_TOKEN, NO_TOKEN]]
+  rebuilt = objectives.samples_to_batch(jnp.array([[9, eos, 0]]), jnp.array([2]), batch, target,
+                                        prompts)
+  assert rebuilt["decoder_target_tokens"].tolist() == batch["decoder_target_tokens"].tolist()
+  assert rebuilt["decoder_input_tokens"][0, :4].tolist() == [5, 0, 7, 9]
+  assert rebuilt["decoder_loss_weights"].tolist() == [[0, 0, 1, 1, 0, 0]]
