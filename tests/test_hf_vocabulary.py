@@ -67,8 +67,8 @@ def test_task_prompts_and_batches_are_the_tokenizers_ids(folders, kind):
   eos = reference.eos_token_id
   sequences = []
   for row, length, text, target, t_length, t_text in zip(
-      examples["prompts"], examples["prompt_lengths"], examples["prompt_texts"],
-      examples["targets"], examples["target_lengths"], examples["target_texts"]):
+      examples.prompts, examples.prompt_lengths, examples.prompt_texts,
+      examples.targets, examples.target_lengths, examples.target_texts):
     ids = reference(text)["input_ids"]
     assert row[:length].tolist() == ids  # no EOS after the prompt, BOS as the tokenizer puts it
     assert (row[length:] == NO_TOKEN).all()
@@ -84,7 +84,7 @@ def test_task_prompts_and_batches_are_the_tokenizers_ids(folders, kind):
     assert batch["decoder_input_tokens"][i, :n - 1].tolist() == sequence[:-1]
     assert batch["decoder_target_tokens"][i, :n - 1].tolist() == sequence[1:]
     weights = batch["decoder_loss_weights"][i]
-    prompt = n - len(examples["targets"][i][:examples["target_lengths"][i]])
+    prompt = n - len(examples.targets[i][:examples.target_lengths[i]])
     assert (weights[:prompt - 1] == 0).all() and (weights[prompt - 1:n - 1] == 1).all()
     assert (weights[n - 1:] == 0).all()
 

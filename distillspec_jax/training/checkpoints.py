@@ -259,7 +259,7 @@ def save_params(path: str, params: Params, meta: Optional[dict] = None) -> None:
 def read_meta(path: str) -> Optional[dict]:
   """The `meta` item of a checkpoint (MODEL_DIR: its latest step; or a step directory), or
   None when it has none (parameters saved alone by an older version)."""
-  _, step_dir = _params_dir(path)
+  _, step_dir = params_dir_of(path)
   if not os.path.isdir(os.path.join(step_dir, "meta")):
     return None
   with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as reader:
