@@ -107,10 +107,9 @@ def test_restore_without_shardings_gives_host_arrays_whatever_the_saved_devices(
   saving device (which another process of a multi-process run would not hold)."""
   _, params, _ = _state()
   on_last = jax.device_put(params, jax.devices()[-1])
-  C.save_params(str(tmp_path / "exported"), on_last)
-  restored = C.restore_params(str(tmp_path / "exported"),
-                              jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                           params))
+  checkpoints.save_params(str(tmp_path / "exported"), on_last)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+  restored = checkpoints.restore_params(str(tmp_path / "exported"), abstract)
   assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(restored))
   _equal(params, restored)
 

@@ -402,7 +402,7 @@ def open_checkpoint(path: str) -> OpenedCheckpoint:
   elif fmt == "ours":
     config = ours_config(path)
   if config is None and fmt in ("ours", "t5x"):
-    shapes = _ours_shapes(path) if fmt == "ours" else t5x_checkpoints.read_t5x_shapes(path)
+    shapes = _ours_shapes(path) if fmt == "ours" else t5x_lib.read_t5x_shapes(path)
     if "relpos_bias" in shapes["decoder"]:  # T5 kinds: the shapes say everything
       config = config_from_params(shapes)
   tokenizer = vocabularies.checkpoint_tokenizer(path)
