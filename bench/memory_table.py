@@ -80,6 +80,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from distillspec_jax.core import files  # noqa: E402
+from distillspec_jax.core import validation  # noqa: E402
 from distillspec_jax.distill import objectives  # noqa: E402
 from distillspec_jax.models.model import Model  # noqa: E402
 from distillspec_jax.training import partitioning  # noqa: E402
@@ -304,6 +305,10 @@ def families_main(args, argv) -> list:
     raise SystemExit(f"error: --loss_block_sizes={args.loss_block_sizes!r}: use a comma list "
                      "of 'none', 'auto' or ints >= 1.") from None
   stages = tuple(s for s in args.stages.split(",") if s)
+  try:
+    validation.check_positive_int(args.length, "--length")
+  except ValueError as error:
+    raise SystemExit(f"error: {error}") from None
   for value, known, flag in ((args.pairs, FAMILY_PAIRS, "--pairs"),
                              (args.slices, FAMILY_MESHES, "--slices"),
                              (args.stages, FAMILY_STAGES, "--stages")):
