@@ -42,12 +42,27 @@ same per-device shapes on far fewer simulated devices. Checked once: T5 1.1 XL /
 (16, 1) compiled for 16 devices (596 s) and as the (2, 1) proxy at batch 4 (111 s) gave the
 same argument, output and alias bytes and temp bytes 576 bytes apart (of 11.2 GB).
 
+--families: the decoder-only pairs of 2026 (FAMILY_PAIRS: Qwen3-8B / Qwen3-0.6B, Gemma 3 12B
+/ 270M) at FAMILY_BATCH rows of 2,048 tokens on one mesh per slice (FAMILY_MESHES: v5e-8,
+v4-8, v5p-8), per stage of the main job (FAMILY_STAGES: the draft's fine-tuning, the
+distillation step of `--recipe`, default supervised_kd, the teacher cache's target forward)
+and per `--loss_block_sizes` entry ('none' = the unblocked loss). Each row is the dry run's
+own measurement (`dry_run.run`: the chip's HBM, arguments from the shard shapes, XLA's temp
+and peak). Gemma 3 270M has 262,144 embedding rows and 12B 262,208 (the rows past 262,144
+are beyond the text tokenizer): the table's Gemma draft takes the target's 262,208 rows
+(FAMILY_PAIRS' vocab_size override), as the distillation step needs one vocabulary.
+
+  nice -n 5 python bench/memory_table.py --families --remat_policy minimal \
+      --target_param_dtype bfloat16 --out families.json
+  python bench/memory_table.py --families --smoke --out /tmp/families_smoke.json  # seconds
+
 Writes JSON ({"rows": [...], "settings": {...}}) and prints a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -66,6 +81,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from distillspec_jax.core import files  # noqa: E402
+from distillspec_jax.core import validation  # noqa: E402
 from distillspec_jax.distill import objectives  # noqa: E402
 from distillspec_jax.models.model import Model  # noqa: E402
 from distillspec_jax.training import partitioning  # noqa: E402
@@ -190,14 +206,156 @@ def markdown(rows) -> str:
   return "\n".join(lines)
 
 
+# --- the 2026 families: decoder-only pairs per stage, with and without the blocked loss ----------
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyPair:
+  """A (target, draft) pair of presets; `draft_overrides` change the draft's preset fields."""
+
+  target: str
+  draft: str
+  draft_overrides: tuple = ()  # ((field, value), ...)
+
+
+# Gemma 3 270M / 1B embed 262,144 rows, 12B / 27B 262,208: the 64 rows past 262,144 are the
+# multimodal checkpoints' image tokens, beyond the text tokenizer. The table's Gemma draft
+# takes the target's 262,208 rows (a vocab_size override of its preset, 64 x 640 weights more)
+# so the pair shares one vocabulary as the distillation step requires.
+FAMILY_PAIRS = {"qwen3": FamilyPair("qwen3_8b", "qwen3_0_6b"),
+                "gemma3": FamilyPair("gemma3_12b", "gemma3_270m", (("vocab_size", 262208),))}
+# --smoke: the same stages of tiny presets of both kinds (seconds; the suite runs it).
+SMOKE_PAIRS = {"qwen3": FamilyPair("tiny_qwen3", "tiny_qwen3"),
+               "gemma3": FamilyPair("tiny_gemma3", "tiny_gemma3")}
+SMOKE_LENGTH = 64
+# One mesh per slice: a model axis for the target's weights; Gemma 3 270M's 4 heads allow a
+# model axis of at most 4 (partitioning.check_model_axis).
+FAMILY_MESHES = {"v5e-8": (2, 4), "v4-8": (2, 2), "v5p-8": (2, 2)}
+FAMILY_STAGES = ("draft_raw", "distill", "teacher_cache")
+FAMILY_LENGTH = 2048
+FAMILY_BATCH = 8
+FAMILY_RECIPE = "supervised_kd"  # DistillSpec's fixed-data FKL: no sampler inside the step
+
+
+def family_stages(pair: FamilyPair, block_size, *, recipe: str, length: int,
+                  remat_policy: str, target_param_dtype: Optional[str], stages, k: int = 8,
+                  overrides=None) -> list:
+  """The main job's stages for a decoder-only pair (studies/pipeline_dry_run.py): the draft's
+  fine-tuning step, the distillation step of `recipe` (frozen target in
+  `target_param_dtype`) and the teacher cache's target forward with top-`k`, each as a
+  dry_run.Stage at FAMILY_BATCH rows of `length` tokens with `block_size` for the loss."""
+  overrides = dict(overrides or {}, remat_policy=remat_policy)
+  target = Model.from_name(pair.target, **overrides)
+  draft = Model.from_name(pair.draft, **dict(overrides, **dict(pair.draft_overrides)))
+  spec = trainer.TrainConfig(model_dir="unused", train_steps=1).optimizer_spec
+  lengths = {"inputs": length, "targets": length}
+  both = {"target": target, "draft": draft}
+  builders = {
+      "draft_raw": lambda mesh, batch: dry_run.train_step_program(
+          objectives.FinetuneObjective(draft, block_size), spec, mesh, batch, lengths),
+      "distill": lambda mesh, batch: dry_run.train_step_program(
+          objectives.DistillationObjective(target, draft, objectives.DistillationConfig
+                                           .from_recipe(recipe, loss_block_size=block_size)),
+          spec, mesh, batch, lengths, frozen_param_dtype=target_param_dtype),
+      "teacher_cache": lambda mesh, batch: dry_run.teacher_cache_program(
+          target, mesh, batch, lengths, k=k, target_param_dtype=target_param_dtype)}
+  return [dry_run.Stage(name, builders[name], FAMILY_BATCH, both) for name in stages]
+
+
+def family_rows(pair_name: str, slice_name: str, block_size, *, log=print, pairs=None,
+                **kwargs) -> list:
+  """The rows of one pair of `pairs` (FAMILY_PAIRS) on one slice (FAMILY_MESHES) for one
+  loss block size."""
+  pair = (pairs or FAMILY_PAIRS)[pair_name]
+  name, chip, count = dry_run.parse_slice(slice_name)
+  stages = family_stages(pair, block_size, **kwargs)
+  rows = dry_run.run(stages, FAMILY_MESHES[name], dry_run.dry_run_devices(count), chip,
+                     proxy_data=2, log=log)
+  for row in rows:
+    blocked = row["stage"] != "teacher_cache"  # the cache's forward has no loss
+    row.update(pair=pair_name, target=pair.target, draft=pair.draft,
+               draft_overrides=dict(pair.draft_overrides), slice=name,
+               loss_block_size=block_size if blocked else "n/a", batch_size=FAMILY_BATCH,
+               length=kwargs["length"], recipe=kwargs["recipe"],
+               remat_policy=kwargs["remat_policy"],
+               target_param_dtype=kwargs["target_param_dtype"] or "float32",
+               temp_is_estimate=True)
+  return rows
+
+
+def family_markdown(rows) -> str:
+  """GiB per device: arguments exact (shard shapes), temp and peak XLA:CPU's estimates."""
+  lines = ["| pair (target / draft) | slice | mesh | stage | loss blocks | draft params + "
+           "optimizer | target | batch | arguments (exact) | temp (estimate) | peak "
+           "(estimate) | HBM | fits |", "|" + "---|" * 13]
+  for r in rows:
+    lines.append(
+        f"| {r['target']} / {r['draft']} | {r['slice']} | ({r['mesh'][0]}, {r['mesh'][1]}) | "
+        f"{r['stage']} | {r['loss_block_size'] if r['loss_block_size'] is not None else 'none'} | "
+        f"{_gib(r['params_bytes'] + r.get('optimizer_bytes', 0))} | {_gib(r['frozen_bytes'])} | "
+        f"{_gib(r['batch_bytes'])} | {_gib(r['arguments_bytes'])} | {_gib(r['temp_bytes'])} | "
+        f"{_gib(r['peak_bytes'])} | {r['hbm_bytes'] / GIB:.0f} | "
+        f"{'yes' if r['fits'] else '**no**'} |")
+  return "\n".join(lines)
+
+
+def families_main(args, argv) -> list:
+  """--families: the grid over pairs x slices x loss block sizes, every stage per cell."""
+  pairs = SMOKE_PAIRS if args.smoke else FAMILY_PAIRS
+  if args.smoke:
+    args.length, args.loss_block_sizes = SMOKE_LENGTH, "none,16"
+  try:
+    blocks = [None if b == "none" else (b if b == "auto" else int(b))
+              for b in args.loss_block_sizes.split(",")]
+  except ValueError:
+    raise SystemExit(f"error: --loss_block_sizes={args.loss_block_sizes!r}: use a comma list "
+                     "of 'none', 'auto' or ints >= 1.") from None
+  stages = tuple(s for s in args.stages.split(",") if s)
+  try:
+    validation.check_positive_int(args.length, "--length")
+  except ValueError as error:
+    raise SystemExit(f"error: {error}") from None
+  for value, known, flag in ((args.pairs, FAMILY_PAIRS, "--pairs"),
+                             (args.slices, FAMILY_MESHES, "--slices"),
+                             (args.stages, FAMILY_STAGES, "--stages")):
+    unknown = [n for n in value.split(",") if n and n not in known]
+    if unknown:
+      raise SystemExit(f"error: {flag}: unknown {unknown}; use a comma list of {sorted(known)}.")
+  settings = dict(recipe=args.recipe, batch_size=FAMILY_BATCH, length=args.length,
+                  remat_policy=args.remat_policy, activations=args.dtype or "float32",
+                  target_param_dtype=args.target_param_dtype or "float32",
+                  optimizer="adafactor (TrainConfig defaults)", meshes=FAMILY_MESHES,
+                  smoke=bool(args.smoke), xla_flags=os.environ["XLA_FLAGS"],
+                  jax=jax.__version__,
+                  command="python bench/memory_table.py " + " ".join(
+                      sys.argv[1:] if argv is None else argv))
+  rows = []
+  for pair in args.pairs.split(","):
+    for slice_name in args.slices.split(","):
+      for block in blocks:
+        stage_names = stages if block == blocks[0] else tuple(
+            s for s in stages if s != "teacher_cache")  # the cache has no loss to block
+        rows += family_rows(pair, slice_name, block, pairs=pairs, recipe=args.recipe,
+                            length=args.length, remat_policy=args.remat_policy,
+                            target_param_dtype=args.target_param_dtype, stages=stage_names,
+                            overrides={"dtype": args.dtype} if args.dtype else None)
+        files.write_json_atomic(args.out, {"rows": rows, "settings": settings})
+  print(family_markdown(rows))
+  return rows
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", required=True, help="JSON file to write (rewritten per row)")
-  parser.add_argument("--pairs", default="xl,xxl", help=f"comma list of {sorted(PAIRS)}")
-  parser.add_argument("--slices", default="v4-8,v4-32", help=f"comma list of {sorted(SLICES)}")
+  parser.add_argument("--pairs", default=None, help=f"comma list of {sorted(PAIRS)} (default "
+                      f"xl,xxl), with --families of {sorted(FAMILY_PAIRS)} (default all)")
+  parser.add_argument("--slices", default=None, help=f"comma list of {sorted(SLICES)} (default "
+                      f"v4-8,v4-32), with --families of {sorted(FAMILY_MESHES)} (default "
+                      "v5e-8,v4-8)")
   parser.add_argument("--meshes", default=None,
                       help="override the candidates: e.g. '2x2,1x4' (data x model)")
-  parser.add_argument("--recipe", default="gkd", choices=sorted(objectives.RECIPES))
+  parser.add_argument("--recipe", default=None, choices=sorted(objectives.RECIPES),
+                      help=f"default gkd, with --families {FAMILY_RECIPE}")
   parser.add_argument("--method", default="compile", choices=("compile", "eval_shape"))
   parser.add_argument("--batch_size", type=int, default=BATCH_SIZE)
   parser.add_argument("--inputs_length", type=int, default=LENGTHS["inputs"])
@@ -214,13 +372,34 @@ def main(argv=None):
   parser.add_argument("--merge", nargs="+", default=None,
                       help="JSON files of earlier runs: write their rows to --out as one table "
                            "and print it (nothing is compiled)")
+  parser.add_argument("--families", action="store_true",
+                      help="the decoder-only pairs of FAMILY_PAIRS per stage, with and without "
+                           "the blocked loss (--pairs qwen3,gemma3 --slices v5e-8,v4-8)")
+  parser.add_argument("--stages", default=",".join(FAMILY_STAGES),
+                      help=f"--families: comma list of {FAMILY_STAGES}")
+  parser.add_argument("--loss_block_sizes", default="none,auto",
+                      help="--families: comma list of LOSS_BLOCK_SIZE values ('none' = "
+                           "unblocked, 'auto', or an int)")
+  parser.add_argument("--length", type=int, default=FAMILY_LENGTH,
+                      help="--families: tokens per row")
+  # --smoke (smoke.parse): the smoke pair, or with --families the tiny presets
+  # (SMOKE_LENGTH tokens, blocks of 16); seconds either way.
   args = smoke.parse(parser, argv, SMOKE)
   if args.merge:
     runs = [files.read_json(path) for path in args.merge]
     rows = [row for run in runs for row in run["rows"]]
     files.write_json_atomic(args.out, {"rows": rows, "settings": [r["settings"] for r in runs]})
-    print(markdown(rows))
+    print(family_markdown(rows) if args.families else markdown(rows))
     return rows
+  if args.families:
+    if args.smoke and args.pairs == SMOKE["pairs"]:  # --smoke's T5 pair: the families' own
+      args.pairs = None
+    args.pairs = args.pairs or ",".join(FAMILY_PAIRS)
+    args.slices = args.slices or "v5e-8,v4-8"
+    args.recipe = args.recipe or FAMILY_RECIPE
+    return families_main(args, argv)
+  args.pairs, args.slices = args.pairs or "xl,xxl", args.slices or "v4-8,v4-32"
+  args.recipe = args.recipe or "gkd"
   pairs = [p for p in args.pairs.split(",") if p]
   slices = [s for s in args.slices.split(",") if s]
   for name, known, flag in ((pairs, PAIRS, "--pairs"), (slices, SLICES, "--slices")):

@@ -80,3 +80,51 @@ def test_per_device_bytes_equal_the_shards_device_zero_holds():
                                          ("params", "optimizer", "target", "batch", "other"))
     # eval_shape counts the arguments only: whether the step fits is not known from them.
     assert row["peak_bytes"] is None and row["fits_v4_hbm"] is None
+
+
+FAMILIES_JSON = os.path.join(ROOT, "docs", "scale_out", "memory_families.json")
+
+
+def test_the_committed_family_table_has_both_pairs_on_both_slices_blocked_and_not():
+  """docs/scale_out.md's Qwen3 / Gemma 3 rows: each pair on a v5e-8 and a v4-8 at 2,048
+  tokens, the distillation step with and without the blocked loss, arguments exact."""
+  with open(FAMILIES_JSON) as f:
+    rows = json.load(f)["rows"]
+  want = {(pair, slice_name, block) for pair in ("qwen3", "gemma3")
+          for slice_name in ("v5e-8", "v4-8") for block in ("none", "blocked")}
+  got = set()
+  for row in rows:
+    assert row["length"] == 2048 and row["temp_is_estimate"]
+    assert row["arguments_bytes"] == sum(row[f"{k}_bytes"] for k in
+                                         ("params", "optimizer", "frozen", "batch", "other")
+                                         if f"{k}_bytes" in row)
+    if row.get("xla_argument_bytes") is not None:  # compiled: XLA's count is ours less the
+      unused = row["arguments_bytes"] - row["xla_argument_bytes"]  # inputs jit drops unread
+      assert 0 <= unused <= row["batch_bytes"] + row.get("other_bytes", 0), row["stage"]
+    if row["stage"] == "distill":
+      got.add((row["pair"], row["slice"],
+               "none" if row["loss_block_size"] is None else "blocked"))
+  assert want <= got, sorted(want - got)
+  assert {r["target"] for r in rows} == {"qwen3_8b", "gemma3_12b"}
+
+
+@pytest.mark.integration
+def test_family_grid_smoke_compiles_both_loss_settings(tmp_path):
+  """--families --smoke on tiny Qwen3 presets: one row per loss setting, arguments counted
+  from the shard shapes equal XLA's."""
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = tmp_path / "families.json"
+  run = subprocess.run([sys.executable, "bench/memory_table.py", "--families", "--smoke",
+                        "--pairs", "qwen3", "--slices", "v4-8", "--stages", "distill",
+                        "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+  assert run.returncode == 0, run.stderr[-4000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["loss_block_size"] for r in rows] == [None, 16]
+  for row in rows:
+    assert row["mesh"] == [2, 2] and row["chip"] == "TPU v4" and row["length"] == 64
+    # jit drops the batch features the step never reads (decoder_input_tokens here).
+    assert row["arguments_bytes"] - row["xla_argument_bytes"] in (0, 8 // 2 * 64 * 4)
+    assert row["temp_bytes"] > 0 and row["peak_bytes"] > row["arguments_bytes"]
+  assert "| tiny_qwen3 / tiny_qwen3 | v4-8 | (2, 2) | distill | none |" in run.stdout
