@@ -15,8 +15,6 @@ from distillspec_jax.evaluation import speed
 from distillspec_jax.models.head import Head, HeadConfig
 from distillspec_jax.models.model import Model
 
-pytestmark = pytest.mark.usefixtures("fast_compilation")  # conftest.py
-
 
 @pytest.fixture(scope="module")
 def trio():
