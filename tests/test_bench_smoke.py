@@ -24,19 +24,22 @@ EXTRA = {
     "timing_budget.py": ["--gin.MODEL_DIR='{run_dir}'"],
 }
 THROUGH_DEVICE_SMOKE = ("speculative.py",)
+# Run whole in another test's process (the same `main(["--smoke", ...])` a user runs, with its
+# checks of the report), so not a second time here: script -> that test.
+IN_PROCESS = {"head_draft.py": "test_head_training.py::test_head_bench_smoke_runs_and_reports"}
 NEEDS_RUN = ("teacher_cache_study.py", "timing_budget.py")
 NEEDS_MODULE = {"vs_transformers.py": "transformers", "vs_trl.py": "trl"}
 
 
 def scripts() -> list:
   """bench/*.py with a command-line entry point (not the helpers they import), but those
-  that bench/device_smoke.sh runs."""
+  that bench/device_smoke.sh runs or another test runs in process (IN_PROCESS)."""
   def runnable(path):
     tree = ast.parse(path.read_text())
     return any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
                for node in tree.body)
   return sorted(p.name for p in (ROOT / "bench").glob("*.py")
-                if runnable(p) and p.name not in THROUGH_DEVICE_SMOKE)
+                if runnable(p) and p.name not in THROUGH_DEVICE_SMOKE + tuple(IN_PROCESS))
 
 
 def run(command: list) -> subprocess.CompletedProcess:
@@ -49,6 +52,24 @@ def run(command: list) -> subprocess.CompletedProcess:
 def test_the_scan_finds_the_scripts():
   found = scripts()
   assert "latency.py" in found and "vs_trl.py" in found and "smoke.py" not in found
+  for script, test in IN_PROCESS.items():  # each one left out here is run there
+    assert (ROOT / "bench" / script).exists() and script not in found
+    path, name = test.split("::")
+    assert f"def {name}(" in (ROOT / "tests" / path).read_text(), test
+
+
+def _check_blocked_loss_memory(result: dict) -> None:
+  """Two real trainer steps compiled (no run): the blocked one needs fewer temporary bytes
+  for the same arguments."""
+  rows = {row["block_size"]: row for row in result["rows"]}
+  assert set(rows) == {None, 16}
+  assert rows[16]["temp_bytes"] < rows[None]["temp_bytes"]
+  assert rows[16]["argument_bytes"] == rows[None]["argument_bytes"]
+  assert result["temp_reduction"] == rows[None]["temp_bytes"] / rows[16]["temp_bytes"]
+
+
+# Checks of a script's JSON beyond "it was written", by script.
+CHECKS = {"blocked_loss_memory.py": _check_blocked_loss_memory}
 
 
 @pytest.mark.parametrize("script", scripts())
@@ -65,7 +86,9 @@ def test_smoke(script, tmp_path, request):
   out = tmp_path / "out.json"
   extra = [a.format(source=source, run_dir=run_dir) for a in EXTRA.get(script, [])]
   run([sys.executable, str(ROOT / "bench" / script), "--smoke", f"--out={out}", *extra])
-  assert json.loads(out.read_text())
+  result = json.loads(out.read_text())
+  assert result
+  CHECKS.get(script, lambda _: None)(result)
 
 
 def test_device_smoke_script(tmp_path):

@@ -1,5 +1,6 @@
 """The blocked loss (distill/blocked.py): exact to the unblocked one, never whole logits;
-bench/blocked_loss_memory.py's smoke run and argument checks."""
+bench/blocked_loss_memory.py's argument checks (its smoke run and the checks of its JSON:
+test_bench_smoke.py)."""
 
 import argparse
 import os
@@ -168,19 +169,6 @@ def test_block_longer_than_the_sequence_is_refused_before_compiling(setup):
   objective = D.DistillationObjective(target, draft, D.DistillationConfig(loss_block_size=64))
   with pytest.raises(ValueError, match="loss_block_size=64 is larger than the sequence"):
     objective.loss(params["draft"], {"target": params["target"]}, batch)
-
-
-@pytest.mark.integration
-def test_bench_smoke_compiles_both_steps_and_the_blocked_one_needs_less(tmp_path):
-  """bench/blocked_loss_memory.py --smoke: two real trainer steps compiled (no run)."""
-  args = argparse.Namespace(out=str(tmp_path / "out.json"), vocab=0, batch=1, length=0,
-                            recipe="supervised_kd", block_sizes="", smoke=True)
-  result = blocked_loss_memory.run(args)
-  rows = {row["block_size"]: row for row in result["rows"]}
-  assert set(rows) == {None, 16}
-  assert rows[16]["temp_bytes"] < rows[None]["temp_bytes"]
-  assert rows[16]["argument_bytes"] == rows[None]["argument_bytes"]
-  assert result["temp_reduction"] == rows[None]["temp_bytes"] / rows[16]["temp_bytes"]
 
 
 @pytest.mark.parametrize("field,value,needle", [
