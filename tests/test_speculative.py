@@ -508,10 +508,12 @@ def test_start_state_for_gamma_equals_the_start_at_that_gamma(kind):
     expected = start(gamma)
     assert resized.out.shape == (4, 12 + gamma + 1)
     jax.tree.map(np.testing.assert_array_equal, resized, expected)
-    rounds = lambda state: speculative.speculative_rounds(
+    # One program for both states (called eagerly, each call would trace its loop anew).
+    rounds = jax.jit(lambda tp, dp, state, gamma=gamma: speculative.speculative_rounds(
         target, tp, draft, dp, state, max_new_tokens=12, gamma=gamma, sampling=sampling,
-        lenience=Lenience())
-    np.testing.assert_array_equal(rounds(resized).tokens, rounds(expected).tokens)
+        lenience=Lenience()))
+    np.testing.assert_array_equal(rounds(tp, dp, resized).tokens,
+                                  rounds(tp, dp, expected).tokens)
 
 
 def test_start_state_for_gamma_refuses_a_state_past_its_start():
