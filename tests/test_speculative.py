@@ -153,20 +153,22 @@ def _peaked_decoder_pair(vocab=5, seed_target=0, seed_draft=1):
 
 
 def _exact_sequence_distribution(model, params, length, eos):
-  """P(y) for every continuation of the empty prompt, enumerated with full forward passes."""
+  """P(y) for every continuation of the empty prompt, enumerated with full forward passes:
+  one batched pass per depth over every unfinished prefix of that depth (rows of one length,
+  no padding, so each row's logits are its own sequence's)."""
   vocab = model.config.vocab_size
-  probs = {}
-
-  def expand(prefix, prob):
-    if len(prefix) == length or (prefix and prefix[-1] == eos):
-      probs[tuple(prefix)] = prob
-      return
-    logits = model.logits(params, {"decoder_input_tokens": jnp.array([[0] + prefix])})
-    p = np.asarray(jax.nn.softmax(logits[0, -1]), np.float64)
-    for token in range(vocab):  # generated 0s are ordinary tokens; lengths delimit outputs
-      expand(prefix + [token], prob * p[token])
-
-  expand([], 1.0)
+  probs, live = {}, {(): 1.0}  # finished sequences; unfinished prefixes
+  for depth in range(length):
+    prefixes = list(live)
+    logits = model.logits(params, {"decoder_input_tokens": jnp.array(
+        [[0, *prefix] for prefix in prefixes])})
+    p = np.asarray(jax.nn.softmax(logits[:, -1]), np.float64)
+    grown = {}
+    for row, prefix in enumerate(prefixes):
+      for token in range(vocab):  # generated 0s are ordinary tokens; lengths delimit outputs
+        ended = token == eos or depth == length - 1
+        (probs if ended else grown)[prefix + (token,)] = live[prefix] * p[row, token]
+    live = grown
   return probs
 
 
@@ -217,11 +219,14 @@ def test_sampled_speculative_matches_target_distribution_and_broken_variants_fai
   assert _goodness_of_fit_pvalue(lossy, expected) < 1e-6
 
   # Teeth 2: a broken engine that accepts every draft token.
+  # Only the engine's program is traced anew and evicted after: clearing every cache
+  # (jax.clear_caches) would make each later test of the process compile again.
+  engine = speculative._speculative_jit  # pylint: disable=protected-access
   monkeypatch.setattr(speculative, "acceptance_probability",
                       lambda p, q, lenience=None: jnp.ones_like(p))
-  jax.clear_caches()
+  engine.clear_cache()
   broken = _sample_speculative(model, tp, dp, Lenience("lin", 1.0), num_samples, length, seed=12)
-  jax.clear_caches()
+  engine.clear_cache()
   assert _goodness_of_fit_pvalue(broken, expected) < 1e-6
 
 
@@ -503,10 +508,12 @@ def test_start_state_for_gamma_equals_the_start_at_that_gamma(kind):
     expected = start(gamma)
     assert resized.out.shape == (4, 12 + gamma + 1)
     jax.tree.map(np.testing.assert_array_equal, resized, expected)
-    rounds = lambda state: speculative.speculative_rounds(
+    # One program for both states (called eagerly, each call would trace its loop anew).
+    rounds = jax.jit(lambda tp, dp, state, gamma=gamma: speculative.speculative_rounds(
         target, tp, draft, dp, state, max_new_tokens=12, gamma=gamma, sampling=sampling,
-        lenience=Lenience())
-    np.testing.assert_array_equal(rounds(resized).tokens, rounds(expected).tokens)
+        lenience=Lenience()))
+    np.testing.assert_array_equal(rounds(tp, dp, resized).tokens,
+                                  rounds(tp, dp, expected).tokens)
 
 
 def test_start_state_for_gamma_refuses_a_state_past_its_start():
