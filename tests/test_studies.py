@@ -236,7 +236,8 @@ def test_a_cell_over_seeds_on_hand_made_runs():
                             seeds=(0, 1))
   markers = {recipe_grid.cell_stage("gkd", "fkl", seed): dict(
       steps=5, target_tokens=100, final_loss=loss, wall_clock_s=2.0,
-      evaluation=[dict(gamma=5, temperature=0.0, tau=tau, tau_stderr=0.1, alpha=0.5)],
+      evaluation=[dict(gamma=5, temperature=0.0, tau=tau, tau_stderr=0.1,
+                       draft_acceptance_rate=0.5)],
       tau_curve=[dict(step=0, tau=2.0, tau_stderr=0.1), dict(step=5, tau=tau,
                                                              tau_stderr=0.1)])
       for seed, tau, loss in ((0, 3.0, 1.0), (1, 3.4, 0.5))}
