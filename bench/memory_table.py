@@ -285,15 +285,15 @@ def family_rows(pair_name: str, slice_name: str, block_size, *, log=print, pairs
 
 def family_markdown(rows) -> str:
   """GiB per device: arguments exact (shard shapes), temp and peak XLA:CPU's estimates."""
-  lines = ["| pair (target / draft) | slice | mesh | stage | loss blocks | draft params + "
-           "optimizer | target | batch | arguments (exact) | temp (estimate) | peak "
+  lines = ["| pair (target / draft) | slice | mesh | stage | loss blocks | remat | draft "
+           "params + optimizer | target | arguments (exact) | temp (estimate) | peak "
            "(estimate) | HBM | fits |", "|" + "---|" * 13]
   for r in rows:
     lines.append(
         f"| {r['target']} / {r['draft']} | {r['slice']} | ({r['mesh'][0]}, {r['mesh'][1]}) | "
         f"{r['stage']} | {r['loss_block_size'] if r['loss_block_size'] is not None else 'none'} | "
-        f"{_gib(r['params_bytes'] + r.get('optimizer_bytes', 0))} | {_gib(r['frozen_bytes'])} | "
-        f"{_gib(r['batch_bytes'])} | {_gib(r['arguments_bytes'])} | {_gib(r['temp_bytes'])} | "
+        f"{r['remat_policy']} | {_gib(r['params_bytes'] + r.get('optimizer_bytes', 0))} | "
+        f"{_gib(r['frozen_bytes'])} | {_gib(r['arguments_bytes'])} | {_gib(r['temp_bytes'])} | "
         f"{_gib(r['peak_bytes'])} | {r['hbm_bytes'] / GIB:.0f} | "
         f"{'yes' if r['fits'] else '**no**'} |")
   return "\n".join(lines)

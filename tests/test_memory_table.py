@@ -127,4 +127,4 @@ def test_family_grid_smoke_compiles_both_loss_settings(tmp_path):
     # jit drops the batch features the step never reads (decoder_input_tokens here).
     assert row["arguments_bytes"] - row["xla_argument_bytes"] in (0, 8 // 2 * 64 * 4)
     assert row["temp_bytes"] > 0 and row["peak_bytes"] > row["arguments_bytes"]
-  assert "| tiny_qwen3 / tiny_qwen3 | v4-8 | (2, 2) | distill | none |" in run.stdout
+  assert "| tiny_qwen3 / tiny_qwen3 | v4-8 | (2, 2) | distill | none | none |" in run.stdout
