@@ -52,10 +52,10 @@ def _recording_put(self, array):
   return _put(self, array)
 
 
-def _recording_load_pair(config):
+def _recording_load_pair(config, *args):
   """The binary's loader, recording the bytes of the target's parameters that this process's
   first device holds and the whole target's, per mesh, to ROWS_JSON's `.held.json`."""
-  pair = _load_pair(config)
+  pair = _load_pair(config, *args)
   first = jax.local_devices()[0]
   leaves = jax.tree.leaves(pair[1])
   _held.append({"mesh": [config.data_parallel, config.model_parallel],

@@ -285,11 +285,13 @@ def test_a_preset_that_does_not_fit_the_checkpoint_is_refused_before_loading(tmp
   with pytest.raises(ValueError, match=r"does not hold the gemma3-kind model.*layers=18.*"
                                        r"model.layers.3.input_layernorm.weight: missing"):
     importer.check_checkpoint(str(tmp_path / "gemma"), MODEL_CONFIGS["gemma3_270m"])
-  # Our format does not record the window or RoPE: a config is required, and checked.
+  # Our format carries its model: the window and RoPE come back from the checkpoint, and a
+  # config given beside it is checked field by field.
   importer.save_checkpoint(model.init(jax.random.PRNGKey(0)), gemma, str(tmp_path / "ours"),
                            "ours")
+  assert importer.open_checkpoint(str(tmp_path / "ours")).config == gemma
   with pytest.raises(ValueError, match="sliding_window"):
-    importer.load_checkpoint(str(tmp_path / "ours"))
+    importer.check_checkpoint(str(tmp_path / "ours"), gemma.replace(sliding_window=8))
   with pytest.raises(ValueError, match="post_mlp_layer_norm"):
     importer.check_checkpoint(str(tmp_path / "ours"), MODEL_CONFIGS["tiny_qwen3"].replace(
         vocab_size=VOCAB, num_decoder_layers=3))

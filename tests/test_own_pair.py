@@ -12,7 +12,7 @@ import pytest
 import hf_fixtures
 from distillspec_jax import eval as eval_lib
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("fast_compilation")]
+pytestmark = pytest.mark.integration
 
 LENGTHS = {"inputs": 160, "targets": 8}
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -25,7 +25,7 @@ def test_speedups_and_summary_from_each_repeats_first_calls():
     repeat = cycle % 2
     log.append((("plain", 0.0), repeat, plain[cycle]))
     log.append((("a", 3, 0.0, Lenience()), repeat, spec[cycle]))
-  result = {"repeats": 2, "timed_per_repeat": 3,
+  result = {"protocol": {"repeats": 2, "timed_per_repeat": 3, "plain_calls_per_cycle": 1},
             "rows": [{"draft": "a", "gamma": 3, "temperature": 0.0, "lenience": "lin",
                        "epsilon": 1.0, "tokens": 10}],
             "plain": {"0.0": {"tokens": 10}}}
@@ -48,7 +48,7 @@ def test_pooled_speedups_reach_windows_no_single_repeat_reached():
   spec = [np.array([2.0, 2.0]), np.array([3.0, 1.0]), np.array([1.0, 3.0]),
           np.array([2.0, 1.0])]
   log += [(("a", 3, 0.0, Lenience()), c % 2, spec[c]) for c in range(4)]
-  result = {"repeats": 2, "timed_per_repeat": 2,
+  result = {"protocol": {"repeats": 2, "timed_per_repeat": 2, "plain_calls_per_cycle": 1},
             "rows": [{"draft": "a", "gamma": 3, "temperature": 0.0, "lenience": "lin",
                       "epsilon": 1.0, "tokens": 10}],
             "plain": {"0.0": {"tokens": 10}}}
@@ -64,7 +64,8 @@ def test_one_plain_call_per_cycle_keeps_the_first_of_each_cycles_plain_calls():
     log += [(("plain", 0.0), repeat, np.array([10.0 + 2 * cycle])),
             (("a", 3, 0.0, Lenience()), repeat, np.array([1.0])),
             (("plain", 0.0), repeat, np.array([11.0 + 2 * cycle]))]
-  kept = timing_budget.one_plain_call_per_cycle(log, {"plain_calls_per_cycle": 2})
+  kept = timing_budget.one_plain_call_per_cycle(
+      log, {"protocol": {"plain_calls_per_cycle": 2}})
   assert [float(w[0]) for k, _, w in kept if k[0] == "plain"] == [10.0, 12.0, 14.0, 16.0]
   assert sum(k[0] == "a" for k, _, _ in kept) == 4
   counts = timing_budget.spread_counts({"x": [1.0, 1.05, 1.2], "y": [1.0, 1.0, 1.0]})
