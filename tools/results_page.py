@@ -240,8 +240,28 @@ def memory_section() -> list:
   return lines
 
 
-SECTIONS = (verification_section, latency_section, adaptive_section, teacher_cache_section,
-            vs_trl_section, memory_section)
+def checks_section() -> list:
+  """The behaviour checks: the demo's tau before and after a change, the two-process eval."""
+  tau = load("docs/checks/demo_tau_before_after.json")
+  rows = [[r["draft"], f"{r['temperature']:g}", r["gamma"],
+           f"{r['tau_before']:.6f} ± {r['tau_stderr_before']:.4f}",
+           f"{r['tau_after']:.6f} ± {r['tau_stderr_after']:.4f}",
+           "yes" if r["identical"] else "**no**"] for r in tau["rows"]]
+  two = load("docs/checks/eval_two_processes_demo.json")
+  two_rows = [[f"{r['temperature']:g}", r["gamma"], f"{r['tau']:.3f} ± {r['tau_stderr']:.3f}",
+               f"{r['draft_acceptance_rate']:.3f}"] for r in two["rows"]]
+  return (["## Behaviour checks", "", tau["what"], "",
+           f"Before: `{tau['command_before']}`; after: `{tau['command_after']}` "
+           "(`docs/checks/demo_tau_before_after.json`).", ""]
+          + table(["draft", "T", "gamma", "tau before", "tau after", "identical"], rows)
+          + ["", two["what"], "", f"`{two['command']}` "
+             f"(`docs/checks/eval_two_processes_demo.json`): rows equal to the one-process "
+             f"run: {'yes' if two['rows_equal'] else '**no**'}.", ""]
+          + table(["T", "gamma", "tau", "draft acceptance rate"], two_rows) + [""])
+
+
+SECTIONS = (checks_section, verification_section, latency_section, adaptive_section,
+            teacher_cache_section, vs_trl_section, memory_section)
 
 
 def page() -> str:
