@@ -247,6 +247,8 @@ def checks_section() -> list:
            f"{r['tau_before']:.6f} ± {r['tau_stderr_before']:.4f}",
            f"{r['tau_after']:.6f} ± {r['tau_stderr_after']:.4f}",
            "yes" if r["identical"] else "**no**"] for r in tau["rows"]]
+  final = tau["final_tree"]
+  final_same = sum(r["identical"] for r in final["rows"])
   two = load("docs/checks/eval_two_processes_demo.json")
   two_rows = [[f"{r['temperature']:g}", r["gamma"], f"{r['tau']:.3f} ± {r['tau_stderr']:.3f}",
                f"{r['draft_acceptance_rate']:.3f}"] for r in two["rows"]]
@@ -254,13 +256,27 @@ def checks_section() -> list:
            f"Before: `{tau['command_before']}`; after: `{tau['command_after']}` "
            "(`docs/checks/demo_tau_before_after.json`).", ""]
           + table(["draft", "T", "gamma", "tau before", "tau after", "identical"], rows)
-          + ["", two["what"], "", f"`{two['command']}` "
+          + ["", f"{final['what']} `{final['command']}`: {final_same} of {len(final['rows'])} "
+             "rows identical to the earlier tree's tau.", "", two["what"], "",
+             f"`{two['command']}` "
              f"(`docs/checks/eval_two_processes_demo.json`): rows equal to the one-process "
              f"run: {'yes' if two['rows_equal'] else '**no**'}.", ""]
           + table(["T", "gamma", "tau", "draft acceptance rate"], two_rows) + [""])
 
 
-SECTIONS = (checks_section, verification_section, latency_section, adaptive_section,
+def heads_section() -> list:
+  data = load("docs/heads/demo_head.json")
+  rows = [[r["draft"], f"{r['temperature']:g}", r["gamma"],
+           f"{r['tau']:.2f} ± {r['tau_stderr']:.2f}",
+           " ".join(f"{a:.2f}" for a in r["acceptance_by_position"]),
+           span(r["end_to_end_speedup"], r["end_to_end_speedup_range"])] for r in data["rows"]]
+  return (["## A draft head beside the separate drafts", "", data["what"], "",
+           f"`{data['command']}` (`docs/heads/demo_head.json`; [heads.md](heads.md)).", ""]
+          + table(["draft", "T", "gamma", "tau", "acceptance by position", "end to end"], rows)
+          + [""])
+
+
+SECTIONS = (checks_section, heads_section, verification_section, latency_section, adaptive_section,
             teacher_cache_section, vs_trl_section, memory_section)
 
 
