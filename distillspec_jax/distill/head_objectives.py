@@ -34,9 +34,9 @@ from distillspec_jax.decoding import head_draft
 from distillspec_jax.decoding import plain
 from distillspec_jax.distill import divergences
 from distillspec_jax.distill import token_selection
-from distillspec_jax.distill.objectives import (DRAFT, FIXED, TARGET, DistillationConfig,
-                                                training_features, prompt_tokens_from_batch,
-                                                sample_batch, samples_to_batch, select_source)
+from distillspec_jax.distill.objectives import (DistillationConfig, mixed_batch,
+                                                prompt_tokens_from_batch, sample_batch,
+                                                samples_to_batch, training_features)
 from distillspec_jax.models.head import Head, check_unroll_steps
 from distillspec_jax.models.model import EOS_ID, Model, decoder_prompt
 
@@ -159,24 +159,15 @@ class HeadDistillationObjective:
   def make_batch(self, params, frozen, batch, rng):
     """(training batch, source int32): the fixed batch, head (on-policy) or target samples."""
     c = self.config
-    source_rng, sample_rng = jax.random.split(rng)
-    source = select_source(source_rng, c.lambda1, c.lambda2)
     fixed = training_features(batch, self.target)
     max_new = c.max_new_tokens or fixed["decoder_target_tokens"].shape[1]
-    branches = [lambda: fixed]
-    if c.lambda1 < 1.0 and c.lambda2 > 0.0:
-      branches.append(lambda: sample_head_batch(
-          self.target, frozen["target"], self.head, params, fixed, sample_rng,
-          max_new_tokens=max_new, temperature=c.sampling_temperature))
-    if c.lambda1 < 1.0 and c.lambda2 < 1.0:
-      branches.append(lambda: sample_batch(self.target, frozen["target"], fixed, sample_rng,
-                                           max_new_tokens=max_new,
-                                           temperature=c.sampling_temperature))
-    if len(branches) == 1:
-      return fixed, source
-    index = {FIXED: 0, DRAFT: 1 if c.lambda2 > 0.0 else 0, TARGET: len(branches) - 1}
-    branch = jnp.asarray([index[FIXED], index[DRAFT], index[TARGET]], jnp.int32)[source]
-    return jax.lax.stop_gradient(jax.lax.switch(branch, branches)), source
+    return mixed_batch(
+        rng, c.lambda1, c.lambda2, fixed,
+        lambda key: sample_head_batch(self.target, frozen["target"], self.head, params, fixed,
+                                      key, max_new_tokens=max_new,
+                                      temperature=c.sampling_temperature),
+        lambda key: sample_batch(self.target, frozen["target"], fixed, key,
+                                 max_new_tokens=max_new, temperature=c.sampling_temperature))
 
   def step_logits(self, params, frozen, batch):
     """(target logits over the draft vocabulary [batch, T, draft vocab], the head's unrolled

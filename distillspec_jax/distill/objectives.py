@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -179,6 +179,27 @@ def select_source(rng: Array, lambda1, lambda2) -> Array:
   # Strict '<' on U[0, 1): P(u < lam) = lam exactly, so lam = 0 / 1 never / always fire.
   return jnp.where(u1 < lambda1, FIXED, jnp.where(u2 < lambda2, DRAFT, TARGET)).astype(
       jnp.int32)
+
+
+def mixed_batch(rng: Array, lambda1, lambda2, fixed: dict, draft_samples: Callable,
+                target_samples: Callable) -> tuple:
+  """(training batch, source int32) of one step, the source drawn by `select_source`: the
+  `fixed` batch, `draft_samples(rng)` or `target_samples(rng)` (each -> a batch like
+  `fixed`), without gradient. Only the chosen branch runs (lax.switch is a real conditional
+  when not vmapped), so a fixed-data step costs no sampling; a source whose lambda rules it
+  out is never compiled in."""
+  source_rng, sample_rng = jax.random.split(rng)
+  source = select_source(source_rng, lambda1, lambda2)
+  branches = [lambda: fixed]
+  if lambda1 < 1.0 and lambda2 > 0.0:
+    branches.append(lambda: draft_samples(sample_rng))
+  if lambda1 < 1.0 and lambda2 < 1.0:
+    branches.append(lambda: target_samples(sample_rng))
+  if len(branches) == 1:
+    return fixed, source
+  index = {FIXED: 0, DRAFT: 1 if lambda2 > 0.0 else 0, TARGET: len(branches) - 1}
+  branch = jnp.asarray([index[FIXED], index[DRAFT], index[TARGET]], jnp.int32)[source]
+  return jax.lax.stop_gradient(jax.lax.switch(branch, branches)), source
 
 
 def shift_right(tokens: Array) -> Array:
@@ -388,27 +409,13 @@ class DistillationObjective:
   def make_batch(self, params, frozen, batch, rng):
     """(training batch, source int32): the fixed batch or samples, chosen per Knowl 4."""
     c = self.config
-    source_rng, sample_rng = jax.random.split(rng)
-    source = select_source(source_rng, c.lambda1, c.lambda2)
     fixed = training_features(batch, self.draft)
     max_new = c.max_new_tokens or fixed["decoder_target_tokens"].shape[1]
-    sample = lambda model, p: sample_batch(model, p, fixed, sample_rng, max_new_tokens=max_new,
-                                           temperature=c.sampling_temperature)
-    # Only the chosen branch runs (lax.switch is a real conditional when not vmapped), so a
-    # fixed-data step costs no sampling. Branches whose lambda is 0 are never compiled in.
-    branches = [lambda: fixed]
-    if c.lambda1 < 1.0 and c.lambda2 > 0.0:
-      branches.append(lambda: sample(self.draft, params))
-    if c.lambda1 < 1.0 and c.lambda2 < 1.0:
-      branches.append(lambda: sample(self.target, frozen["target"]))
-    if len(branches) == 1:
-      return fixed, source
-    index = {FIXED: 0}
-    index[DRAFT] = 1 if c.lambda2 > 0.0 else 0
-    index[TARGET] = len(branches) - 1
-    branch = jnp.asarray([index[FIXED], index[DRAFT], index[TARGET]], jnp.int32)[source]
-    out = jax.lax.switch(branch, branches)
-    return jax.lax.stop_gradient(out), source
+    sample = lambda model, p, key: sample_batch(model, p, fixed, key, max_new_tokens=max_new,
+                                                temperature=c.sampling_temperature)
+    return mixed_batch(rng, c.lambda1, c.lambda2, fixed,
+                       lambda key: sample(self.draft, params, key),
+                       lambda key: sample(self.target, frozen["target"], key))
 
   def loss(self, params, frozen, batch, dropout_rng=None):
     """Scalar loss and metrics (loss, divergence, tvd, predicted_acceptance, num_tokens, ...).
