@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 SENTENCES = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
     "in May. How many clips did Natalia sell altogether in April and May?",
@@ -93,3 +95,26 @@ def save_tokenizer(directory: str, kind: str = "llama", **kwargs) -> str:
   os.makedirs(directory, exist_ok=True)
   fast_tokenizer(kind, **kwargs).save_pretrained(directory)
   return directory
+
+
+# Rows of different lengths: [0] + prompt, right-padded with 0 (the RoPE families' logit
+# comparisons against transformers).
+TOKENS = np.array([[0, 5, 6, 7, 8, 9, 10, 11, 12, 13],
+                   [0, 3, 4, 40, 0, 0, 0, 0, 0, 0],
+                   [0, 90, 17, 25, 33, 61, 2, 0, 0, 0]], np.int32)
+LENGTHS = np.array([10, 4, 7])
+
+
+def hf_logits(torch, model, tokens=TOKENS, lengths=LENGTHS):
+  """A transformers causal LM's logits [batch, length, vocab] of right-padded `tokens`."""
+  mask = np.arange(tokens.shape[1])[None] < lengths[:, None]
+  with torch.no_grad():
+    return model(input_ids=torch.tensor(tokens, dtype=torch.long),
+                 attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
+
+
+def check_real_positions(ours, ref, lengths=LENGTHS, atol=1e-4):
+  """`ours` equals `ref` at every row's first `lengths` positions (padding not compared)."""
+  assert np.abs(ref).max() > 1.0  # not a degenerate comparison
+  for row, n in enumerate(lengths):
+    np.testing.assert_allclose(ours[row, :n], ref[row, :n], atol=atol, rtol=1e-4)

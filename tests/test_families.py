@@ -17,6 +17,7 @@ from distillspec_jax.decoding.plain import decode
 from distillspec_jax.decoding.speculative import speculative_decode
 from distillspec_jax.interop import hf_llama
 from distillspec_jax.interop import importer
+from hf_fixtures import LENGTHS, TOKENS, check_real_positions, hf_logits
 from distillspec_jax.models.config import MODEL_CONFIGS, TransformerConfig
 from distillspec_jax.models.model import Model
 
@@ -74,26 +75,6 @@ def _random_hf(family, fields, directory, seed=0):
   return torch, model
 
 
-# Rows of different lengths: [0] + prompt, right-padded with 0.
-TOKENS = np.array([[0, 5, 6, 7, 8, 9, 10, 11, 12, 13],
-                   [0, 3, 4, 40, 0, 0, 0, 0, 0, 0],
-                   [0, 90, 17, 25, 33, 61, 2, 0, 0, 0]], np.int32)
-LENGTHS = np.array([10, 4, 7])
-
-
-def _hf_logits(torch, model, tokens=TOKENS, lengths=LENGTHS):
-  mask = np.arange(tokens.shape[1])[None] < lengths[:, None]
-  with torch.no_grad():
-    return model(input_ids=torch.tensor(tokens, dtype=torch.long),
-                 attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
-
-
-def _check_real_positions(ours, ref, lengths=LENGTHS, atol=1e-4):
-  assert np.abs(ref).max() > 1.0  # not a degenerate comparison
-  for row, n in enumerate(lengths):
-    np.testing.assert_allclose(ours[row, :n], ref[row, :n], atol=atol, rtol=1e-4)
-
-
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_logits_match_transformers_through_the_importer_and_the_cache(name, tmp_path):
   family, fields = FAMILIES[name]
@@ -106,9 +87,9 @@ def test_logits_match_transformers_through_the_importer_and_the_cache(name, tmp_
     assert (config.rope_theta, config.rope_local_theta, config.rope_scaling) == (
         1000.0, 50.0, "linear")
   model = Model(config.replace(max_decode_length=16))
-  ref = _hf_logits(torch, hf_model)
+  ref = hf_logits(torch, hf_model)
   ours = np.asarray(jax.jit(model.logits)(params, {"decoder_input_tokens": jnp.asarray(TOKENS)}))
-  _check_real_positions(ours, ref)
+  check_real_positions(ours, ref)
 
   # The cache: rows prefilled to their own lengths, then one token per row per call, on past
   # the window (row 0 reaches position 9 with a 3-key window).
@@ -159,7 +140,7 @@ def test_hf_to_ours_to_hf_keeps_the_tensors_and_the_logits(name, tmp_path):
   original = dict(hf_model.state_dict())
   for key, value in back.state_dict().items():
     np.testing.assert_array_equal(value.numpy(), original[key].numpy(), err_msg=key)
-  np.testing.assert_array_equal(_hf_logits(torch, back), _hf_logits(torch, hf_model))
+  np.testing.assert_array_equal(hf_logits(torch, back), hf_logits(torch, hf_model))
   _, reread = importer.load_checkpoint(str(tmp_path / "back"))
   assert reread == config
 
@@ -361,7 +342,7 @@ def test_the_text_decoder_of_a_multimodal_gemma3_checkpoint_loads(tmp_path):
   tokens = np.where(TOKENS >= 93, 7, TOKENS)  # no image tokens in the text
   ours = np.asarray(Model(ours_config).logits(params,
                                               {"decoder_input_tokens": jnp.asarray(tokens)}))
-  _check_real_positions(ours, _hf_logits(torch, hf_model, tokens))
+  check_real_positions(ours, hf_logits(torch, hf_model, tokens))
   # A capping this class does not apply (and Gemma3ForCausalLM would) is refused by name.
   written = json.load(open(tmp_path / "mm" / "config.json"))
   written["text_config"]["final_logit_softcapping"] = 30.0

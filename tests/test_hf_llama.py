@@ -15,6 +15,7 @@ from distillspec_jax import convert
 from distillspec_jax.decoding.plain import decode
 from distillspec_jax.interop import hf_llama
 from distillspec_jax.interop import importer
+from hf_fixtures import LENGTHS, TOKENS, check_real_positions, hf_logits
 from distillspec_jax.models.model import Model
 
 
@@ -64,26 +65,6 @@ def _random_hf(family, fields, directory, seed=0):
   return torch, model
 
 
-# Rows of different lengths: [0] + prompt, right-padded with 0.
-TOKENS = np.array([[0, 5, 6, 7, 8, 9, 10, 11, 12, 13],
-                   [0, 3, 4, 40, 0, 0, 0, 0, 0, 0],
-                   [0, 90, 17, 25, 33, 61, 2, 0, 0, 0]], np.int32)
-LENGTHS = np.array([10, 4, 7])
-
-
-def _hf_logits(torch, model, tokens=TOKENS, lengths=LENGTHS):
-  mask = np.arange(tokens.shape[1])[None] < lengths[:, None]
-  with torch.no_grad():
-    return model(input_ids=torch.tensor(tokens, dtype=torch.long),
-                 attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
-
-
-def _check_real_positions(ours, ref, lengths=LENGTHS, atol=1e-4):
-  assert np.abs(ref).max() > 1.0  # not a degenerate comparison
-  for row, n in enumerate(lengths):
-    np.testing.assert_allclose(ours[row, :n], ref[row, :n], atol=atol, rtol=1e-4)
-
-
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_logits_match_transformers_through_the_importer(name, tmp_path):
   family, fields = FAMILIES[name]
@@ -92,9 +73,9 @@ def test_logits_match_transformers_through_the_importer(name, tmp_path):
   assert config.kind == "llama" and config.use_qkv_bias == (family == "qwen2")
   assert config.logits_via_embedding == fields["tie_word_embeddings"]
   model = Model(config.replace(max_decode_length=16))
-  ref = _hf_logits(torch, hf_model)
+  ref = hf_logits(torch, hf_model)
   ours = np.asarray(jax.jit(model.logits)(params, {"decoder_input_tokens": jnp.asarray(TOKENS)}))
-  _check_real_positions(ours, ref)
+  check_real_positions(ours, ref)
 
   # The cache: rows prefilled to their own lengths, then one token per row per call.
   cache = model.init_cache(params, 3, 16)
@@ -131,7 +112,7 @@ def test_export_loads_in_transformers_and_decodes_greedily_as_ours(tmp_path):
   hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "export")).eval()
   assert type(hf_model).__name__ == "LlamaForCausalLM"
   ours = np.asarray(model.logits(params, {"decoder_input_tokens": jnp.asarray(TOKENS)}))
-  _check_real_positions(ours, _hf_logits(torch, hf_model))
+  check_real_positions(ours, hf_logits(torch, hf_model))
 
   prompts = TOKENS[:, 1:]  # right-padded prompts; the engine puts the 0 start token first
   result = decode(model, params, prompt_tokens=jnp.asarray(prompts), max_new_tokens=12)
