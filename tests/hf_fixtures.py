@@ -118,3 +118,16 @@ def check_real_positions(ours, ref, lengths=LENGTHS, atol=1e-4):
   assert np.abs(ref).max() > 1.0  # not a degenerate comparison
   for row, n in enumerate(lengths):
     np.testing.assert_allclose(ours[row, :n], ref[row, :n], atol=atol, rtol=1e-4)
+
+
+def write_gsm8k(root, answer: str) -> str:
+  """`<root>/data/gsm8k/{train,test}.jsonl` of GSM8K-style rows, the first four SENTENCES as
+  questions and `answer.format(i=...)` as answers; returns the gsm8k folder."""
+  import json
+  data = os.path.join(str(root), "data", "gsm8k")
+  os.makedirs(data)
+  rows = [{"question": q, "answer": answer.format(i=i)} for i, q in enumerate(SENTENCES[:4])]
+  for split in ("train", "test"):
+    with open(os.path.join(data, f"{split}.jsonl"), "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+  return data

@@ -1,10 +1,8 @@
 """Hugging Face tokenizers as vocabularies: ids, special tokens and batches exactly as the
 tokenizer gives them; mismatches and bad files refused with the value named."""
 
-import json
 import os
 
-import numpy as np
 import pytest
 
 import hf_fixtures
@@ -20,14 +18,7 @@ def folders(tmp_path_factory):
   root = tmp_path_factory.mktemp("hf")
   out = {kind: hf_fixtures.save_tokenizer(str(root / kind), kind) for kind in ("llama", "qwen2")}
   # GSM8K-style JSONL with a "!" (id 0 in these tokenizers) in a question.
-  data = root / "data" / "gsm8k"
-  data.mkdir(parents=True)
-  rows = [{"question": q, "answer": f"She has {i} left!\n#### {i}"}
-          for i, q in enumerate(hf_fixtures.SENTENCES[:4])]
-  for split in ("train", "test"):
-    with open(data / f"{split}.jsonl", "w") as f:
-      f.writelines(json.dumps(r) + "\n" for r in rows)
-  out["data"] = str(data)
+  out["data"] = hf_fixtures.write_gsm8k(root, "She has {i} left!\n#### {i}")
   return out
 
 

@@ -33,13 +33,7 @@ def own(tmp_path_factory):
   other = hf_fixtures.fast_tokenizer("llama", sentences=[s[::-1] for s in hf_fixtures.SENTENCES])
   out["other_draft"] = hf_fixtures.save_model(str(root / "other_draft"), "llama", other,
                                               num_hidden_layers=1)
-  data = root / "data" / "gsm8k"
-  data.mkdir(parents=True)
-  rows = [{"question": q, "answer": f"So {i}!\n#### {i}"}
-          for i, q in enumerate(hf_fixtures.SENTENCES[:4])]
-  for split in ("train", "test"):
-    with open(data / f"{split}.jsonl", "w") as f:
-      f.writelines(json.dumps(r) + "\n" for r in rows)
+  hf_fixtures.write_gsm8k(root, "So {i}!\n#### {i}")
   out["data_dir"] = str(root / "data")
   return out
 
