@@ -18,7 +18,6 @@ import dataclasses
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from distillspec_jax.core.validation import check_positive_int

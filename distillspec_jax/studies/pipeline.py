@@ -36,7 +36,6 @@ from distillspec_jax.training import multihost
 from distillspec_jax.training import partitioning
 from distillspec_jax.models.precision import cast_params
 from distillspec_jax.core.files import read_json, write_json_atomic
-from distillspec_jax.models.config import model_config
 from distillspec_jax.decoding.plain import prompt_inputs
 from distillspec_jax.distill.objectives import make_speculative_eval_fn
 from distillspec_jax.evaluation.placement import BatchPlacement
