@@ -56,6 +56,9 @@ def get_task(task_name: str) -> Union[seqio.Task, seqio.Mixture]:
   if task_name.endswith("_files") or task_name.startswith("bbh"):
     hint = (" File-backed and BBH tasks exist only after "
             "distillspec_jax.data.tasks.register_file_tasks(data_dir) (or register_bbh_tasks(dir)).")
+  if task_name == "chat_files":
+    hint += (" chat_files exists with CHAT_TEMPLATE=True (register_file_tasks(data_dir, "
+             "vocabulary, chat_template=True)) and a DATA_DIR holding chat/*.jsonl.")
   raise ValueError(
       f"Task {task_name!r} is not registered."
       + (f" Did you mean {close}?" if close else "")

@@ -11,6 +11,8 @@
                                                  <name>.en(.txt) and <name>.de(.txt)
   lm1b_files           lm1b/                     *.txt, one sentence a line
   bbh_<subtask>, bbh   bbh/                      see tasks/bbh.py
+  chat_files           chat/                     *.jsonl conversations, with chat_template=True:
+                                                 see tasks/chat_tasks.py
 
 Splits are found by file name: a file whose name contains 'train' is train;
 'validation', 'valid', 'dev' or 'val' is validation; 'test' is test.  Files that
@@ -249,7 +251,7 @@ def records_source(split_files: SplitFiles, read_fn: Callable) -> seqio.Function
       splits=tuple(split_files))
 
 
-def _resolve_split_files(directory: str, split_files: Optional[SplitFiles],
+def resolve_split_files(directory: str, split_files: Optional[SplitFiles],
                          suffixes: Sequence[str], what: str) -> Dict[str, List[str]]:
   if split_files is not None:
     for split, files in split_files.items():
@@ -269,7 +271,7 @@ def register_gsm8k_files(directory: str, vocabulary: Optional[vocabularies.Vocab
                          name: str = "gsm8k_files", split_files: Optional[SplitFiles] = None
                          ) -> seqio.Task:
   """GSM8K from JSONL {"question","answer"}: zero-shot CoT prompt -> reasoning + '#### N'."""
-  files = _resolve_split_files(directory, split_files, (".jsonl",), name)
+  files = resolve_split_files(directory, split_files, (".jsonl",), name)
   return tfds_tasks.register_task(
       name, source=records_source(
           files, functools.partial(_jsonl_records, keys=("question", "answer"))),
@@ -282,7 +284,7 @@ def register_xsum_files(directory: str, vocabulary: Optional[vocabularies.VocabL
                         name: str = "xsum_files", split_files: Optional[SplitFiles] = None
                         ) -> seqio.Task:
   """XSum from JSONL {"document","summary"}: 'summarize: <document>' -> summary."""
-  files = _resolve_split_files(directory, split_files, (".jsonl",), name)
+  files = resolve_split_files(directory, split_files, (".jsonl",), name)
   tfds_tasks.mark_inputs_truncatable(name)
   return tfds_tasks.register_task(
       name, source=records_source(
@@ -298,7 +300,7 @@ def register_cnn_dailymail_files(directory: str,
                                  name: str = "cnn_dailymail_files",
                                  split_files: Optional[SplitFiles] = None) -> seqio.Task:
   """CNN/DM from JSONL {"article","highlights"} or Spec-Bench {"turns","reference"}."""
-  files = _resolve_split_files(directory, split_files, (".jsonl",), name)
+  files = resolve_split_files(directory, split_files, (".jsonl",), name)
   tfds_tasks.mark_inputs_truncatable(name)
   return tfds_tasks.register_task(
       name, source=records_source(files, _cnndm_records),
@@ -317,7 +319,7 @@ def register_wmt_files(directory: str, vocabulary: Optional[vocabularies.VocabLi
   Each split needs <stem>.<src>(.txt) and <stem>.<tgt>(.txt) files, e.g.
   newstest2014.de-en.src.de.txt + newstest2014.de-en.ref.en.txt.
   """
-  files = _resolve_split_files(directory, split_files,
+  files = resolve_split_files(directory, split_files,
                                tuple(f".{l}{e}" for l in (source_language, target_language)
                                      for e in ("", ".txt")), name)
   for split, fs in files.items():  # Check pairing now (names only, no reads).
@@ -336,7 +338,7 @@ def register_lm1b_files(directory: str, vocabulary: Optional[vocabularies.VocabL
                         name: str = "lm1b_files", split_files: Optional[SplitFiles] = None
                         ) -> seqio.Task:
   """LM1B from text files, one sentence a line: decoder-only, 'targets' only."""
-  files = _resolve_split_files(directory, split_files, (".txt",), name)
+  files = resolve_split_files(directory, split_files, (".txt",), name)
   return tfds_tasks.register_task(
       name, source=records_source(files, _lines_records),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary),
@@ -356,16 +358,25 @@ _FOLDERS = (
 
 
 def register_file_tasks(data_dir: str, vocabulary: Optional[vocabularies.VocabLike] = None,
-                        include_bbh: bool = True) -> List[str]:
+                        include_bbh: bool = True, chat_template: bool = False) -> List[str]:
   """Registers every file-backed task whose folder exists under `data_dir`.
 
   Returns the registered names (e.g. ['gsm8k_files', 'xsum_files', ...]).
   Raises FileNotFoundError if `data_dir` does not exist or holds none of the
   expected folders.  Idempotent; only lists directories (files are read later).
+  `chat_template`: also the conversations of `data_dir`/chat/ as 'chat_files', rendered by
+  `vocabulary`'s chat template (tasks/chat_tasks.py; a ValueError now if it has none).
   """
   _require_dir(data_dir, "register_file_tasks")
   vocab = vocabularies.as_vocabulary(vocabulary)
   names = []
+  if chat_template:
+    # Same layer; imported here because chat_tasks reads its files with this module.
+    from distillspec_jax.data.tasks import chat_tasks  # pylint: disable=g-import-not-at-top
+    chat_tasks.template_of(vocab)  # a vocabulary without a template: refused before any read
+    if os.path.isdir(os.path.join(data_dir, chat_tasks.FOLDER)):
+      names.append(chat_tasks.register_chat_files(os.path.join(data_dir, chat_tasks.FOLDER),
+                                                  vocab).name)
   for _, folders, fn in _FOLDERS:
     for folder in folders:
       path = os.path.join(data_dir, folder)
@@ -377,5 +388,6 @@ def register_file_tasks(data_dir: str, vocabulary: Optional[vocabularies.VocabLi
   if not names:
     raise FileNotFoundError(
         f"register_file_tasks: {data_dir!r} has none of the folders gsm8k/, xsum/, cnndm/, "
-        "wmt/, lm1b/, bbh/. Pass the directory that contains them.")
+        "wmt/, lm1b/, bbh/" + (", chat/" if chat_template else "") + ". Pass the directory "
+        "that contains them.")
   return names

@@ -1,0 +1,140 @@
+"""Conversation data rendered with the models' own chat template: the `chat_files` task.
+
+`register_chat_files(directory, vocabulary)` reads `*.jsonl` conversations (splits found by
+file name, as for the other file-backed tasks), one a line, in any of the layouts TRL's
+SFTTrainer takes:
+
+  {"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}
+  {"conversations": [{"from": "system"|"human"|"gpt", "value": ...}, ...]}     (ShareGPT)
+  {"instruction": ..., "input": ... (optional), "output": ..., "system": ... (optional)}
+                                                                               (Alpaca)
+  {"prompt": [messages] | str, "completion": [messages] | str}           (prompt-completion)
+
+Each conversation is rendered by VOCABULARY's chat template (data/chat_template.py): 'inputs'
+is the text up to its last assistant turn, with the generation prompt (what a serving engine
+encodes), 'targets' that turn's reply through the first EOS token; earlier assistant turns are
+context. Messages after the last assistant turn are dropped. Both are tokenized as the
+tokenizer encodes the rendered text, no special tokens added (the template writes them), so
+the loss (on 'targets' only: batches.tokenizer_features) covers the response alone.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Dict, List, Optional, Sequence
+
+import seqio
+
+from distillspec_jax.data import chat_template as chat_lib
+from distillspec_jax.data import vocabularies
+from distillspec_jax.data.tasks import file_tasks
+from distillspec_jax.data.tasks import preprocessors
+from distillspec_jax.data.tasks import tfds_tasks
+
+TASK_NAME = "chat_files"
+FOLDER = "chat"
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
+                  "assistant": "assistant", "model": "assistant", "chatgpt": "assistant",
+                  "tool": "tool", "function": "tool"}
+LAYOUTS = ("'messages' (a list of {role, content}), ShareGPT 'conversations' ({from, value}), "
+           "Alpaca 'instruction' and 'output', or 'prompt' and 'completion'")
+
+
+def _message(item, role_key: str, content_key: str, roles: dict, where: str) -> dict:
+  if not isinstance(item, dict) or role_key not in item or content_key not in item:
+    raise ValueError(f"{where}: each message must be an object with {role_key!r} and "
+                     f"{content_key!r}, got {item!r:.120}.")
+  role, content = item[role_key], item[content_key]
+  if role not in roles:
+    raise ValueError(f"{where}: unknown role {role!r}; expected one of {sorted(roles)}.")
+  if not isinstance(content, str):
+    raise ValueError(f"{where}: a message's {content_key!r} must be a string, got "
+                     f"{type(content).__name__}.")
+  return {"role": roles[role], "content": content}
+
+
+def _messages(value, where: str, role_key: str = "role", content_key: str = "content",
+              roles: Optional[dict] = None) -> List[dict]:
+  if not isinstance(value, list):
+    raise ValueError(f"{where}: expected a list of messages, got {type(value).__name__}.")
+  roles = roles or {r: r for r in chat_lib.ROLES}
+  return [_message(item, role_key, content_key, roles, where) for item in value]
+
+
+def _turns(value, role: str, where: str) -> List[dict]:
+  """A prompt or completion: a plain string (one message of `role`) or a list of messages."""
+  return [{"role": role, "content": value}] if isinstance(value, str) else _messages(value, where)
+
+
+def conversation(row: dict, where: str) -> List[dict]:
+  """A JSONL row in one of LAYOUTS as [{"role", "content"}, ...], through its last assistant
+  turn; ValueError naming `where` (file:line) otherwise."""
+  if "messages" in row:
+    messages = _messages(row["messages"], where)
+  elif "conversations" in row:
+    messages = _messages(row["conversations"], where, "from", "value", SHAREGPT_ROLES)
+  elif "instruction" in row and "output" in row:
+    fields = {k: row.get(k) or "" for k in ("system", "instruction", "input", "output")}
+    if not all(isinstance(v, str) for v in fields.values()):
+      raise ValueError(f"{where}: Alpaca fields must be strings.")
+    user = fields["instruction"] + (f"\n\n{fields['input']}" if fields["input"] else "")
+    messages = ([{"role": "system", "content": fields["system"]}] if fields["system"] else [])
+    messages += [{"role": "user", "content": user},
+                 {"role": "assistant", "content": fields["output"]}]
+  elif "prompt" in row and "completion" in row:
+    messages = (_turns(row["prompt"], "user", where)
+                + _turns(row["completion"], "assistant", where))
+  else:
+    raise ValueError(f"{where}: not a conversation; expected {LAYOUTS}. The line has "
+                     f"{sorted(k for k in row if k != '__line__')}.")
+  last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+  if last < 1:
+    raise ValueError(f"{where}: a conversation needs an 'assistant' reply after at least one "
+                     "other message; it is the training target.")
+  return messages[:last + 1]
+
+
+def chat_records(files: Sequence[str], template: chat_lib.ChatTemplate
+                 ) -> Dict[str, List[str]]:
+  """{"inputs": prompts, "targets": responses}: every conversation of `files` rendered."""
+  cols = {"inputs": [], "targets": []}
+  for path in files:
+    for row in file_tasks.read_jsonl(path):
+      where = f"{path}:{row['__line__']}"
+      prompt, response = template.split(conversation(row, where), where)
+      cols["inputs"].append(prompt)
+      cols["targets"].append(response)
+  return cols
+
+
+def template_of(vocabulary: seqio.Vocabulary) -> chat_lib.ChatTemplate:
+  """The chat template of a Hugging Face tokenizer's folder; ValueError for other
+  vocabularies or a folder without one."""
+  if not vocabularies.is_tokenizer(vocabulary):
+    raise ValueError(
+        "CHAT_TEMPLATE=True renders conversations with the models' chat template, which a "
+        f"{type(vocabulary).__name__} does not have: set VOCABULARY to the Hugging Face model "
+        "folder (its tokenizer.json and chat template).")
+  return chat_lib.load_chat_template(vocabulary.folder)
+
+
+def chat_features(vocabulary: seqio.Vocabulary) -> dict:
+  """'inputs' and 'targets' with no EOS added: the template writes the turns' ends."""
+  return {"inputs": seqio.Feature(vocabulary=vocabulary, add_eos=False),
+          "targets": seqio.Feature(vocabulary=vocabulary, add_eos=False)}
+
+
+def register_chat_files(directory: str, vocabulary: vocabularies.VocabLike,
+                        name: str = TASK_NAME,
+                        split_files: Optional[file_tasks.SplitFiles] = None) -> seqio.Task:
+  """The conversations of `directory`'s *.jsonl files, rendered by `vocabulary`'s chat
+  template (loaded now: a folder without one is a ValueError naming it and the fix)."""
+  vocab = vocabularies.as_vocabulary(vocabulary)
+  template = template_of(vocab)
+  files = file_tasks.resolve_split_files(directory, split_files, (".jsonl",), name)
+  return tfds_tasks.register_task(
+      name, source=file_tasks.records_source(
+          files, functools.partial(chat_records, template=template)),
+      output_features=chat_features(vocab),
+      preprocessors=[preprocessors.filter_empty, seqio.preprocessors.tokenize],
+      metric_fns=[])
