@@ -26,6 +26,7 @@ def chat(tmp_path_factory):
   tokenizer = hf_fixtures.chat_tokenizer()
   tokenizer.save_pretrained(str(root / "model"))
   plain = hf_fixtures.save_tokenizer(str(root / "plain"), "llama")  # no chat template
+  hf_fixtures.write_gsm8k(root, "So {i}!\n#### {i}")
   return {"tokenizer": tokenizer, "folder": str(root / "model"), "plain": plain,
           "data_dir": hf_fixtures.write_chat(root)}
 
@@ -56,7 +57,7 @@ def test_the_loss_covers_exactly_the_assistant_reply(chat):
   tokenizer = chat["tokenizer"]
   names = tasks.register_file_tasks(chat["data_dir"], vocabulary=chat["folder"],
                                     chat_template=True)
-  assert names == ["chat_files"]
+  assert names == ["chat_files", "gsm8k_files"]
   (batch,) = list(batches_lib.get_dataset("chat_files", "test", LENGTHS, batch_size=8,
                                           feature_converter="decoder"))
   examples = batches_lib.get_prompts_and_targets("chat_files", "test", LENGTHS)
@@ -79,6 +80,24 @@ def test_the_loss_covers_exactly_the_assistant_reply(chat):
     assert tokenizer.decode(reply) == content + "<|im_end|>"
     assert tokenizer.decode(reply, skip_special_tokens=True) == content
     assert reply[-1] == tokenizer.eos_token_id
+  assert examples.target_texts[:3] == [c[-1]["content"] for c in hf_fixtures.CONVERSATIONS]
+
+
+def test_a_text_task_renders_its_prompt_as_a_user_turn(chat):
+  tokenizer = chat["tokenizer"]
+  tasks.register_file_tasks(chat["data_dir"], vocabulary=chat["folder"], chat_template=True)
+  examples = batches_lib.get_prompts_and_targets("gsm8k_files", "test", LENGTHS)
+  rows = [json.loads(l) for l in open(os.path.join(chat["data_dir"], "gsm8k", "test.jsonl"))]
+  assert len(examples) == len(rows)
+  for i, row in enumerate(rows):
+    user = "Q: " + row["question"] + " A: Let's think step by step."
+    expected = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=True,
+                                             add_generation_prompt=True)["input_ids"]
+    assert examples.prompts[i, :examples.prompt_lengths[i]].tolist() == expected
+    answer = f"So {i}! #### {i}"  # gsm8k_cot joins the answer's lines
+    reply = examples.targets[i, :examples.target_lengths[i]].tolist()
+    assert tokenizer.decode(reply) == answer + "<|im_end|>"
+    assert examples.target_texts[i] == answer  # what the metrics compare
 
 
 def test_a_folder_without_a_chat_template_is_a_user_error_naming_it(chat, tmp_path):

@@ -16,6 +16,10 @@ encodes), 'targets' that turn's reply through the first EOS token; earlier assis
 context. Messages after the last assistant turn are dropped. Both are tokenized as the
 tokenizer encodes the rendered text, no special tokens added (the template writes them), so
 the loss (on 'targets' only: batches.tokenizer_features) covers the response alone.
+'targets_pretokenized' is the reply's own text (metrics compare it with decoded predictions).
+
+`render_text_task(name, template)` does the same for a registered text task (gsm8k_files,
+...): its formatted prompt is one user turn, its reference the assistant's reply.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from __future__ import annotations
 import functools
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
 import seqio
+import tensorflow as tf
 
 from distillspec_jax.data import chat_template as chat_lib
 from distillspec_jax.data import vocabularies
@@ -96,15 +102,70 @@ def conversation(row: dict, where: str) -> List[dict]:
 
 def chat_records(files: Sequence[str], template: chat_lib.ChatTemplate
                  ) -> Dict[str, List[str]]:
-  """{"inputs": prompts, "targets": responses}: every conversation of `files` rendered."""
-  cols = {"inputs": [], "targets": []}
+  """{"inputs": rendered prompts, "targets": rendered replies, "reference": the replies'
+  own text (for metrics)}: every conversation of `files`."""
+  cols = {"inputs": [], "targets": [], "reference": []}
   for path in files:
     for row in file_tasks.read_jsonl(path):
       where = f"{path}:{row['__line__']}"
-      prompt, response = template.split(conversation(row, where), where)
+      messages = conversation(row, where)
+      prompt, response = template.split(messages, where)
       cols["inputs"].append(prompt)
       cols["targets"].append(response)
+      cols["reference"].append(messages[-1]["content"])
   return cols
+
+
+def render_turn(dataset: tf.data.Dataset, template: chat_lib.ChatTemplate
+                ) -> tf.data.Dataset:
+  """A text task's formatted {"inputs", "targets"} as one user turn and the assistant's reply,
+  rendered by `template` (the reply's own text kept as "reference")."""
+  def render(prompt, reply):
+    messages = [{"role": "user", "content": prompt.decode("utf-8")},
+                {"role": "assistant", "content": reply.decode("utf-8")}]
+    text, response = template.split(messages, f"the example {prompt[:60]!r}")
+    return (np.asarray(text.encode("utf-8"), dtype=object),
+            np.asarray(response.encode("utf-8"), dtype=object))
+
+  def apply(ex):
+    text, response = tf.numpy_function(render, [ex["inputs"], ex["targets"]],
+                                       (tf.string, tf.string), stateful=False)
+    text.set_shape([])
+    response.set_shape([])
+    return {"inputs": text, "targets": response, "reference": ex["targets"]}
+
+  return dataset.map(apply, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+@seqio.map_over_dataset
+def _keep_texts(ex):
+  """The rendered prompt and the reply's own text as the *_pretokenized features (inference
+  lines, metrics: predictions decode without the template's special tokens)."""
+  return {"inputs": ex["inputs"], "targets": ex["targets"],
+          "inputs_pretokenized": ex["inputs"], "targets_pretokenized": ex["reference"]}
+
+
+def chat_preprocessors(*rendering) -> list:
+  """[rendering..., keep the texts, tokenize (no special tokens, no EOS: the template writes
+  them)]."""
+  return [*rendering, _keep_texts,
+          functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False)]
+
+
+def render_text_task(name: str, template: chat_lib.ChatTemplate) -> bool:
+  """Re-registers the registered text task `name` (a prompt and a reference: its first
+  preprocessor formats them, tfds_tasks.text_task_preprocessors) so that they are rendered as
+  one chat turn and its reply; False (unchanged) for a task without prompts (an LM task)."""
+  task = seqio.TaskRegistry.get(name)
+  if "inputs" not in task.output_features:
+    return False
+  vocab = task.output_features["targets"].vocabulary
+  tfds_tasks.register_task(
+      name, source=task.source, output_features=chat_features(vocab),
+      preprocessors=chat_preprocessors(task.preprocessors[0], preprocessors.filter_empty,
+                                       functools.partial(render_turn, template=template)),
+      postprocess_fn=task.postprocessor, metric_fns=list(task.metric_fns))
+  return True
 
 
 def template_of(vocabulary: seqio.Vocabulary) -> chat_lib.ChatTemplate:
@@ -135,6 +196,4 @@ def register_chat_files(directory: str, vocabulary: vocabularies.VocabLike,
   return tfds_tasks.register_task(
       name, source=file_tasks.records_source(
           files, functools.partial(chat_records, template=template)),
-      output_features=chat_features(vocab),
-      preprocessors=[preprocessors.filter_empty, seqio.preprocessors.tokenize],
-      metric_fns=[])
+      output_features=chat_features(vocab), preprocessors=chat_preprocessors(preprocessors.filter_empty), metric_fns=[])

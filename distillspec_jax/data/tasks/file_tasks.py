@@ -11,8 +11,11 @@
                                                  <name>.en(.txt) and <name>.de(.txt)
   lm1b_files           lm1b/                     *.txt, one sentence a line
   bbh_<subtask>, bbh   bbh/                      see tasks/bbh.py
-  chat_files           chat/                     *.jsonl conversations, with chat_template=True:
-                                                 see tasks/chat_tasks.py
+  chat_files           chat/                     *.jsonl conversations (chat_template=True)
+
+With chat_template=True (a Hugging Face tokenizer folder with a chat template), every task's
+prompt and reference are rendered by the template as a user turn and the assistant's reply,
+the loss on the reply only; see tasks/chat_tasks.py.
 
 Splits are found by file name: a file whose name contains 'train' is train;
 'validation', 'valid', 'dev' or 'val' is validation; 'test' is test.  Files that
@@ -364,8 +367,9 @@ def register_file_tasks(data_dir: str, vocabulary: Optional[vocabularies.VocabLi
   Returns the registered names (e.g. ['gsm8k_files', 'xsum_files', ...]).
   Raises FileNotFoundError if `data_dir` does not exist or holds none of the
   expected folders.  Idempotent; only lists directories (files are read later).
-  `chat_template`: also the conversations of `data_dir`/chat/ as 'chat_files', rendered by
-  `vocabulary`'s chat template (tasks/chat_tasks.py; a ValueError now if it has none).
+  `chat_template`: every task's prompt and reference rendered by `vocabulary`'s chat template
+  as a user turn and its reply, and the conversations of `data_dir`/chat/ as 'chat_files'
+  (tasks/chat_tasks.py; a ValueError now if the vocabulary has no template).
   """
   _require_dir(data_dir, "register_file_tasks")
   vocab = vocabularies.as_vocabulary(vocabulary)
@@ -373,10 +377,7 @@ def register_file_tasks(data_dir: str, vocabulary: Optional[vocabularies.VocabLi
   if chat_template:
     # Same layer; imported here because chat_tasks reads its files with this module.
     from distillspec_jax.data.tasks import chat_tasks  # pylint: disable=g-import-not-at-top
-    chat_tasks.template_of(vocab)  # a vocabulary without a template: refused before any read
-    if os.path.isdir(os.path.join(data_dir, chat_tasks.FOLDER)):
-      names.append(chat_tasks.register_chat_files(os.path.join(data_dir, chat_tasks.FOLDER),
-                                                  vocab).name)
+    template = chat_tasks.template_of(vocab)  # none: refused before any read
   for _, folders, fn in _FOLDERS:
     for folder in folders:
       path = os.path.join(data_dir, folder)
@@ -385,6 +386,13 @@ def register_file_tasks(data_dir: str, vocabulary: Optional[vocabularies.VocabLi
         break
   if include_bbh and os.path.isdir(os.path.join(data_dir, "bbh")):
     names.extend(bbh.register_bbh_tasks(os.path.join(data_dir, "bbh"), vocabulary=vocab))
+  if chat_template:
+    for name in names:  # prompts as a user turn, references as the reply (not LM tasks)
+      if name in seqio.TaskRegistry.names():
+        chat_tasks.render_text_task(name, template)
+    if os.path.isdir(os.path.join(data_dir, chat_tasks.FOLDER)):
+      names.insert(0, chat_tasks.register_chat_files(
+          os.path.join(data_dir, chat_tasks.FOLDER), vocab).name)
   if not names:
     raise FileNotFoundError(
         f"register_file_tasks: {data_dir!r} has none of the folders gsm8k/, xsum/, cnndm/, "
