@@ -1,8 +1,8 @@
-"""Conversation data rendered with the models' own chat template: the `chat_files` task.
+"""Conversation data rendered with the models' own chat template (the `chat_files` task,
+file_tasks.register_chat_files, and CHAT_TEMPLATE's rendering of the other text tasks).
 
-`register_chat_files(directory, vocabulary)` reads `*.jsonl` conversations (splits found by
-file name, as for the other file-backed tasks), one a line, in any of the layouts TRL's
-SFTTrainer takes:
+`chat_files` reads `*.jsonl` conversations (splits found by file name, as for the other
+file-backed tasks), one a line, in any of the layouts TRL's SFTTrainer takes:
 
   {"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}
   {"conversations": [{"from": "system"|"human"|"gpt", "value": ...}, ...]}     (ShareGPT)
@@ -25,7 +25,7 @@ the loss (on 'targets' only: batches.tokenizer_features) covers the response alo
 from __future__ import annotations
 
 import functools
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional
 
 import numpy as np
 import seqio
@@ -33,7 +33,6 @@ import tensorflow as tf
 
 from distillspec_jax.data import chat_template as chat_lib
 from distillspec_jax.data import vocabularies
-from distillspec_jax.data.tasks import file_tasks
 from distillspec_jax.data.tasks import preprocessors
 from distillspec_jax.data.tasks import tfds_tasks
 
@@ -98,22 +97,6 @@ def conversation(row: dict, where: str) -> List[dict]:
     raise ValueError(f"{where}: a conversation needs an 'assistant' reply after at least one "
                      "other message; it is the training target.")
   return messages[:last + 1]
-
-
-def chat_records(files: Sequence[str], template: chat_lib.ChatTemplate
-                 ) -> Dict[str, List[str]]:
-  """{"inputs": rendered prompts, "targets": rendered replies, "reference": the replies'
-  own text (for metrics)}: every conversation of `files`."""
-  cols = {"inputs": [], "targets": [], "reference": []}
-  for path in files:
-    for row in file_tasks.read_jsonl(path):
-      where = f"{path}:{row['__line__']}"
-      messages = conversation(row, where)
-      prompt, response = template.split(messages, where)
-      cols["inputs"].append(prompt)
-      cols["targets"].append(response)
-      cols["reference"].append(messages[-1]["content"])
-  return cols
 
 
 def render_turn(dataset: tf.data.Dataset, template: chat_lib.ChatTemplate
@@ -183,17 +166,3 @@ def chat_features(vocabulary: seqio.Vocabulary) -> dict:
   """'inputs' and 'targets' with no EOS added: the template writes the turns' ends."""
   return {"inputs": seqio.Feature(vocabulary=vocabulary, add_eos=False),
           "targets": seqio.Feature(vocabulary=vocabulary, add_eos=False)}
-
-
-def register_chat_files(directory: str, vocabulary: vocabularies.VocabLike,
-                        name: str = TASK_NAME,
-                        split_files: Optional[file_tasks.SplitFiles] = None) -> seqio.Task:
-  """The conversations of `directory`'s *.jsonl files, rendered by `vocabulary`'s chat
-  template (loaded now: a folder without one is a ValueError naming it and the fix)."""
-  vocab = vocabularies.as_vocabulary(vocabulary)
-  template = template_of(vocab)
-  files = file_tasks.resolve_split_files(directory, split_files, (".jsonl",), name)
-  return tfds_tasks.register_task(
-      name, source=file_tasks.records_source(
-          files, functools.partial(chat_records, template=template)),
-      output_features=chat_features(vocab), preprocessors=chat_preprocessors(preprocessors.filter_empty), metric_fns=[])

@@ -41,6 +41,7 @@ import tensorflow as tf
 
 from distillspec_jax.data import vocabularies
 from distillspec_jax.data.tasks import bbh
+from distillspec_jax.data.tasks import chat_tasks
 from distillspec_jax.data.tasks import metrics
 from distillspec_jax.data.tasks import preprocessors
 from distillspec_jax.data.tasks import tfds_tasks
@@ -172,6 +173,21 @@ def _cnndm_records(files: Sequence[str]) -> Dict[str, List[str]]:
                          f"Spec-Bench 'turns' and 'reference'); the line has {sorted(row)}.")
       cols["article"].append(article)
       cols["highlights"].append(highlights)
+  return cols
+
+
+def _chat_records(files: Sequence[str], template) -> Dict[str, List[str]]:
+  """{"inputs": rendered prompts, "targets": rendered replies, "reference": the replies' own
+  text (for metrics)}: every conversation of `files` (chat_tasks.conversation's layouts)."""
+  cols = {"inputs": [], "targets": [], "reference": []}
+  for path in files:
+    for row in read_jsonl(path):
+      where = f"{path}:{row['__line__']}"
+      messages = chat_tasks.conversation(row, where)
+      prompt, response = template.split(messages, where)
+      cols["inputs"].append(prompt)
+      cols["targets"].append(response)
+      cols["reference"].append(messages[-1]["content"])
   return cols
 
 
@@ -351,6 +367,21 @@ def register_lm1b_files(directory: str, vocabulary: Optional[vocabularies.VocabL
       metric_fns=[metrics.log_perplexity])
 
 
+def register_chat_files(directory: str, vocabulary: vocabularies.VocabLike,
+                        name: str = chat_tasks.TASK_NAME,
+                        split_files: Optional[SplitFiles] = None) -> seqio.Task:
+  """Conversations from JSONL (tasks/chat_tasks.py's layouts), rendered by `vocabulary`'s chat
+  template (loaded now: a folder without one is a ValueError naming it and the fix): the
+  prompt through the last assistant turn's header -> that turn's reply, the loss on it."""
+  vocab = vocabularies.as_vocabulary(vocabulary)
+  template = chat_tasks.template_of(vocab)
+  files = resolve_split_files(directory, split_files, (".jsonl",), name)
+  return tfds_tasks.register_task(
+      name, source=records_source(files, functools.partial(_chat_records, template=template)),
+      output_features=chat_tasks.chat_features(vocab),
+      preprocessors=chat_tasks.chat_preprocessors(preprocessors.filter_empty), metric_fns=[])
+
+
 _FOLDERS = (
     ("gsm8k", ("gsm8k",), register_gsm8k_files),
     ("xsum", ("xsum",), register_xsum_files),
@@ -375,8 +406,6 @@ def register_file_tasks(data_dir: str, vocabulary: Optional[vocabularies.VocabLi
   vocab = vocabularies.as_vocabulary(vocabulary)
   names = []
   if chat_template:
-    # Same layer; imported here because chat_tasks reads its files with this module.
-    from distillspec_jax.data.tasks import chat_tasks  # pylint: disable=g-import-not-at-top
     template = chat_tasks.template_of(vocab)  # none: refused before any read
   for _, folders, fn in _FOLDERS:
     for folder in folders:
@@ -391,8 +420,8 @@ def register_file_tasks(data_dir: str, vocabulary: Optional[vocabularies.VocabLi
       if name in seqio.TaskRegistry.names():
         chat_tasks.render_text_task(name, template)
     if os.path.isdir(os.path.join(data_dir, chat_tasks.FOLDER)):
-      names.insert(0, chat_tasks.register_chat_files(
-          os.path.join(data_dir, chat_tasks.FOLDER), vocab).name)
+      names.insert(0, register_chat_files(os.path.join(data_dir, chat_tasks.FOLDER),
+                                          vocab).name)
   if not names:
     raise FileNotFoundError(
         f"register_file_tasks: {data_dir!r} has none of the folders gsm8k/, xsum/, cnndm/, "
