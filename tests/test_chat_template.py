@@ -114,6 +114,17 @@ def test_a_folder_without_a_chat_template_is_a_user_error_naming_it(chat, tmp_pa
   from distillspec_jax.studies.pair_source import PairSource
   with pytest.raises(ValueError, match=r"CHAT_TEMPLATE=True .* set VOCABULARY"):
     PairSource(chat_template=True)
+  from distillspec_jax import eval as eval_lib
+  with pytest.raises(ValueError, match=r"CHAT_TEMPLATE=True with VOCABULARY=None"):
+    eval_lib.EvalConfig(model_dir="m", mixture_or_task_name="chat_files",
+                        target_checkpoint_path="t", draft_checkpoint_path="d",
+                        data_dir=chat["data_dir"], chat_template=True)
+  config = eval_lib.EvalConfig(model_dir="m", mixture_or_task_name="chat_files",
+                               task_feature_lengths=LENGTHS, target_checkpoint_path="t",
+                               draft_checkpoint_path="d", data_dir=chat["data_dir"],
+                               vocabulary=chat["plain"], chat_template=True)
+  with pytest.raises(ValueError, match=r"has no chat template"):
+    config.check_inputs()
 
 
 @pytest.mark.parametrize("row, message", [
