@@ -152,3 +152,17 @@ def test_layouts_give_the_same_conversation():
   assert chat_tasks.conversation({"prompt": user, "completion": reply}, "x") == expected[1:]
   # Messages after the last reply are not a target: dropped.
   assert chat_tasks.conversation({"messages": expected + [expected[1]]}, "x") == expected
+
+
+def test_a_reply_ends_at_the_first_eos_and_gets_one_when_the_template_writes_none():
+  plain = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+           "{% if add_generation_prompt %}assistant: {% endif %}")
+  messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+  template = chat_lib.ChatTemplate(source="t.jinja", template=plain, eos="</s>")
+  assert template.split(messages) == ("user: hi\nassistant: ", "yo\n</s>")
+  ended = chat_lib.ChatTemplate(source="t.jinja", eos="</s>",
+                                template=plain.replace("\n{% endfor", "</s>\n{% endfor"))
+  assert ended.split(messages) == ("user: hi</s>\nassistant: ", "yo</s>")
+  rewriting = chat_lib.ChatTemplate(source="t.jinja", template="{{ messages | length }}")
+  with pytest.raises(ValueError, match=r"x.jsonl:2: the chat template of t.jinja renders"):
+    rewriting.split(messages, "x.jsonl:2")

@@ -1,8 +1,8 @@
 """A Hugging Face tokenizer folder's chat template, rendered as transformers renders it.
 
     template = load_chat_template("hf/Qwen2.5-0.5B-Instruct")
-    template.render(messages, add_generation_prompt=True)   # == apply_chat_template(..., tokenize=False)
-    prompt, response = template.split(messages)              # the last assistant turn is the response
+    template.render(messages, add_generation_prompt=True)  # apply_chat_template's text
+    prompt, response = template.split(messages)  # the last assistant turn is the response
 
 The template is the folder's `chat_template.jinja`, else tokenizer_config.json's
 `chat_template` (a string, or named templates of which "default" is taken): what transformers'
@@ -104,15 +104,13 @@ class ChatTemplate:
     source: the file the template was read from (for errors).
     template: the jinja2 source.
     special_tokens: ((name, text), ...) of SPECIAL_TOKENS the folder names, template variables.
+    eos: the text of the EOS token a reply ends with (decoding stops at it); None: none.
   """
 
   source: str
   template: str
   special_tokens: Tuple[Tuple[str, str], ...] = ()
-
-  @property
-  def eos_token(self) -> Optional[str]:
-    return dict(self.special_tokens).get("eos_token")
+  eos: Optional[str] = None
 
   def render(self, messages: Messages, add_generation_prompt: bool = False) -> str:
     """The conversation's text as the template writes it (the assistant header after it with
@@ -140,16 +138,18 @@ class ChatTemplate:
           "last response differently with and without that response (it rewrites earlier "
           "turns), so the response cannot be cut from the prompt; such templates are not "
           "supported for training.")
-    response, eos = full[len(prompt):], self.eos_token
+    response, eos = full[len(prompt):], self.eos
     if eos:
       end = response.find(eos)
       response = response + eos if end < 0 else response[:end + len(eos)]
     return prompt, response
 
 
-def load_chat_template(folder: str) -> ChatTemplate:
+def load_chat_template(folder: str, eos_token: Optional[str] = None) -> ChatTemplate:
   """The chat template of a Hugging Face tokenizer folder (or of the folder of a
-  tokenizer.json); ValueError naming the folder and the fix when it has none."""
+  tokenizer.json); ValueError naming the folder and the fix when it has none. `eos_token`:
+  the text of the EOS that decoding stops at (the vocabulary's, which may come from
+  config.json), else tokenizer_config.json's."""
   folder = os.fspath(folder)
   if os.path.isfile(folder):
     folder = os.path.dirname(os.path.abspath(folder))
@@ -173,4 +173,5 @@ def load_chat_template(folder: str) -> ChatTemplate:
   except jinja2.exceptions.TemplateError as e:
     raise ValueError(f"The chat template in {source} is not a valid jinja2 template ({e}); "
                      "fix it or pass another folder.") from None
-  return ChatTemplate(source=source, template=template, special_tokens=specials)
+  return ChatTemplate(source=source, template=template, special_tokens=specials,
+                      eos=eos_token if eos_token is not None else dict(specials).get("eos_token"))

@@ -159,7 +159,8 @@ def template_of(vocabulary: seqio.Vocabulary) -> chat_lib.ChatTemplate:
         "CHAT_TEMPLATE=True renders conversations with the models' chat template, which a "
         f"{type(vocabulary).__name__} does not have: set VOCABULARY to the Hugging Face model "
         "folder (its tokenizer.json and chat template).")
-  return chat_lib.load_chat_template(vocabulary.folder)
+  eos = vocabulary.tokenizer.id_to_token(vocabulary.eos_id)  # the id decoding stops at
+  return chat_lib.load_chat_template(vocabulary.folder, eos_token=eos)
 
 
 def chat_features(vocabulary: seqio.Vocabulary) -> dict:
