@@ -81,6 +81,8 @@ class EvalConfig:
       (ids, special tokens and BOS rule as transformers has them) or a SentencePiece .model
       (T5's conventions); None: the task's own.
     data_dir: DATA_DIR of the file-backed tasks (gsm8k_files, mbpp_files, ...).
+    chat_template: CHAT_TEMPLATE, the file-backed tasks rendered by VOCABULARY's chat template
+      and DATA_DIR/chat/'s conversations as `chat_files` (data/tasks/chat_tasks.py).
     bbh_dir: the BBH folder (one JSON per subtask) for the bbh_* tasks and the 'bbh' mixture.
     split: evaluation split (None: 'test', else 'validation').
     eval_examples: prompts per task for quality, tau and alpha.
@@ -127,6 +129,7 @@ class EvalConfig:
   draft_model: Optional[str] = None
   vocabulary: Optional[str] = None
   data_dir: Optional[str] = None
+  chat_template: bool = False
   bbh_dir: Optional[str] = None
   split: Optional[str] = None
   eval_examples: int = 128
@@ -161,6 +164,11 @@ class EvalConfig:
       if not getattr(self, name):  # gin's unset macro is None: say which, not the type
         raise ValueError(f"{macro} is not set; pass --gin.{macro}={example}.")
     check_field_types(self)
+    if self.chat_template and (self.vocabulary is None or self.data_dir is None):
+      raise ValueError(
+          f"CHAT_TEMPLATE=True with VOCABULARY={self.vocabulary!r} and DATA_DIR="
+          f"{self.data_dir!r}: the file-backed tasks are rendered by the tokenizer folder's "
+          "chat template; set both, or CHAT_TEMPLATE=False.")
     check_grid(self.gammas, self.temperatures, names=("GAMMAS", "TEMPERATURES"))
     check_lenience_grid(self.lenience_kinds, self.epsilons)
     for lenience in self.leniences:  # a lossy lenience at T = 0 has no meaning: refused
@@ -222,9 +230,12 @@ class EvalConfig:
                      "runs/demo/vocab/embedded_arithmetic_v2_bpe256.model); or None for the "
                      "task's own.")
       from distillspec_jax.data import vocabularies
-      vocabularies.check_vocabulary(self.vocabulary, "VOCABULARY", (
+      vocab = vocabularies.check_vocabulary(self.vocabulary, "VOCABULARY", (
           ("TARGET_CHECKPOINT_PATH", self.target_checkpoint_path),
           ("DRAFT_CHECKPOINT_PATH", self.draft_checkpoint_path)))
+      if self.chat_template:
+        from distillspec_jax.data.tasks import chat_tasks
+        chat_tasks.template_of(vocab)
     if self.data_dir is not None:
       check_path(self.data_dir, "DATA_DIR", kind="dir",
                  fix="pass the folder with gsm8k/, mbpp/, alpaca/, ... (e.g. ../shared/data).")
@@ -312,7 +323,8 @@ def register_tasks(config: EvalConfig) -> None:
   if config.data_dir:  # its path was checked by EvalConfig.check_inputs
     found = transfer_tasks.register_prompt_tasks(config.data_dir, vocabulary)
     try:
-      tasks.register_file_tasks(config.data_dir, vocabulary=vocabulary)
+      tasks.register_file_tasks(config.data_dir, vocabulary=vocabulary,
+                                chat_template=config.chat_template)
     except FileNotFoundError:
       if not found:
         raise

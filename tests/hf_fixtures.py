@@ -131,3 +131,67 @@ def write_gsm8k(root, answer: str) -> str:
     with open(os.path.join(data, f"{split}.jsonl"), "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in rows)
   return data
+
+
+# A chat tokenizer: Llama-3's BOS rule (added by the tokenizer, written by the template) with
+# Qwen-style turn markers, EOS = the end of a turn (as in instruction-tuned Llama-3 and Qwen2).
+CHAT_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{{- bos_token -}}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "  {%- set system_message = messages[0]['content'] | trim -%}\n"
+    "  {%- set messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "  {%- set system_message = 'You answer math questions.' -%}\n"
+    "{%- endif -%}\n"
+    "{{- '<|im_start|>system\\n' + system_message + eos_token + '\\n' -}}\n"
+    "{%- for message in messages -%}\n"
+    "  {%- if message['role'] not in ['user', 'assistant'] -%}\n"
+    "    {{- raise_exception('Only user and assistant turns follow the system message.') -}}\n"
+    "  {%- endif -%}\n"
+    "  {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] | trim + eos_token"
+    " + '\\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\\n' -}}\n"
+    "{%- endif -%}\n")
+
+# Three conversations: one with a system message, one multi-turn, one plain.
+CONVERSATIONS = (
+    [{"role": "system", "content": "You are terse."},
+     {"role": "user", "content": SENTENCES[0]},
+     {"role": "assistant", "content": "She sold 72 clips! #### 72"}],
+    [{"role": "user", "content": SENTENCES[1]},
+     {"role": "assistant", "content": "Per minute?"},
+     {"role": "user", "content": "Yes, 50 minutes at $12 an hour."},
+     {"role": "assistant", "content": "12 / 60 * 50 = 10. #### 10"}],
+    [{"role": "user", "content": SENTENCES[3]},
+     {"role": "assistant", "content": "3 * 2 * 2 * 52 = 624 #### 624"}],
+)
+
+
+def chat_tokenizer(template: str = CHAT_TEMPLATE):
+  """A PreTrainedTokenizerFast with a chat template (None: without one)."""
+  from transformers import PreTrainedTokenizerFast
+  tok = train_tokenizer(300, CHAT_SPECIALS, bos="<|begin_of_text|>")
+  return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
+                                 eos_token="<|im_end|>", pad_token="<|end_of_text|>",
+                                 chat_template=template)
+
+
+def write_chat(root) -> str:
+  """`<root>/data/chat/{train,test}.jsonl`: CONVERSATIONS as 'messages' rows, the first also
+  in ShareGPT and Alpaca layouts; returns the data folder."""
+  import json
+  data = os.path.join(str(root), "data", "chat")
+  os.makedirs(data)
+  share = {"conversations": [{"from": {"user": "human", "assistant": "gpt"}.get(m["role"],
+                                                                                m["role"]),
+                              "value": m["content"]} for m in CONVERSATIONS[0]]}
+  alpaca = {"system": "You are terse.", "instruction": SENTENCES[0],
+            "output": CONVERSATIONS[0][-1]["content"]}
+  rows = [{"messages": list(c)} for c in CONVERSATIONS] + [share, alpaca]
+  for split in ("train", "test"):
+    with open(os.path.join(data, f"{split}.jsonl"), "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+  return os.path.dirname(data)

@@ -124,3 +124,26 @@ def test_batched_quality_equals_one_batch():
   assert batched["per_token_loss"] == pytest.approx(one["per_token_loss"], rel=1e-5)
   assert quality.greedy_predictions(model, params, prompts, 5, detokenize, batch_size=2) == (
       quality.greedy_predictions(model, params, prompts, 5, detokenize))
+
+
+def test_assemble_pads_with_the_readers_pad_not_token_0():
+  # A Hugging Face tokenizer's rows (0 is "!", a real token; padding is NO_TOKEN): process 0
+  # read row 0 (2 tokens, its own width 2), process 1 row 1 (4 tokens).
+  from distillspec_jax.models.model import NO_TOKEN
+
+  def read(position, prompt):
+    prompt = np.asarray([prompt], np.int32)
+    return batches_lib.Examples(prompt, np.asarray([prompt.shape[1]], np.int32), prompt,
+                                np.asarray([prompt.shape[1]], np.int32), ["p"], ["t"],
+                                positions=np.asarray([position]), pad=NO_TOKEN)
+
+  reads = [read(0, [0, 7]), read(1, [0, 5, 0, 9])]
+  parts = [{"complete": True, **{k: getattr(r, k) for k in examples_lib.SHARED_FIELDS}}
+           for r in reads]
+  got = examples_lib.assemble(parts, reads[0], None)
+  for key in ("prompts", "targets"):
+    np.testing.assert_array_equal(getattr(got, key), [[0, 7, NO_TOKEN, NO_TOKEN],
+                                                      [NO_TOKEN] * 4])
+  assert got.pad == NO_TOKEN
+  got = examples_lib.assemble(parts, reads[1], {"inputs": 6, "targets": 5})
+  np.testing.assert_array_equal(got.prompts, [[NO_TOKEN] * 6, [0, 5, 0, 9, NO_TOKEN, NO_TOKEN]])

@@ -66,3 +66,13 @@ def test_own_pair_run_file_takes_the_pair_from_the_checkpoints():
                                        "--gin.VOCABULARY='t'"])
   assert (config.target_model, config.draft_model, config.pair.vocabulary) == (None, None, "t")
   assert not config.pair.finetune_target and config.teacher_cache_k is None
+
+
+def test_own_pair_chat_run_file_renders_conversations_with_the_vocabulary():
+  flags = ["--gin_file=gin/runs/own_pair_chat.gin", "--gin.MODEL_DIR=/tmp/unused",
+           "--gin.TARGET_CHECKPOINT_PATH='t'", "--gin.DRAFT_CHECKPOINT_PATH='d'"]
+  with pytest.raises(gin_utils.GinConfigError, match=r"CHAT_TEMPLATE=True .* set VOCABULARY"):
+    main.load_pipeline(flags)
+  config = main.load_pipeline(flags + ["--gin.VOCABULARY='t'"])
+  assert (config.task, config.pair.chat_template, config.pair.vocabulary) == (
+      "chat_files", True, "t")

@@ -227,3 +227,39 @@ def test_train_binary_distils_on_a_file_task_with_the_models_tokenizer(own, tmp_
                         text=True, timeout=600, cwd=REPO, env=env)
   assert done.returncode == 1 and "rope_theta" in done.stderr and "Traceback" not in done.stderr
   assert not os.path.exists(tmp_path / "bad")
+
+
+def test_train_binary_distils_on_chat_conversations(tmp_path, capsys):
+  import shutil
+  import gin
+  from distillspec_jax import train as train_lib
+  target = hf_fixtures.save_model(str(tmp_path / "target"), "llama", hf_fixtures.chat_tokenizer(),
+                                  vocab_size=336, hidden_size=128, intermediate_size=1024,
+                                  head_dim=32, num_attention_heads=4, num_key_value_heads=2)
+  preset = "llama_demo_target/model_by_name"
+  argv = ["--gin_file=gin/runs/distill_llama_demo.gin", "--gin_file=gin/recipes/supervised_kd.gin",
+          "--gin.TRAIN_STEPS=2", "--gin.EVAL_EVERY=0", "--gin.BATCH_SIZE=2",
+          "--gin.MIXTURE_OR_TASK_NAME='chat_files'", "--gin.CHAT_TEMPLATE=True",
+          "--gin.TASK_FEATURE_LENGTHS={'inputs': 192, 'targets': 32}",
+          f"--gin.TARGET_CHECKPOINT_PATH='{target}'",
+          f"--gin.DATA_DIR='{hf_fixtures.write_chat(tmp_path)}'",
+          "--gin.llama_demo_draft/model_by_name.vocab_size=320",
+          *[f"--gin.{preset}.{k}={v}" for k, v in (
+              ("vocab_size", 336), ("rope_theta", 500000.0), ("rope_scaling", "'llama3'"),
+              ("rope_scaling_factor", 8.0), ("rope_original_max_length", 64))]]
+  # The same tokenizer without its chat template: refused before MODEL_DIR is written.
+  plain = tmp_path / "plain"
+  plain.mkdir()
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(os.path.join(target, name), plain / name)
+  try:
+    assert train_lib.cli(argv + [f"--gin.MODEL_DIR='{tmp_path / 'bad'}'",
+                                 f"--gin.VOCABULARY='{plain}'"]) == 1
+    assert f"'{plain}' has no chat template" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "bad")
+    gin.clear_config()
+    assert train_lib.cli(argv + [f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
+                                 f"--gin.VOCABULARY='{target}'"]) == 0
+  finally:
+    gin.clear_config()
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["loss"] > 0

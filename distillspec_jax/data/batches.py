@@ -56,6 +56,9 @@ def get_task(task_name: str) -> Union[seqio.Task, seqio.Mixture]:
   if task_name.endswith("_files") or task_name.startswith("bbh"):
     hint = (" File-backed and BBH tasks exist only after "
             "distillspec_jax.data.tasks.register_file_tasks(data_dir) (or register_bbh_tasks(dir)).")
+  if task_name == "chat_files":
+    hint += (" chat_files exists with CHAT_TEMPLATE=True (register_file_tasks(data_dir, "
+             "vocabulary, chat_template=True)) and a DATA_DIR holding chat/*.jsonl.")
   raise ValueError(
       f"Task {task_name!r} is not registered."
       + (f" Did you mean {close}?" if close else "")
@@ -316,14 +319,16 @@ class Examples:
 
   Attributes:
     prompts: [N, P] int32, the task's 'inputs' tokens (ending in EOS, exactly as the models
-      see them in training), zero-padded; prompt_lengths: [N] int32.
-    targets: [N, T] int32, the reference 'targets' tokens (ending in EOS), zero-padded;
+      see them in training), padded with `pad`; prompt_lengths: [N] int32.
+    targets: [N, T] int32, the reference 'targets' tokens (ending in EOS), padded with `pad`;
       target_lengths: [N] int32.
     prompt_texts / target_texts: the raw strings, N each (for metrics).
     positions: [N] int64, the split positions read, ascending (a RowSelection's read; None:
       the first N). complete: whether each selected position gave exactly one row.
     local: [N] bool, the rows whose tokens this process read (evaluation/examples.py; None:
-      all of them); the others are zeros.
+      all of them); the others are all `pad`.
+    pad: the value right-padding `prompts` and `targets` (vocabularies.pad_value: T5's pad 0,
+      NO_TOKEN for a Hugging Face tokenizer, whose 0 is a real token; the models' pad_id).
   """
 
   prompts: np.ndarray
@@ -335,6 +340,7 @@ class Examples:
   positions: Optional[np.ndarray] = None
   complete: bool = True
   local: Optional[np.ndarray] = None
+  pad: int = 0
 
   def __len__(self) -> int:
     return len(self.prompts)
@@ -438,7 +444,7 @@ def get_prompts_and_targets(task_name: str, split: str,
                   prompt_lengths=np.asarray([len(p) for p in prompts], dtype=np.int32),
                   targets=_pad(targets, t_width, pad),
                   target_lengths=np.asarray([len(t) for t in targets], dtype=np.int32),
-                  prompt_texts=p_texts, target_texts=t_texts, **selection)
+                  prompt_texts=p_texts, target_texts=t_texts, pad=int(pad), **selection)
 
 
 def compute_metrics(task_name: str, targets: Sequence[str], predictions: Sequence[str]

@@ -11,8 +11,9 @@ each process reads and tokenizes only the examples at those positions of the spl
 runs. What every process needs of every row is small and is gathered
 (`multihost.all_gather_objects`): the texts (metrics and inference lines are computed from
 every row's), the token lengths (the arrays' widths) and the positions. The token arrays
-keep their global shape [N, ...]; a row another process holds is zeros there and is never
-sent to a device (`BatchPlacement.put` takes this process's rows).
+keep their global shape [N, ...]; a row another process holds is padding there (the reader's
+pad value, never a real token) and is never sent to a device (`BatchPlacement.put` takes
+this process's rows).
 
 Rows must match the split's positions one to one. When a preprocessor or the reading drops
 or adds an example on some process (`complete` False there), or when the batch is "all
@@ -44,8 +45,8 @@ def read_examples(task: str, split: str, sequence_lengths: Optional[Mapping[str,
   """(examples, placement) of this process's evaluation of `task`.
 
   examples: batches.Examples over all N rows, with `local` [N]: the rows whose tokens this
-    process read (the others are zeros). placement: the BatchPlacement of every batch (`batch_size`
-    rows; None = all N in one batch), or None without a mesh.
+    process read (the others are all padding). placement: the BatchPlacement of every batch
+    (`batch_size` rows; None = all N in one batch), or None without a mesh.
   `reading`: more keyword arguments of batches.get_prompts_and_targets (on_long_prompt,
   lm_prompt_length).
   """
@@ -100,11 +101,13 @@ def assemble(parts: list, mine: batches.Examples,
   local[mine.positions] = True
   tokens = {}
   for key, width in widths.items():
-    array = np.zeros((count, width), np.int32)
+    # The reader's padding, never 0 (a real token of a Hugging Face tokenizer): past a row's
+    # own tokens and on the rows another process holds.
+    array = np.full((count, width), mine.pad, np.int32)
     own = np.asarray(getattr(mine, key))[:, :width]
     array[mine.positions, :own.shape[1]] = own
     tokens[key] = array
   return batches.Examples(prompt_lengths=prompt_lengths, target_lengths=target_lengths,
                           prompt_texts=[r["prompt_texts"] for r in rows],
                           target_texts=[r["target_texts"] for r in rows], local=local,
-                          **tokens)
+                          pad=mine.pad, **tokens)

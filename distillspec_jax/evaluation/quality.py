@@ -150,7 +150,8 @@ def per_token_loss(model: Model, params, prompts: np.ndarray, targets: np.ndarra
   for index, chunk, real in _batches(prompts, batch_size, model):
     start = index * batch_size
     rows = targets[start:start + batch_size]
-    rows = np.concatenate([rows, np.zeros((batch_size - real,) + rows.shape[1:], rows.dtype)])
+    padding = np.full((batch_size - real,) + rows.shape[1:], model.tokens.pad_id, rows.dtype)
+    rows = np.concatenate([rows, padding])  # no target tokens: the model's pad, never id 0
     loss, tokens = _loss_sums(model, params, chunk, rows, place, real)
     if len(prompts) <= batch_size:  # one batch: the ratio in the arrays' own precision
       return float(loss / tokens)

@@ -19,6 +19,7 @@ from typing import Optional
 
 from distillspec_jax.core.validation import check_field_types
 from distillspec_jax.data import vocabularies
+from distillspec_jax.data.tasks import chat_tasks
 from distillspec_jax.interop import importer
 from distillspec_jax.models.config import TransformerConfig, model_config
 from distillspec_jax.models.model import TokenIds
@@ -34,14 +35,22 @@ class PairSource:
       (False: the target stage loads it as it is).
     finetune_draft: FINETUNE_DRAFT, fine-tune DRAFT_CHECKPOINT_PATH for draft_steps into the
       raw draft (False: the raw draft is that model).
+    chat_template: CHAT_TEMPLATE, also DATA_DIR/chat/'s conversations as the task
+      `chat_files`, rendered by VOCABULARY's chat template with the loss on the last reply
+      (data/tasks/chat_tasks.py); needs VOCABULARY and DATA_DIR.
   """
 
   vocabulary: Optional[str] = None
   finetune_target: bool = False
   finetune_draft: bool = False
+  chat_template: bool = False
 
   def __post_init__(self):
     check_field_types(self)
+    if self.chat_template and self.vocabulary is None:
+      raise ValueError("CHAT_TEMPLATE=True renders conversations with the tokenizer folder's "
+                       "chat template: set VOCABULARY to that folder (the target's), or "
+                       "CHAT_TEMPLATE=False.")
 
   def finetunes(self, role: str) -> bool:
     return self.finetune_target if role == "target" else self.finetune_draft
@@ -79,15 +88,17 @@ def role_config(path: Optional[str], preset: Optional[str], vocab_size: Optional
 
 def check_pair_inputs(pair: PairSource, roles: dict, train_vocabulary: bool) -> None:
   """Before any work: the vocabulary loads, every checkpoint that carries a tokenizer carries
-  the one of the job (and both the same), and a preset named beside a checkpoint describes it
-  (shapes, RoPE, norm epsilon: importer.check_checkpoint). `roles`: {role: (macro, path,
-  preset)}."""
+  the one of the job (and both the same), CHAT_TEMPLATE has a template to render with, and a
+  preset named beside a checkpoint describes it (shapes, RoPE, norm epsilon:
+  importer.check_checkpoint). `roles`: {role: (macro, path, preset)}."""
   if pair.vocabulary is not None and train_vocabulary:
     raise ValueError(f"VOCABULARY={pair.vocabulary!r} and TRAIN_VOCABULARY=True: the job "
                      "either uses the given tokenizer or trains one; set one of them.")
   given = [(macro, path) for macro, path, _ in roles.values() if path is not None]
   if pair.vocabulary is not None:
-    vocabularies.check_vocabulary(pair.vocabulary, "VOCABULARY", given)
+    vocab = vocabularies.check_vocabulary(pair.vocabulary, "VOCABULARY", given)
+    if pair.chat_template:
+      chat_tasks.template_of(vocab)
   else:
     carried = [(macro, path, opened(path).tokenizer) for macro, path in given
                if opened(path).tokenizer is not None]

@@ -200,7 +200,8 @@ def register_task(config: PipelineConfig, vocabulary=None):
     if config.task == tasks.EMBEDDED_TASK_NAME:
       tasks.register_embedded_task(vocabulary=vocabulary)
     elif config.data_dir:
-      tasks.register_file_tasks(config.data_dir, vocabulary=vocabulary)
+      tasks.register_file_tasks(config.data_dir, vocabulary=vocabulary,
+                                chat_template=config.pair.chat_template)
     else:
       tasks.register_tfds_tasks(vocabulary)
   elif config.task == tasks.EMBEDDED_TASK_NAME:

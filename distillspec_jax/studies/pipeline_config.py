@@ -232,6 +232,9 @@ class PipelineConfig:
     check_field_types(self)
     if not isinstance(self.pair, PairSource):
       raise TypeError(f"pair={self.pair!r} must be a PairSource (gin: @PairSource()).")
+    if self.pair.chat_template and self.data_dir is None:
+      raise ValueError("CHAT_TEMPLATE=True reads conversations from DATA_DIR/chat/*.jsonl: set "
+                       "DATA_DIR, or CHAT_TEMPLATE=False.")
     for role in ("target", "draft"):
       if getattr(self, f"{role}_model") is None and getattr(
           self, f"{role}_checkpoint_path") is None:

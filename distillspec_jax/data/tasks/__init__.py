@@ -9,7 +9,10 @@
 Registered on request, with a data directory (the binaries pass gin's DATA_DIR):
   * register_file_tasks(data_dir) -> gsm8k_files, xsum_files,
     cnn_dailymail_files, wmt_en_de_files, lm1b_files (+ BBH if data_dir/bbh);
-  * register_bbh_tasks(bbh_dir) -> bbh_<subtask> tasks and the 'bbh' mixture.
+  * register_bbh_tasks(bbh_dir) -> bbh_<subtask> tasks and the 'bbh' mixture;
+  * register_file_tasks(data_dir, vocabulary, chat_template=True) -> also chat_files
+    (data_dir/chat/ conversations), every task rendered by the tokenizer's chat template
+    (chat_tasks.py).
 
 Decoder-only use: tasks with 'inputs' and 'targets' become a prefix LM with
 seqio.DecoderFeatureConverter(pack=False) and lengths for both features
@@ -24,6 +27,7 @@ from distillspec_jax.data.tasks import tfds_tasks
 from distillspec_jax.data.tasks import embedded
 from distillspec_jax.data.tasks import file_tasks
 from distillspec_jax.data.tasks import bbh
+from distillspec_jax.data.tasks import chat_tasks
 
 from distillspec_jax.data.tasks.bbh import register_bbh_tasks
 from distillspec_jax.data.tasks.embedded import (DEFAULT_SEQUENCE_LENGTHS as EMBEDDED_SEQUENCE_LENGTHS,
@@ -31,7 +35,8 @@ from distillspec_jax.data.tasks.embedded import (DEFAULT_SEQUENCE_LENGTHS as EMB
                                             build_embedded_vocabulary, embedded_vocabulary,
                                             generate_examples as generate_embedded_examples,
                                             register_embedded_task)
-from distillspec_jax.data.tasks.file_tasks import (register_cnn_dailymail_files, register_file_tasks,
+from distillspec_jax.data.tasks.file_tasks import (register_chat_files,
+                                              register_cnn_dailymail_files, register_file_tasks,
                                               register_gsm8k_files, register_lm1b_files,
                                               register_wmt_files, register_xsum_files)
 from distillspec_jax.data.tasks.tfds_tasks import TFDS_TASK_NAMES, register_tfds_tasks

@@ -11,6 +11,11 @@
                                                  <name>.en(.txt) and <name>.de(.txt)
   lm1b_files           lm1b/                     *.txt, one sentence a line
   bbh_<subtask>, bbh   bbh/                      see tasks/bbh.py
+  chat_files           chat/                     *.jsonl conversations (chat_template=True)
+
+With chat_template=True (a Hugging Face tokenizer folder with a chat template), every task's
+prompt and reference are rendered by the template as a user turn and the assistant's reply,
+the loss on the reply only; see tasks/chat_tasks.py.
 
 Splits are found by file name: a file whose name contains 'train' is train;
 'validation', 'valid', 'dev' or 'val' is validation; 'test' is test.  Files that
@@ -36,6 +41,7 @@ import tensorflow as tf
 
 from distillspec_jax.data import vocabularies
 from distillspec_jax.data.tasks import bbh
+from distillspec_jax.data.tasks import chat_tasks
 from distillspec_jax.data.tasks import metrics
 from distillspec_jax.data.tasks import preprocessors
 from distillspec_jax.data.tasks import tfds_tasks
@@ -170,6 +176,21 @@ def _cnndm_records(files: Sequence[str]) -> Dict[str, List[str]]:
   return cols
 
 
+def _chat_records(files: Sequence[str], template) -> Dict[str, List[str]]:
+  """{"inputs": rendered prompts, "targets": rendered replies, "reference": the replies' own
+  text (for metrics)}: every conversation of `files` (chat_tasks.conversation's layouts)."""
+  cols = {"inputs": [], "targets": [], "reference": []}
+  for path in files:
+    for row in read_jsonl(path):
+      where = f"{path}:{row['__line__']}"
+      messages = chat_tasks.conversation(row, where)
+      prompt, response = template.split(messages, where)
+      cols["inputs"].append(prompt)
+      cols["targets"].append(response)
+      cols["reference"].append(messages[-1]["content"])
+  return cols
+
+
 def _lines_records(files: Sequence[str]) -> Dict[str, List[str]]:
   text = []
   for path in files:
@@ -249,7 +270,7 @@ def records_source(split_files: SplitFiles, read_fn: Callable) -> seqio.Function
       splits=tuple(split_files))
 
 
-def _resolve_split_files(directory: str, split_files: Optional[SplitFiles],
+def resolve_split_files(directory: str, split_files: Optional[SplitFiles],
                          suffixes: Sequence[str], what: str) -> Dict[str, List[str]]:
   if split_files is not None:
     for split, files in split_files.items():
@@ -269,7 +290,7 @@ def register_gsm8k_files(directory: str, vocabulary: Optional[vocabularies.Vocab
                          name: str = "gsm8k_files", split_files: Optional[SplitFiles] = None
                          ) -> seqio.Task:
   """GSM8K from JSONL {"question","answer"}: zero-shot CoT prompt -> reasoning + '#### N'."""
-  files = _resolve_split_files(directory, split_files, (".jsonl",), name)
+  files = resolve_split_files(directory, split_files, (".jsonl",), name)
   return tfds_tasks.register_task(
       name, source=records_source(
           files, functools.partial(_jsonl_records, keys=("question", "answer"))),
@@ -282,7 +303,7 @@ def register_xsum_files(directory: str, vocabulary: Optional[vocabularies.VocabL
                         name: str = "xsum_files", split_files: Optional[SplitFiles] = None
                         ) -> seqio.Task:
   """XSum from JSONL {"document","summary"}: 'summarize: <document>' -> summary."""
-  files = _resolve_split_files(directory, split_files, (".jsonl",), name)
+  files = resolve_split_files(directory, split_files, (".jsonl",), name)
   tfds_tasks.mark_inputs_truncatable(name)
   return tfds_tasks.register_task(
       name, source=records_source(
@@ -298,7 +319,7 @@ def register_cnn_dailymail_files(directory: str,
                                  name: str = "cnn_dailymail_files",
                                  split_files: Optional[SplitFiles] = None) -> seqio.Task:
   """CNN/DM from JSONL {"article","highlights"} or Spec-Bench {"turns","reference"}."""
-  files = _resolve_split_files(directory, split_files, (".jsonl",), name)
+  files = resolve_split_files(directory, split_files, (".jsonl",), name)
   tfds_tasks.mark_inputs_truncatable(name)
   return tfds_tasks.register_task(
       name, source=records_source(files, _cnndm_records),
@@ -317,7 +338,7 @@ def register_wmt_files(directory: str, vocabulary: Optional[vocabularies.VocabLi
   Each split needs <stem>.<src>(.txt) and <stem>.<tgt>(.txt) files, e.g.
   newstest2014.de-en.src.de.txt + newstest2014.de-en.ref.en.txt.
   """
-  files = _resolve_split_files(directory, split_files,
+  files = resolve_split_files(directory, split_files,
                                tuple(f".{l}{e}" for l in (source_language, target_language)
                                      for e in ("", ".txt")), name)
   for split, fs in files.items():  # Check pairing now (names only, no reads).
@@ -336,7 +357,7 @@ def register_lm1b_files(directory: str, vocabulary: Optional[vocabularies.VocabL
                         name: str = "lm1b_files", split_files: Optional[SplitFiles] = None
                         ) -> seqio.Task:
   """LM1B from text files, one sentence a line: decoder-only, 'targets' only."""
-  files = _resolve_split_files(directory, split_files, (".txt",), name)
+  files = resolve_split_files(directory, split_files, (".txt",), name)
   return tfds_tasks.register_task(
       name, source=records_source(files, _lines_records),
       output_features=tfds_tasks.text_features(vocabularies.as_vocabulary(vocabulary),
@@ -344,6 +365,21 @@ def register_lm1b_files(directory: str, vocabulary: Optional[vocabularies.VocabL
       preprocessors=tfds_tasks.lm_task_preprocessors(text_key="text"),
       postprocess_fn=metrics.lm_target_token_ids,
       metric_fns=[metrics.log_perplexity])
+
+
+def register_chat_files(directory: str, vocabulary: vocabularies.VocabLike,
+                        name: str = chat_tasks.TASK_NAME,
+                        split_files: Optional[SplitFiles] = None) -> seqio.Task:
+  """Conversations from JSONL (tasks/chat_tasks.py's layouts), rendered by `vocabulary`'s chat
+  template (loaded now: a folder without one is a ValueError naming it and the fix): the
+  prompt through the last assistant turn's header -> that turn's reply, the loss on it."""
+  vocab = vocabularies.as_vocabulary(vocabulary)
+  template = chat_tasks.template_of(vocab)
+  files = resolve_split_files(directory, split_files, (".jsonl",), name)
+  return tfds_tasks.register_task(
+      name, source=records_source(files, functools.partial(_chat_records, template=template)),
+      output_features=chat_tasks.chat_features(vocab),
+      preprocessors=chat_tasks.chat_preprocessors(preprocessors.filter_empty), metric_fns=[])
 
 
 _FOLDERS = (
@@ -356,16 +392,21 @@ _FOLDERS = (
 
 
 def register_file_tasks(data_dir: str, vocabulary: Optional[vocabularies.VocabLike] = None,
-                        include_bbh: bool = True) -> List[str]:
+                        include_bbh: bool = True, chat_template: bool = False) -> List[str]:
   """Registers every file-backed task whose folder exists under `data_dir`.
 
   Returns the registered names (e.g. ['gsm8k_files', 'xsum_files', ...]).
   Raises FileNotFoundError if `data_dir` does not exist or holds none of the
   expected folders.  Idempotent; only lists directories (files are read later).
+  `chat_template`: every task's prompt and reference rendered by `vocabulary`'s chat template
+  as a user turn and its reply, and the conversations of `data_dir`/chat/ as 'chat_files'
+  (tasks/chat_tasks.py; a ValueError now if the vocabulary has no template).
   """
   _require_dir(data_dir, "register_file_tasks")
   vocab = vocabularies.as_vocabulary(vocabulary)
   names = []
+  if chat_template:
+    template = chat_tasks.template_of(vocab)  # none: refused before any read
   for _, folders, fn in _FOLDERS:
     for folder in folders:
       path = os.path.join(data_dir, folder)
@@ -374,8 +415,16 @@ def register_file_tasks(data_dir: str, vocabulary: Optional[vocabularies.VocabLi
         break
   if include_bbh and os.path.isdir(os.path.join(data_dir, "bbh")):
     names.extend(bbh.register_bbh_tasks(os.path.join(data_dir, "bbh"), vocabulary=vocab))
+  if chat_template:
+    for name in names:  # prompts as a user turn, references as the reply (not LM tasks)
+      if name in seqio.TaskRegistry.names():
+        chat_tasks.render_text_task(name, template)
+    if os.path.isdir(os.path.join(data_dir, chat_tasks.FOLDER)):
+      names.insert(0, register_chat_files(os.path.join(data_dir, chat_tasks.FOLDER),
+                                          vocab).name)
   if not names:
     raise FileNotFoundError(
         f"register_file_tasks: {data_dir!r} has none of the folders gsm8k/, xsum/, cnndm/, "
-        "wmt/, lm1b/, bbh/. Pass the directory that contains them.")
+        "wmt/, lm1b/, bbh/" + (", chat/" if chat_template else "") + ". Pass the directory "
+        "that contains them.")
   return names
