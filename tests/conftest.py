@@ -72,6 +72,19 @@ def pytest_unconfigure(config):
 
 
 @pytest.fixture(scope="module", autouse=True)
+def _release_compiled_programs():
+  """After each module, JAX's in-memory caches of compiled programs are dropped: a worker runs
+  hundreds of modules, and without this it held more than 5 GB a tenth of the way into a
+  run. A later module that needs a program again reads it from the run's persistent
+  compilation cache instead of compiling it."""
+  yield
+  import gc
+  import jax
+  jax.clear_caches()
+  gc.collect()
+
+
+@pytest.fixture(scope="module", autouse=True)
 def _optimized_compilation(request):
   """Quick compilation off for a module marked `optimized_compilation` (its programs run long
   enough for XLA's optimisations to pay: tests/test_sampler.py's millions of draws run 3x
