@@ -39,6 +39,9 @@ EVAL_CASES = [
     (f"--gin.TARGET_CHECKPOINT_PATH='{NOWHERE}'", NOWHERE),  # missing checkpoint
     ("--gin.MODEL_PARALLEL=3", "3"),                        # does not divide the devices
     ("--gin.EvalConfig.seed=%UNDEFINED_SEED", "UNDEFINED_SEED"),  # undefined macro
+    # A binding the run never reads (it would be ignored): the macro and its readers named.
+    ("--gin.TRAIN_STEPS=3", "%TRAIN_STEPS; read by distillspec_jax.main"),
+    ("--gin.TrainConfig.batch_size=4", "never calls TrainConfig"),
 ]
 MAIN_CASES = [
     ("--gin.PipelineConfig.speed_calls='3'", "'3'"),
@@ -55,6 +58,9 @@ MAIN_CASES = [
     (f"--gin.PipelineConfig.data_dir='{NOWHERE}'", NOWHERE),
     ("--gin.MODEL_PARALLEL=3", "3"),
     ("--gin.TRAIN_STEPS=%UNDEFINED_STEPS", "UNDEFINED_STEPS"),
+    ("--gin.VOCABULARY='tokenizer.json'",
+     "%VOCABULARY; read by distillspec_jax.main (gin/runs/own_pair_gsm8k.gin)"),
+    ("--gin.EvalConfig.batch_size=4", "never calls EvalConfig"),
 ]
 TRAIN_CASES = [
     ("--gin.TRAIN_STEPS=-1", "-1"),
@@ -71,6 +77,8 @@ TRAIN_CASES = [
     (f"--gin.TARGET_CHECKPOINT_PATH='{NOWHERE}'", NOWHERE),
     ("--gin.MODEL_PARALLEL=3", "3"),
     ("--gin.SAVE_EVERY=%UNDEFINED_EVERY", "UNDEFINED_EVERY"),
+    ("--gin.RECIPES=('gkd',)", "%RECIPES; read by distillspec_jax.main"),
+    ("--gin.t5_1_1_xl/model_by_name.dtype='bfloat16'", "in scope 't5_1_1_xl'"),
 ]
 
 
