@@ -173,6 +173,22 @@ def save_near_copy(directory: str, source: str, noise: float, seed: int = 1) -> 
   return directory
 
 
+def save_with_eos_for(directory: str, source: str, token: int) -> str:
+  """Saves the model of HF folder `source` (and its tokenizer) with its EOS output row set to
+  1.05 x `token`'s: wherever `token` is the greedy choice with a positive logit, EOS is,
+  so outputs end early (EOS cuts in speculative rounds)."""
+  import torch
+  import transformers
+  model = transformers.AutoModelForCausalLM.from_pretrained(source)
+  eos = model.config.eos_token_id
+  with torch.no_grad():
+    weight = model.get_output_embeddings().weight
+    weight[eos] = 1.05 * weight[token]
+  model.save_pretrained(directory)
+  transformers.AutoTokenizer.from_pretrained(source).save_pretrained(directory)
+  return directory
+
+
 def greedy_speculative(target, draft, prompt_ids, *, gamma: int, max_new_tokens: int,
                        eos_id: int, num_tokens: int) -> dict:
   """Greedy speculative decoding of one prompt written out with transformers models (no
@@ -184,8 +200,8 @@ def greedy_speculative(target, draft, prompt_ids, *, gamma: int, max_new_tokens:
   round keeps the longest prefix of proposals equal to the target's argmax plus the target's
   next token, cut after the first EOS and at `max_new_tokens` in all (`produced` += the
   tokens kept). Argmaxes over the first `num_tokens` logits (the tokenizer's size: rows past
-  it are never output). Returns {"tokens", "produced", "target_calls"}; tau over prompts =
-  sum(produced) / sum(target_calls)."""
+  it are never output). Returns {"tokens", "produced", "target_calls", "length_cut" (the last
+  round lost tokens to max_new_tokens)}; tau over prompts = sum(produced) / sum(target_calls).""" 
   import torch
 
   def argmaxes(model, ids):
@@ -196,6 +212,7 @@ def greedy_speculative(target, draft, prompt_ids, *, gamma: int, max_new_tokens:
   prompt = list(prompt_ids)
   out = [argmaxes(target, prompt)[-1]]
   produced = calls = 0
+  cut = False
   while out[-1] != eos_id and len(out) < max_new_tokens:
     proposal = []
     for _ in range(gamma):
@@ -207,8 +224,9 @@ def greedy_speculative(target, draft, prompt_ids, *, gamma: int, max_new_tokens:
     kept = proposal[:n] + [scored[n]]
     if eos_id in kept:
       kept = kept[:kept.index(eos_id) + 1]
+    cut = len(kept) > max_new_tokens - len(out)
     kept = kept[:max_new_tokens - len(out)]
     out += kept
     produced += len(kept)
     calls += 1
-  return {"tokens": out, "produced": produced, "target_calls": calls}
+  return {"tokens": out, "produced": produced, "target_calls": calls, "length_cut": cut}

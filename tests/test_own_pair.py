@@ -24,10 +24,13 @@ def own(tmp_path_factory):
   out = {}
   for kind in ("llama", "qwen2"):
     tokenizer = hf_fixtures.fast_tokenizer(kind)
+    # Llama: weights wide enough that greedy outputs differ from prompt to prompt (at 0.02
+    # every prompt, all ending "step by step.", gives one output).
     target = hf_fixtures.save_model(str(root / kind / "target"), kind, tokenizer,
-                                    vocab_size=len(tokenizer) + 36)
+                                    vocab_size=len(tokenizer) + 36,
+                                    **({"initializer_range": 0.1} if kind == "llama" else {}))
     if kind == "llama":  # agrees with the target on some greedy tokens: tau neither 1 nor 3
-      draft = hf_fixtures.save_near_copy(str(root / kind / "draft"), target, noise=0.2)
+      draft = hf_fixtures.save_near_copy(str(root / kind / "draft"), target, noise=0.1)
     else:  # one tokenizer, fewer embedding rows than the target's
       draft = hf_fixtures.save_model(str(root / kind / "draft"), kind, tokenizer,
                                      vocab_size=len(tokenizer) + 20, seed=1,
@@ -247,7 +250,6 @@ def test_job_tau_at_t0_equals_a_greedy_speculative_decode_by_hand(own, jobs):
   on the job's 8 test prompts, encoded as the tokenizer encodes them. Convention
   (decoding/speculative.py): tau = tokens produced by verification rounds / verification
   calls; the first token, from the target's call on the prompt, counts in neither."""
-  import numpy as np
   import transformers
   from distillspec_jax.studies import pipeline
   job = jobs("llama")
@@ -264,16 +266,57 @@ def test_job_tau_at_t0_equals_a_greedy_speculative_decode_by_hand(own, jobs):
   rows = {r["draft"]: r for r in report["draft_rows"]
           if r["temperature"] == 0.0 and r["gamma"] == 2}
   assert set(rows) == {"raw", "supervised_kd"}
-  (gamma,), eos = config.gammas, tokenizer.eos_token_id
+  (gamma,) = config.gammas
+  cuts = 0
   for name, draft in (("raw", raw), ("supervised_kd", exported)):
-    with hf_fixtures.one_torch_thread():
-      runs = [hf_fixtures.greedy_speculative(target, draft, ids, gamma=gamma, eos_id=eos,
-                                             max_new_tokens=config.max_new_tokens,
-                                             num_tokens=len(tokenizer)) for ids in encoded]
-    produced = np.sum([r["produced"] for r in runs])
-    calls = np.sum([r["target_calls"] for r in runs])
-    assert rows[name]["tau"] == float(produced / calls), name
-    assert 1.0 < rows[name]["tau"] < gamma + 1, name  # some rounds accept, some reject
+    tau, runs = _hand_tau(target, draft, encoded, tokenizer, gamma, config.max_new_tokens)
+    assert rows[name]["tau"] == tau, name
+    assert 1.0 < tau < gamma + 1, name  # some rounds accept, some reject
+    cuts += sum(r["length_cut"] for r in runs)
+  assert cuts  # some last rounds lost tokens to the length limit
+
+
+def _hand_tau(target, draft, encoded, tokenizer, gamma, max_new_tokens) -> tuple:
+  """(tau, runs) of hf_fixtures.greedy_speculative over the prompts `encoded`."""
+  with hf_fixtures.one_torch_thread():
+    runs = [hf_fixtures.greedy_speculative(target, draft, ids, gamma=gamma,
+                                           eos_id=tokenizer.eos_token_id,
+                                           max_new_tokens=max_new_tokens,
+                                           num_tokens=len(tokenizer)) for ids in encoded]
+  produced = sum(r["produced"] for r in runs)
+  return float(produced / sum(r["target_calls"] for r in runs)), runs
+
+
+def test_eval_binary_tau_with_eos_cuts_equals_the_hand_run(own, tmp_path):
+  """The eval binary's evaluation (eval.evaluate, VOCABULARY = the HF folder) at T = 0 with
+  a target that ends its outputs early: EOS accepted inside rounds and the length limit cut
+  rounds, counted as the hand-run in transformers counts them."""
+  import transformers
+  tokenizer = transformers.AutoTokenizer.from_pretrained(own["llama"]["target"])
+  source = transformers.AutoModelForCausalLM.from_pretrained(own["llama"]["target"]).eval()
+  encoded = [tokenizer(t)["input_ids"] for t in _prompt_texts(own)]
+  with hf_fixtures.one_torch_thread():  # the target's greedy outputs (their own draft)
+    outputs = [hf_fixtures.greedy_speculative(source, source, ids, gamma=1, eos_id=-1,
+                                              max_new_tokens=8, num_tokens=len(tokenizer))
+               for ids in encoded]
+  # Its most frequent later token becomes EOS: rows end at different positions.
+  later = [t for o in outputs for t in o["tokens"][1:]]
+  target_dir = hf_fixtures.save_with_eos_for(str(tmp_path / "target"), own["llama"]["target"],
+                                             max(set(later), key=later.count))
+  draft_dir = hf_fixtures.save_near_copy(str(tmp_path / "draft"), target_dir, noise=0.1)
+  target, draft = (transformers.AutoModelForCausalLM.from_pretrained(d).eval()
+                   for d in (target_dir, draft_dir))
+  gamma, new_tokens = 3, LENGTHS["targets"]
+  tau, runs = _hand_tau(target, draft, encoded, tokenizer, gamma, new_tokens)
+  ends = [r["tokens"][-1] == tokenizer.eos_token_id for r in runs]
+  assert any(ends) and not all(ends)  # EOS ends some rows, the length limit others
+  assert 1.0 < tau < gamma + 1
+  metrics = eval_lib.evaluate(_config(own, "llama", tmp_path / "run", eval_examples=8,
+                                      target_checkpoint_path=target_dir,
+                                      draft_checkpoint_path=draft_dir, vocabulary=target_dir,
+                                      gammas=(gamma,)))
+  (row,) = metrics["rows"]
+  assert row["tau"] == tau
 
 
 def test_main_job_refuses_bad_pairs_before_work(own, tmp_path):
