@@ -79,6 +79,8 @@ TRAIN_CASES = [
     ("--gin.SAVE_EVERY=%UNDEFINED_EVERY", "UNDEFINED_EVERY"),
     ("--gin.RECIPES=('gkd',)", "%RECIPES; read by distillspec_jax.main"),
     ("--gin.t5_1_1_xl/model_by_name.dtype='bfloat16'", "in scope 't5_1_1_xl'"),
+    # Both models' scoped bindings of vocab_size win over an unscoped one.
+    ("--gin.model_by_name.vocab_size=128", "another binding of model_by_name.vocab_size"),
 ]
 
 
@@ -128,7 +130,8 @@ def test_each_binary_has_at_least_12_bad_values():
 @pytest.mark.integration
 @pytest.mark.parametrize("binary,flag,named", [
     ("eval", "--gin.GAMMAS=(0,)", "GAMMAS"),
-    ("train", "--gin.LAMBDA1='0.5'", "'0.5'")])
+    ("train", "--gin.LAMBDA1='0.5'", "'0.5'"),
+    ("main", "--gin.VOCABULARY='tokenizer.json'", "gin/runs/own_pair_gsm8k.gin")])
 def test_bad_value_as_a_process_exits_1_without_a_traceback(binary, flag, named, tmp_path):
   argv = BINARIES[binary][1](tmp_path / "out") + [flag]
   done = subprocess.run([sys.executable, "-m", f"distillspec_jax.{binary}"] + argv,
