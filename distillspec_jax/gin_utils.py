@@ -8,6 +8,8 @@
   string, so `--gin.MODEL_DIR=/tmp/run` works as well as `--gin.MODEL_DIR="'/tmp/run'"`),
   `--gin_bindings=...` and `--gin_search_paths=...`. Unknown gin files and bad bindings raise
   `GinConfigError` naming the culprit and the fix, before anything is trained.
+* `check_bindings_read(argv, binary)`: after a binary builds its configuration, refuses a
+  command-line binding it did not read (gin's operative config), which gin would ignore.
 * `exit_on_help(argv, binary, doc)`: every binary's --help (its doc, its flags, its run files
   and the macros they set, read from gin/runs and gin/recipes); `run_binary(main, argv)`: the
   binaries' one command-line path (a user's mistake: status 1 and the message, no traceback).
