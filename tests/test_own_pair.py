@@ -255,18 +255,20 @@ def test_assisted_generation_with_the_exported_draft_gives_the_targets_greedy_ou
     assert 0 < agreed < 8 * 12
 
 
-def test_job_tau_at_t0_equals_a_greedy_speculative_decode_by_hand(own, jobs):
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_job_tau_at_t0_equals_a_greedy_speculative_decode_by_hand(own, jobs, kind):
   """report.json's tau at T = 0 of the raw draft (the user's HF draft folder) and of the
   distilled one (its export) equals the tau of hf_fixtures.greedy_speculative in transformers
-  on the job's 8 test prompts, encoded as the tokenizer encodes them. Convention
-  (decoding/speculative.py): tau = tokens produced by verification rounds / verification
-  calls; the first token, from the target's call on the prompt, counts in neither."""
+  on the job's 8 test prompts, encoded as the tokenizer encodes them (Llama: its BOS first;
+  Qwen2: none). Convention (decoding/speculative.py): tau = tokens produced by verification
+  rounds / verification calls; the first token, from the target's call on the prompt, counts
+  in neither."""
   import transformers
   from distillspec_jax.studies import pipeline
-  job = jobs("llama")
+  job = jobs(kind)
   config = job["config"]
-  target, exported, tokenizer = _hf_pair(own, job)
-  raw = transformers.AutoModelForCausalLM.from_pretrained(own["llama"]["draft"]).eval()
+  target, exported, tokenizer = _hf_pair(own, job, kind)
+  raw = transformers.AutoModelForCausalLM.from_pretrained(own[kind]["draft"]).eval()
   # The prompts the job decoded are the tokenizer's ids for the prompt texts, nothing added.
   examples = pipeline.test_examples(config)[0]
   encoded = [tokenizer(t)["input_ids"] for t in examples.prompt_texts]
@@ -282,9 +284,10 @@ def test_job_tau_at_t0_equals_a_greedy_speculative_decode_by_hand(own, jobs):
   for name, draft in (("raw", raw), ("supervised_kd", exported)):
     tau, runs = _hand_tau(target, draft, encoded, tokenizer, gamma, config.max_new_tokens)
     assert rows[name]["tau"] == tau, name
-    assert 1.0 < tau < gamma + 1, name  # some rounds accept, some reject
+    if kind == "llama":  # a near-copy draft: some rounds accept, some reject
+      assert 1.0 < tau < gamma + 1, name
     cuts += sum(r["length_cut"] for r in runs)
-  assert cuts  # some last rounds lost tokens to the length limit
+  assert cuts or kind != "llama"  # some last rounds lost tokens to the length limit
 
 
 def _hand_tau(target, draft, encoded, tokenizer, gamma, max_new_tokens) -> tuple:
