@@ -624,9 +624,11 @@ def load_config(argv: Sequence[str]) -> EvalConfig:
         "The run file does not bind evaluate_job.config; use a gin/runs/eval_*.gin file, "
         "e.g. gin/runs/eval_demo.gin.") from error
   try:
-    return reference.scoped_configurable_fn()
+    config = reference.scoped_configurable_fn()
   except (TypeError, ValueError) as error:
     raise gin_utils.GinConfigError(f"Invalid evaluation configuration: {error}") from error
+  gin_utils.check_bindings_read(argv, "distillspec_jax.eval", later=("evaluate_job", "dry_run"))
+  return config
 
 
 def prepare(argv: Sequence[str]) -> EvalConfig:

@@ -8,6 +8,8 @@
   string, so `--gin.MODEL_DIR=/tmp/run` works as well as `--gin.MODEL_DIR="'/tmp/run'"`),
   `--gin_bindings=...` and `--gin_search_paths=...`. Unknown gin files and bad bindings raise
   `GinConfigError` naming the culprit and the fix, before anything is trained.
+* `check_bindings_read(argv, binary)`: after a binary builds its configuration, refuses a
+  command-line binding it did not read (gin's operative config), which gin would ignore.
 * `exit_on_help(argv, binary, doc)`: every binary's --help (its doc, its flags, its run files
   and the macros they set, read from gin/runs and gin/recipes); `run_binary(main, argv)`: the
   binaries' one command-line path (a user's mistake: status 1 and the message, no traceback).
@@ -195,6 +197,132 @@ def parse_binary_flags(argv: Sequence[str]) -> None:
                          "--gin_bindings=..., --gin_search_paths=..., and the multi-host flags "
                          "--coordinator_address, --process_count, --process_index")
   parse_gin_flags(argv)
+
+
+def _command_line_keys(bindings: Sequence[str]) -> list:
+  """[(binding text, scope, complete selector, parameter)] of command-line bindings; a
+  macro's selector is 'gin.macro' (its name the scope, as gin keys it)."""
+  keys = []
+  for binding in bindings:
+    parser = gin.config_parser.ConfigParser(binding, gin.config.ParserDelegate())
+    for statement in parser:
+      if not isinstance(statement, gin.config_parser.BindingStatement):
+        continue
+      scope, selector, arg_name = statement.scope, statement.selector, statement.arg_name
+      if not arg_name:
+        keys.append((binding, f"{scope}/{selector}" if scope else selector, "gin.macro",
+                     "value"))
+      else:
+        parsed = gin.config.ParsedBindingKey.parse((scope, selector, arg_name))
+        keys.append((binding, scope, parsed.complete_selector, arg_name))
+  return keys
+
+
+def _effective_scope(call_scope: str, selector: str, arg_name: str) -> Optional[str]:
+  """The scope whose binding of `selector.arg_name` a call in `call_scope` takes: the longest
+  prefix of it that binds the parameter (gin's own lookup order), None if none does."""
+  parts = call_scope.split("/") if call_scope else []
+  found = None
+  for i in range(len(parts) + 1):
+    prefix = "/".join(parts[:i])
+    if arg_name in gin.config._CONFIG.get((prefix, selector), {}):
+      found = prefix
+  return found
+
+
+def _read_later(later: Sequence[str]) -> tuple:
+  """(selectors, macros) the binary reads after its configuration is built: the `later`
+  configurables (e.g. main_job, dry_run) and the macros their bindings refer to."""
+  selectors, macros = set(), set()
+  macro_fn = gin.config.get_configurable(gin.config.macro)
+  pending = []
+  for name in later:
+    match = gin.config._REGISTRY.get_match(name)  # its complete selector, as _CONFIG keys it
+    if match is None:
+      continue
+    selector = match.selector
+    selectors.add(selector)
+    pending += [value for (scope, sel), values in gin.config._CONFIG.items()
+                if sel == selector for value in values.values()]
+  while pending:  # a macro's value may refer to other macros
+    value = pending.pop()
+    for reference in gin.config.iterate_references(value, to=macro_fn):
+      name = reference.scoped_selector.rsplit("/", 1)[0]
+      if name not in macros:
+        macros.add(name)
+        pending += list(gin.config._CONFIG.get((name, "gin.macro"), {}).values())
+  return selectors, macros
+
+
+def unread_bindings(argv: Sequence[str], later: Sequence[str] = ()) -> list:
+  """The command-line bindings of `argv` (--gin.NAME=VALUE, --gin_bindings) that the
+  configuration built so far did not read: a macro no called configurable's binding referred
+  to, a parameter of a configurable never called (in that scope) or overridden there by a
+  more specific binding. `later`: configurables the binary calls after this check (their
+  bindings and the macros these refer to count as read)."""
+  # gin records what each call read in its operative config (the dict behind
+  # gin.operative_config_str()); read it after the configuration is built.
+  operative = gin.config._OPERATIVE_CONFIG
+  later_selectors, later_macros = _read_later(later)
+  unread = []
+  for binding, scope, selector, arg_name in _command_line_keys(parse_flags(argv)[1]):
+    if selector == "gin.macro":
+      read = (scope, selector) in operative or scope in later_macros
+    else:
+      read = selector in later_selectors or any(
+          sel == selector and arg_name in params
+          and _effective_scope(call_scope, selector, arg_name) == scope
+          for (call_scope, sel), params in operative.items())
+    if not read:
+      unread.append((binding, scope, selector, arg_name))
+  return unread
+
+
+def _files_reading(pattern: str, binary: str, exclude: Sequence[str]) -> str:
+  """Where `pattern` is bound: `binary`'s run files (with their includes) whose bindings
+  match it, other than `exclude`, then the other binaries' (the first file and a count)."""
+  skip = {os.path.abspath(p) for p in exclude}
+  parts = []
+  for name in sorted(BINARY_MARKERS, key=lambda b: b != binary):
+    found = [f for f in binary_gin_files(name)[0]
+             if os.path.join(REPO_ROOT, f) not in skip
+             and any(re.search(pattern, re.sub(r"#.*", "", text))
+                     for _, text in _gin_texts(os.path.join(REPO_ROOT, f)))]
+    if found:
+      more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+      parts.append(f"{name} ({found[0]}{more})")
+  return ", ".join(parts) if parts else "no run file"
+
+
+def check_bindings_read(argv: Sequence[str], binary: str, later: Sequence[str] = ()) -> None:
+  """Refuses, before any work, a command-line binding this run does not read (a macro or a
+  parameter that the chosen run files never use: it would be silently ignored), naming it,
+  the run files and the ones that do read it. Call once the binary's configuration is built;
+  `later`: as `unread_bindings`'."""
+  unread = unread_bindings(argv, later)
+  if not unread:
+    return
+  files = parse_flags(argv)[0]
+  try:
+    given = [resolve_gin_file(f) for f in files]
+  except GinConfigError:
+    given = []
+  lines = []
+  for binding, scope, selector, arg_name in unread:
+    if selector == "gin.macro":
+      what = f"nothing it builds refers to %{scope}"
+      pattern = rf"%{re.escape(scope)}\b"
+    else:
+      short = selector.rsplit(".", 1)[-1]
+      where = f" in scope {scope!r}" if scope else ""
+      what = (f"it never calls {short}{where}, or another binding of {short}.{arg_name} "
+              "overrides it there")
+      pattern = rf"\b{re.escape(short)}[.(]"
+    lines.append(f"  {binding!r}: {what}; read by "
+                 f"{_files_reading(pattern, binary, given)}.")
+  raise GinConfigError(
+      f"{binary} with {', '.join(files)} does not read these command-line bindings (they would "
+      "be ignored):\n" + "\n".join(lines) + "\nDrop them, or pick a run file that reads them.")
 
 
 # The shape fields a gin/models file spells out. Not `dtype` or `remat_policy`: train_base.gin

@@ -59,9 +59,12 @@ def load_pipeline(argv: Sequence[str]) -> PipelineConfig:
         "The run file does not bind main_job.pipeline; use a gin/runs/ file made for "
         "distillspec_jax.main, e.g. gin/runs/demo.gin.") from error
   try:
-    return reference.scoped_configurable_fn()
+    pipeline = reference.scoped_configurable_fn()
   except (TypeError, ValueError) as error:
     raise gin_utils.GinConfigError(f"Invalid main job configuration: {error}") from error
+  # main_job (its stages) and dry_run are called after this.
+  gin_utils.check_bindings_read(argv, "distillspec_jax.main", later=("main_job", "dry_run"))
+  return pipeline
 
 
 def prepare(argv: Sequence[str]) -> PipelineConfig:

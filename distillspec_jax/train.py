@@ -151,15 +151,18 @@ def _decoder_length(model: Model, mixture_or_task_name: str, task_feature_length
   return int(lengths.get("inputs", 0)) + int(lengths.get("targets", 8))
 
 
-def resolve() -> RunSpec:
+def resolve(argv: Sequence[str] = ()) -> RunSpec:
   """Calls the gin-configured `run`; a configuration error becomes a GinConfigError (the
-  macros were checked when gin parsed: gin_utils.check_macros)."""
+  macros were checked when gin parsed: gin_utils.check_macros), and so does a binding of
+  `argv` that the run does not read (gin_utils.check_bindings_read)."""
   try:
-    return gin_utils.configurable("run")()
+    spec = gin_utils.configurable("run")()
   except gin_utils.GinConfigError:
     raise
   except (TypeError, ValueError) as error:
     raise gin_utils.GinConfigError(f"Invalid configuration: {error}") from error
+  gin_utils.check_bindings_read(argv, "distillspec_jax.train", later=("dry_run",))
+  return spec
 
 
 def _lengths(spec: RunSpec) -> tuple[int, int]:
@@ -243,7 +246,7 @@ def main(argv: Sequence[str]) -> trainer.TrainResult:
   argv = multihost.initialize_from_flags(argv)  # first: before any JAX backend starts
   register_configurables()
   gin_utils.parse_binary_flags(argv)
-  spec = resolve()
+  spec = resolve(argv)
   check_mesh(spec)
   check_checkpoint_paths(spec)
   print(f"distillspec_jax.train: {spec.mode} of {spec.model.config.kind} model "
@@ -289,7 +292,7 @@ def run_dry_run(argv: Sequence[str]) -> int:
   gin_utils.parse_binary_flags(argv)
 
   def plan() -> gin_utils.DryRunPlan:
-    spec = resolve()  # builds the models: after the slice's devices are simulated
+    spec = resolve(argv)  # builds the models: after the slice's devices are simulated
     config = spec.train_config
     levers = [] if spec.model.config.remat_policy != "none" else [
         "--gin.REMAT_POLICY=minimal (or full)"]

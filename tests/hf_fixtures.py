@@ -5,6 +5,7 @@ random Llama-3-style (llama3 RoPE scaling, BOS added by the tokenizer, no pad to
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -120,13 +121,22 @@ def check_real_positions(ours, ref, lengths=LENGTHS, atol=1e-4):
     np.testing.assert_allclose(ours[row, :n], ref[row, :n], atol=atol, rtol=1e-4)
 
 
-def write_gsm8k(root, answer: str) -> str:
-  """`<root>/data/gsm8k/{train,test}.jsonl` of GSM8K-style rows, the first four SENTENCES as
-  questions and `answer.format(i=...)` as answers; returns the gsm8k folder."""
+# Questions the tokenizer was not trained on (four more prompts for the 8-prompt checks).
+MORE_QUESTIONS = (
+    "A robe takes 2 bolts of blue fiber and half that much white fiber. How many bolts?",
+    "Tina makes $18.00 an hour! How much does she make in 10 hours?",
+    "Mark has a garden with flowers of three colors. How many flowers are there?",
+    "Julie is reading a 120-page book. Yesterday, she read 12 pages. How many are left?",
+)
+
+
+def write_gsm8k(root, answer: str, questions=SENTENCES[:4]) -> str:
+  """`<root>/data/gsm8k/{train,test}.jsonl` of GSM8K-style rows, `questions` (default the
+  first four SENTENCES) with `answer.format(i=...)` as answers; returns the gsm8k folder."""
   import json
   data = os.path.join(str(root), "data", "gsm8k")
   os.makedirs(data)
-  rows = [{"question": q, "answer": answer.format(i=i)} for i, q in enumerate(SENTENCES[:4])]
+  rows = [{"question": q, "answer": answer.format(i=i)} for i, q in enumerate(questions)]
   for split in ("train", "test"):
     with open(os.path.join(data, f"{split}.jsonl"), "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -195,3 +205,90 @@ def write_chat(root) -> str:
     with open(os.path.join(data, f"{split}.jsonl"), "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in rows)
   return os.path.dirname(data)
+@contextlib.contextmanager
+def one_torch_thread():
+  """torch on one thread inside the block: tiny models decode token by token many times
+  faster than with a thread pool on a busy host (restored after)."""
+  import torch
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  try:
+    yield
+  finally:
+    torch.set_num_threads(threads)
+
+
+def save_near_copy(directory: str, source: str, noise: float, seed: int = 1) -> str:
+  """Saves the model of HF folder `source` with Gaussian noise of `noise` times each tensor's
+  spread added to every weight (and its tokenizer) under `directory`: a draft that agrees
+  with `source` on some greedy tokens and not on others (random models of other seeds agree
+  on none, which makes tau 1 and any tau comparison vacuous)."""
+  import torch
+  import transformers
+  model = transformers.AutoModelForCausalLM.from_pretrained(source)
+  generator = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for weight in model.parameters():
+      weight.add_(torch.randn(weight.shape, generator=generator) * noise * weight.std())
+  model.save_pretrained(directory)
+  transformers.AutoTokenizer.from_pretrained(source).save_pretrained(directory)
+  return directory
+
+
+def save_with_eos_for(directory: str, source: str, token: int) -> str:
+  """Saves the model of HF folder `source` (and its tokenizer) with its EOS output row set to
+  1.05 x `token`'s: wherever `token` is the greedy choice with a positive logit, EOS is,
+  so outputs end early (EOS cuts in speculative rounds)."""
+  import torch
+  import transformers
+  model = transformers.AutoModelForCausalLM.from_pretrained(source)
+  eos = model.config.eos_token_id
+  with torch.no_grad():
+    weight = model.get_output_embeddings().weight
+    weight[eos] = 1.05 * weight[token]
+  model.save_pretrained(directory)
+  transformers.AutoTokenizer.from_pretrained(source).save_pretrained(directory)
+  return directory
+
+
+def greedy_speculative(target, draft, prompt_ids, *, gamma: int, max_new_tokens: int,
+                       eos_id: int, num_tokens: int) -> dict:
+  """Greedy speculative decoding of one prompt written out with transformers models (no
+  cache, nothing shared with distillspec_jax), counted as decoding/speculative.py counts:
+
+  the first token is the target's argmax after the prompt (its prefill call), counted in
+  neither `produced` nor `target_calls`; then each round the draft proposes `gamma` tokens
+  greedily, the target scores context + proposal in one call (`target_calls` += 1), the
+  round keeps the longest prefix of proposals equal to the target's argmax plus the target's
+  next token, cut after the first EOS and at `max_new_tokens` in all (`produced` += the
+  tokens kept). Argmaxes over the first `num_tokens` logits (the tokenizer's size: rows past
+  it are never output). Returns {"tokens", "produced", "target_calls", "length_cut" (the last
+  round lost tokens to max_new_tokens)}; tau over prompts = sum(produced) / sum(target_calls).""" 
+  import torch
+
+  def argmaxes(model, ids):
+    with torch.no_grad():
+      logits = model(input_ids=torch.tensor([ids], dtype=torch.long)).logits[0]
+    return logits[:, :num_tokens].argmax(-1).tolist()
+
+  prompt = list(prompt_ids)
+  out = [argmaxes(target, prompt)[-1]]
+  produced = calls = 0
+  cut = False
+  while out[-1] != eos_id and len(out) < max_new_tokens:
+    proposal = []
+    for _ in range(gamma):
+      proposal.append(argmaxes(draft, prompt + out + proposal)[-1])
+    scored = argmaxes(target, prompt + out + proposal)[len(prompt) + len(out) - 1:]
+    n = 0
+    while n < gamma and proposal[n] == scored[n]:
+      n += 1
+    kept = proposal[:n] + [scored[n]]
+    if eos_id in kept:
+      kept = kept[:kept.index(eos_id) + 1]
+    cut = len(kept) > max_new_tokens - len(out)
+    kept = kept[:max_new_tokens - len(out)]
+    out += kept
+    produced += len(kept)
+    calls += 1
+  return {"tokens": out, "produced": produced, "target_calls": calls, "length_cut": cut}

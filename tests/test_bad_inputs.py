@@ -39,6 +39,9 @@ EVAL_CASES = [
     (f"--gin.TARGET_CHECKPOINT_PATH='{NOWHERE}'", NOWHERE),  # missing checkpoint
     ("--gin.MODEL_PARALLEL=3", "3"),                        # does not divide the devices
     ("--gin.EvalConfig.seed=%UNDEFINED_SEED", "UNDEFINED_SEED"),  # undefined macro
+    # A binding the run never reads (it would be ignored): the macro and its readers named.
+    ("--gin.TRAIN_STEPS=3", "%TRAIN_STEPS; read by distillspec_jax.main"),
+    ("--gin.TrainConfig.batch_size=4", "never calls TrainConfig"),
 ]
 MAIN_CASES = [
     ("--gin.PipelineConfig.speed_calls='3'", "'3'"),
@@ -55,6 +58,9 @@ MAIN_CASES = [
     (f"--gin.PipelineConfig.data_dir='{NOWHERE}'", NOWHERE),
     ("--gin.MODEL_PARALLEL=3", "3"),
     ("--gin.TRAIN_STEPS=%UNDEFINED_STEPS", "UNDEFINED_STEPS"),
+    ("--gin.VOCABULARY='tokenizer.json'",
+     "%VOCABULARY; read by distillspec_jax.main (gin/runs/own_pair_gsm8k.gin)"),
+    ("--gin.EvalConfig.batch_size=4", "never calls EvalConfig"),
 ]
 TRAIN_CASES = [
     ("--gin.TRAIN_STEPS=-1", "-1"),
@@ -71,6 +77,10 @@ TRAIN_CASES = [
     (f"--gin.TARGET_CHECKPOINT_PATH='{NOWHERE}'", NOWHERE),
     ("--gin.MODEL_PARALLEL=3", "3"),
     ("--gin.SAVE_EVERY=%UNDEFINED_EVERY", "UNDEFINED_EVERY"),
+    ("--gin.RECIPES=('gkd',)", "%RECIPES; read by distillspec_jax.main"),
+    ("--gin.t5_1_1_xl/model_by_name.dtype='bfloat16'", "in scope 't5_1_1_xl'"),
+    # Both models' scoped bindings of vocab_size win over an unscoped one.
+    ("--gin.model_by_name.vocab_size=128", "another binding of model_by_name.vocab_size"),
 ]
 
 
@@ -120,7 +130,8 @@ def test_each_binary_has_at_least_12_bad_values():
 @pytest.mark.integration
 @pytest.mark.parametrize("binary,flag,named", [
     ("eval", "--gin.GAMMAS=(0,)", "GAMMAS"),
-    ("train", "--gin.LAMBDA1='0.5'", "'0.5'")])
+    ("train", "--gin.LAMBDA1='0.5'", "'0.5'"),
+    ("main", "--gin.VOCABULARY='tokenizer.json'", "gin/runs/own_pair_gsm8k.gin")])
 def test_bad_value_as_a_process_exits_1_without_a_traceback(binary, flag, named, tmp_path):
   argv = BINARIES[binary][1](tmp_path / "out") + [flag]
   done = subprocess.run([sys.executable, "-m", f"distillspec_jax.{binary}"] + argv,

@@ -24,16 +24,22 @@ def own(tmp_path_factory):
   out = {}
   for kind in ("llama", "qwen2"):
     tokenizer = hf_fixtures.fast_tokenizer(kind)
-    out[kind] = {
-        "target": hf_fixtures.save_model(str(root / kind / "target"), kind, tokenizer,
-                                         vocab_size=len(tokenizer) + 36),
-        "draft": hf_fixtures.save_model(str(root / kind / "draft"), kind, tokenizer,
-                                        vocab_size=len(tokenizer) + 20, seed=1,
-                                        num_hidden_layers=1)}
+    # Weights wide enough that greedy outputs differ from prompt to prompt (at 0.02 every
+    # prompt, all ending "step by step.", gives one output).
+    target = hf_fixtures.save_model(str(root / kind / "target"), kind, tokenizer,
+                                    vocab_size=len(tokenizer) + 36, initializer_range=0.1)
+    if kind == "llama":  # agrees with the target on some greedy tokens: tau neither 1 nor 3
+      draft = hf_fixtures.save_near_copy(str(root / kind / "draft"), target, noise=0.1)
+    else:  # one tokenizer, fewer embedding rows than the target's
+      draft = hf_fixtures.save_model(str(root / kind / "draft"), kind, tokenizer,
+                                     vocab_size=len(tokenizer) + 20, seed=1,
+                                     num_hidden_layers=1)
+    out[kind] = {"target": target, "draft": draft}
   other = hf_fixtures.fast_tokenizer("llama", sentences=[s[::-1] for s in hf_fixtures.SENTENCES])
   out["other_draft"] = hf_fixtures.save_model(str(root / "other_draft"), "llama", other,
                                               num_hidden_layers=1)
-  hf_fixtures.write_gsm8k(root, "So {i}!\n#### {i}")
+  hf_fixtures.write_gsm8k(root, "So {i}!\n#### {i}",
+                          hf_fixtures.SENTENCES[:4] + hf_fixtures.MORE_QUESTIONS)
   out["data_dir"] = str(root / "data")
   return out
 
@@ -126,34 +132,57 @@ def _job(own, kind, run_dir, **changes):
       task_feature_lengths={"inputs": 160, "targets": 16}, target_model=None, draft_model=None,
       target_checkpoint_path=own[kind]["target"], draft_checkpoint_path=own[kind]["draft"],
       pair=PairSource(vocabulary=own[kind]["target"]), recipes=("supervised_kd",),
-      distill_steps=2, batch_size=2, warmup_steps=1, eval_examples=2, speed_examples=1,
+      distill_steps=2, batch_size=2, warmup_steps=1, eval_examples=8, speed_examples=1,
       speed_repeats=1, speed_calls=1, speed_cpus=0, gammas=(2,), temperatures=(0.0,),
       max_new_tokens=6, eval_every=1, max_decode_length=192, progress_bar=False)
   fields.update(changes)
   return PipelineConfig(**fields)
 
 
+@pytest.fixture(scope="module")
+def jobs(own, tmp_path_factory):
+  """kind -> the main job run once from that pair (8 test prompts), its distilled draft
+  exported to an HF folder beside the target's tokenizer: {"config", "outcome", "run",
+  "export", "export_status"}. Every test of a job reads this one run."""
+  from distillspec_jax import convert
+  from distillspec_jax.studies import pipeline
+  done = {}
+
+  def run(kind):
+    if kind not in done:
+      root = tmp_path_factory.mktemp(f"job_{kind}")
+      config = _job(own, kind, root / "run")
+      config.check_inputs()
+      outcome = pipeline.run_pipeline(config)
+      export = str(root / "export")
+      status = convert.main(["--from=ours", "--to=hf",
+                             f"--input={root / 'run' / 'distill_supervised_kd'}",
+                             f"--output={export}", f"--tokenizer_dir={own[kind]['target']}"])
+      done[kind] = {"config": config, "outcome": outcome, "run": str(root / "run"),
+                    "export": export, "export_status": status}
+    return done[kind]
+
+  return run
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_main_job_from_a_pretrained_pair(own, kind, tmp_path):
+def test_main_job_from_a_pretrained_pair(own, jobs, kind):
   import jax
   import numpy as np
   import transformers
-  from distillspec_jax import convert
   from distillspec_jax.interop import importer
   from distillspec_jax.studies import pipeline
-  config = _job(own, kind, tmp_path / "run")
-  config.check_inputs()
-  outcome = pipeline.run_pipeline(config)
-  assert outcome["target"] == "ran" and os.path.isfile(tmp_path / "run" / "report.json")
+  job = jobs(kind)
+  config, run_dir = job["config"], job["run"]
+  assert job["outcome"]["target"] == "ran" and os.path.isfile(os.path.join(run_dir,
+                                                                           "report.json"))
   # The ids trained on are the tokenizer's, with no start id 0 before them.
   tokenizer = transformers.AutoTokenizer.from_pretrained(own[kind]["target"])
-  with np.load(tmp_path / "run" / "vocab" / "train.npz") as arrays:
+  with np.load(os.path.join(run_dir, "vocab", "train.npz")) as arrays:
     inputs = arrays["decoder_input_tokens"]
-  rows = [json.loads(l) for l in open(os.path.join(own["data_dir"], "gsm8k", "train.jsonl"))]
   from distillspec_jax.data.tasks import preprocessors
-  prompts = ["Q: " + r["question"] + " A: Let's think step by step." for r in rows]
   assert preprocessors.COT_PREFIX == "Q: "
-  expected = [tokenizer(p)["input_ids"] for p in prompts]
+  expected = [tokenizer(p)["input_ids"] for p in _prompt_texts(own)]
   assert len(inputs) == len(expected)
   starts = sorted(tuple(row[:len(e)]) for row in inputs.tolist() for e in expected
                   if tuple(row[:len(e)]) == tuple(e))
@@ -166,19 +195,142 @@ def test_main_job_from_a_pretrained_pair(own, kind, tmp_path):
   raw = pipeline.load_params(config, "draft_raw", draft)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), raw,
                importer.load_checkpoint(own[kind]["draft"])[0])
-  report = json.load(open(tmp_path / "run" / "report.json"))
+  report = json.load(open(os.path.join(run_dir, "report.json")))
   assert "supervised_kd" in json.dumps(report)
   # The distilled draft exports beside the target's tokenizer and loads in transformers.
-  out = str(tmp_path / "export")
-  assert convert.main(["--from=ours", "--to=hf", f"--input={tmp_path / 'run' / 'distill_supervised_kd'}",
-                       f"--output={out}", f"--tokenizer_dir={own[kind]['target']}"]) == 0
-  exported = transformers.AutoModelForCausalLM.from_pretrained(out)
+  assert job["export_status"] == 0
+  exported = transformers.AutoModelForCausalLM.from_pretrained(job["export"])
   source = transformers.AutoConfig.from_pretrained(own[kind]["draft"])
   for key in ("rope_parameters", "max_position_embeddings", "rms_norm_eps", "eos_token_id",
               "bos_token_id", "vocab_size", "num_hidden_layers"):
     assert getattr(exported.config, key) == getattr(source, key), key
-  assert transformers.AutoTokenizer.from_pretrained(out)("Hi!")["input_ids"] == tokenizer(
-      "Hi!")["input_ids"]
+  assert transformers.AutoTokenizer.from_pretrained(job["export"])("Hi!")["input_ids"] == (
+      tokenizer("Hi!")["input_ids"])
+
+
+def _prompt_texts(own) -> list:
+  """The job's prompts (train and test splits hold the same rows), as the task writes them."""
+  rows = [json.loads(l) for l in open(os.path.join(own["data_dir"], "gsm8k", "test.jsonl"))]
+  return ["Q: " + r["question"] + " A: Let's think step by step." for r in rows]
+
+
+def _hf_pair(own, job, kind="llama"):
+  import transformers
+  target = transformers.AutoModelForCausalLM.from_pretrained(own[kind]["target"]).eval()
+  draft = transformers.AutoModelForCausalLM.from_pretrained(job["export"]).eval()
+  return target, draft, transformers.AutoTokenizer.from_pretrained(own[kind]["target"])
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_assisted_generation_with_the_exported_draft_gives_the_targets_greedy_output(
+    own, jobs, kind):
+  import torch
+  job = jobs(kind)
+  target, draft, tokenizer = _hf_pair(own, job, kind)
+  if kind == "llama":
+    assert tokenizer.pad_token is None
+    assert tokenizer("Hi")["input_ids"][0] == tokenizer.bos_token_id
+  prompts = _prompt_texts(own)
+  assert len(prompts) == 8
+  settings = dict(do_sample=False, max_new_tokens=12, pad_token_id=tokenizer.eos_token_id)
+  if draft.config.vocab_size != target.config.vocab_size:
+    # transformers reads other row counts as another tokenizer: without both tokenizers it
+    # refuses the draft; with them it runs its universal assisted decoding (text round trip).
+    settings.update(tokenizer=tokenizer, assistant_tokenizer=tokenizer)
+  outputs, agreed = set(), 0
+  for text in prompts:
+    ids = tokenizer(text, return_tensors="pt")
+    with torch.no_grad(), hf_fixtures.one_torch_thread():
+      alone = target.generate(**ids, **{k: v for k, v in settings.items()
+                                        if "tokenizer" not in k})
+      assisted = target.generate(**ids, assistant_model=draft, **settings)
+      # How often the draft's greedy token is the target's along the output.
+      scored = [m(alone).logits[0, ids["input_ids"].shape[1] - 1:-1, :len(tokenizer)].argmax(-1)
+                for m in (target, draft)]
+    assert assisted.tolist() == alone.tolist(), text
+    outputs.add(tuple(alone[0, ids["input_ids"].shape[1]:].tolist()))
+    agreed += int((scored[0] == scored[1]).sum())
+  assert len(outputs) > 1  # the prompts lead to different outputs
+  if kind == "llama":  # its draft is a near copy: some tokens proposed are accepted, not all
+    assert 0 < agreed < 8 * 12
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_job_tau_at_t0_equals_a_greedy_speculative_decode_by_hand(own, jobs, kind):
+  """report.json's tau at T = 0 of the raw draft (the user's HF draft folder) and of the
+  distilled one (its export) equals the tau of hf_fixtures.greedy_speculative in transformers
+  on the job's 8 test prompts, encoded as the tokenizer encodes them (Llama: its BOS first;
+  Qwen2: none). Convention (decoding/speculative.py): tau = tokens produced by verification
+  rounds / verification calls; the first token, from the target's call on the prompt, counts
+  in neither."""
+  import transformers
+  from distillspec_jax.studies import pipeline
+  job = jobs(kind)
+  config = job["config"]
+  target, exported, tokenizer = _hf_pair(own, job, kind)
+  raw = transformers.AutoModelForCausalLM.from_pretrained(own[kind]["draft"]).eval()
+  # The prompts the job decoded are the tokenizer's ids for the prompt texts, nothing added.
+  examples = pipeline.test_examples(config)[0]
+  encoded = [tokenizer(t)["input_ids"] for t in examples.prompt_texts]
+  assert examples.prompt_texts == _prompt_texts(own)
+  assert [list(row[:n]) for row, n in zip(examples.prompts.tolist(),
+                                          examples.prompt_lengths)] == encoded
+  report = json.load(open(os.path.join(job["run"], "report.json")))
+  rows = {r["draft"]: r for r in report["draft_rows"]
+          if r["temperature"] == 0.0 and r["gamma"] == 2}
+  assert set(rows) == {"raw", "supervised_kd"}
+  (gamma,) = config.gammas
+  cuts = 0
+  for name, draft in (("raw", raw), ("supervised_kd", exported)):
+    tau, runs = _hand_tau(target, draft, encoded, tokenizer, gamma, config.max_new_tokens)
+    assert rows[name]["tau"] == tau, name
+    if kind == "llama":  # a near-copy draft: some rounds accept, some reject
+      assert 1.0 < tau < gamma + 1, name
+    cuts += sum(r["length_cut"] for r in runs)
+  assert cuts or kind != "llama"  # some last rounds lost tokens to the length limit
+
+
+def _hand_tau(target, draft, encoded, tokenizer, gamma, max_new_tokens) -> tuple:
+  """(tau, runs) of hf_fixtures.greedy_speculative over the prompts `encoded`."""
+  with hf_fixtures.one_torch_thread():
+    runs = [hf_fixtures.greedy_speculative(target, draft, ids, gamma=gamma,
+                                           eos_id=tokenizer.eos_token_id,
+                                           max_new_tokens=max_new_tokens,
+                                           num_tokens=len(tokenizer)) for ids in encoded]
+  produced = sum(r["produced"] for r in runs)
+  return float(produced / sum(r["target_calls"] for r in runs)), runs
+
+
+def test_eval_binary_tau_with_eos_cuts_equals_the_hand_run(own, tmp_path):
+  """The eval binary's evaluation (eval.evaluate, VOCABULARY = the HF folder) at T = 0 with
+  a target that ends its outputs early: EOS accepted inside rounds and the length limit cut
+  rounds, counted as the hand-run in transformers counts them."""
+  import transformers
+  tokenizer = transformers.AutoTokenizer.from_pretrained(own["llama"]["target"])
+  source = transformers.AutoModelForCausalLM.from_pretrained(own["llama"]["target"]).eval()
+  encoded = [tokenizer(t)["input_ids"] for t in _prompt_texts(own)]
+  with hf_fixtures.one_torch_thread():  # the target's greedy outputs (their own draft)
+    outputs = [hf_fixtures.greedy_speculative(source, source, ids, gamma=1, eos_id=-1,
+                                              max_new_tokens=8, num_tokens=len(tokenizer))
+               for ids in encoded]
+  # Its most frequent later token becomes EOS: rows end at different positions.
+  later = [t for o in outputs for t in o["tokens"][1:]]
+  target_dir = hf_fixtures.save_with_eos_for(str(tmp_path / "target"), own["llama"]["target"],
+                                             max(set(later), key=later.count))
+  draft_dir = hf_fixtures.save_near_copy(str(tmp_path / "draft"), target_dir, noise=0.1)
+  target, draft = (transformers.AutoModelForCausalLM.from_pretrained(d).eval()
+                   for d in (target_dir, draft_dir))
+  gamma, new_tokens = 3, LENGTHS["targets"]
+  tau, runs = _hand_tau(target, draft, encoded, tokenizer, gamma, new_tokens)
+  ends = [r["tokens"][-1] == tokenizer.eos_token_id for r in runs]
+  assert any(ends) and not all(ends)  # EOS ends some rows, the length limit others
+  assert 1.0 < tau < gamma + 1
+  metrics = eval_lib.evaluate(_config(own, "llama", tmp_path / "run", eval_examples=8,
+                                      target_checkpoint_path=target_dir,
+                                      draft_checkpoint_path=draft_dir, vocabulary=target_dir,
+                                      gammas=(gamma,)))
+  (row,) = metrics["rows"]
+  assert row["tau"] == tau
 
 
 def test_main_job_refuses_bad_pairs_before_work(own, tmp_path):
