@@ -163,6 +163,13 @@ def latency_section() -> list:
                   rows) + [""])
 
 
+def _on_signal(row: dict) -> str:
+  """The label's suffix for a rule reading the calibrated signal (" on acceptance head");
+  rows written before GridPoint had `signal` read the top probability."""
+  signal = row.get("signal", "top_probability")
+  return "" if signal == "top_probability" else f" on {signal.replace('_', ' ')}"
+
+
 def adaptive_section() -> list:
   data = load("docs/benchmarks/adaptive_gamma.json")
   def label(r):
@@ -170,7 +177,8 @@ def adaptive_section() -> list:
       return f"fixed gamma {r['gamma']}"
     if r["draft_length"] == "cost":
       return f"cost rule (gamma_max {r['gamma']})"
-    return f"{r['draft_length']} >= {r['threshold']:g} (gamma_max {r['gamma']})"
+    return (f"{r['draft_length']} >= {r['threshold']:g}{_on_signal(r)} "
+            f"(gamma_max {r['gamma']})")
   rows = [[f"{r['temperature']:g}", label(r),
            span(r["end_to_end_speedup"], r["end_to_end_speedup_range"]), f"{r['timed_tau']:.2f}",
            f"{r['drafted'] / max(r['rounds'], 1):.2f}"] for r in data["rows"]]

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 
@@ -48,7 +48,7 @@ from distillspec_jax.evaluation import evaluate
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies import common as common_lib
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
-from distillspec_jax.distill.divergences import DIVERGENCES
+from distillspec_jax.distill.divergences import DIVERGENCES, LK_ETA, LK_S, validate_lk_schedule
 from distillspec_jax.core.files import read_json, write_json_atomic, write_text_atomic
 from distillspec_jax.studies.pipeline import PipelineConfig
 
@@ -61,12 +61,15 @@ DIVERGENCE_LABELS = {"fkl": "FKL", "rkl": "RKL", "jsd": "JSD(0.5)", "tvd": "TVD"
 # The grid's objectives: the divergences, and TVD weighted by block acceptance.
 OBJECTIVES = DIVERGENCES + ("block_acceptance",)
 GRID_DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
+# The objectives aimed at acceptance itself rather than a divergence (issue: LK, block).
+ACCEPTANCE_OBJECTIVES = ("lk_alpha", "lk_lambda", "block_acceptance")
 FIXED_DATA_RECIPES = ("supervised_kd",)
 ADASPEC = "adaspec"
 LABELS = dict(RECIPE_LABELS, adaspec="AdaSPEC")
 # The paper's rule 2: the divergences it finds best at each temperature.
 PAPER_BEST_DIVERGENCES = {0.0: ("fkl", "jsd"), 1.0: ("rkl",)}
 CELL_SEPARATOR = "-"
+UNIT_LABELS = {"target_tokens": "target forward tokens", "flops": "training FLOPs"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +87,15 @@ class RecipeGridConfig(PipelineConfig):
       train them here).
     seeds: the seeds each cell runs with (distinct ints >= 0); () = (seed,). The shared
       stages (vocab, target, raw draft) use `seed` alone.
-    compute_budget: target forward tokens each cell may spend (`step_cost`); None = every
-      cell trains `distill_steps` steps.
+    compute_budget: the compute each cell may spend, in `compute_unit` (`step_cost`); None =
+      every cell trains `distill_steps` steps.
+    compute_unit: "target_tokens" (the target's forward tokens: teacher-forced passes and
+      target samples; the draft's passes are free) or "flops" (training FLOPs, 2 x parameters
+      per forward token and 6 x per trained token: the target's passes, the draft's forward
+      and backward passes, its own samples and AdaSPEC's reference; parameter counts from the
+      target / draft_raw stages' markers).
+    lk_s / lk_eta: lk_lambda's schedule lambda = lk_s exp(-lk_eta alpha), 0 < lk_s <= 1,
+      lk_eta >= 0 (1 and 3: vLLM speculators' exp(-3 alpha); SpecForge sets both).
   """
 
   run_dir: str = "runs/recipe_grid"
@@ -95,6 +105,9 @@ class RecipeGridConfig(PipelineConfig):
   reuse_run_dir: Optional[str] = None
   seeds: tuple = ()
   compute_budget: Optional[int] = None
+  compute_unit: Literal["target_tokens", "flops"] = "target_tokens"
+  lk_s: float = LK_S
+  lk_eta: float = LK_ETA
 
   def __post_init__(self):
     check_field_types(self)
@@ -117,6 +130,7 @@ class RecipeGridConfig(PipelineConfig):
       if divergence not in OBJECTIVES:
         raise ValueError(f"Unknown divergence {divergence!r} in divergences="
                          f"{tuple(self.divergences)!r}; use names from {OBJECTIVES}.")
+    validate_lk_schedule(self.lk_s, self.lk_eta)
     self._check_seeds_and_budget()
 
   def _check_seeds_and_budget(self) -> None:
@@ -128,14 +142,20 @@ class RecipeGridConfig(PipelineConfig):
                        "seed once (a repeated seed is the same run, not another sample).")
     if self.compute_budget is None:
       return
-    check_int(self.compute_budget, "compute_budget (target forward tokens per cell)", 1)
+    check_int(self.compute_budget,
+              f"compute_budget ({UNIT_LABELS[self.compute_unit]} per cell)", 1)
+    if self.compute_unit == "target_tokens":
+      self._check_budget_covers_a_step()
+    # "flops": the parameter counts come from the stages' markers, checked in check_inputs.
+
+  def _check_budget_covers_a_step(self) -> None:
     recipe = max(self.recipes, key=self.step_cost)
     if self.compute_budget < self.step_cost(recipe):
       raise ValueError(
-          f"compute_budget={self.compute_budget} target forward tokens is smaller than one "
-          f"step of {recipe!r} ({self.step_cost(recipe)} tokens: batch {self.batch_size} x "
-          f"{self._tokens_per_row} tokens x {1 + self._target_sample_share(recipe):g}); "
-          f"raise it to at least {self.step_cost(recipe)}.")
+          f"compute_budget={self.compute_budget} {UNIT_LABELS[self.compute_unit]} is smaller "
+          f"than one step of {recipe!r} ({self.step_cost(recipe)}: batch "
+          f"{self.batch_size} x {self._tokens_per_row} tokens); raise it to at least "
+          f"{self.step_cost(recipe)}, or lower BATCH_SIZE.")
 
   @property
   def _tokens_per_row(self) -> int:
@@ -149,12 +169,49 @@ class RecipeGridConfig(PipelineConfig):
     lambda1, lambda2, _ = RECIPES[self.adaspec_reference if recipe == ADASPEC else recipe]
     return (1.0 - lambda1) * (1.0 - lambda2)
 
-  def step_cost(self, recipe: str) -> int:
-    """Expected target forward tokens of one distillation step of `recipe`: the loss's
-    teacher-forced pass over the batch, plus the target's samples on the steps that draw
-    them."""
+  def _draft_sample_share(self, recipe: str) -> float:
+    """The probability that a step of `recipe` samples from the draft (Knowl 4)."""
+    lambda1, lambda2, _ = RECIPES[self.adaspec_reference if recipe == ADASPEC else recipe]
+    return (1.0 - lambda1) * lambda2
+
+  def target_token_cost(self, recipe: str) -> int:
+    """Expected target forward tokens of one step of `recipe`: the loss's teacher-forced pass
+    over the batch, plus the target's samples on the steps that draw them."""
     share = self._target_sample_share(recipe)
     return int(round(self.batch_size * self._tokens_per_row * (1.0 + share)))
+
+  def step_cost(self, recipe: str) -> int:
+    """Expected compute of one distillation step of `recipe` in `compute_unit`.
+
+    target_tokens: `target_token_cost`. flops: 2 N_target per token of those, plus 6 N_draft per token
+    (the draft's forward and backward pass), 2 N_draft per token of the draft's own samples on
+    the steps that draw them and of AdaSPEC's reference pass (N: parameter counts; attention
+    and sampling overheads are not counted).
+    """
+    if self.compute_unit == "target_tokens":
+      return self.target_token_cost(recipe)
+    tokens = self.batch_size * self._tokens_per_row
+    target_passes = 1.0 + self._target_sample_share(recipe)
+    n_target, n_draft = self.param_counts
+    draft_passes = 3.0 + self._draft_sample_share(recipe) + (recipe == ADASPEC)
+    return int(round(2.0 * tokens * (n_target * target_passes + n_draft * draft_passes)))
+
+  @property
+  def param_counts(self) -> tuple:
+    """(target, draft) parameter counts from the target / draft_raw stages' markers (this
+    run's, else `reuse_run_dir`'s)."""
+    counts = []
+    for stage in ("target", "draft_raw"):
+      paths = [os.path.join(self.stage_dir(stage), pipeline.DONE)]
+      if self.reuse_run_dir:
+        paths.append(os.path.join(self.reuse_run_dir, stage, pipeline.DONE))
+      marker = next((read_json(p) for p in paths if os.path.exists(p)), {})
+      if not isinstance(marker.get("num_params"), int):
+        raise ValueError(f"compute_unit='flops' needs the {stage} stage's parameter count, but "
+                         f"none of {paths} records num_params; set reuse_run_dir to a finished "
+                         "run, or use compute_unit='target_tokens'.")
+      counts.append(marker["num_params"])
+    return tuple(counts)
 
   def steps_of(self, recipe: str) -> int:
     """A cell's distillation steps: the budget over the recipe's step cost (at least one,
@@ -170,6 +227,8 @@ class RecipeGridConfig(PipelineConfig):
   def check_inputs(self) -> None:
     super().check_inputs()
     common_lib.check_reuse_run_dir(self.reuse_run_dir)
+    if self.compute_budget is not None and self.compute_unit == "flops":
+      self._check_budget_covers_a_step()
 
   @property
   def cells(self) -> tuple:
@@ -180,8 +239,9 @@ class RecipeGridConfig(PipelineConfig):
 
   @property
   def runs(self) -> tuple:
-    """((recipe, divergence, seed), ...): every cell once per seed, seeds innermost."""
-    return tuple((r, d, s) for r, d in self.cells for s in self.run_seeds)
+    """((recipe, divergence, seed), ...): every cell once per seed, seeds outermost, so that
+    a grid stopped early has every cell at its first seeds."""
+    return tuple((r, d, s) for s in self.run_seeds for r, d in self.cells)
 
   @property
   def distill_stages(self) -> tuple:
@@ -251,6 +311,7 @@ def stage_cell(config: RecipeGridConfig, stage: str) -> dict:
   _print_grid_progress(config, stage)
   recipe, objective, seed = parse_cell_stage(stage)
   settings = dict(max_new_tokens=config.task_feature_lengths["targets"],
+                  lk_s=config.lk_s, lk_eta=config.lk_eta,
                   **objective_settings(objective, int(config.gammas[0])))
   target, draft = pipeline.models(config)
   reference = {}
@@ -269,7 +330,8 @@ def stage_cell(config: RecipeGridConfig, stage: str) -> dict:
                                    distillation, **reference)
   params = pipeline.load_params(config, stage, draft)
   summary.update(recipe=recipe, divergence=objective, seed=seed, steps=steps,
-                 target_tokens=steps * config.step_cost(recipe),
+                 target_tokens=steps * config.target_token_cost(recipe),
+                 compute=steps * config.step_cost(recipe), compute_unit=config.compute_unit,
                  evaluation=grid_statistics(run, target, target_params, draft, params))
   return summary
 
@@ -300,6 +362,7 @@ def build_runs(config: RecipeGridConfig, markers: dict) -> list:
     for row in marker["evaluation"]:
       runs.append(dict(recipe=recipe, divergence=divergence, seed=seed, **row,
                        steps=marker["steps"], target_tokens=marker["target_tokens"],
+                       compute=marker.get("compute", marker["target_tokens"]),
                        final_loss=marker["final_loss"], wall_clock_s=marker["wall_clock_s"]))
   return runs
 
@@ -332,7 +395,7 @@ def build_cells(config: RecipeGridConfig, runs: list) -> list:
         **over_seeds([r["tau"] for r in rows], [r["tau_stderr"] for r in rows]),
         draft_acceptance_rate=float(np.mean([r["draft_acceptance_rate"] for r in rows])),
         steps=rows[0]["steps"],
-        target_tokens=rows[0]["target_tokens"],
+        target_tokens=rows[0]["target_tokens"], compute=rows[0]["compute"],
         final_loss=float(np.mean([r["final_loss"] for r in rows])),
         wall_clock_s=float(sum(r["wall_clock_s"] or 0.0 for r in rows))))
   return cells
@@ -351,7 +414,8 @@ def build_curves(config: RecipeGridConfig, markers: dict) -> dict:
       at = [curve[index] for curve in per_seed if index < len(curve)]
       stats = over_seeds([p["tau"] for p in at], [p.get("tau_stderr") or 0.0 for p in at])
       points.append({"step": point["step"],
-                     "target_tokens": point["step"] * config.step_cost(recipe),
+                     "target_tokens": point["step"] * config.target_token_cost(recipe),
+                     "compute": point["step"] * config.step_cost(recipe),
                      "tau": stats["tau"],
                      "tau_stderr": stats["tau_stderr_seeds"]
                      if stats["tau_stderr_seeds"] is not None else stats["tau_stderr"]})
@@ -393,29 +457,105 @@ def rules(cells: list, gamma: int, reference: str = "supervised_kd") -> list:
           "difference_stderr": error,
           "verdict": ("holds" if difference > 2 * error else
                       "reversed" if difference < -2 * error else "within noise")}
-    by_divergence = {}
+    by_objective = {}
     for divergence in dict.fromkeys(c["divergence"] for c in rows):
       mean, err = _mean_with_stderr([c for c in rows if c["divergence"] == divergence])
-      by_divergence[divergence] = {"tau": mean, "tau_stderr": err}
+      by_objective[divergence] = {"tau": mean, "tau_stderr": err}
+    # Rule 2 is about the paper's four divergences; the acceptance objectives get their own.
+    by_divergence = {d: v for d, v in by_objective.items() if d in GRID_DIVERGENCES}
     claimed = [d for d in PAPER_BEST_DIVERGENCES.get(temperature, ()) if d in by_divergence]
     if by_divergence and claimed:
-      best = max(by_divergence, key=lambda d: by_divergence[d]["tau"])
-      top = max(claimed, key=lambda d: by_divergence[d]["tau"])
-      gap = by_divergence[best]["tau"] - by_divergence[top]["tau"]
-      gap_err = float(np.hypot(by_divergence[best]["tau_stderr"],
-                               by_divergence[top]["tau_stderr"]))
-      answer["rule2"] = {
-          "claim": f"{'/'.join(DIVERGENCE_LABELS.get(d, d) for d in claimed)} best at "
-                   f"T={temperature:g}",
-          "by_divergence": by_divergence, "measured_best": best, "gap_to_claimed": gap,
-          "gap_stderr": gap_err,
-          "verdict": ("holds" if best in claimed else
-                      "within noise" if gap <= 2 * gap_err else "does not hold")}
+      answer["rule2"] = _rule2_answer(by_divergence, claimed, temperature)
+    acceptance = _acceptance_answer(by_objective)
+    if acceptance:
+      answer["acceptance_objectives"] = acceptance
     adaspec = _adaspec_answer(every, reference)
     if adaspec:
       answer["adaspec"] = adaspec
     answers.append(answer)
   return answers
+
+
+def _rule2_answer(by_divergence: dict, claimed: list, temperature: float) -> dict:
+  """The paper's best divergence(s) at `temperature` against the others: holds when the best
+  claimed one beats every other by more than two standard errors, does not hold when another
+  beats it so, within noise otherwise (and when no other divergence ran)."""
+  tau = lambda d: by_divergence[d]["tau"]
+  error = lambda a, b: float(np.hypot(by_divergence[a]["tau_stderr"],
+                                      by_divergence[b]["tau_stderr"]))
+  best, top = max(by_divergence, key=tau), max(claimed, key=tau)
+  others = [d for d in by_divergence if d not in claimed]
+  answer = {"claim": f"{'/'.join(DIVERGENCE_LABELS.get(d, d) for d in claimed)} best at "
+                     f"T={temperature:g}",
+            "by_divergence": by_divergence, "measured_best": best, "claimed_best": top,
+            "gap_to_claimed": tau(best) - tau(top), "gap_stderr": error(best, top),
+            "verdict": "within noise"}
+  if others:
+    runner = max(others, key=tau)
+    margin, margin_err = tau(top) - tau(runner), error(top, runner)
+    answer.update(best_other=runner, margin=margin, margin_stderr=margin_err,
+                  verdict=("holds" if margin > 2 * margin_err else
+                           "does not hold" if margin < -2 * margin_err else "within noise"))
+  return answer
+
+
+def _acceptance_answer(by_objective: dict) -> Optional[dict]:
+  """The best acceptance-targeted objective (ACCEPTANCE_OBJECTIVES) against the best of the
+  paper's four divergences, each the mean over recipes (None without both kinds)."""
+  ours = [d for d in by_objective if d in ACCEPTANCE_OBJECTIVES]
+  theirs = [d for d in by_objective if d in GRID_DIVERGENCES]
+  if not ours or not theirs:
+    return None
+  best = max(ours, key=lambda d: by_objective[d]["tau"])
+  bar = max(theirs, key=lambda d: by_objective[d]["tau"])
+  difference = by_objective[best]["tau"] - by_objective[bar]["tau"]
+  error = float(np.hypot(by_objective[best]["tau_stderr"], by_objective[bar]["tau_stderr"]))
+  return {"claim": "an acceptance-targeted objective beats the best of the four divergences",
+          "by_objective": {d: by_objective[d] for d in ours}, "best": best,
+          "best_divergence": bar, "difference": difference, "difference_stderr": error,
+          "verdict": ("holds" if difference > 2 * error else
+                      "reversed" if difference < -2 * error else "within noise")}
+
+
+# A verdict's words in the report's sentences.
+VERDICT_WORDS = {"holds": "reproduced", "reversed": "refuted (the opposite order)",
+                 "does not hold": "refuted", "within noise": "not distinguishable at this size"}
+
+
+def _label(name: str) -> str:
+  return DIVERGENCE_LABELS.get(name, LABELS.get(name, name))
+
+
+def verdict_sentences(answers: list) -> list:
+  """One sentence for each of DistillSpec's two rules and the acceptance objectives' claim
+  (AdaSPEC's too where the grid has it), each with both temperatures' numbers, from `rules`'s
+  answers."""
+  def clause(answer: dict, key: str, text) -> str:
+    part = answer[key]
+    return (f"at T = {answer['temperature']:g} {text(part)} -> "
+            f"{VERDICT_WORDS[part['verdict']]}")
+
+  claims = (
+      ("rule1", "Rule 1 (model-generated data beats the fixed dataset)",
+       lambda r: (f"generated-data recipes {r['generated_tau']:.2f} vs SupervisedKD "
+                  f"{r['fixed_tau']:.2f} (difference {r['difference']:+.2f} ± "
+                  f"{r['difference_stderr']:.2f})")),
+      ("rule2", "Rule 2 (FKL or JSD best at T = 0, RKL at T = 1)",
+       lambda r: (f"the claimed {_label(r['claimed_best'])} vs the best other, "
+                  f"{_label(r['best_other'])}: {r['margin']:+.2f} ± {r['margin_stderr']:.2f}"
+                  if "margin" in r else f"only {_label(r['claimed_best'])} ran")),
+      ("acceptance_objectives", "Acceptance-targeted objectives beat the four divergences",
+       lambda r: (f"best {_label(r['best'])} vs best divergence {_label(r['best_divergence'])}: "
+                  f"{r['difference']:+.2f} ± {r['difference_stderr']:.2f}")),
+      ("adaspec", "AdaSPEC beats its reference recipe",
+       lambda r: (f"AdaSPEC {r['adaspec_tau']:.2f} vs {r['reference_tau']:.2f} (difference "
+                  f"{r['difference']:+.2f} ± {r['difference_stderr']:.2f})")))
+  sentences = []
+  for key, claim, text in claims:
+    clauses = [clause(a, key, text) for a in answers if key in a]
+    if clauses:
+      sentences.append(f"{claim}: " + "; ".join(clauses) + ".")
+  return sentences
 
 
 def _adaspec_answer(rows: list, reference: str) -> Optional[dict]:
@@ -440,14 +580,22 @@ def build_report(config: RecipeGridConfig, markers: dict, raw_draft: list) -> di
   runs = build_runs(config, markers)
   cells = build_cells(config, runs)
   check_finite(runs + raw_draft, "recipe grid report")
-  budget = ("the same budget of target forward tokens"
+  unit = UNIT_LABELS[config.compute_unit]
+  budget = (f"the same budget of {unit}"
             if config.compute_budget is not None else f"{config.distill_steps} steps")
+  used = [c["compute"] for c in cells]
+  answers = rules(cells, int(config.gammas[0]), config.adaspec_reference)
   return {"cells": cells, "runs": runs, "raw_draft": raw_draft,
-          "rules": rules(cells, int(config.gammas[0]), config.adaspec_reference),
+          "rules": answers, "verdicts": verdict_sentences(answers),
           "tau_curves": build_curves(config, markers),
           "budget": {"compute_budget": config.compute_budget,
-                     "unit": "target forward tokens",
+                     "unit": unit, "compute_unit": config.compute_unit,
+                     "compute_max_over_min": max(used) / min(used),
                      "steps": {r: config.steps_of(r) for r in config.recipes},
+                     "compute": {r: config.steps_of(r) * config.step_cost(r)
+                                 for r in config.recipes},
+                     "target_tokens": {r: config.steps_of(r) * config.target_token_cost(r)
+                                       for r in config.recipes},
                      "step_cost": {r: config.step_cost(r) for r in config.recipes},
                      "seeds": list(config.run_seeds), "batch_size": config.batch_size,
                      "learning_rate": config.distill_learning_rate,
@@ -489,6 +637,18 @@ def render_markdown(config: RecipeGridConfig, report: dict) -> str:
         lines.append(f"| {LABELS.get(recipe, recipe)} | " + " | ".join(
             _cell_text(index.get((recipe, d) + key)) for d in config.divergences) + " |")
       lines.append("")
+  budget = report["budget"]
+  lines += [f"## Compute per cell ({budget['unit']})", "",
+            "| recipe | steps | per step | per cell | target forward tokens |",
+            "|---|---:|---:|---:|---:|"]
+  for recipe in config.recipes:
+    lines.append(f"| {LABELS.get(recipe, recipe)} | {budget['steps'][recipe]} | "
+                 f"{budget['step_cost'][recipe]:.4g} | {budget['compute'][recipe]:.4g} | "
+                 f"{budget['target_tokens'][recipe]:,} |")
+  lines += ["", f"Largest over smallest compute per cell: "
+            f"{budget['compute_max_over_min']:.3f}.", ""]
+  if report.get("verdicts"):
+    lines += ["## Verdicts", ""] + [f"- {v}" for v in report["verdicts"]] + [""]
   lines += ["## The paper's rules, measured", ""]
   for answer in report["rules"]:
     t = answer["temperature"]
@@ -540,7 +700,9 @@ def plot(config: RecipeGridConfig, report: dict, out_dir: str) -> list:
     for i, r in enumerate(config.recipes):
       for j, d in enumerate(config.divergences):
         cell = index[(r, d, float(temperature))]
-        ax.text(j, i, f"{cell['tau']:.2f}\n±{cell['tau_stderr']:.2f}", ha="center",
+        spread = (f"±{cell['tau_stderr_seeds']:.2f} seeds" if cell.get("tau_stderr_seeds")
+                  is not None else f"±{cell['tau_stderr']:.2f}")
+        ax.text(j, i, f"{cell['tau']:.2f}\n{spread}", ha="center",
                 va="center", fontsize=7,
                 color="white" if cell["tau"] < grid.mean() else "black")
     ax.set_xticks(range(len(config.divergences)),
@@ -559,13 +721,14 @@ def plot(config: RecipeGridConfig, report: dict, out_dir: str) -> list:
   for ax, recipe in zip(axes[0], config.recipes):
     for divergence in config.divergences:
       curve = report["tau_curves"][f"{recipe}{CELL_SEPARATOR}{divergence}"]
-      x = [p["target_tokens" if config.compute_budget else "step"] for p in curve]
+      x = [p["compute" if config.compute_budget else "step"] for p in curve]
       tau, err = np.array([p["tau"] for p in curve]), np.array([p["tau_stderr"] for p in curve])
       line, = ax.plot(x, tau, marker="o", ms=3,
                       label=DIVERGENCE_LABELS.get(divergence, divergence))
       ax.fill_between(x, tau - err, tau + err, color=line.get_color(), alpha=0.2)
     ax.set_title(LABELS.get(recipe, recipe))
-    ax.set_xlabel("target forward tokens" if config.compute_budget else "distillation step")
+    ax.set_xlabel(UNIT_LABELS[config.compute_unit] if config.compute_budget
+                  else "distillation step")
   axes[0][0].set_ylabel("tau (gamma=5, T=0, 32 val. prompts; band: ± s.e.)")
   axes[0][-1].legend(fontsize=7)
   fig.tight_layout()
