@@ -188,6 +188,40 @@ def adaptive_section() -> list:
           + table(["T", "rule", "end to end", "tau", "mean proposal"], rows) + [""])
 
 
+STUDY = "docs/studies/objectives.json"
+STUDY_LABELS = {"supervised_kd": "fixed (SupervisedKD)", "imitkd": "mixture (ImitKD)",
+                "gkd": "draft-generated (GKD)", "fkl": "FKL", "rkl": "RKL", "jsd": "JSD(0.5)",
+                "tvd": "TVD", "lk_alpha": "LK-alpha", "lk_lambda": "LK-lambda",
+                "block_acceptance": "block acceptance"}
+
+
+def objectives_section() -> list:
+  """The objectives study: tau per data source x objective, mean ± standard error over seeds."""
+  data = load(STUDY)
+  budget = data["budget"]
+  recipes = list(dict.fromkeys(c["recipe"] for c in data["cells"]))
+  objectives = list(dict.fromkeys(c["divergence"] for c in data["cells"]))
+  index = {(c["recipe"], c["divergence"], c["temperature"]): c for c in data["cells"]}
+  seeds = ", ".join(str(s) for s in budget["seeds"])
+  lines = ["## Objectives x data sources at matched compute", "",
+           "`python -m distillspec_jax.main --gin_file=gin/runs/objectives_study.gin` "
+           f"(`{STUDY}`; [studies.md](studies.md)): the demo's raw draft distilled toward its "
+           f"target, seeds {seeds}, {budget['compute_budget']:.3g} {budget['unit']} per cell "
+           f"(largest / smallest cell: {budget['compute_max_over_min']:.3f}), tau at gamma "
+           f"{data['cells'][0]['gamma']} on {budget['eval_examples']} test prompts: the mean "
+           "over seeds ± its standard error over seeds.", ""]
+  if data.get("partial"):
+    lines += [f"**Partial**: {data['partial']}", ""]
+  for temperature in sorted({c["temperature"] for c in data["cells"]}):
+    rows = [[STUDY_LABELS.get(r, r)] + [
+        f"{index[(r, d, temperature)]['tau']:.2f} ± "
+        f"{index[(r, d, temperature)]['tau_stderr_seeds'] or 0.0:.2f}"
+        if (r, d, temperature) in index else "-" for d in objectives] for r in recipes]
+    lines += table([f"T = {temperature:g}"] + [STUDY_LABELS.get(d, d) for d in objectives],
+                   rows) + [""]
+  return lines + [f"- {v}" for v in data.get("verdicts", [])] + [""]
+
+
 def teacher_cache_section() -> list:
   study = load("docs/teacher_cache/study.json")
   temps = sorted({k for row in study["variants"].values() for k in row if k.startswith("T")})
@@ -285,7 +319,7 @@ def heads_section() -> list:
 
 
 SECTIONS = (checks_section, heads_section, verification_section, latency_section, adaptive_section,
-            teacher_cache_section, vs_trl_section, memory_section)
+            objectives_section, teacher_cache_section, vs_trl_section, memory_section)
 
 
 def page() -> str:
