@@ -343,3 +343,32 @@ def test_acceptance_objectives_and_verdict_sentences_on_a_hand_made_grid():
   noisy = [dict(c, tau_stderr=0.5) for c in cells]
   for sentence in recipe_grid.verdict_sentences(recipe_grid.rules(noisy, 5)):
     assert sentence.count("not distinguishable at this size") == 2  # both temperatures
+
+
+def test_verdicts_pair_the_runs_of_each_seed():
+  """The prompts' error is common to the runs of one seed, so a difference that every seed
+  shows is a verdict even where the cells' own errors overlap; a difference that changes
+  sign over seeds is not."""
+  def run(recipe, seed, tau):
+    return dict(recipe=recipe, divergence="fkl", temperature=0.0, gamma=5, seed=seed, tau=tau,
+                tau_stderr=0.3, draft_acceptance_rate=0.5)
+
+  base = {0: 3.0, 1: 3.4, 2: 3.2}
+  runs = [run("supervised_kd", s, t) for s, t in base.items()] + [
+      run("gkd", s, t + d) for (s, t), d in zip(base.items(), (0.10, 0.12, 0.11))]
+  config = RecipeGridConfig(run_dir="unused", recipes=("supervised_kd", "gkd"),
+                            divergences=("fkl",), seeds=(0, 1, 2))
+  cells = recipe_grid.build_cells(config, [dict(r, steps=1, target_tokens=1, compute=1,
+                                                final_loss=0.0, wall_clock_s=1.0) for r in runs])
+  (answer,) = recipe_grid.rules(cells, 5, runs=runs)
+  rule1 = answer["rule1"]
+  assert rule1["difference"] == pytest.approx(0.11)
+  assert rule1["difference_stderr"] == pytest.approx(0.01 / np.sqrt(3))  # paired: std 0.01
+  assert rule1["threshold"] == 4.30 and rule1["error"] == "paired over 3 seeds"
+  assert rule1["verdict"] == "holds"
+  (alone,) = recipe_grid.rules(cells, 5)  # the cells' errors as independent: within noise
+  assert alone["rule1"]["verdict"] == "within noise"
+  flipped = [dict(r, tau=r["tau"] - 0.22) if r["recipe"] == "gkd" and r["seed"] == 1 else r
+             for r in runs]  # differences +0.10, -0.10, +0.11
+  (answer,) = recipe_grid.rules(cells, 5, runs=flipped)
+  assert answer["rule1"]["verdict"] == "within noise"

@@ -209,7 +209,10 @@ def objectives_section() -> list:
            f"target, seeds {seeds}, {budget['compute_budget']:.3g} {budget['unit']} per cell "
            f"(largest / smallest cell: {budget['compute_max_over_min']:.3f}), tau at gamma "
            f"{data['cells'][0]['gamma']} on {budget['eval_examples']} test prompts: the mean "
-           "over seeds ± its standard error over seeds.", ""]
+           "over seeds ± its standard error over seeds; the raw draft: " + ", ".join(
+               f"{r['tau']:.2f} ± {r['tau_stderr']:.2f} at T = {r['temperature']:g}"
+               for r in data["raw_draft"]) + ". Verdicts: the seed-paired difference beyond "
+           "Student's t (95%) standard errors, else not distinguishable at this size.", ""]
   if data.get("partial"):
     lines += [f"**Partial**: {data['partial']}", ""]
   for temperature in sorted({c["temperature"] for c in data["cells"]}):

@@ -430,91 +430,126 @@ def _mean_with_stderr(rows: list) -> tuple:
           float(np.sqrt(sum(r["tau_stderr"] ** 2 for r in rows)) / len(rows)))
 
 
-def rules(cells: list, gamma: int, reference: str = "supervised_kd") -> list:
+# Two-sided 95% quantiles of Student's t by degrees of freedom (seeds - 1); more than ten
+# take ten's, slightly conservative.
+T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+         10: 2.23}
+
+
+def compare(cells: list, runs: Optional[list], a, b) -> dict:
+  """Mean tau of the cells where `a` holds minus that where `b` holds, with its error and a
+  verdict (holds: above `threshold` errors, reversed: below minus that, else within noise).
+
+  With runs of two or more seeds, the error is the standard error over seeds of the seed-
+  paired difference (the runs of one seed share the data order, the evaluation's prompts and
+  keys, so the prompts' error is common to both sides and cancels) and the threshold is
+  Student's t at 95% for seeds - 1 degrees of freedom; with one seed, the two sides' errors
+  combined as independent and the threshold 2 (conservative: it counts the shared prompts'
+  error twice).
+  """
+  mean_of = lambda rows, keep: float(np.mean([r["tau"] for r in rows if keep(r)]))
+  difference = mean_of(cells, a) - mean_of(cells, b)
+  seeds = sorted({r["seed"] for r in runs or ()})
+  if len(seeds) >= 2:
+    paired = [mean_of([r for r in runs if r["seed"] == s], a)
+              - mean_of([r for r in runs if r["seed"] == s], b) for s in seeds]
+    error = float(np.std(paired, ddof=1) / np.sqrt(len(seeds)))
+    threshold, kind = T_975[min(len(seeds) - 1, 10)], f"paired over {len(seeds)} seeds"
+  else:
+    error = float(np.hypot(_mean_with_stderr([c for c in cells if a(c)])[1],
+                           _mean_with_stderr([c for c in cells if b(c)])[1]))
+    threshold, kind = 2.0, "independent"
+  return {"difference": difference, "difference_stderr": error, "threshold": threshold,
+          "error": kind,
+          "verdict": ("holds" if difference > threshold * error else
+                      "reversed" if difference < -threshold * error else "within noise")}
+
+
+def rules(cells: list, gamma: int, reference: str = "supervised_kd",
+          runs: Optional[list] = None) -> list:
   """The measured answer to the paper's two rules at `gamma`, one entry per temperature.
 
   Rule 1: mean tau of the model-generated-data recipes against SupervisedKD's (over the
-  divergences). Rule 2: mean tau of each divergence over the recipes, and whether the
-  paper's best divergence(s) at that temperature is the measured best within two standard
-  errors. AdaSPEC (cells of the recipe "adaspec", left out of rules 1 and 2): its mean tau
-  over the objectives against its reference recipe's over the same objectives. Errors are
-  treated as independent although every cell shares prompts and keys (paired differences
-  would be tighter).
+  objectives). Rule 2: mean tau of each of the paper's four divergences over the recipes, and
+  the paper's best divergence(s) at that temperature against the best other one. The
+  acceptance objectives: the best of them against the best of the four divergences. AdaSPEC
+  (cells of the recipe "adaspec", left out of the other claims): its mean tau over the
+  objectives against its reference recipe's over the same objectives. Each difference's error
+  and verdict: `compare` (seed-paired over `runs`, report.json's runs, when they hold two or
+  more seeds).
   """
   answers = []
   for temperature in sorted({c["temperature"] for c in cells}):
-    every = [c for c in cells if c["temperature"] == temperature and c["gamma"] == gamma]
+    here = lambda r: r["temperature"] == temperature and r["gamma"] == gamma
+    every = [c for c in cells if here(c)]
+    at = [r for r in runs if here(r)] if runs else None
+    versus = lambda a, b: compare(every, at, a, b)
     rows = [c for c in every if c["recipe"] != ADASPEC]
-    fixed = [c for c in rows if c["recipe"] in FIXED_DATA_RECIPES]
-    generated = [c for c in rows if c["recipe"] not in FIXED_DATA_RECIPES]
+    fixed = lambda r: r["recipe"] in FIXED_DATA_RECIPES
+    generated = lambda r: r["recipe"] not in FIXED_DATA_RECIPES and r["recipe"] != ADASPEC
     answer = {"temperature": temperature, "gamma": gamma}
-    if fixed and generated:
-      (g_mean, g_err), (f_mean, f_err) = _mean_with_stderr(generated), _mean_with_stderr(fixed)
-      difference, error = g_mean - f_mean, float(np.hypot(g_err, f_err))
-      answer["rule1"] = {
-          "claim": "model-generated data beats fixed data",
-          "generated_tau": g_mean, "fixed_tau": f_mean, "difference": difference,
-          "difference_stderr": error,
-          "verdict": ("holds" if difference > 2 * error else
-                      "reversed" if difference < -2 * error else "within noise")}
+    if any(map(fixed, rows)) and any(map(generated, rows)):
+      answer["rule1"] = {"claim": "model-generated data beats fixed data",
+                         "generated_tau": _mean_with_stderr(list(filter(generated, rows)))[0],
+                         "fixed_tau": _mean_with_stderr(list(filter(fixed, rows)))[0],
+                         **versus(generated, fixed)}
     by_objective = {}
     for divergence in dict.fromkeys(c["divergence"] for c in rows):
       mean, err = _mean_with_stderr([c for c in rows if c["divergence"] == divergence])
       by_objective[divergence] = {"tau": mean, "tau_stderr": err}
+    objective = lambda name: (lambda r: r["divergence"] == name and r["recipe"] != ADASPEC)
     # Rule 2 is about the paper's four divergences; the acceptance objectives get their own.
     by_divergence = {d: v for d, v in by_objective.items() if d in GRID_DIVERGENCES}
     claimed = [d for d in PAPER_BEST_DIVERGENCES.get(temperature, ()) if d in by_divergence]
     if by_divergence and claimed:
-      answer["rule2"] = _rule2_answer(by_divergence, claimed, temperature)
-    acceptance = _acceptance_answer(by_objective)
+      answer["rule2"] = _rule2_answer(by_divergence, claimed, temperature,
+                                      lambda x, y: versus(objective(x), objective(y)))
+    acceptance = _acceptance_answer(by_objective,
+                                    lambda x, y: versus(objective(x), objective(y)))
     if acceptance:
       answer["acceptance_objectives"] = acceptance
-    adaspec = _adaspec_answer(every, reference)
+    adaspec = _adaspec_answer(every, reference, versus)
     if adaspec:
       answer["adaspec"] = adaspec
     answers.append(answer)
   return answers
 
 
-def _rule2_answer(by_divergence: dict, claimed: list, temperature: float) -> dict:
+def _rule2_answer(by_divergence: dict, claimed: list, temperature: float, versus) -> dict:
   """The paper's best divergence(s) at `temperature` against the others: holds when the best
-  claimed one beats every other by more than two standard errors, does not hold when another
-  beats it so, within noise otherwise (and when no other divergence ran)."""
+  claimed one beats the best other (`versus`), does not hold when the best other beats it,
+  within noise otherwise (and when no other divergence ran)."""
   tau = lambda d: by_divergence[d]["tau"]
-  error = lambda a, b: float(np.hypot(by_divergence[a]["tau_stderr"],
-                                      by_divergence[b]["tau_stderr"]))
   best, top = max(by_divergence, key=tau), max(claimed, key=tau)
   others = [d for d in by_divergence if d not in claimed]
   answer = {"claim": f"{'/'.join(DIVERGENCE_LABELS.get(d, d) for d in claimed)} best at "
                      f"T={temperature:g}",
             "by_divergence": by_divergence, "measured_best": best, "claimed_best": top,
-            "gap_to_claimed": tau(best) - tau(top), "gap_stderr": error(best, top),
             "verdict": "within noise"}
   if others:
     runner = max(others, key=tau)
-    margin, margin_err = tau(top) - tau(runner), error(top, runner)
-    answer.update(best_other=runner, margin=margin, margin_stderr=margin_err,
-                  verdict=("holds" if margin > 2 * margin_err else
-                           "does not hold" if margin < -2 * margin_err else "within noise"))
+    margin = versus(top, runner)
+    answer.update(best_other=runner, margin=margin["difference"],
+                  margin_stderr=margin["difference_stderr"], threshold=margin["threshold"],
+                  error=margin["error"],
+                  verdict={"reversed": "does not hold"}.get(margin["verdict"],
+                                                            margin["verdict"]))
   return answer
 
 
-def _acceptance_answer(by_objective: dict) -> Optional[dict]:
+def _acceptance_answer(by_objective: dict, versus) -> Optional[dict]:
   """The best acceptance-targeted objective (ACCEPTANCE_OBJECTIVES) against the best of the
-  paper's four divergences, each the mean over recipes (None without both kinds)."""
+  paper's four divergences, each the mean over recipes, compared by `versus` (None without
+  both kinds)."""
   ours = [d for d in by_objective if d in ACCEPTANCE_OBJECTIVES]
   theirs = [d for d in by_objective if d in GRID_DIVERGENCES]
   if not ours or not theirs:
     return None
   best = max(ours, key=lambda d: by_objective[d]["tau"])
   bar = max(theirs, key=lambda d: by_objective[d]["tau"])
-  difference = by_objective[best]["tau"] - by_objective[bar]["tau"]
-  error = float(np.hypot(by_objective[best]["tau_stderr"], by_objective[bar]["tau_stderr"]))
   return {"claim": "an acceptance-targeted objective beats the best of the four divergences",
           "by_objective": {d: by_objective[d] for d in ours}, "best": best,
-          "best_divergence": bar, "difference": difference, "difference_stderr": error,
-          "verdict": ("holds" if difference > 2 * error else
-                      "reversed" if difference < -2 * error else "within noise")}
+          "best_divergence": bar, **versus(best, bar)}
 
 
 # A verdict's words in the report's sentences.
@@ -558,22 +593,19 @@ def verdict_sentences(answers: list) -> list:
   return sentences
 
 
-def _adaspec_answer(rows: list, reference: str) -> Optional[dict]:
-  """AdaSPEC against its reference recipe over the objectives both ran (None without
-  AdaSPEC cells)."""
-  ada = {c["divergence"]: c for c in rows if c["recipe"] == ADASPEC}
-  ref = {c["divergence"]: c for c in rows if c["recipe"] == reference}
-  shared = [d for d in ada if d in ref]
+def _adaspec_answer(rows: list, reference: str, versus) -> Optional[dict]:
+  """AdaSPEC against its reference recipe over the objectives both ran, compared by `versus`
+  (None without AdaSPEC cells)."""
+  ada = {c["divergence"] for c in rows if c["recipe"] == ADASPEC}
+  shared = [d for d in dict.fromkeys(c["divergence"] for c in rows if c["recipe"] == reference)
+            if d in ada]
   if not shared:
     return None
-  (a_mean, a_err) = _mean_with_stderr([ada[d] for d in shared])
-  (r_mean, r_err) = _mean_with_stderr([ref[d] for d in shared])
-  difference, error = a_mean - r_mean, float(np.hypot(a_err, r_err))
+  a = lambda r: r["recipe"] == ADASPEC and r["divergence"] in shared
+  b = lambda r: r["recipe"] == reference and r["divergence"] in shared
   return {"claim": f"AdaSPEC beats its reference recipe ({LABELS.get(reference, reference)})",
-          "objectives": shared, "adaspec_tau": a_mean, "reference_tau": r_mean,
-          "difference": difference, "difference_stderr": error,
-          "verdict": ("holds" if difference > 2 * error else
-                      "reversed" if difference < -2 * error else "within noise")}
+          "objectives": shared, "adaspec_tau": _mean_with_stderr(list(filter(a, rows)))[0],
+          "reference_tau": _mean_with_stderr(list(filter(b, rows)))[0], **versus(a, b)}
 
 
 def build_report(config: RecipeGridConfig, markers: dict, raw_draft: list) -> dict:
@@ -584,7 +616,7 @@ def build_report(config: RecipeGridConfig, markers: dict, raw_draft: list) -> di
   budget = (f"the same budget of {unit}"
             if config.compute_budget is not None else f"{config.distill_steps} steps")
   used = [c["compute"] for c in cells]
-  answers = rules(cells, int(config.gammas[0]), config.adaspec_reference)
+  answers = rules(cells, int(config.gammas[0]), config.adaspec_reference, runs)
   return {"cells": cells, "runs": runs, "raw_draft": raw_draft,
           "rules": answers, "verdicts": verdict_sentences(answers),
           "tau_curves": build_curves(config, markers),
@@ -647,34 +679,29 @@ def render_markdown(config: RecipeGridConfig, report: dict) -> str:
                  f"{budget['target_tokens'][recipe]:,} |")
   lines += ["", f"Largest over smallest compute per cell: "
             f"{budget['compute_max_over_min']:.3f}.", ""]
-  if report.get("verdicts"):
-    lines += ["## Verdicts", ""] + [f"- {v}" for v in report["verdicts"]] + [""]
-  lines += ["## The paper's rules, measured", ""]
+  lines += ["## Verdicts", ""] + [f"- {v}" for v in report.get("verdicts", [])]
+  lines += ["", "A difference is reproduced or refuted beyond t standard errors: the standard "
+            "error over seeds of the seed-paired difference (the runs of one seed share the "
+            "data order, the prompts and the evaluation's keys) with Student's t at 95% for "
+            "seeds - 1 degrees of freedom (4.30 for three seeds); with one seed, the cells' "
+            "errors combined as independent and t = 2. Anything closer: not distinguishable "
+            "at this size.", ""]
+  objectives = {}
   for answer in report["rules"]:
-    t = answer["temperature"]
-    if "rule1" in answer:
-      r = answer["rule1"]
-      lines.append(f"- T = {t:g}, rule 1 ({r['claim']}): generated-data recipes' mean tau "
-                   f"{r['generated_tau']:.2f} vs SupervisedKD {r['fixed_tau']:.2f}: "
-                   f"difference {r['difference']:+.2f} ± {r['difference_stderr']:.2f} -> "
-                   f"**{r['verdict']}**.")
-    if "rule2" in answer:
-      r = answer["rule2"]
-      means = ", ".join(f"{DIVERGENCE_LABELS.get(d, d)} {v['tau']:.2f} ± {v['tau_stderr']:.2f}"
-                        for d, v in r["by_divergence"].items())
-      lines.append(f"- T = {t:g}, rule 2 ({r['claim']}): mean tau over recipes {means}; "
-                   f"measured best {DIVERGENCE_LABELS.get(r['measured_best'])} "
-                   f"(gap to the claimed {r['gap_to_claimed']:.2f} ± {r['gap_stderr']:.2f}) "
-                   f"-> **{r['verdict']}**.")
-    if "adaspec" in answer:
-      r = answer["adaspec"]
-      lines.append(f"- T = {t:g}, {r['claim']}: mean tau over "
-                   f"{', '.join(DIVERGENCE_LABELS.get(d, d) for d in r['objectives'])} "
-                   f"{r['adaspec_tau']:.2f} vs {r['reference_tau']:.2f}: difference "
-                   f"{r['difference']:+.2f} ± {r['difference_stderr']:.2f} -> "
-                   f"**{r['verdict']}**.")
-  lines += ["", "Verdicts: a difference beyond two standard errors counts; errors are "
-            "combined as independent although the cells share prompts and keys.", ""]
+    for name, value in {**answer.get("rule2", {}).get("by_divergence", {}),
+                        **answer.get("acceptance_objectives", {}).get("by_objective", {})
+                        }.items():
+      objectives.setdefault(name, {})[answer["temperature"]] = value
+  if objectives:
+    temperatures = [a["temperature"] for a in report["rules"]]
+    lines += ["## Mean tau over recipes per objective", "",
+              "| objective | " + " | ".join(f"T = {t:g}" for t in temperatures) + " |",
+              "|---" * (len(temperatures) + 1) + "|"]
+    for name, by_t in objectives.items():
+      lines.append(f"| {_label(name)} | " + " | ".join(
+          f"{by_t[t]['tau']:.2f} ± {by_t[t]['tau_stderr']:.2f}" if t in by_t else "-"
+          for t in temperatures) + " |")
+    lines.append("")
   return "\n".join(lines)
 
 
@@ -729,7 +756,8 @@ def plot(config: RecipeGridConfig, report: dict, out_dir: str) -> list:
     ax.set_title(LABELS.get(recipe, recipe))
     ax.set_xlabel(UNIT_LABELS[config.compute_unit] if config.compute_budget
                   else "distillation step")
-  axes[0][0].set_ylabel("tau (gamma=5, T=0, 32 val. prompts; band: ± s.e.)")
+  axes[0][0].set_ylabel("tau (gamma 5, T 0, 32 val. prompts)")
+  fig.suptitle("band: ± one standard error over seeds (over prompts for one seed)", fontsize=8)
   axes[0][-1].legend(fontsize=7)
   fig.tight_layout()
   paths.append(os.path.join(out_dir, "grid_tau_curves.png"))
