@@ -79,7 +79,7 @@ def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
     assert answer["adaspec"]["verdict"] in ("holds", "reversed", "within noise")
   assert report["rules"][0]["rule2"]["by_divergence"].keys() == {"fkl"}  # claimed at T = 0
   markdown = open(tmp_path / "grid" / "report.md").read()
-  assert "| SupervisedKD |" in markdown and "rule 2" in markdown
+  assert "| SupervisedKD |" in markdown and "Rule 1" in markdown
   for name in ("grid_heatmap.png", "grid_tau_curves.png"):
     assert (tmp_path / "grid" / name).stat().st_size > 0
 
