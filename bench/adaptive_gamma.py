@@ -85,12 +85,20 @@ def cost_rule(path, gamma_max: int):
   return DraftLength("cost", costs=costs, draft_cost=measured["draft"]["1"]["median_s"] / step)
 
 
+def _on_signal(row: dict) -> str:
+  """The label's suffix for a rule reading the calibrated signal (" on acceptance head");
+  rows written before GridPoint had `signal` read the top probability."""
+  signal = row.get("signal", "top_probability")
+  return "" if signal == "top_probability" else f" on {signal.replace('_', ' ')}"
+
+
 def label(row: dict) -> str:
   if row["draft_length"] == "fixed":
     return f"gamma {row['gamma']}"
   if row["draft_length"] == "cost":
     return f"cost (gamma_max {row['gamma']})"
-  return f"{row['draft_length']} >= {row['threshold']:g} (gamma_max {row['gamma']})"
+  return (f"{row['draft_length']} >= {row['threshold']:g}{_on_signal(row)} "
+            f"(gamma_max {row['gamma']})")
 
 
 def plot(rows: list, path: str, title: str) -> None:

@@ -83,6 +83,21 @@ TRAIN_CASES = [
     ("--gin.model_by_name.vocab_size=128", "another binding of model_by_name.vocab_size"),
 ]
 
+# The objectives study (a RecipeGridConfig through the main binary): issue 50's list.
+STUDY_CASES = [
+    ("--gin.DIVERGENCES=('fkl','lk_beta')", "'lk_beta'"),    # an unknown objective
+    ("--gin.RECIPES=('supervised_kd','mixed')", "'mixed'"),  # an unknown data source
+    ("--gin.LK_S=0.0", "s=0.0"),                             # s <= 0
+    ("--gin.LK_S=-1.0", "s=-1.0"),
+    ("--gin.LK_ETA=-0.5", "eta=-0.5"),                       # eta < 0
+    ("--gin.SEEDS=(0,1,0)", "seeds=(0, 1, 0)"),              # a seed listed twice
+    ("--gin.SEEDS=(0,-1)", "seeds[1]=-1"),
+    # a budget smaller than one step (32 rows x 84 tokens of the target)
+    ("--gin.COMPUTE_UNIT='target_tokens' --gin.COMPUTE_BUDGET=1000", "compute_budget=1000"),
+    ("--gin.COMPUTE_BUDGET=0", "=0"),
+    ("--gin.COMPUTE_UNIT='joules'", "'joules'"),
+]
+
 
 def _eval_argv(model_dir) -> list:
   return ["--gin_file=gin/runs/eval_demo.gin", f"--gin.MODEL_DIR='{model_dir}'",
@@ -121,6 +136,22 @@ def test_bad_value_exits_1_naming_it_before_work_starts(binary, index, tmp_path,
   assert err.startswith("Error: ") and "Traceback" not in err, err[-2000:]
   assert named in err, (named, err[-2000:])
   assert not os.path.exists(model_dir), os.listdir(model_dir)  # no checkpoint, no metrics
+
+
+@pytest.mark.parametrize("flags,named", STUDY_CASES, ids=[c[0] for c in STUDY_CASES])
+def test_study_bad_value_exits_1_naming_it_before_work_starts(flags, named, tmp_path, capsys):
+  model_dir = tmp_path / "out"
+  argv = ["--gin_file=gin/runs/objectives_study.gin", f"--gin.MODEL_DIR='{model_dir}'"]
+  gin.clear_config()
+  try:
+    code = main_lib.cli(argv + flags.split(" "))
+  finally:
+    gin.clear_config()
+  err = capsys.readouterr().err
+  assert code == 1, err[-2000:]
+  assert err.startswith("Error: ") and "Traceback" not in err, err[-2000:]
+  assert named in err, (named, err[-2000:])
+  assert not os.path.exists(model_dir)
 
 
 def test_each_binary_has_at_least_12_bad_values():

@@ -130,3 +130,19 @@ def test_report_of_an_untimed_evaluation_and_of_one_missing_a_quantity(tmp_path)
   del evaluation["speculative"][0]["tau"]
   with pytest.raises(KeyError, match="Acceptance needs 'tau'"):
     report_lib.build_report(config, evaluation, {}, {})
+
+
+def test_grid_point_keeps_the_stop_signal():
+  """Rows of one adaptive rule on the top probability and on the calibrated acceptance head
+  stay apart; a row written before the field reads back as the top probability."""
+  from distillspec_jax.decoding.speculative import DraftLength
+  head = GridPoint.of(5, 1.0, draft_length=DraftLength("confidence", 0.4,
+                                                       signal="acceptance_head"))
+  top = GridPoint.of(5, 1.0, draft_length=DraftLength("confidence", 0.4))
+  assert (head.signal, top.signal) == ("acceptance_head", "top_probability")
+  assert head != top and head.to_json()["signal"] == "acceptance_head"
+  assert GridPoint.from_json(head.to_json()) == head
+  old = {k: v for k, v in top.to_json().items() if k != "signal"}
+  assert GridPoint.from_json(old) == top
+  row = _row("draft", 1.0, 5, 3.0, 1.2)
+  assert row["signal"] == "top_probability"  # every evaluation row carries it

@@ -1,6 +1,7 @@
 """The paper's studies as runs (recipe_grid.py, garden.py) on tiny budgets: tables, plots and
 finite numbers, cell-by-cell resume, the garden's latency reference and Pareto set, bad input."""
 
+import dataclasses
 import json
 import math
 import os
@@ -16,6 +17,7 @@ from distillspec_jax.studies import recipe_grid
 from distillspec_jax.studies.garden import GardenConfig, pareto
 from distillspec_jax.studies.pipeline import run_pipeline
 from distillspec_jax.studies.recipe_grid import RecipeGridConfig
+from distillspec_jax.core.files import write_json_atomic
 
 
 # The whole-pipeline tests' settings (testing.PIPELINE; the same decoding budget, so the
@@ -77,7 +79,7 @@ def test_recipe_grid_report_and_cell_by_cell_resume(tmp_path, base_run):
     assert answer["adaspec"]["verdict"] in ("holds", "reversed", "within noise")
   assert report["rules"][0]["rule2"]["by_divergence"].keys() == {"fkl"}  # claimed at T = 0
   markdown = open(tmp_path / "grid" / "report.md").read()
-  assert "| SupervisedKD |" in markdown and "rule 2" in markdown
+  assert "| SupervisedKD |" in markdown and "Rule 1" in markdown
   for name in ("grid_heatmap.png", "grid_tau_curves.png"):
     assert (tmp_path / "grid" / name).stat().st_size > 0
 
@@ -167,9 +169,13 @@ def test_pareto_on_a_hand_made_example():
     # SeqKD samples from the target every step: 32 rows x (40 + 44) tokens x 2.
     (dict(recipes=("gkd", "seqkd"), batch_size=32, compute_budget=5000,
           task_feature_lengths={"inputs": 40, "targets": 44}),
-     r"compute_budget=5000 target forward tokens is smaller than one step of 'seqkd' \(5376 "
-     "tokens"),
+     r"compute_budget=5000 target forward tokens is smaller than one step of 'seqkd' \(5376: "
+     "batch 32 x 84 tokens"),
     (dict(divergences=("fkl", "block")), "Unknown divergence 'block'"),
+    (dict(divergences=("lk_lambda",), lk_s=0.0), "s=0.0 must lie in"),
+    (dict(divergences=("lk_lambda",), lk_s=-1.0), "s=-1.0 must lie in"),
+    (dict(divergences=("lk_lambda",), lk_eta=-0.5), "eta=-0.5 must be finite and >= 0"),
+    (dict(compute_unit="joules"), "'joules'"),
 ])
 def test_recipe_grid_bad_input(tmp_path, changes, message):
   with pytest.raises(ValueError, match=message):
@@ -213,7 +219,7 @@ def test_recipe_grid_seeds_and_matched_compute():
   used = [config.steps_of(r) * config.step_cost(r) for r in config.recipes]
   assert max(used) <= 1000 and min(used) >= 0.95 * 1000  # equal within 5% here
   assert config.distill_stages[:2] == ("distill_supervised_kd-lk_lambda-s3",
-                                       "distill_supervised_kd-lk_lambda-s7")
+                                       "distill_supervised_kd-block_acceptance-s3")
   assert recipe_grid.parse_cell_stage("distill_fdistill-block_acceptance-s7") == (
       "fdistill", "block_acceptance", 7)
   assert recipe_grid.objective_settings("block_acceptance", 5) == dict(
@@ -260,8 +266,8 @@ def test_recipe_grid_adaspec_over_seeds_at_its_reference_compute():
   assert config.step_cost("adaspec") == config.step_cost("supervised_kd") == 40
   assert config.steps_of("adaspec") == config.steps_of("supervised_kd") == 10
   stages = config.distill_stages
-  assert stages[:4] == tuple(recipe_grid.cell_stage("supervised_kd", d, s)
-                             for d in ("fkl", "tvd") for s in (0, 1))
+  assert stages[:4] == tuple(recipe_grid.cell_stage(r, d, 0)
+                             for r in ("supervised_kd", "adaspec") for d in ("fkl", "tvd"))
   assert config.dependencies("distill_adaspec-tvd-s1") == (
       "target", "draft_raw", "distill_supervised_kd-tvd-s1")
   assert config.dependencies("distill_supervised_kd-tvd-s1") == ("target", "draft_raw")
@@ -281,3 +287,88 @@ def test_adaspec_verdict_on_a_hand_made_grid():
   assert answer["rule2"]["by_divergence"]["fkl"]["tau"] == pytest.approx(3.0)
   close = [dict(c, tau=c["tau"] - 0.45) if c["recipe"] == "adaspec" else c for c in cells]
   assert recipe_grid.rules(close, 5)[0]["adaspec"]["verdict"] == "within noise"
+
+
+def _markers(run_dir, n_target, n_draft):
+  for stage, count in (("target", n_target), ("draft_raw", n_draft)):
+    os.makedirs(os.path.join(run_dir, stage))
+    write_json_atomic(os.path.join(run_dir, stage, "DONE.json"), {"num_params": count})
+
+
+def test_recipe_grid_matched_flops(tmp_path):
+  """Training FLOPs per step: 2 N_target per teacher-forced token, 6 N_draft per trained token,
+  2 N_draft per token of the draft's own samples (GKD every step, ImitKD half of them)."""
+  _markers(str(tmp_path), 1000, 100)
+  config = RecipeGridConfig(run_dir=str(tmp_path), recipes=("supervised_kd", "imitkd", "gkd"),
+                            divergences=("fkl",), batch_size=2,
+                            task_feature_lengths={"inputs": 3, "targets": 2},
+                            compute_budget=10**6, compute_unit="flops")
+  assert config.param_counts == (1000, 100)
+  assert [config.step_cost(r) for r in config.recipes] == [
+      2 * 10 * (1000 + 3 * 100), 2 * 10 * (1000 + 3.5 * 100), 2 * 10 * (1000 + 4 * 100)]
+  assert [config.target_token_cost(r) for r in config.recipes] == [10, 10, 10]
+  assert [config.steps_of(r) for r in config.recipes] == [38, 37, 35]
+  used = [config.steps_of(r) * config.step_cost(r) for r in config.recipes]
+  assert max(used) / min(used) < 1.05
+  config.check_inputs()
+  small = dataclasses.replace(config, compute_budget=27_000)
+  with pytest.raises(ValueError, match=r"compute_budget=27000 training FLOPs is smaller than "
+                                       r"one step of 'gkd' \(28000: "):
+    small.check_inputs()
+  with pytest.raises(ValueError, match="needs the target stage's parameter count"):
+    dataclasses.replace(config, run_dir=str(tmp_path / "elsewhere")).step_cost("gkd")
+
+
+def test_acceptance_objectives_and_verdict_sentences_on_a_hand_made_grid():
+  def cell(recipe, objective, temperature, tau, err=0.01):
+    return dict(recipe=recipe, divergence=objective, temperature=temperature, gamma=5,
+                tau=tau, tau_stderr=err, draft_acceptance_rate=0.5)
+
+  taus = {"fkl": 3.0, "rkl": 2.8, "lk_lambda": 3.4, "block_acceptance": 3.1}
+  cells = [cell(r, d, t, tau + (0.2 if r == "gkd" else 0.0))
+           for r in ("supervised_kd", "gkd") for d, tau in taus.items() for t in (0.0, 1.0)]
+  t0, _ = recipe_grid.rules(cells, 5)
+  # Rule 2 reads the paper's divergences alone; the acceptance objectives get their answer.
+  assert t0["rule2"]["by_divergence"].keys() == {"fkl", "rkl"}
+  answer = t0["acceptance_objectives"]
+  assert (answer["best"], answer["best_divergence"]) == ("lk_lambda", "fkl")
+  assert answer["difference"] == pytest.approx(0.4) and answer["verdict"] == "holds"
+  sentences = recipe_grid.verdict_sentences(recipe_grid.rules(cells, 5))
+  assert len(sentences) == 3
+  assert sentences[0].startswith("Rule 1") and "-> reproduced" in sentences[0]
+  assert "LK-lambda vs best divergence FKL: +0.40" in sentences[2]
+  # Rule 2 at T = 1: the claimed RKL trails FKL by 0.2, twenty standard errors.
+  assert "at T = 1 the claimed RKL vs the best other, FKL: -0.20" in sentences[1]
+  assert sentences[1].endswith("-> refuted.")
+  noisy = [dict(c, tau_stderr=0.5) for c in cells]
+  for sentence in recipe_grid.verdict_sentences(recipe_grid.rules(noisy, 5)):
+    assert sentence.count("not distinguishable at this size") == 2  # both temperatures
+
+
+def test_verdicts_pair_the_runs_of_each_seed():
+  """The prompts' error is common to the runs of one seed, so a difference that every seed
+  shows is a verdict even where the cells' own errors overlap; a difference that changes
+  sign over seeds is not."""
+  def run(recipe, seed, tau):
+    return dict(recipe=recipe, divergence="fkl", temperature=0.0, gamma=5, seed=seed, tau=tau,
+                tau_stderr=0.3, draft_acceptance_rate=0.5)
+
+  base = {0: 3.0, 1: 3.4, 2: 3.2}
+  runs = [run("supervised_kd", s, t) for s, t in base.items()] + [
+      run("gkd", s, t + d) for (s, t), d in zip(base.items(), (0.10, 0.12, 0.11))]
+  config = RecipeGridConfig(run_dir="unused", recipes=("supervised_kd", "gkd"),
+                            divergences=("fkl",), seeds=(0, 1, 2))
+  cells = recipe_grid.build_cells(config, [dict(r, steps=1, target_tokens=1, compute=1,
+                                                final_loss=0.0, wall_clock_s=1.0) for r in runs])
+  (answer,) = recipe_grid.rules(cells, 5, runs=runs)
+  rule1 = answer["rule1"]
+  assert rule1["difference"] == pytest.approx(0.11)
+  assert rule1["difference_stderr"] == pytest.approx(0.01 / np.sqrt(3))  # paired: std 0.01
+  assert rule1["threshold"] == 4.30 and rule1["error"] == "paired over 3 seeds"
+  assert rule1["verdict"] == "holds"
+  (alone,) = recipe_grid.rules(cells, 5)  # the cells' errors as independent: within noise
+  assert alone["rule1"]["verdict"] == "within noise"
+  flipped = [dict(r, tau=r["tau"] - 0.22) if r["recipe"] == "gkd" and r["seed"] == 1 else r
+             for r in runs]  # differences +0.10, -0.10, +0.11
+  (answer,) = recipe_grid.rules(cells, 5, runs=flipped)
+  assert answer["rule1"]["verdict"] == "within noise"

@@ -163,6 +163,13 @@ def latency_section() -> list:
                   rows) + [""])
 
 
+def _on_signal(row: dict) -> str:
+  """The label's suffix for a rule reading the calibrated signal (" on acceptance head");
+  rows written before GridPoint had `signal` read the top probability."""
+  signal = row.get("signal", "top_probability")
+  return "" if signal == "top_probability" else f" on {signal.replace('_', ' ')}"
+
+
 def adaptive_section() -> list:
   data = load("docs/benchmarks/adaptive_gamma.json")
   def label(r):
@@ -170,7 +177,8 @@ def adaptive_section() -> list:
       return f"fixed gamma {r['gamma']}"
     if r["draft_length"] == "cost":
       return f"cost rule (gamma_max {r['gamma']})"
-    return f"{r['draft_length']} >= {r['threshold']:g} (gamma_max {r['gamma']})"
+    return (f"{r['draft_length']} >= {r['threshold']:g}{_on_signal(r)} "
+            f"(gamma_max {r['gamma']})")
   rows = [[f"{r['temperature']:g}", label(r),
            span(r["end_to_end_speedup"], r["end_to_end_speedup_range"]), f"{r['timed_tau']:.2f}",
            f"{r['drafted'] / max(r['rounds'], 1):.2f}"] for r in data["rows"]]
@@ -178,6 +186,43 @@ def adaptive_section() -> list:
            "`python bench/adaptive_gamma.py --out docs/benchmarks/adaptive_gamma.json` on the "
            "demo's checkpoints ([benchmarks.md](benchmarks.md)).", ""]
           + table(["T", "rule", "end to end", "tau", "mean proposal"], rows) + [""])
+
+
+STUDY = "docs/studies/objectives.json"
+STUDY_LABELS = {"supervised_kd": "fixed (SupervisedKD)", "imitkd": "mixture (ImitKD)",
+                "gkd": "draft-generated (GKD)", "fkl": "FKL", "rkl": "RKL", "jsd": "JSD(0.5)",
+                "tvd": "TVD", "lk_alpha": "LK-alpha", "lk_lambda": "LK-lambda",
+                "block_acceptance": "block acceptance"}
+
+
+def objectives_section() -> list:
+  """The objectives study: tau per data source x objective, mean ± standard error over seeds."""
+  data = load(STUDY)
+  budget = data["budget"]
+  recipes = list(dict.fromkeys(c["recipe"] for c in data["cells"]))
+  objectives = list(dict.fromkeys(c["divergence"] for c in data["cells"]))
+  index = {(c["recipe"], c["divergence"], c["temperature"]): c for c in data["cells"]}
+  seeds = ", ".join(str(s) for s in budget["seeds"])
+  lines = ["## Objectives x data sources at matched compute", "",
+           "`python -m distillspec_jax.main --gin_file=gin/runs/objectives_study.gin` "
+           f"(`{STUDY}`; [studies.md](studies.md)): the demo's raw draft distilled toward its "
+           f"target, seeds {seeds}, {budget['compute_budget']:.3g} {budget['unit']} per cell "
+           f"(largest / smallest cell: {budget['compute_max_over_min']:.3f}), tau at gamma "
+           f"{data['cells'][0]['gamma']} on {budget['eval_examples']} test prompts: the mean "
+           "over seeds ± its standard error over seeds; the raw draft: " + ", ".join(
+               f"{r['tau']:.2f} ± {r['tau_stderr']:.2f} at T = {r['temperature']:g}"
+               for r in data["raw_draft"]) + ". Verdicts: the seed-paired difference beyond "
+           "Student's t (95%) standard errors, else not distinguishable at this size.", ""]
+  if data.get("partial"):
+    lines += [f"**Partial**: {data['partial']}", ""]
+  for temperature in sorted({c["temperature"] for c in data["cells"]}):
+    rows = [[STUDY_LABELS.get(r, r)] + [
+        f"{index[(r, d, temperature)]['tau']:.2f} ± "
+        f"{index[(r, d, temperature)]['tau_stderr_seeds'] or 0.0:.2f}"
+        if (r, d, temperature) in index else "-" for d in objectives] for r in recipes]
+    lines += table([f"T = {temperature:g}"] + [STUDY_LABELS.get(d, d) for d in objectives],
+                   rows) + [""]
+  return lines + [f"- {v}" for v in data.get("verdicts", [])] + [""]
 
 
 def teacher_cache_section() -> list:
@@ -277,7 +322,7 @@ def heads_section() -> list:
 
 
 SECTIONS = (checks_section, heads_section, verification_section, latency_section, adaptive_section,
-            teacher_cache_section, vs_trl_section, memory_section)
+            objectives_section, teacher_cache_section, vs_trl_section, memory_section)
 
 
 def page() -> str:

@@ -17,6 +17,9 @@ class GridPoint(JsonRecord):
     temperature: the sampling temperature of both models.
     lenience / epsilon: speculative.Lenience's kind and epsilon (epsilon 1: lossless).
     draft_length / threshold: speculative.DraftLength's rule and threshold.
+    signal: speculative.DraftLength's stop signal ("top_probability", or "acceptance_head":
+      the draft's calibrated acceptance estimate), so rows of one adaptive rule on either
+      signal stay apart. Rows written before the field read back as "top_probability".
   """
 
   gamma: int
@@ -25,13 +28,14 @@ class GridPoint(JsonRecord):
   epsilon: float = 1.0
   draft_length: str = "fixed"
   threshold: float = 0.0
+  signal: str = "top_probability"
 
   @classmethod
   def of(cls, gamma: int, temperature: float, lenience: Lenience = Lenience(),
          draft_length: DraftLength = DraftLength()) -> "GridPoint":
     """The point of the engine's objects."""
     return cls(int(gamma), float(temperature), lenience.kind, float(lenience.epsilon),
-               draft_length.rule, float(draft_length.threshold))
+               draft_length.rule, float(draft_length.threshold), draft_length.signal)
 
   @property
   def lenience_rule(self) -> Lenience:

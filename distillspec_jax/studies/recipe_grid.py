@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 
@@ -48,7 +48,7 @@ from distillspec_jax.evaluation import evaluate
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies import common as common_lib
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
-from distillspec_jax.distill.divergences import DIVERGENCES
+from distillspec_jax.distill.divergences import DIVERGENCES, LK_ETA, LK_S, validate_lk_schedule
 from distillspec_jax.core.files import read_json, write_json_atomic, write_text_atomic
 from distillspec_jax.studies.pipeline import PipelineConfig
 
@@ -61,12 +61,15 @@ DIVERGENCE_LABELS = {"fkl": "FKL", "rkl": "RKL", "jsd": "JSD(0.5)", "tvd": "TVD"
 # The grid's objectives: the divergences, and TVD weighted by block acceptance.
 OBJECTIVES = DIVERGENCES + ("block_acceptance",)
 GRID_DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
+# The objectives aimed at acceptance itself rather than a divergence (issue: LK, block).
+ACCEPTANCE_OBJECTIVES = ("lk_alpha", "lk_lambda", "block_acceptance")
 FIXED_DATA_RECIPES = ("supervised_kd",)
 ADASPEC = "adaspec"
 LABELS = dict(RECIPE_LABELS, adaspec="AdaSPEC")
 # The paper's rule 2: the divergences it finds best at each temperature.
 PAPER_BEST_DIVERGENCES = {0.0: ("fkl", "jsd"), 1.0: ("rkl",)}
 CELL_SEPARATOR = "-"
+UNIT_LABELS = {"target_tokens": "target forward tokens", "flops": "training FLOPs"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +87,15 @@ class RecipeGridConfig(PipelineConfig):
       train them here).
     seeds: the seeds each cell runs with (distinct ints >= 0); () = (seed,). The shared
       stages (vocab, target, raw draft) use `seed` alone.
-    compute_budget: target forward tokens each cell may spend (`step_cost`); None = every
-      cell trains `distill_steps` steps.
+    compute_budget: the compute each cell may spend, in `compute_unit` (`step_cost`); None =
+      every cell trains `distill_steps` steps.
+    compute_unit: "target_tokens" (the target's forward tokens: teacher-forced passes and
+      target samples; the draft's passes are free) or "flops" (training FLOPs, 2 x parameters
+      per forward token and 6 x per trained token: the target's passes, the draft's forward
+      and backward passes, its own samples and AdaSPEC's reference; parameter counts from the
+      target / draft_raw stages' markers).
+    lk_s / lk_eta: lk_lambda's schedule lambda = lk_s exp(-lk_eta alpha), 0 < lk_s <= 1,
+      lk_eta >= 0 (1 and 3: vLLM speculators' exp(-3 alpha); SpecForge sets both).
   """
 
   run_dir: str = "runs/recipe_grid"
@@ -95,6 +105,9 @@ class RecipeGridConfig(PipelineConfig):
   reuse_run_dir: Optional[str] = None
   seeds: tuple = ()
   compute_budget: Optional[int] = None
+  compute_unit: Literal["target_tokens", "flops"] = "target_tokens"
+  lk_s: float = LK_S
+  lk_eta: float = LK_ETA
 
   def __post_init__(self):
     check_field_types(self)
@@ -117,6 +130,7 @@ class RecipeGridConfig(PipelineConfig):
       if divergence not in OBJECTIVES:
         raise ValueError(f"Unknown divergence {divergence!r} in divergences="
                          f"{tuple(self.divergences)!r}; use names from {OBJECTIVES}.")
+    validate_lk_schedule(self.lk_s, self.lk_eta)
     self._check_seeds_and_budget()
 
   def _check_seeds_and_budget(self) -> None:
@@ -128,14 +142,20 @@ class RecipeGridConfig(PipelineConfig):
                        "seed once (a repeated seed is the same run, not another sample).")
     if self.compute_budget is None:
       return
-    check_int(self.compute_budget, "compute_budget (target forward tokens per cell)", 1)
+    check_int(self.compute_budget,
+              f"compute_budget ({UNIT_LABELS[self.compute_unit]} per cell)", 1)
+    if self.compute_unit == "target_tokens":
+      self._check_budget_covers_a_step()
+    # "flops": the parameter counts come from the stages' markers, checked in check_inputs.
+
+  def _check_budget_covers_a_step(self) -> None:
     recipe = max(self.recipes, key=self.step_cost)
     if self.compute_budget < self.step_cost(recipe):
       raise ValueError(
-          f"compute_budget={self.compute_budget} target forward tokens is smaller than one "
-          f"step of {recipe!r} ({self.step_cost(recipe)} tokens: batch {self.batch_size} x "
-          f"{self._tokens_per_row} tokens x {1 + self._target_sample_share(recipe):g}); "
-          f"raise it to at least {self.step_cost(recipe)}.")
+          f"compute_budget={self.compute_budget} {UNIT_LABELS[self.compute_unit]} is smaller "
+          f"than one step of {recipe!r} ({self.step_cost(recipe)}: batch "
+          f"{self.batch_size} x {self._tokens_per_row} tokens); raise it to at least "
+          f"{self.step_cost(recipe)}, or lower BATCH_SIZE.")
 
   @property
   def _tokens_per_row(self) -> int:
@@ -149,12 +169,49 @@ class RecipeGridConfig(PipelineConfig):
     lambda1, lambda2, _ = RECIPES[self.adaspec_reference if recipe == ADASPEC else recipe]
     return (1.0 - lambda1) * (1.0 - lambda2)
 
-  def step_cost(self, recipe: str) -> int:
-    """Expected target forward tokens of one distillation step of `recipe`: the loss's
-    teacher-forced pass over the batch, plus the target's samples on the steps that draw
-    them."""
+  def _draft_sample_share(self, recipe: str) -> float:
+    """The probability that a step of `recipe` samples from the draft (Knowl 4)."""
+    lambda1, lambda2, _ = RECIPES[self.adaspec_reference if recipe == ADASPEC else recipe]
+    return (1.0 - lambda1) * lambda2
+
+  def target_token_cost(self, recipe: str) -> int:
+    """Expected target forward tokens of one step of `recipe`: the loss's teacher-forced pass
+    over the batch, plus the target's samples on the steps that draw them."""
     share = self._target_sample_share(recipe)
     return int(round(self.batch_size * self._tokens_per_row * (1.0 + share)))
+
+  def step_cost(self, recipe: str) -> int:
+    """Expected compute of one distillation step of `recipe` in `compute_unit`.
+
+    target_tokens: `target_token_cost`. flops: 2 N_target per token of those, plus 6 N_draft per token
+    (the draft's forward and backward pass), 2 N_draft per token of the draft's own samples on
+    the steps that draw them and of AdaSPEC's reference pass (N: parameter counts; attention
+    and sampling overheads are not counted).
+    """
+    if self.compute_unit == "target_tokens":
+      return self.target_token_cost(recipe)
+    tokens = self.batch_size * self._tokens_per_row
+    target_passes = 1.0 + self._target_sample_share(recipe)
+    n_target, n_draft = self.param_counts
+    draft_passes = 3.0 + self._draft_sample_share(recipe) + (recipe == ADASPEC)
+    return int(round(2.0 * tokens * (n_target * target_passes + n_draft * draft_passes)))
+
+  @property
+  def param_counts(self) -> tuple:
+    """(target, draft) parameter counts from the target / draft_raw stages' markers (this
+    run's, else `reuse_run_dir`'s)."""
+    counts = []
+    for stage in ("target", "draft_raw"):
+      paths = [os.path.join(self.stage_dir(stage), pipeline.DONE)]
+      if self.reuse_run_dir:
+        paths.append(os.path.join(self.reuse_run_dir, stage, pipeline.DONE))
+      marker = next((read_json(p) for p in paths if os.path.exists(p)), {})
+      if not isinstance(marker.get("num_params"), int):
+        raise ValueError(f"compute_unit='flops' needs the {stage} stage's parameter count, but "
+                         f"none of {paths} records num_params; set reuse_run_dir to a finished "
+                         "run, or use compute_unit='target_tokens'.")
+      counts.append(marker["num_params"])
+    return tuple(counts)
 
   def steps_of(self, recipe: str) -> int:
     """A cell's distillation steps: the budget over the recipe's step cost (at least one,
@@ -170,6 +227,8 @@ class RecipeGridConfig(PipelineConfig):
   def check_inputs(self) -> None:
     super().check_inputs()
     common_lib.check_reuse_run_dir(self.reuse_run_dir)
+    if self.compute_budget is not None and self.compute_unit == "flops":
+      self._check_budget_covers_a_step()
 
   @property
   def cells(self) -> tuple:
@@ -180,8 +239,9 @@ class RecipeGridConfig(PipelineConfig):
 
   @property
   def runs(self) -> tuple:
-    """((recipe, divergence, seed), ...): every cell once per seed, seeds innermost."""
-    return tuple((r, d, s) for r, d in self.cells for s in self.run_seeds)
+    """((recipe, divergence, seed), ...): every cell once per seed, seeds outermost, so that
+    a grid stopped early has every cell at its first seeds."""
+    return tuple((r, d, s) for s in self.run_seeds for r, d in self.cells)
 
   @property
   def distill_stages(self) -> tuple:
@@ -251,6 +311,7 @@ def stage_cell(config: RecipeGridConfig, stage: str) -> dict:
   _print_grid_progress(config, stage)
   recipe, objective, seed = parse_cell_stage(stage)
   settings = dict(max_new_tokens=config.task_feature_lengths["targets"],
+                  lk_s=config.lk_s, lk_eta=config.lk_eta,
                   **objective_settings(objective, int(config.gammas[0])))
   target, draft = pipeline.models(config)
   reference = {}
@@ -269,7 +330,8 @@ def stage_cell(config: RecipeGridConfig, stage: str) -> dict:
                                    distillation, **reference)
   params = pipeline.load_params(config, stage, draft)
   summary.update(recipe=recipe, divergence=objective, seed=seed, steps=steps,
-                 target_tokens=steps * config.step_cost(recipe),
+                 target_tokens=steps * config.target_token_cost(recipe),
+                 compute=steps * config.step_cost(recipe), compute_unit=config.compute_unit,
                  evaluation=grid_statistics(run, target, target_params, draft, params))
   return summary
 
@@ -300,6 +362,7 @@ def build_runs(config: RecipeGridConfig, markers: dict) -> list:
     for row in marker["evaluation"]:
       runs.append(dict(recipe=recipe, divergence=divergence, seed=seed, **row,
                        steps=marker["steps"], target_tokens=marker["target_tokens"],
+                       compute=marker.get("compute", marker["target_tokens"]),
                        final_loss=marker["final_loss"], wall_clock_s=marker["wall_clock_s"]))
   return runs
 
@@ -332,7 +395,7 @@ def build_cells(config: RecipeGridConfig, runs: list) -> list:
         **over_seeds([r["tau"] for r in rows], [r["tau_stderr"] for r in rows]),
         draft_acceptance_rate=float(np.mean([r["draft_acceptance_rate"] for r in rows])),
         steps=rows[0]["steps"],
-        target_tokens=rows[0]["target_tokens"],
+        target_tokens=rows[0]["target_tokens"], compute=rows[0]["compute"],
         final_loss=float(np.mean([r["final_loss"] for r in rows])),
         wall_clock_s=float(sum(r["wall_clock_s"] or 0.0 for r in rows))))
   return cells
@@ -351,7 +414,8 @@ def build_curves(config: RecipeGridConfig, markers: dict) -> dict:
       at = [curve[index] for curve in per_seed if index < len(curve)]
       stats = over_seeds([p["tau"] for p in at], [p.get("tau_stderr") or 0.0 for p in at])
       points.append({"step": point["step"],
-                     "target_tokens": point["step"] * config.step_cost(recipe),
+                     "target_tokens": point["step"] * config.target_token_cost(recipe),
+                     "compute": point["step"] * config.step_cost(recipe),
                      "tau": stats["tau"],
                      "tau_stderr": stats["tau_stderr_seeds"]
                      if stats["tau_stderr_seeds"] is not None else stats["tau_stderr"]})
@@ -366,88 +430,204 @@ def _mean_with_stderr(rows: list) -> tuple:
           float(np.sqrt(sum(r["tau_stderr"] ** 2 for r in rows)) / len(rows)))
 
 
-def rules(cells: list, gamma: int, reference: str = "supervised_kd") -> list:
+# Two-sided 95% quantiles of Student's t by degrees of freedom (seeds - 1); more than ten
+# take ten's, slightly conservative.
+T_975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+         10: 2.23}
+
+
+def compare(cells: list, runs: Optional[list], a, b) -> dict:
+  """Mean tau of the cells where `a` holds minus that where `b` holds, with its error and a
+  verdict (holds: above `threshold` errors, reversed: below minus that, else within noise).
+
+  With runs of two or more seeds, the error is the standard error over seeds of the seed-
+  paired difference (the runs of one seed share the data order, the evaluation's prompts and
+  keys, so the prompts' error is common to both sides and cancels) and the threshold is
+  Student's t at 95% for seeds - 1 degrees of freedom; with one seed, the two sides' errors
+  combined as independent and the threshold 2 (conservative: it counts the shared prompts'
+  error twice).
+  """
+  mean_of = lambda rows, keep: float(np.mean([r["tau"] for r in rows if keep(r)]))
+  difference = mean_of(cells, a) - mean_of(cells, b)
+  seeds = sorted({r["seed"] for r in runs or ()})
+  if len(seeds) >= 2:
+    paired = [mean_of([r for r in runs if r["seed"] == s], a)
+              - mean_of([r for r in runs if r["seed"] == s], b) for s in seeds]
+    error = float(np.std(paired, ddof=1) / np.sqrt(len(seeds)))
+    threshold, kind = T_975[min(len(seeds) - 1, 10)], f"paired over {len(seeds)} seeds"
+  else:
+    error = float(np.hypot(_mean_with_stderr([c for c in cells if a(c)])[1],
+                           _mean_with_stderr([c for c in cells if b(c)])[1]))
+    threshold, kind = 2.0, "independent"
+  return {"difference": difference, "difference_stderr": error, "threshold": threshold,
+          "error": kind,
+          "verdict": ("holds" if difference > threshold * error else
+                      "reversed" if difference < -threshold * error else "within noise")}
+
+
+def rules(cells: list, gamma: int, reference: str = "supervised_kd",
+          runs: Optional[list] = None) -> list:
   """The measured answer to the paper's two rules at `gamma`, one entry per temperature.
 
   Rule 1: mean tau of the model-generated-data recipes against SupervisedKD's (over the
-  divergences). Rule 2: mean tau of each divergence over the recipes, and whether the
-  paper's best divergence(s) at that temperature is the measured best within two standard
-  errors. AdaSPEC (cells of the recipe "adaspec", left out of rules 1 and 2): its mean tau
-  over the objectives against its reference recipe's over the same objectives. Errors are
-  treated as independent although every cell shares prompts and keys (paired differences
-  would be tighter).
+  objectives). Rule 2: mean tau of each of the paper's four divergences over the recipes, and
+  the paper's best divergence(s) at that temperature against the best other one. The
+  acceptance objectives: the best of them against the best of the four divergences. AdaSPEC
+  (cells of the recipe "adaspec", left out of the other claims): its mean tau over the
+  objectives against its reference recipe's over the same objectives. Each difference's error
+  and verdict: `compare` (seed-paired over `runs`, report.json's runs, when they hold two or
+  more seeds).
   """
   answers = []
   for temperature in sorted({c["temperature"] for c in cells}):
-    every = [c for c in cells if c["temperature"] == temperature and c["gamma"] == gamma]
+    here = lambda r: r["temperature"] == temperature and r["gamma"] == gamma
+    every = [c for c in cells if here(c)]
+    at = [r for r in runs if here(r)] if runs else None
+    versus = lambda a, b: compare(every, at, a, b)
     rows = [c for c in every if c["recipe"] != ADASPEC]
-    fixed = [c for c in rows if c["recipe"] in FIXED_DATA_RECIPES]
-    generated = [c for c in rows if c["recipe"] not in FIXED_DATA_RECIPES]
+    fixed = lambda r: r["recipe"] in FIXED_DATA_RECIPES
+    generated = lambda r: r["recipe"] not in FIXED_DATA_RECIPES and r["recipe"] != ADASPEC
     answer = {"temperature": temperature, "gamma": gamma}
-    if fixed and generated:
-      (g_mean, g_err), (f_mean, f_err) = _mean_with_stderr(generated), _mean_with_stderr(fixed)
-      difference, error = g_mean - f_mean, float(np.hypot(g_err, f_err))
-      answer["rule1"] = {
-          "claim": "model-generated data beats fixed data",
-          "generated_tau": g_mean, "fixed_tau": f_mean, "difference": difference,
-          "difference_stderr": error,
-          "verdict": ("holds" if difference > 2 * error else
-                      "reversed" if difference < -2 * error else "within noise")}
-    by_divergence = {}
+    if any(map(fixed, rows)) and any(map(generated, rows)):
+      answer["rule1"] = {"claim": "model-generated data beats fixed data",
+                         "generated_tau": _mean_with_stderr(list(filter(generated, rows)))[0],
+                         "fixed_tau": _mean_with_stderr(list(filter(fixed, rows)))[0],
+                         **versus(generated, fixed)}
+    by_objective = {}
     for divergence in dict.fromkeys(c["divergence"] for c in rows):
       mean, err = _mean_with_stderr([c for c in rows if c["divergence"] == divergence])
-      by_divergence[divergence] = {"tau": mean, "tau_stderr": err}
+      by_objective[divergence] = {"tau": mean, "tau_stderr": err}
+    objective = lambda name: (lambda r: r["divergence"] == name and r["recipe"] != ADASPEC)
+    # Rule 2 is about the paper's four divergences; the acceptance objectives get their own.
+    by_divergence = {d: v for d, v in by_objective.items() if d in GRID_DIVERGENCES}
     claimed = [d for d in PAPER_BEST_DIVERGENCES.get(temperature, ()) if d in by_divergence]
     if by_divergence and claimed:
-      best = max(by_divergence, key=lambda d: by_divergence[d]["tau"])
-      top = max(claimed, key=lambda d: by_divergence[d]["tau"])
-      gap = by_divergence[best]["tau"] - by_divergence[top]["tau"]
-      gap_err = float(np.hypot(by_divergence[best]["tau_stderr"],
-                               by_divergence[top]["tau_stderr"]))
-      answer["rule2"] = {
-          "claim": f"{'/'.join(DIVERGENCE_LABELS.get(d, d) for d in claimed)} best at "
-                   f"T={temperature:g}",
-          "by_divergence": by_divergence, "measured_best": best, "gap_to_claimed": gap,
-          "gap_stderr": gap_err,
-          "verdict": ("holds" if best in claimed else
-                      "within noise" if gap <= 2 * gap_err else "does not hold")}
-    adaspec = _adaspec_answer(every, reference)
+      answer["rule2"] = _rule2_answer(by_divergence, claimed, temperature,
+                                      lambda x, y: versus(objective(x), objective(y)))
+    acceptance = _acceptance_answer(by_objective,
+                                    lambda x, y: versus(objective(x), objective(y)))
+    if acceptance:
+      answer["acceptance_objectives"] = acceptance
+    adaspec = _adaspec_answer(every, reference, versus)
     if adaspec:
       answer["adaspec"] = adaspec
     answers.append(answer)
   return answers
 
 
-def _adaspec_answer(rows: list, reference: str) -> Optional[dict]:
-  """AdaSPEC against its reference recipe over the objectives both ran (None without
-  AdaSPEC cells)."""
-  ada = {c["divergence"]: c for c in rows if c["recipe"] == ADASPEC}
-  ref = {c["divergence"]: c for c in rows if c["recipe"] == reference}
-  shared = [d for d in ada if d in ref]
+def _rule2_answer(by_divergence: dict, claimed: list, temperature: float, versus) -> dict:
+  """The paper's best divergence(s) at `temperature` against the others: holds when the best
+  claimed one beats the best other (`versus`), does not hold when the best other beats it,
+  within noise otherwise (and when no other divergence ran)."""
+  tau = lambda d: by_divergence[d]["tau"]
+  best, top = max(by_divergence, key=tau), max(claimed, key=tau)
+  others = [d for d in by_divergence if d not in claimed]
+  answer = {"claim": f"{'/'.join(DIVERGENCE_LABELS.get(d, d) for d in claimed)} best at "
+                     f"T={temperature:g}",
+            "by_divergence": by_divergence, "measured_best": best, "claimed_best": top,
+            "verdict": "within noise"}
+  if others:
+    runner = max(others, key=tau)
+    margin = versus(top, runner)
+    answer.update(best_other=runner, margin=margin["difference"],
+                  margin_stderr=margin["difference_stderr"], threshold=margin["threshold"],
+                  error=margin["error"],
+                  verdict={"reversed": "does not hold"}.get(margin["verdict"],
+                                                            margin["verdict"]))
+  return answer
+
+
+def _acceptance_answer(by_objective: dict, versus) -> Optional[dict]:
+  """The best acceptance-targeted objective (ACCEPTANCE_OBJECTIVES) against the best of the
+  paper's four divergences, each the mean over recipes, compared by `versus` (None without
+  both kinds)."""
+  ours = [d for d in by_objective if d in ACCEPTANCE_OBJECTIVES]
+  theirs = [d for d in by_objective if d in GRID_DIVERGENCES]
+  if not ours or not theirs:
+    return None
+  best = max(ours, key=lambda d: by_objective[d]["tau"])
+  bar = max(theirs, key=lambda d: by_objective[d]["tau"])
+  return {"claim": "an acceptance-targeted objective beats the best of the four divergences",
+          "by_objective": {d: by_objective[d] for d in ours}, "best": best,
+          "best_divergence": bar, **versus(best, bar)}
+
+
+# A verdict's words in the report's sentences.
+VERDICT_WORDS = {"holds": "reproduced", "reversed": "refuted (the opposite order)",
+                 "does not hold": "refuted", "within noise": "not distinguishable at this size"}
+
+
+def _label(name: str) -> str:
+  return DIVERGENCE_LABELS.get(name, LABELS.get(name, name))
+
+
+def verdict_sentences(answers: list) -> list:
+  """One sentence for each of DistillSpec's two rules and the acceptance objectives' claim
+  (AdaSPEC's too where the grid has it), each with both temperatures' numbers, from `rules`'s
+  answers."""
+  def clause(answer: dict, key: str, text) -> str:
+    part = answer[key]
+    return (f"at T = {answer['temperature']:g} {text(part)} -> "
+            f"{VERDICT_WORDS[part['verdict']]}")
+
+  claims = (
+      ("rule1", "Rule 1 (model-generated data beats the fixed dataset)",
+       lambda r: (f"generated-data recipes {r['generated_tau']:.2f} vs SupervisedKD "
+                  f"{r['fixed_tau']:.2f} (difference {r['difference']:+.2f} ± "
+                  f"{r['difference_stderr']:.2f})")),
+      ("rule2", "Rule 2 (FKL or JSD best at T = 0, RKL at T = 1)",
+       lambda r: (f"the claimed {_label(r['claimed_best'])} vs the best other, "
+                  f"{_label(r['best_other'])}: {r['margin']:+.2f} ± {r['margin_stderr']:.2f}"
+                  if "margin" in r else f"only {_label(r['claimed_best'])} ran")),
+      ("acceptance_objectives", "Acceptance-targeted objectives beat the four divergences",
+       lambda r: (f"best {_label(r['best'])} vs best divergence {_label(r['best_divergence'])}: "
+                  f"{r['difference']:+.2f} ± {r['difference_stderr']:.2f}")),
+      ("adaspec", "AdaSPEC beats its reference recipe",
+       lambda r: (f"AdaSPEC {r['adaspec_tau']:.2f} vs {r['reference_tau']:.2f} (difference "
+                  f"{r['difference']:+.2f} ± {r['difference_stderr']:.2f})")))
+  sentences = []
+  for key, claim, text in claims:
+    clauses = [clause(a, key, text) for a in answers if key in a]
+    if clauses:
+      sentences.append(f"{claim}: " + "; ".join(clauses) + ".")
+  return sentences
+
+
+def _adaspec_answer(rows: list, reference: str, versus) -> Optional[dict]:
+  """AdaSPEC against its reference recipe over the objectives both ran, compared by `versus`
+  (None without AdaSPEC cells)."""
+  ada = {c["divergence"] for c in rows if c["recipe"] == ADASPEC}
+  shared = [d for d in dict.fromkeys(c["divergence"] for c in rows if c["recipe"] == reference)
+            if d in ada]
   if not shared:
     return None
-  (a_mean, a_err) = _mean_with_stderr([ada[d] for d in shared])
-  (r_mean, r_err) = _mean_with_stderr([ref[d] for d in shared])
-  difference, error = a_mean - r_mean, float(np.hypot(a_err, r_err))
+  a = lambda r: r["recipe"] == ADASPEC and r["divergence"] in shared
+  b = lambda r: r["recipe"] == reference and r["divergence"] in shared
   return {"claim": f"AdaSPEC beats its reference recipe ({LABELS.get(reference, reference)})",
-          "objectives": shared, "adaspec_tau": a_mean, "reference_tau": r_mean,
-          "difference": difference, "difference_stderr": error,
-          "verdict": ("holds" if difference > 2 * error else
-                      "reversed" if difference < -2 * error else "within noise")}
+          "objectives": shared, "adaspec_tau": _mean_with_stderr(list(filter(a, rows)))[0],
+          "reference_tau": _mean_with_stderr(list(filter(b, rows)))[0], **versus(a, b)}
 
 
 def build_report(config: RecipeGridConfig, markers: dict, raw_draft: list) -> dict:
   runs = build_runs(config, markers)
   cells = build_cells(config, runs)
   check_finite(runs + raw_draft, "recipe grid report")
-  budget = ("the same budget of target forward tokens"
+  unit = UNIT_LABELS[config.compute_unit]
+  budget = (f"the same budget of {unit}"
             if config.compute_budget is not None else f"{config.distill_steps} steps")
+  used = [c["compute"] for c in cells]
+  answers = rules(cells, int(config.gammas[0]), config.adaspec_reference, runs)
   return {"cells": cells, "runs": runs, "raw_draft": raw_draft,
-          "rules": rules(cells, int(config.gammas[0]), config.adaspec_reference),
+          "rules": answers, "verdicts": verdict_sentences(answers),
           "tau_curves": build_curves(config, markers),
           "budget": {"compute_budget": config.compute_budget,
-                     "unit": "target forward tokens",
+                     "unit": unit, "compute_unit": config.compute_unit,
+                     "compute_max_over_min": max(used) / min(used),
                      "steps": {r: config.steps_of(r) for r in config.recipes},
+                     "compute": {r: config.steps_of(r) * config.step_cost(r)
+                                 for r in config.recipes},
+                     "target_tokens": {r: config.steps_of(r) * config.target_token_cost(r)
+                                       for r in config.recipes},
                      "step_cost": {r: config.step_cost(r) for r in config.recipes},
                      "seeds": list(config.run_seeds), "batch_size": config.batch_size,
                      "learning_rate": config.distill_learning_rate,
@@ -489,32 +669,39 @@ def render_markdown(config: RecipeGridConfig, report: dict) -> str:
         lines.append(f"| {LABELS.get(recipe, recipe)} | " + " | ".join(
             _cell_text(index.get((recipe, d) + key)) for d in config.divergences) + " |")
       lines.append("")
-  lines += ["## The paper's rules, measured", ""]
+  budget = report["budget"]
+  lines += [f"## Compute per cell ({budget['unit']})", "",
+            "| recipe | steps | per step | per cell | target forward tokens |",
+            "|---|---:|---:|---:|---:|"]
+  for recipe in config.recipes:
+    lines.append(f"| {LABELS.get(recipe, recipe)} | {budget['steps'][recipe]} | "
+                 f"{budget['step_cost'][recipe]:.4g} | {budget['compute'][recipe]:.4g} | "
+                 f"{budget['target_tokens'][recipe]:,} |")
+  lines += ["", f"Largest over smallest compute per cell: "
+            f"{budget['compute_max_over_min']:.3f}.", ""]
+  lines += ["## Verdicts", ""] + [f"- {v}" for v in report.get("verdicts", [])]
+  lines += ["", "A difference is reproduced or refuted beyond t standard errors: the standard "
+            "error over seeds of the seed-paired difference (the runs of one seed share the "
+            "data order, the prompts and the evaluation's keys) with Student's t at 95% for "
+            "seeds - 1 degrees of freedom (4.30 for three seeds); with one seed, the cells' "
+            "errors combined as independent and t = 2. Anything closer: not distinguishable "
+            "at this size.", ""]
+  objectives = {}
   for answer in report["rules"]:
-    t = answer["temperature"]
-    if "rule1" in answer:
-      r = answer["rule1"]
-      lines.append(f"- T = {t:g}, rule 1 ({r['claim']}): generated-data recipes' mean tau "
-                   f"{r['generated_tau']:.2f} vs SupervisedKD {r['fixed_tau']:.2f}: "
-                   f"difference {r['difference']:+.2f} ± {r['difference_stderr']:.2f} -> "
-                   f"**{r['verdict']}**.")
-    if "rule2" in answer:
-      r = answer["rule2"]
-      means = ", ".join(f"{DIVERGENCE_LABELS.get(d, d)} {v['tau']:.2f} ± {v['tau_stderr']:.2f}"
-                        for d, v in r["by_divergence"].items())
-      lines.append(f"- T = {t:g}, rule 2 ({r['claim']}): mean tau over recipes {means}; "
-                   f"measured best {DIVERGENCE_LABELS.get(r['measured_best'])} "
-                   f"(gap to the claimed {r['gap_to_claimed']:.2f} ± {r['gap_stderr']:.2f}) "
-                   f"-> **{r['verdict']}**.")
-    if "adaspec" in answer:
-      r = answer["adaspec"]
-      lines.append(f"- T = {t:g}, {r['claim']}: mean tau over "
-                   f"{', '.join(DIVERGENCE_LABELS.get(d, d) for d in r['objectives'])} "
-                   f"{r['adaspec_tau']:.2f} vs {r['reference_tau']:.2f}: difference "
-                   f"{r['difference']:+.2f} ± {r['difference_stderr']:.2f} -> "
-                   f"**{r['verdict']}**.")
-  lines += ["", "Verdicts: a difference beyond two standard errors counts; errors are "
-            "combined as independent although the cells share prompts and keys.", ""]
+    for name, value in {**answer.get("rule2", {}).get("by_divergence", {}),
+                        **answer.get("acceptance_objectives", {}).get("by_objective", {})
+                        }.items():
+      objectives.setdefault(name, {})[answer["temperature"]] = value
+  if objectives:
+    temperatures = [a["temperature"] for a in report["rules"]]
+    lines += ["## Mean tau over recipes per objective", "",
+              "| objective | " + " | ".join(f"T = {t:g}" for t in temperatures) + " |",
+              "|---" * (len(temperatures) + 1) + "|"]
+    for name, by_t in objectives.items():
+      lines.append(f"| {_label(name)} | " + " | ".join(
+          f"{by_t[t]['tau']:.2f} ± {by_t[t]['tau_stderr']:.2f}" if t in by_t else "-"
+          for t in temperatures) + " |")
+    lines.append("")
   return "\n".join(lines)
 
 
@@ -540,7 +727,9 @@ def plot(config: RecipeGridConfig, report: dict, out_dir: str) -> list:
     for i, r in enumerate(config.recipes):
       for j, d in enumerate(config.divergences):
         cell = index[(r, d, float(temperature))]
-        ax.text(j, i, f"{cell['tau']:.2f}\n±{cell['tau_stderr']:.2f}", ha="center",
+        spread = (f"±{cell['tau_stderr_seeds']:.2f} seeds" if cell.get("tau_stderr_seeds")
+                  is not None else f"±{cell['tau_stderr']:.2f}")
+        ax.text(j, i, f"{cell['tau']:.2f}\n{spread}", ha="center",
                 va="center", fontsize=7,
                 color="white" if cell["tau"] < grid.mean() else "black")
     ax.set_xticks(range(len(config.divergences)),
@@ -559,14 +748,16 @@ def plot(config: RecipeGridConfig, report: dict, out_dir: str) -> list:
   for ax, recipe in zip(axes[0], config.recipes):
     for divergence in config.divergences:
       curve = report["tau_curves"][f"{recipe}{CELL_SEPARATOR}{divergence}"]
-      x = [p["target_tokens" if config.compute_budget else "step"] for p in curve]
+      x = [p["compute" if config.compute_budget else "step"] for p in curve]
       tau, err = np.array([p["tau"] for p in curve]), np.array([p["tau_stderr"] for p in curve])
       line, = ax.plot(x, tau, marker="o", ms=3,
                       label=DIVERGENCE_LABELS.get(divergence, divergence))
       ax.fill_between(x, tau - err, tau + err, color=line.get_color(), alpha=0.2)
     ax.set_title(LABELS.get(recipe, recipe))
-    ax.set_xlabel("target forward tokens" if config.compute_budget else "distillation step")
-  axes[0][0].set_ylabel("tau (gamma=5, T=0, 32 val. prompts; band: ± s.e.)")
+    ax.set_xlabel(UNIT_LABELS[config.compute_unit] if config.compute_budget
+                  else "distillation step")
+  axes[0][0].set_ylabel("tau (gamma 5, T 0, 32 val. prompts)")
+  fig.suptitle("band: ± one standard error over seeds (over prompts for one seed)", fontsize=8)
   axes[0][-1].legend(fontsize=7)
   fig.tight_layout()
   paths.append(os.path.join(out_dir, "grid_tau_curves.png"))
