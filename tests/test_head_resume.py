@@ -17,7 +17,7 @@ import pytest
 from distillspec_jax.training import checkpoints
 import head_resume_worker as worker
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 STEPS = 10
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "head_resume_worker.py")
