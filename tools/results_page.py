@@ -73,7 +73,7 @@ def readme_table(report: dict, heads: dict) -> list:
   by = {(quantity(r, "draft"), quantity(r, "temperature"), quantity(r, "gamma")): r
         for r in report["draft_rows"]}
   head = {(r["temperature"], r["gamma"]): r for r in heads["rows"]
-          if r["draft"] == heads["head"]}
+          if r["draft"] == heads.get("head")}
   rows = []
   for (draft, temperature, gamma), raw in sorted(by.items(), key=lambda i: (i[0][1], i[0][2])):
     if draft != "raw":
@@ -279,6 +279,8 @@ def heads_section() -> list:
   lines = (["## A draft head beside the separate drafts", "", data["what"], "",
             f"`{data['command']}` (`{HEADS}`; [heads.md](heads.md)).", ""]
            + table(["draft", "T", "gamma", "tau", "acceptance by position", "end to end"], rows))
+  if "per_call_s" not in data:
+    return lines + [""]
   costs = [[name, d["kind"], f"{d['num_params']:,}", f"{d['step_s'] * 1e6:.1f}"]
            + [f"{d['first_call_s'][g] * 1e6:.1f}" for g in sorted(d["first_call_s"], key=int)]
            for name, d in data["drafts"].items()]
