@@ -220,9 +220,10 @@ def test_a_head_layer_outside_the_target_is_refused_before_any_work(tmp_path):
 def test_demo_head_run_file_adds_a_head_stage_at_gamma_5_and_7():
   from distillspec_jax import main
   config = main.load_pipeline(["--gin_file=gin/runs/demo_head.gin"])
-  assert config.head_stages == ("distill_head_gkd",) and config.gammas == (5, 7)
+  assert config.head_stages == ("distill_head_supervised_kd",) and config.gammas == (5, 7)
   assert config.temperatures == (0.0, 1.0) and config.head.mlp_dim == 256
-  assert config.stages.index("distill_head_gkd") < config.stages.index("evaluate")
+  assert config.head.training(config.gammas).unroll_steps == 7
+  assert config.stages.index("distill_head_supervised_kd") < config.stages.index("evaluate")
 
 
 def test_the_eval_binary_refuses_a_head_setting_that_does_not_fit(tmp_path):
