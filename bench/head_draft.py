@@ -15,7 +15,7 @@ Data: the trainer's synthetic reversal task (random prompts, no files), which th
 smoke run and a random or given target both read.
 
   python bench/head_draft.py --out head_draft.json [--target_model demo_target]
-      [--target_checkpoint PATH] [--train_steps 300] [--unroll_steps 3] [--head_mlp_dim 256]
+      [--target_checkpoint PATH] [--train_steps 300] [--unroll_steps GAMMA] [--head_mlp_dim 256]
       [--gammas 5,7] [--temperatures 0,1] [--prompts 32] [--smoke]
 """
 
@@ -145,6 +145,7 @@ def run(args) -> dict:
   from distillspec_jax.training import trainer as T
 
   gammas = tuple(int(g) for g in args.gammas.split(","))
+  unroll = max(gammas) if args.unroll_steps is None else args.unroll_steps
   temperatures = tuple(float(t) for t in args.temperatures.split(","))
   check_grid(gammas, temperatures)
   for name in ("train_steps", "prompts", "turns", "max_new_tokens"):
@@ -161,7 +162,7 @@ def run(args) -> dict:
   objective = HeadDistillationObjective(
       target, head, DistillationConfig(lambda1=args.lambda1, lambda2=args.lambda2,
                                        divergence=args.divergence),
-      HeadTrainingConfig(args.unroll_steps))
+      HeadTrainingConfig(unroll))
   with tempfile.TemporaryDirectory() as model_dir:
     config = T.TrainConfig(model_dir=model_dir, train_steps=args.train_steps,
                            batch_size=args.batch_size, optimizer="adamw",
@@ -197,7 +198,7 @@ def run(args) -> dict:
   return {"target_model": args.target_model, "target_checkpoint": args.target_checkpoint,
           "head_params": head.num_params(), "target_params": target.num_params(),
           "head_mlp_dim": args.head_mlp_dim, "feature_layers": list(head.feature_layers),
-          "unroll_steps": args.unroll_steps, "train_steps": args.train_steps,
+          "unroll_steps": unroll, "train_steps": args.train_steps,
           "divergence": args.divergence, "training": history, "rows": rows,
           "per_call_s": costs, "per_layer_step_s": per_layer, "backend": jax.default_backend()}
 
@@ -221,7 +222,8 @@ def parse(argv=None):
   parser.add_argument("--target_model", default="demo_target")
   parser.add_argument("--target_checkpoint", default=None)
   parser.add_argument("--head_mlp_dim", type=int, default=256)
-  parser.add_argument("--unroll_steps", type=int, default=3)
+  parser.add_argument("--unroll_steps", type=int, default=None,
+                      help="training-time test depth (default: the largest of --gammas)")
   parser.add_argument("--divergence", default="fkl")
   parser.add_argument("--lambda1", type=float, default=0.0, help="fixed-data fraction")
   parser.add_argument("--lambda2", type=float, default=0.5, help="on-policy (head) fraction")

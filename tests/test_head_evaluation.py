@@ -115,13 +115,14 @@ def test_main_job_with_a_head_and_the_eval_binary_on_its_checkpoint(tmp_path, sh
   shared_dir, _ = shared_stages
   config = testing.pipeline_config(
       tmp_path / "job", recipes=("supervised_kd",), gammas=(2,), temperatures=(0.0,),
-      head=HeadStageConfig(recipes=("supervised_kd",), steps=2, mlp_dim=32, unroll_steps=2))
+      head=HeadStageConfig(recipes=("supervised_kd",), steps=2, mlp_dim=32))
   testing.copy_stages(shared_dir, config)
   outcome = run_pipeline(config)
   assert outcome["distill_head_supervised_kd"] == "ran" and outcome["report"] == "ran"
   marker = json.load(open(os.path.join(config.stage_dir("distill_head_supervised_kd"),
                                        "DONE.json")))
   assert marker["tau_curve"][0]["step"] == 0 and marker["num_params"] > 0
+  assert marker["unroll_steps"] == 2  # None: unrolled as deep as the largest gamma
   report = json.load(open(tmp_path / "job" / "report.json"))
   rows = {r["draft"]: r for r in report["draft_rows"]}
   # The raw draft, the distilled draft and the head: one record, the same keys, all measured.
@@ -177,12 +178,31 @@ def test_main_job_with_a_head_and_the_eval_binary_on_its_checkpoint(tmp_path, sh
     (dict(steps=0), "steps"),
     (dict(learning_rate=0.0), "learning_rate"),
     (dict(mlp_dim=0), "mlp_dim"),
-    (dict(unroll_steps=0), "unroll steps=0"),
-    (dict(step_weights=(1.0,)), "one weight per step")])
+    (dict(unroll_steps=0), "HeadStageConfig.unroll_steps=0 must be an integer >= 1"),
+    (dict(unroll_steps=-3), "HeadStageConfig.unroll_steps=-3 must be an integer >= 1"),
+    (dict(step_weights=()), "step_weights=\\(\\) is empty"),
+    (dict(unroll_steps=3, step_weights=(1.0,)), "one weight per step")])
 def test_head_stage_settings_are_refused_naming_the_value(changes, message):
   from distillspec_jax.studies.pipeline_config import HeadStageConfig
   with pytest.raises(ValueError, match=message):
     HeadStageConfig(**changes)
+
+
+def test_head_unroll_defaults_to_the_largest_gamma(tmp_path, caplog):
+  from distillspec_jax.studies.pipeline_config import HeadStageConfig, PipelineConfig
+  with pytest.raises(TypeError, match="unroll_steps=True"):
+    HeadStageConfig(unroll_steps=True)
+  config = PipelineConfig(run_dir=str(tmp_path), gammas=(3, 7, 5), head=HeadStageConfig())
+  assert config.head.training(config.gammas).unroll_steps == 7
+  assert len(config.head.training(config.gammas).weights) == 7
+  with pytest.raises(ValueError, match="3 entries for unroll_steps=7"):
+    PipelineConfig(run_dir=str(tmp_path), gammas=(7,),
+                   head=HeadStageConfig(step_weights=(1.0, 1.0, 1.0)))
+  with caplog.at_level("WARNING"):
+    config = PipelineConfig(run_dir=str(tmp_path), gammas=(5, 7),
+                            head=HeadStageConfig(unroll_steps=3))
+  assert config.head.training(config.gammas).unroll_steps == 3
+  assert "not trained for draft positions 4..7" in caplog.text
 
 
 def test_a_head_layer_outside_the_target_is_refused_before_any_work(tmp_path):
@@ -200,9 +220,10 @@ def test_a_head_layer_outside_the_target_is_refused_before_any_work(tmp_path):
 def test_demo_head_run_file_adds_a_head_stage_at_gamma_5_and_7():
   from distillspec_jax import main
   config = main.load_pipeline(["--gin_file=gin/runs/demo_head.gin"])
-  assert config.head_stages == ("distill_head_gkd",) and config.gammas == (5, 7)
+  assert config.head_stages == ("distill_head_supervised_kd",) and config.gammas == (5, 7)
   assert config.temperatures == (0.0, 1.0) and config.head.mlp_dim == 256
-  assert config.stages.index("distill_head_gkd") < config.stages.index("evaluate")
+  assert config.head.training(config.gammas).unroll_steps == 7
+  assert config.stages.index("distill_head_supervised_kd") < config.stages.index("evaluate")
 
 
 def test_the_eval_binary_refuses_a_head_setting_that_does_not_fit(tmp_path):

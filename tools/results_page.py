@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "results.md")
 README = os.path.join(ROOT, "README.md")
 REPORT = "docs/demo/current/report.json"
+HEADS = "docs/heads/demo_head.json"
 BEGIN, END = "<!-- results:begin (tools/results_page.py) -->", "<!-- results:end -->"
 RECIPES = {"raw": "raw draft", "gkd": "GKD", "supervised_kd": "SupervisedKD"}
 STAGES = ("vocab", "target", "draft_raw", "teacher_cache", "distill_gkd", "distill_supervised_kd",
@@ -66,23 +67,28 @@ def draft_rows(report: dict) -> list:
       quantity(r, "draft")), quantity(r, "gamma")))
 
 
-def readme_table(report: dict) -> list:
-  """tau and the measured speedups of the raw and the SupervisedKD draft, per (T, gamma)."""
+def readme_table(report: dict, heads: dict) -> list:
+  """tau and the measured speedups of the raw and the SupervisedKD draft, per (T, gamma), and
+  the distilled head's tau where it was measured (`heads`: docs/heads/demo_head.json)."""
   by = {(quantity(r, "draft"), quantity(r, "temperature"), quantity(r, "gamma")): r
         for r in report["draft_rows"]}
+  head = {(r["temperature"], r["gamma"]): r for r in heads["rows"]
+          if r["draft"] == heads.get("head")}
   rows = []
   for (draft, temperature, gamma), raw in sorted(by.items(), key=lambda i: (i[0][1], i[0][2])):
     if draft != "raw":
       continue
     best = by[("supervised_kd", temperature, gamma)]
     gain = quantity(best, "tau") / quantity(raw, "tau") - 1
+    h = head.get((temperature, gamma))
     rows.append([f"{temperature:g}", gamma,
                  f"{quantity(raw, 'tau'):.2f} ± {quantity(raw, 'tau_stderr'):.2f}",
                  f"{quantity(best, 'tau'):.2f} ± {quantity(best, 'tau_stderr'):.2f}",
                  f"{gain:+.1%}", span(quantity(raw, "end_to_end"), quantity(raw, "end_to_end_range")),
-                 span(quantity(best, "end_to_end"), quantity(best, "end_to_end_range"))])
+                 span(quantity(best, "end_to_end"), quantity(best, "end_to_end_range")),
+                 "" if h is None else f"{h['tau']:.2f} ± {h['tau_stderr']:.2f}"])
   return table(["T", "gamma", "tau, raw draft", "tau, SupervisedKD", "tau gain",
-                "end to end, raw", "end to end, SupervisedKD"], rows)
+                "end to end, raw", "end to end, SupervisedKD", "tau, head"], rows)
 
 
 def main_job_section(report: dict) -> list:
@@ -310,15 +316,37 @@ def checks_section() -> list:
 
 
 def heads_section() -> list:
-  data = load("docs/heads/demo_head.json")
+  data = load(HEADS)
   rows = [[r["draft"], f"{r['temperature']:g}", r["gamma"],
            f"{r['tau']:.2f} ± {r['tau_stderr']:.2f}",
            " ".join(f"{a:.2f}" for a in r["acceptance_by_position"]),
            span(r["end_to_end_speedup"], r["end_to_end_speedup_range"])] for r in data["rows"]]
-  return (["## A draft head beside the separate drafts", "", data["what"], "",
-           f"`{data['command']}` (`docs/heads/demo_head.json`; [heads.md](heads.md)).", ""]
-          + table(["draft", "T", "gamma", "tau", "acceptance by position", "end to end"], rows)
-          + [""])
+  lines = (["## A draft head beside the separate drafts", "", data["what"], "",
+            f"`{data['command']}` (`{HEADS}`; [heads.md](heads.md)).", ""]
+           + table(["draft", "T", "gamma", "tau", "acceptance by position", "end to end"], rows))
+  if "per_call_s" not in data:
+    return lines + [""]
+  costs = [[name, d["kind"], f"{d['num_params']:,}", f"{d['step_s'] * 1e6:.1f}"]
+           + [f"{d['first_call_s'][g] * 1e6:.1f}" for g in sorted(d["first_call_s"], key=int)]
+           for name, d in data["drafts"].items()]
+  gammas = sorted(next(iter(data["drafts"].values()))["first_call_s"], key=int)
+  lines += ["", "Per-call costs in the same timing (us, median; a target step: "
+            f"{data['per_call_s']['target_step'] * 1e6:.1f}):", ""]
+  lines += table(["draft", "kind", "parameters", "draft step"]
+                 + [f"first call, gamma {g}" for g in gammas], costs)
+  before = data.get("before")
+  if before:
+    after = {(r["draft"], r["temperature"], r["gamma"]): r for r in data["rows"]}
+    pairs = [[f"{r['temperature']:g}", r["gamma"], f"{r['tau']:.2f} ± {r['tau_stderr']:.2f}",
+              " ".join(f"{a:.2f}" for a in r["acceptance_by_position"]),
+              f"{new['tau']:.2f} ± {new['tau_stderr']:.2f}",
+              " ".join(f"{a:.2f}" for a in new["acceptance_by_position"])]
+             for r in before["rows"]
+             for new in [after[(before["after"], r["temperature"], r["gamma"])]]]
+    lines += ["", before["what"], "", f"Before: `{before['command']}`.", ""]
+    lines += table(["T", "gamma", f"tau, {before['draft']}", "acceptance by position",
+                    f"tau, {before['after']}", "acceptance by position"], pairs)
+  return lines + [""]
 
 
 SECTIONS = (checks_section, heads_section, verification_section, latency_section, adaptive_section,
@@ -346,7 +374,7 @@ def readme(text: str) -> str:
     raise ValueError(f"README.md lacks the markers {BEGIN!r} and {END!r}.")
   head, rest = text.split(BEGIN, 1)
   _, tail = rest.split(END, 1)
-  return head + BEGIN + "\n" + "\n".join(readme_table(load(REPORT))) + "\n" + END + tail
+  return head + BEGIN + "\n" + "\n".join(readme_table(load(REPORT), load(HEADS))) + "\n" + END + tail
 
 
 def main(argv=None) -> int:

@@ -220,13 +220,14 @@ def check_draft_ids(draft_ids, vocab_size: int) -> None:
                      "permutation of a subset of the target's vocabulary (each id once).")
 
 
-def check_unroll_steps(steps) -> int:
-  """The training-time test's unroll depth k >= 1."""
+def check_unroll_steps(steps, name: str = "unroll steps") -> int:
+  """The training-time test's unroll depth k >= 1 (`name`: the setting, for the message)."""
   try:
-    return check_positive_int(steps, "unroll steps")
+    return check_positive_int(steps, name)
   except ValueError as error:
     raise ValueError(f"{error} The training-time test unrolls the head k >= 1 steps on its "
-                     "own features (k = 1 trains on target features only).") from None
+                     "own features (k = 1 trains on target features only); unroll as deep as "
+                     "the rounds it drafts (k = gamma).") from None
 
 
 # --- the network ---------------------------------------------------------------------------------

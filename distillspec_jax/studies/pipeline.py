@@ -474,14 +474,15 @@ def stage_distill_head(config: PipelineConfig, stage: str) -> dict:
                                     config.head.learning_rate, eval_every=config.eval_every)
   init = head.init(jax.random.PRNGKey(config.seed), target_params)
   start = eval_fn(init, 0)
-  objective = HeadDistillationObjective(target, head, distillation, config.head.training)
+  training = config.head.training(config.gammas)
+  objective = HeadDistillationObjective(target, head, distillation, training)
   result = train(train_config, objective, train_data(config),
                  frozen_params={"target": target_params}, init_params=init, eval_fn=eval_fn,
                  mesh=mesh)
   last = [r for r in result.history if "predicted_acceptance" in r]
   return {"recipe": recipe, "divergence": distillation.divergence,
           "lambda1": distillation.lambda1, "lambda2": distillation.lambda2,
-          "unroll_steps": config.head.unroll_steps, **head.config.to_json(),
+          "unroll_steps": training.unroll_steps, **head.config.to_json(),
           "num_params": head.num_params(), "final_loss": _last_loss(result.history),
           "predicted_acceptance_last": last[-1]["predicted_acceptance"] if last else None,
           "tau_curve": tau_curve(start, result.full_history)}

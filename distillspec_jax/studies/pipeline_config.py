@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Literal, Optional, Union
 
@@ -14,7 +15,7 @@ from distillspec_jax.distill.head_objectives import HeadTrainingConfig
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
 from distillspec_jax.evaluation.evaluate import SpeedConfig, check_checkpoint
 from distillspec_jax.models.config import DTYPES, REMAT_POLICIES, model_config
-from distillspec_jax.models.head import check_feature_layers
+from distillspec_jax.models.head import check_feature_layers, check_unroll_steps
 from distillspec_jax.models.precision import check_param_dtype
 from distillspec_jax.studies import pair_source
 from distillspec_jax.studies.pair_source import PairSource
@@ -41,7 +42,11 @@ class HeadStageConfig:
       make a head step cost half a target step).
     feature_layers: the target's hidden-state indices the head reads (None = low, middle
       and high: models/head.default_feature_layers).
-    unroll_steps / step_weights: the training-time test (HeadTrainingConfig).
+    unroll_steps: the training-time test's depth k (HeadTrainingConfig; gin
+      HEAD_UNROLL_STEPS); None = the job's largest gamma (`PipelineConfig.gammas`), so that
+      the head is trained for every draft position it serves: a head unrolled k steps loses
+      acceptance past position k (docs/heads.md).
+    step_weights: one weight per unrolled step (None = 0.8 ** s).
   """
 
   recipes: tuple = ("gkd",)
@@ -49,7 +54,7 @@ class HeadStageConfig:
   learning_rate: float = 1e-3
   mlp_dim: Optional[int] = 256
   feature_layers: Optional[tuple] = None
-  unroll_steps: int = 3
+  unroll_steps: Optional[int] = None
   step_weights: Optional[tuple] = None
 
   def __post_init__(self):
@@ -69,11 +74,18 @@ class HeadStageConfig:
                fix="pass a learning rate > 0, e.g. 1e-3.")
     if self.mlp_dim is not None:
       check_positive_int(self.mlp_dim, "HeadStageConfig.mlp_dim")
-    self.training  # HeadTrainingConfig checks the unroll steps and their weights
+    if self.unroll_steps is not None:
+      check_unroll_steps(self.unroll_steps, "HeadStageConfig.unroll_steps")
+      HeadTrainingConfig(self.unroll_steps, self.step_weights)  # one weight per step
+    elif self.step_weights is not None and not self.step_weights:
+      raise ValueError("HeadStageConfig.step_weights=() is empty; give one weight per "
+                       "unrolled step, or None for 0.8 ** s.")
 
-  @property
-  def training(self) -> HeadTrainingConfig:
-    return HeadTrainingConfig(self.unroll_steps, self.step_weights)
+  def training(self, gammas: tuple) -> HeadTrainingConfig:
+    """The training-time test for a job drafting at `gammas`: `unroll_steps`, or None = the
+    largest gamma."""
+    steps = self.unroll_steps if self.unroll_steps is not None else max(gammas)
+    return HeadTrainingConfig(steps, self.step_weights)
 
   def check_target(self, target_model: str) -> None:
     """Refuses feature layers outside the target preset (before any work)."""
@@ -283,6 +295,13 @@ class PipelineConfig:
         raise ValueError(f"{type(self).__name__} does not run draft-head stages; set its "
                          "head = None (the main job's PipelineConfig trains heads).")
       self.head.check_target(self.target_model)
+      training = self.head.training(self.gammas)  # step_weights: one per unrolled step
+      if training.unroll_steps < max(self.gammas):
+        logging.warning(
+            "HeadStageConfig.unroll_steps=%d is below the largest gamma %d: the head is not "
+            "trained for draft positions %d..%d, whose acceptance falls (docs/heads.md); "
+            "None unrolls to the largest gamma.", training.unroll_steps, max(self.gammas),
+            training.unroll_steps + 1, max(self.gammas))
       for recipe in self.head.recipes:
         distillation_config(self, recipe)
 
