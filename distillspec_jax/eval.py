@@ -431,7 +431,7 @@ def _evaluate_task(config: EvalConfig, name: str, examples, pair: tuple,
 def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
                  rows_by_task: dict, tokens: TokenIds) -> None:
   """Times each task's grid in a pinned process (loading the checkpoints itself) and gives
-  its rows their speed.SpeedFigures (None when speed_examples is 0, and on processes other
+  its rows their speed.SpeedFigures (None when SpeedConfig.examples is 0, and on processes other
   than 0: the timing is one process's batch-1 decodes, and process 0 alone writes the
   rows). `tokens`: the vocabulary's special ids."""
   for name in names:

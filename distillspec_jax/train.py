@@ -295,8 +295,8 @@ def run_dry_run(argv: Sequence[str]) -> int:
         "--gin.REMAT_POLICY=minimal (or full)"]
     if spec.mode == "distill" and spec.target_param_dtype != "bfloat16":
       levers.append("--gin.TARGET_PARAM_DTYPE=bfloat16")
-    return gin_utils.DryRunPlan(dry_run_stages(spec),
-                                (spec.train_config.mesh.data_parallel, spec.train_config.mesh.model_parallel),
+    mesh = spec.train_config.mesh
+    return gin_utils.DryRunPlan(dry_run_stages(spec), (mesh.data_parallel, mesh.model_parallel),
                                 tuple(levers))
 
   return gin_utils.run_dry_run(plan)
@@ -307,11 +307,12 @@ def check_mesh(spec: RunSpec) -> None:
   model axis the models cannot be split over, naming the macros."""
   models = {"model": spec.model} if spec.mode == "finetune" else {"target": spec.target,
                                                                    "draft": spec.model}
-  mesh = spec.train_config.mesh.make()  # its error names both sizes
+  sizes = spec.train_config.mesh
+  mesh = sizes.make()  # its error names both sizes
   try:
     partitioning.check_model_axis(models, mesh)
   except ValueError as error:
-    raise gin_utils.GinConfigError(f"MeshConfig.model_parallel={spec.train_config.mesh.model_parallel} "
+    raise gin_utils.GinConfigError(f"MeshConfig.model_parallel={sizes.model_parallel} "
                                    f"(MODEL_PARALLEL): {error}") from None
 
 

@@ -589,7 +589,7 @@ def test_examples(config: PipelineConfig, mesh=None) -> tuple:
 
 def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None) -> dict:
   """speed.measure_speed of every draft of the job with its target, on the first
-  `speed_examples` test prompts. Loads what it needs, so it can run in a pinned process.
+  `SpeedConfig.examples` test prompts. Loads what it needs, so it can run in a pinned process.
   `windows_log`: as measure_speed's (in this process only)."""
   from distillspec_jax.evaluation import pinning
   from distillspec_jax.evaluation import speed
