@@ -50,7 +50,8 @@ MAIN_CASES = [
     ("--gin.TRAIN_STEPS=-5", "-5"),
     ("--gin.DecodingGrid.gammas=(0,)", "DecodingGrid.gammas=(0,)"),
     ("--gin.TEMPERATURES=(-1.0,)", "DecodingGrid.temperatures=(-1.0,)"),
-    ("--gin.EPSILONS=(0.5,)", "(0.5,)"),  # the main job decodes losslessly
+    ("--gin.DecodingGrid.epsilons=(0.5,) --gin.TEMPERATURES=(1.0,)",
+     "epsilons=(0.5,)"),  # the main job decodes losslessly
     ("--gin.RECIPES=('nonsense',)", "'nonsense'"),
     ("--gin.DIVERGENCE='nonsense'", "'nonsense'"),
     ("--gin.TARGET_PARAM_DTYPE='float8'", "'float8'"),
