@@ -139,9 +139,8 @@ def test_one_speed_config_for_the_main_job_and_the_eval_binary(tmp_path):
 
 def test_one_mesh_config_for_the_three_binaries():
   assert MeshConfig(4, 2) == MeshConfig(data_parallel=4, model_parallel=2)
-  for changes, message in ((dict(data_parallel=0), r"MeshConfig.data_parallel \(DATA_PARALLEL"),
-                           (dict(model_parallel=0), r"MeshConfig.model_parallel \("
-                                                    r"MODEL_PARALLEL\)=0 must be")):
+  for changes, message in ((dict(data_parallel=0), "MeshConfig.data_parallel=0 must be"),
+                           (dict(model_parallel=0), "MeshConfig.model_parallel=0 must be")):
     with pytest.raises(ValueError, match=message):
       MeshConfig(**changes)
   with pytest.raises(ValueError, match=r"MeshConfig.data_parallel=3 \(DATA_PARALLEL\), "

@@ -86,10 +86,10 @@ class MeshConfig:
 
   def __post_init__(self):
     check_field_types(self)
-    if self.data_parallel != -1:
-      check_positive_int(self.data_parallel, "MeshConfig.data_parallel (DATA_PARALLEL; -1 = "
-                         "the devices left over)")
-    check_positive_int(self.model_parallel, "MeshConfig.model_parallel (MODEL_PARALLEL)")
+    if self.data_parallel != -1 and self.data_parallel < 1:
+      raise ValueError(f"MeshConfig.data_parallel={self.data_parallel} must be -1 (the devices "
+                       "left over) or an integer >= 1 (DATA_PARALLEL).")
+    check_positive_int(self.model_parallel, "MeshConfig.model_parallel")
 
   def make(self, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
     """The mesh over `devices` (default: all); a ValueError naming both sizes and the fix
