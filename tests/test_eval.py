@@ -1,7 +1,6 @@
 """The evaluation binary (distillspec_jax/eval.py) and its library (quality_lib.py, lossy.py)
 on tiny random models: outputs, the lossless limit of lenience, mixtures, BBH files, errors."""
 
-import dataclasses
 import json
 import math
 import os
