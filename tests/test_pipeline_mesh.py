@@ -35,8 +35,9 @@ SHAPES = ((4, 2), (8, 1))
 # gamma 2 at both temperatures, the least timing the job allows (timing is not what is
 # compared); SupervisedKD from the teacher cache, as in the demo, so the cache stage runs on
 # each mesh too.
-SETTINGS = dict(grid=dict(gammas=(2,), temperatures=(0.0, 1.0)), speed=dict(repeats=1, calls=1),
-                teacher_cache_k=8, teacher_cache_recipes=["supervised_kd"])
+SETTINGS = dict(grid=dict(gammas=(2,), temperatures=(0.0, 1.0)),
+                speed=dict(repeats=1, calls=1), teacher_cache_k=8,
+                teacher_cache_recipes=["supervised_kd"])
 
 WORKER = r"""
 import json, os, sys
