@@ -72,7 +72,7 @@ def make_mesh(data: int = -1, model: int = 1,
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
   """The (data, model) mesh a job lays its parameters and batches on, shared by the three
-  binaries (`RunSpec.mesh`, `PipelineConfig.mesh`, `EvalConfig.mesh`; gin:
+  binaries (`TrainConfig.mesh`, `PipelineConfig.mesh`, `EvalConfig.mesh`; gin:
   `MeshConfig.data_parallel = %DATA_PARALLEL`, `MeshConfig.model_parallel = %MODEL_PARALLEL`).
 
   Attributes:
