@@ -126,7 +126,7 @@ def test_each_binary_has_at_least_12_bad_values():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("binary,flag,named", [
-    ("eval", "--gin.GAMMAS=(0,)", "GAMMAS"),
+    ("eval", "--gin.GAMMAS=(0,)", "DecodingGrid.gammas=(0,)"),
     ("train", "--gin.LAMBDA1='0.5'", "'0.5'")])
 def test_bad_value_as_a_process_exits_1_without_a_traceback(binary, flag, named, tmp_path):
   argv = BINARIES[binary][1](tmp_path / "out") + [flag]
