@@ -23,11 +23,11 @@ PIPELINE_BINDINGS = (
     "--gin.TRAIN_STEPS=2", "--gin.DRAFT_TRAIN_STEPS=2", "--gin.DISTILL_TRAIN_STEPS=2",
     "--gin.PipelineConfig.recipe_steps={}", "--gin.BATCH_SIZE=8",
     "--gin.PipelineConfig.warmup_steps=1", "--gin.PipelineConfig.eval_examples=4",
-    "--gin.PipelineConfig.speed_examples=1", "--gin.PipelineConfig.max_new_tokens=8",
+    "--gin.SPEED_EXAMPLES=1", "--gin.PipelineConfig.max_new_tokens=8",
     "--gin.PipelineConfig.eval_every=1", "--gin.TRAIN_EXAMPLES=64",
-    "--gin.PipelineConfig.speed_repeats=2", "--gin.PipelineConfig.speed_calls=2",
-    "--gin.PipelineConfig.speed_cpus=0", "--gin.PipelineConfig.gammas=(2,)",
-    "--gin.PipelineConfig.temperatures=(0.0,)", "--gin.RECIPES=('supervised_kd',)",
+    "--gin.SPEED_REPEATS=2", "--gin.SPEED_CALLS=2",
+    "--gin.SPEED_CPUS=0", "--gin.GAMMAS=(2,)",
+    "--gin.TEMPERATURES=(0.0,)", "--gin.RECIPES=('supervised_kd',)",
     "--gin.PipelineConfig.teacher_cache_recipes=()",
 )
 

@@ -18,7 +18,7 @@ from the fastest windows of all calls together, against the cost model
 enough quiet calls).
 
   python bench/timing_budget.py --gin_file=gin/runs/demo.gin --out timing_budget.json \
-      [--budget 240] [--calls 6,12,18,24] [--gin.PipelineConfig.speed_calls=12]
+      [--budget 240] [--calls 6,12,18,24] [--gin.SPEED_CALLS=12]
 
 Needs the run's checkpoints (the README's main command writes them). Writes the per-k
 summary and every row's speedups to --out, and a PNG of max spread against calls beside it.
@@ -173,7 +173,7 @@ def report(args, gin_args: list) -> dict:
   from distillspec_jax.studies import pipeline
   from distillspec_jax.evaluation import speed
   from distillspec_jax.main import load_pipeline
-  config = load_pipeline(gin_args + [f"--gin.PipelineConfig.speed_budget_s={args.budget}"])
+  config = load_pipeline(gin_args + [f"--gin.SPEED_BUDGET_S={args.budget}"])
   log = []
   result = pipeline.measure_run_speed(config, windows_log=log).to_json()
   timed = result["protocol"]["timed_per_repeat"]
@@ -184,10 +184,10 @@ def report(args, gin_args: list) -> dict:
           f"rows above 5% / 10%: {line['rows_spread_over_5_percent']} / "
           f"{line['rows_spread_over_10_percent']}, largest change to the all-calls speedup "
           f"{line['max_deviation_from_all_calls']:.1%}")
-  largest = f"verification_{max(config.gammas)}"
+  largest = f"verification_{max(config.grid.gammas)}"
   # Plain decoding at every temperature; the verification's timeline is the measurement's.
   timeline = {f"plain T={t:g}": speed.quiet_timeline(log, ("plain", t))
-              for t in config.temperatures}
+              for t in config.grid.temperatures}
   timeline[largest] = result["quiet_timeline"][largest]
   for name, shares in timeline.items():
     print(f"{name}: windows within 3% of their fastest, by tenth of the timing: "

@@ -9,7 +9,8 @@ autodetected by `importer.detect_format`; with DRAFT_KIND='head' a draft head's 
 main job's distill_head_<recipe>, whose head.json gives its shape), plus VOCABULARY (the
 SentencePiece model the checkpoints were trained with), DATA_DIR (file-backed tasks),
 BBH_DIR (the public BBH bbh/ folder) and the grid: GAMMAS, TEMPERATURES, LENIENCE_KINDS,
-EPSILONS.
+EPSILONS (bound to `EvalConfig.grid = @DecodingGrid()`; the timing is
+`EvalConfig.speed = @SpeedConfig()`, the mesh `EvalConfig.mesh = @MeshConfig()`).
 
 For each task of the mixture (or the one task), on its evaluation split, it decodes with the
 target alone and with speculative decoding at every (temperature, gamma, lenience) and writes
@@ -44,15 +45,15 @@ import jax
 
 from distillspec_jax import gin_utils
 from distillspec_jax.core.files import write_text_atomic
-from distillspec_jax.core.validation import (check_field_types, check_grid, check_path,
-                                             check_positive_int)
-from distillspec_jax.decoding.speculative import DraftLength, Lenience, check_pair
+from distillspec_jax.core.validation import check_field_types, check_path, check_positive_int
+from distillspec_jax.decoding.speculative import DraftLength, check_pair
 from distillspec_jax.evaluation import evaluate as evaluate_lib
 from distillspec_jax.evaluation import examples as examples_lib
 from distillspec_jax.evaluation import lossy
 from distillspec_jax.evaluation import pinning
 from distillspec_jax.evaluation import quality
 from distillspec_jax.evaluation import speed
+from distillspec_jax.evaluation.decoding_grid import DecodingGrid
 from distillspec_jax.evaluation.evaluate import SpeedConfig, check_checkpoint
 from distillspec_jax.interop import importer
 from distillspec_jax.models import precision
@@ -61,6 +62,7 @@ from distillspec_jax.models.head import HEAD_CONFIG_FILE, Head, read_head_config
 from distillspec_jax.models.model import Model, TokenIds
 from distillspec_jax.training import multihost
 from distillspec_jax.training import partitioning
+from distillspec_jax.training.partitioning import MeshConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,32 +88,25 @@ class EvalConfig:
     bbh_dir: the BBH folder (one JSON per subtask) for the bbh_* tasks and the 'bbh' mixture.
     split: evaluation split (None: 'test', else 'validation').
     eval_examples: prompts per task for quality, tau and alpha.
-    gammas / temperatures: the speculative grid.
-    lenience_kinds / epsilons: the lenience grid, every kind at every epsilon
-      (speculative.Lenience; epsilon 1 is lossless).
+    grid: the speculative grid (evaluation.decoding_grid.DecodingGrid, shared with the main
+      job; gin: EvalConfig.grid = @DecodingGrid()): gammas, temperatures, the lenience grid
+      (every kind at every epsilon; epsilon 1 is lossless) and the draft-length rule
+      (speculative.DraftLength: 'fixed' gamma, or an adaptive rule up to gamma as gamma_max;
+      DecodingGrid.draft_length = @DraftLength()).
     max_new_tokens: decoding budget (None: task_feature_lengths["targets"]).
-    speed_examples / speed_repeats / speed_calls / speed_budget_s / speed_cpus: the timing's
-      settings, the fields of `self.speed` (evaluation.evaluate.SpeedConfig, shared with the
-      main job): the first evaluation prompts timed one at a time (0: no timing, speed
-      fields null); interleaved timing turns; timed calls per repeat, at least; seconds of
-      timing per task, the whole lenience grid timed together (0 = exactly speed_calls);
-      cores of the timing process (0: this process, unpinned).
+    speed: the timing's settings (evaluation.evaluate.SpeedConfig, shared with the main
+      job; gin: EvalConfig.speed = @SpeedConfig()): the first SpeedConfig.examples
+      evaluation prompts timed one at a time (0: no timing, speed fields null), the whole
+      lenience grid of a task timed together.
     max_decode_length: cache capacity of both models (None: what the grid needs, rounded up to
       a multiple of 16, or the presets' when larger).
     seed: one key for every decode: batch b of every configuration uses fold_in(seed key, b).
-    data_parallel / model_parallel: the (data, model) mesh of all processes' devices both
-      models' parameters are laid out on by the partitioning rules (DATA_PARALLEL,
-      MODEL_PARALLEL; -1 = the devices left over): a target sharded over 'model' never sits
-      whole on one device. Each batch's prompts are split over 'data' when it divides
+    mesh: the (data, model) mesh of all processes' devices both models' parameters are laid
+      out on by the partitioning rules (training.partitioning.MeshConfig, shared with the
+      other binaries; gin: EvalConfig.mesh = @MeshConfig()): a target sharded over 'model'
+      never sits whole on one device. Each batch's prompts are split over 'data' when it divides
       BATCH_SIZE (else every device decodes the whole batch); with several processes each
       hands over only the rows its devices hold.
-    draft_length_rule / draft_length_threshold: how many draft tokens a row proposes per
-      round (speculative.DraftLength; DRAFT_LENGTH_RULE, DRAFT_LENGTH_THRESHOLD): 'fixed'
-      (gamma), 'confidence' (up to gamma as gamma_max, while the draft's top probability
-      is at least the threshold), 'cumulative' (while the product of the round's top
-      probabilities is) or 'cost' (while a longer proposal pays, by draft_length_costs: a
-      round verifying w tokens costs entry w - 1, in target steps, and a draft call
-      draft_length_draft_cost; DRAFT_LENGTH_COSTS, DRAFT_LENGTH_DRAFT_COST).
     target_param_dtype: the target's parameters cast after loading (TARGET_PARAM_DTYPE; None
       = as stored).
     draft_kind: 'model' (a separate draft model) or 'head' (DRAFT_KIND): a draft head
@@ -133,26 +128,14 @@ class EvalConfig:
   bbh_dir: Optional[str] = None
   split: Optional[str] = None
   eval_examples: int = 128
-  gammas: tuple = (3, 5, 7)
-  temperatures: tuple = (0.0, 1.0)
-  lenience_kinds: tuple = ("lin",)
-  epsilons: tuple = (1.0,)
+  grid: DecodingGrid = DecodingGrid()
   max_new_tokens: Optional[int] = None
-  speed_examples: int = 8
-  speed_repeats: int = 7
-  speed_calls: int = 6
-  speed_budget_s: float = 0.0
-  speed_cpus: int = 1
+  speed: SpeedConfig = SpeedConfig(examples=8)
   max_decode_length: Optional[int] = None
   seed: int = 0
   progress_bar: bool = True
-  data_parallel: int = -1
-  model_parallel: int = 1
+  mesh: MeshConfig = MeshConfig()
   target_param_dtype: Optional[str] = None
-  draft_length_rule: str = "fixed"
-  draft_length_threshold: float = 0.0
-  draft_length_costs: tuple = ()
-  draft_length_draft_cost: float = 0.0
   draft_kind: Literal["model", "head"] = "model"
 
   def __post_init__(self):
@@ -164,56 +147,29 @@ class EvalConfig:
       if not getattr(self, name):  # gin's unset macro is None: say which, not the type
         raise ValueError(f"{macro} is not set; pass --gin.{macro}={example}.")
     check_field_types(self)
+    for name, kind in (("grid", DecodingGrid), ("speed", SpeedConfig), ("mesh", MeshConfig)):
+      if not isinstance(getattr(self, name), kind):
+        raise TypeError(f"EvalConfig.{name}={getattr(self, name)!r} must be a "
+                        f"{kind.__name__} (gin: EvalConfig.{name} = @{kind.__name__}()).")
     if self.chat_template and (self.vocabulary is None or self.data_dir is None):
       raise ValueError(
           f"CHAT_TEMPLATE=True with VOCABULARY={self.vocabulary!r} and DATA_DIR="
           f"{self.data_dir!r}: the file-backed tasks are rendered by the tokenizer folder's "
           "chat template; set both, or CHAT_TEMPLATE=False.")
-    check_grid(self.gammas, self.temperatures, names=("GAMMAS", "TEMPERATURES"))
-    check_lenience_grid(self.lenience_kinds, self.epsilons)
-    for lenience in self.leniences:  # a lossy lenience at T = 0 has no meaning: refused
-      for temperature in self.temperatures:
-        try:
-          lenience.check_temperature(temperature)
-        except ValueError as error:
-          raise ValueError(f"EPSILONS={tuple(self.epsilons)} with TEMPERATURES="
-                           f"{tuple(self.temperatures)}: {error}") from None
-    check_draft_length(self.draft_length_rule, self.draft_length_threshold,
-                       self.draft_length_costs, self.draft_length_draft_cost)
     for name in ("batch_size", "eval_examples"):
       check_positive_int(getattr(self, name), name)
     if self.max_decode_length is not None:
       check_positive_int(self.max_decode_length, "max_decode_length")
-    if self.data_parallel != -1:
-      check_positive_int(self.data_parallel, "data_parallel (DATA_PARALLEL; -1 = the rest)")
-    check_positive_int(self.model_parallel, "model_parallel (MODEL_PARALLEL)")
     precision.check_param_dtype(self.target_param_dtype)
     if self.max_new_tokens is None:
       check_positive_int(self.task_feature_lengths.get("targets"),
                          "TASK_FEATURE_LENGTHS['targets'] (the decoding budget when "
                          "EvalConfig.max_new_tokens is None)")
-    self.speed.check_prompts(self.eval_examples)
+    self.speed.check_prompts(self.eval_examples, "EvalConfig")
     if self.draft_kind == "head" and self.draft_model is not None:
       raise ValueError(f"EvalConfig.draft_model={self.draft_model!r} names a draft model preset "
                        "but DRAFT_KIND='head': a head's shape comes from its folder's "
                        "head.json; set EvalConfig.draft_model = None.")
-
-  @property
-  def speed(self) -> SpeedConfig:
-    """The timing's settings (checked when the config is made)."""
-    return SpeedConfig.of(self)
-
-  @property
-  def leniences(self) -> list:
-    """Every kind at every epsilon, as the engine's Lenience objects."""
-    return [Lenience(kind, epsilon) for kind in self.lenience_kinds
-            for epsilon in self.epsilons]
-
-  @property
-  def draft_length(self) -> DraftLength:
-    """The engine's DraftLength of the draft_length_* fields."""
-    return DraftLength(self.draft_length_rule, self.draft_length_threshold,
-                       costs=self.draft_length_costs, draft_cost=self.draft_length_draft_cost)
 
   @property
   def new_tokens(self) -> int:
@@ -256,31 +212,8 @@ class EvalConfig:
                        "DRAFT_KIND='model'.")
 
 
-def check_lenience_grid(kinds: tuple, epsilons: tuple) -> None:
-  """Refuses an empty lenience grid, or a kind or epsilon the engine's Lenience refuses,
-  naming the macro and the value."""
-  for macro, values, example in (("LENIENCE_KINDS", kinds, "('lin',)"),
-                                 ("EPSILONS", epsilons, "(1.0,) for lossless decoding")):
-    if not values:
-      raise ValueError(f"{macro}={tuple(values)!r} is empty; pass at least one, e.g. "
-                       f"--gin.{macro}={example}.")
-  for macro, values, make in (("LENIENCE_KINDS", kinds, Lenience),
-                              ("EPSILONS", epsilons, lambda e: Lenience("lin", e))):
-    for value in values:
-      try:
-        make(value)
-      except (TypeError, ValueError) as error:
-        raise ValueError(f"{macro} has {value!r}: {error}") from None
-
-
-def check_draft_length(rule, threshold, costs, draft_cost) -> None:
-  """Refuses draft-length settings the engine's DraftLength refuses, naming the macros."""
-  try:
-    DraftLength(rule, threshold, costs=costs, draft_cost=draft_cost)
-  except (TypeError, ValueError) as error:
-    raise ValueError(f"DRAFT_LENGTH_RULE={rule!r}, DRAFT_LENGTH_THRESHOLD={threshold!r}, "
-                     f"DRAFT_LENGTH_COSTS={costs!r}, DRAFT_LENGTH_DRAFT_COST={draft_cost!r}: "
-                     f"{error}") from None
+# The configs a run file binds, EvalConfig's sub-configs after it (--help lists them).
+CONFIGS = (EvalConfig, DecodingGrid, DraftLength, SpeedConfig, MeshConfig)
 
 
 # --- checkpoints and tasks -------------------------------------------------------------------
@@ -304,7 +237,7 @@ def decode_capacity(config: EvalConfig, target: TransformerConfig, draft: Transf
   if config.max_decode_length:
     return config.max_decode_length
   width = 1 if target.kind == "encoder_decoder" else 1 + prompt_width
-  needed = width + config.new_tokens + max(config.gammas)
+  needed = width + config.new_tokens + max(config.grid.gammas)
   rounded = -(-needed // 16) * 16
   presets = [model_config(n).max_decode_length for n in (config.target_model,
                                                          config.draft_model) if n]
@@ -371,9 +304,9 @@ def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalC
   target = target.with_tokens(tokens)
   if not isinstance(draft, Head):
     draft = draft.with_tokens(tokens)
-  plan = speed.TimingPlan(gammas=config.gammas, temperatures=config.temperatures,
-                         max_new_tokens=config.new_tokens, leniences=tuple(config.leniences),
-                         draft_lengths=(config.draft_length,), seed=config.seed,
+  plan = speed.TimingPlan(gammas=config.grid.gammas, temperatures=config.grid.temperatures,
+                         max_new_tokens=config.new_tokens, leniences=tuple(config.grid.leniences),
+                         draft_lengths=(config.grid.draft_length,), seed=config.seed,
                          **config.speed.measure_kwargs())
   return speed.measure_speed(target, target_params, {"draft": (draft, draft_params)},
                              prompts, plan, progress=config.progress_bar)
@@ -456,8 +389,7 @@ def eval_mesh(config: EvalConfig, target: Model, draft: Model):
   """The (DATA_PARALLEL, MODEL_PARALLEL) mesh of all processes' devices (one process: its
   own), checked against both models: the parameters are laid out on it and each evaluation
   batch's rows split over its 'data' axis (examples.read_examples)."""
-  mesh = partitioning.make_mesh(config.data_parallel, config.model_parallel,
-                                devices=jax.devices())
+  mesh = config.mesh.make(jax.devices())
   partitioning.check_model_axis({"target": target, "draft": draft}, mesh)
   return mesh
 
@@ -485,11 +417,11 @@ def _evaluate_task(config: EvalConfig, name: str, examples, pair: tuple,
                 seed=config.seed, place=place)
   texts = list(zip(examples.prompt_texts, examples.target_texts))
   rows, lines, alone_quality = [], [], None
-  for temperature in config.temperatures:
+  for temperature in config.grid.temperatures:
     alone = quality.target_alone(target, target_params, draft, draft_params, examples,
                                  temperature=temperature, detokenize=scorer.detokenize,
                                  metric_fn=scorer.metrics, **common)
-    if temperature == min(config.temperatures):
+    if temperature == min(config.grid.temperatures):
       alone_quality = alone.quality
     lines += [dict(decoder="target", temperature=float(temperature), input=i, reference=r,
                    prediction=p, accepted_per_round=None)
@@ -497,8 +429,8 @@ def _evaluate_task(config: EvalConfig, name: str, examples, pair: tuple,
     bar.update(1)
     for run in evaluate_lib.speculative_grid(
         target, target_params, {"draft": (draft, draft_params)}, examples, scorer,
-        gammas=config.gammas, temperatures=(temperature,), leniences=config.leniences,
-        draft_length=config.draft_length,
+        gammas=config.grid.gammas, temperatures=(temperature,), leniences=config.grid.leniences,
+        draft_length=config.grid.draft_length,
         on_done=bar.update, **common):
       rows.append(evaluate_lib.EvaluationRow.of(name, run,
                                                 predicted_alpha=alone.predicted_alpha))
@@ -511,7 +443,7 @@ def _evaluate_task(config: EvalConfig, name: str, examples, pair: tuple,
 def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
                  rows_by_task: dict, tokens: TokenIds) -> None:
   """Times each task's grid in a pinned process (loading the checkpoints itself) and gives
-  its rows their speed.SpeedFigures (None when speed_examples is 0, and on processes other
+  its rows their speed.SpeedFigures (None when SpeedConfig.examples is 0, and on processes other
   than 0: the timing is one process's batch-1 decodes, and process 0 alone writes the
   rows). `tokens`: the vocabulary's special ids."""
   for name in names:
@@ -541,7 +473,7 @@ def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict) -> No
   for row in metrics["rows"]:
     _scalars(writer, evaluate_lib.EvaluationRow.from_json(row))
   writer.close()
-  if len(config.leniences) > 1:
+  if len(config.grid.leniences) > 1:
     lossy.write_tradeoff(metrics, config.model_dir)
 
 
@@ -580,8 +512,8 @@ def evaluate(config: EvalConfig) -> dict:
     raise ValueError(f"The task's vocabulary has {vocabulary.vocab_size} pieces but the models "
                      f"have vocab_size={target.config.vocab_size}; pass the checkpoints' "
                      "SentencePiece model as --gin.VOCABULARY=<path.model>.")
-  total = len(names) * len(config.temperatures) * (
-      1 + len(config.gammas) * len(config.leniences))
+  total = len(names) * len(config.grid.temperatures) * (
+      1 + len(config.grid.gammas) * len(config.grid.leniences))
   rows_by_task, alone_by_task, lines_by_task = {}, {}, {}
   with tqdm(total=total, desc="evaluate", dynamic_ncols=True,
             disable=not config.progress_bar) as bar:
@@ -615,7 +547,7 @@ def evaluate_job(config: EvalConfig) -> dict:
 
 def load_config(argv: Sequence[str]) -> EvalConfig:
   """Parses the gin flags and builds the run file's EvalConfig (nothing runs)."""
-  gin_utils.register(EvalConfig, evaluate_job)
+  gin_utils.register(evaluate_job, *CONFIGS)
   gin_utils.parse_binary_flags(argv)
   try:
     reference = gin.query_parameter("evaluate_job.config")
@@ -636,18 +568,9 @@ def prepare(argv: Sequence[str]) -> EvalConfig:
   # --coordinator_address / --process_count / --process_index (multihost.py), before JAX starts.
   argv = multihost.initialize_from_flags(argv)
   config = load_config(argv)
-  check_mesh(config.data_parallel, config.model_parallel)
+  config.mesh.make(jax.devices())  # sizes that do not divide the devices: refused now
   config.check_inputs()
   return config
-
-
-def check_mesh(data_parallel: int, model_parallel: int) -> None:
-  """Refuses mesh sizes that do not divide all processes' devices, naming the macros."""
-  try:
-    partitioning.make_mesh(data_parallel, model_parallel, devices=jax.devices())
-  except ValueError as error:
-    raise ValueError(f"DATA_PARALLEL={data_parallel}, MODEL_PARALLEL={model_parallel}: "
-                     f"{error}") from None
 
 
 def run(config: EvalConfig) -> int:
@@ -683,19 +606,20 @@ def run_dry_run(argv: Sequence[str]) -> int:
     draft = Model(model_config(config.draft_model))
     inputs = int(config.task_feature_lengths.get("inputs", 0) or 1)
     stage = dry_run.Stage("evaluate", lambda mesh, batch: dry_run.speculative_program(
-        target, draft, mesh, batch, inputs, config.new_tokens, gamma=max(config.gammas),
-        temperature=max(config.temperatures), target_param_dtype=config.target_param_dtype),
+        target, draft, mesh, batch, inputs, config.new_tokens, gamma=max(config.grid.gammas),
+        temperature=max(config.grid.temperatures), target_param_dtype=config.target_param_dtype),
         config.batch_size, {"target": target, "draft": draft})
     levers = () if config.target_param_dtype == "bfloat16" else (
         "--gin.TARGET_PARAM_DTYPE=bfloat16",)
-    return gin_utils.DryRunPlan([stage], (config.data_parallel, config.model_parallel), levers)
+    return gin_utils.DryRunPlan([stage], (config.mesh.data_parallel, config.mesh.model_parallel),
+                                levers)
 
   return gin_utils.run_dry_run(plan)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  gin_utils.exit_on_help(argv, "distillspec_jax.eval", __doc__, (EvalConfig,))
+  gin_utils.exit_on_help(argv, "distillspec_jax.eval", __doc__, CONFIGS)
   wanted, argv = gin_utils.take_dry_run_flag(argv)
   if wanted:
     return run_dry_run(argv)

@@ -31,6 +31,9 @@ from typing import Optional, Sequence
 import gin
 
 from distillspec_jax import gin_utils
+from distillspec_jax.decoding.speculative import DraftLength
+from distillspec_jax.evaluation.decoding_grid import DecodingGrid
+from distillspec_jax.evaluation.evaluate import SpeedConfig
 from distillspec_jax.training import multihost
 from distillspec_jax.studies import pipeline as pipeline_lib
 from distillspec_jax.studies.garden import GardenConfig
@@ -38,6 +41,13 @@ from distillspec_jax.studies.pair_source import PairSource
 from distillspec_jax.studies.pipeline import PipelineConfig, check_run_dir, run_pipeline
 from distillspec_jax.studies.pipeline_config import HeadStageConfig
 from distillspec_jax.studies.recipe_grid import RecipeGridConfig
+from distillspec_jax.training.partitioning import MeshConfig
+
+# The configs a run file binds, PipelineConfig's sub-configs after it (--help lists them
+# with their fields; the studies' configs add fields to PipelineConfig's).
+CONFIGS = (PipelineConfig, DecodingGrid, DraftLength, SpeedConfig, MeshConfig, PairSource,
+           HeadStageConfig)
+STUDY_CONFIGS = (RecipeGridConfig, GardenConfig)
 
 
 def main_job(pipeline: PipelineConfig = gin.REQUIRED, stages: Optional[tuple] = None) -> dict:
@@ -49,8 +59,7 @@ def main_job(pipeline: PipelineConfig = gin.REQUIRED, stages: Optional[tuple] = 
 
 def load_pipeline(argv: Sequence[str]) -> PipelineConfig:
   """Parses the gin flags and builds the run file's PipelineConfig (nothing runs)."""
-  gin_utils.register(main_job, PipelineConfig, PairSource, HeadStageConfig, RecipeGridConfig,
-                     GardenConfig)
+  gin_utils.register(main_job, *CONFIGS, *STUDY_CONFIGS)
   gin_utils.parse_binary_flags(argv)
   try:
     reference = gin.query_parameter("main_job.pipeline")
@@ -86,7 +95,7 @@ def run_dry_run(argv: Sequence[str]) -> int:
   from distillspec_jax.studies import pipeline_dry_run
   config = load_pipeline(argv)
   return gin_utils.run_dry_run(lambda: gin_utils.DryRunPlan(
-      pipeline_dry_run.stages(config), (config.data_parallel, config.model_parallel),
+      pipeline_dry_run.stages(config), (config.mesh.data_parallel, config.mesh.model_parallel),
       tuple(pipeline_dry_run.levers(config))))
 
 
@@ -99,7 +108,7 @@ def run(pipeline: PipelineConfig) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  gin_utils.exit_on_help(argv, "distillspec_jax.main", __doc__, (PipelineConfig,))
+  gin_utils.exit_on_help(argv, "distillspec_jax.main", __doc__, CONFIGS)
   wanted, argv = gin_utils.take_dry_run_flag(argv)
   if wanted:
     return run_dry_run(argv)

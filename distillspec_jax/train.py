@@ -137,7 +137,7 @@ class RunSpec:
 
 def register_configurables() -> None:
   """This binary's configurables (`run` is RunSpec), before its gin files are parsed."""
-  gin_utils.register(run=RunSpec)
+  gin_utils.register(partitioning.MeshConfig, run=RunSpec)
 
 
 def _decoder_length(model: Model, mixture_or_task_name: str, task_feature_lengths) -> int:
@@ -208,7 +208,7 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
   train_data = make_data(spec, spec.split, config.batch_size, config.seed, repeat=True)
   data_name = f"task {spec.mixture_or_task_name!r}, split {spec.split!r}"
   if spec.mode == "finetune":
-    mesh = partitioning.make_mesh(config.data_parallel, config.model_parallel)
+    mesh = spec.train_config.mesh.make()
     partitioning.check_model_axis({"model": spec.model}, mesh)
     return trainer.finetune(config, spec.model, train_data, data_name=data_name, mesh=mesh,
                             restore_fn=importer.restore_any,
@@ -218,7 +218,7 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
                                    "--gin.TARGET_CHECKPOINT_PATH=/path/to/target/MODEL_DIR.")
   # Restored into the mesh's shards: no device holds the whole target (our format: each host
   # reads its own shards; T5X / HF: each host reads the file and keeps its shards).
-  mesh = partitioning.make_mesh(config.data_parallel, config.model_parallel)
+  mesh = spec.train_config.mesh.make()
   partitioning.check_model_axis({"target": spec.target, "draft": spec.model}, mesh)
   target_params = precision.cast_params(importer.restore_any(
       spec.target_checkpoint_path, checkpoints.abstract_like(
@@ -239,7 +239,8 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
 
 def main(argv: Sequence[str]) -> trainer.TrainResult:
   gin_utils.exit_on_help(argv, "distillspec_jax.train", __doc__,
-                         (("run", RunSpec), trainer.TrainConfig, DistillationConfig))
+                         (("run", RunSpec), partitioning.MeshConfig, trainer.TrainConfig,
+                          DistillationConfig))
   wanted, argv = gin_utils.take_dry_run_flag(argv)
   if wanted:
     return run_dry_run(argv)
@@ -293,13 +294,13 @@ def run_dry_run(argv: Sequence[str]) -> int:
 
   def plan() -> gin_utils.DryRunPlan:
     spec = resolve(argv)  # builds the models: after the slice's devices are simulated
-    config = spec.train_config
     levers = [] if spec.model.config.remat_policy != "none" else [
         "--gin.REMAT_POLICY=minimal (or full)"]
     if spec.mode == "distill" and spec.target_param_dtype != "bfloat16":
       levers.append("--gin.TARGET_PARAM_DTYPE=bfloat16")
-    return gin_utils.DryRunPlan(dry_run_stages(spec),
-                                (config.data_parallel, config.model_parallel), tuple(levers))
+    mesh = spec.train_config.mesh
+    return gin_utils.DryRunPlan(dry_run_stages(spec), (mesh.data_parallel, mesh.model_parallel),
+                                tuple(levers))
 
   return gin_utils.run_dry_run(plan)
 
@@ -307,15 +308,15 @@ def run_dry_run(argv: Sequence[str]) -> int:
 def check_mesh(spec: RunSpec) -> None:
   """Refuses, before MODEL_DIR is touched, mesh sizes that do not divide the devices or a
   model axis the models cannot be split over, naming the macros."""
-  config = spec.train_config
   models = {"model": spec.model} if spec.mode == "finetune" else {"target": spec.target,
                                                                    "draft": spec.model}
+  sizes = spec.train_config.mesh
+  mesh = sizes.make()  # its error names both sizes
   try:
-    partitioning.check_model_axis(
-        models, partitioning.make_mesh(config.data_parallel, config.model_parallel))
+    partitioning.check_model_axis(models, mesh)
   except ValueError as error:
-    raise gin_utils.GinConfigError(f"DATA_PARALLEL={config.data_parallel}, MODEL_PARALLEL="
-                                   f"{config.model_parallel}: {error}") from None
+    raise gin_utils.GinConfigError(f"MeshConfig.model_parallel={sizes.model_parallel} "
+                                   f"(MODEL_PARALLEL): {error}") from None
 
 
 def check_checkpoint_paths(spec: RunSpec) -> None:

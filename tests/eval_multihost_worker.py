@@ -33,6 +33,7 @@ set_fast_compilation(True)
 from distillspec_jax import eval as eval_lib  # noqa: E402
 from distillspec_jax.data import batches  # noqa: E402
 from distillspec_jax.evaluation import placement  # noqa: E402
+from distillspec_jax.training.partitioning import MeshConfig  # noqa: E402
 
 ROWS_PATH = sys.argv[1]
 HELD_PATH = ROWS_PATH + ".held.json"
@@ -58,7 +59,7 @@ def _recording_load_pair(config, *args):
   pair = _load_pair(config, *args)
   first = jax.local_devices()[0]
   leaves = jax.tree.leaves(pair[1])
-  _held.append({"mesh": [config.data_parallel, config.model_parallel],
+  _held.append({"mesh": [config.mesh.data_parallel, config.mesh.model_parallel],
                 "held": sum(s.data.nbytes for x in leaves for s in x.addressable_shards
                             if s.device == first),
                 "whole": sum(x.nbytes for x in leaves)})
@@ -90,6 +91,6 @@ if __name__ == "__main__":
   if second:  # the same evaluation again on (all devices, 1), written to that folder
     ROWS_PATH, _seen = ROWS_PATH + ".data_parallel.json", []
     eval_lib.evaluate(dataclasses.replace(config, model_dir=second,
-                                          data_parallel=jax.device_count(), model_parallel=1))
+                                          mesh=MeshConfig(jax.device_count(), 1)))
   print(f"WORKER_OK process {jax.process_index()} of {jax.process_count()}", flush=True)
   sys.exit(code)

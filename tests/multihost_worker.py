@@ -100,7 +100,8 @@ def main():
   config = trainer.TrainConfig(
       model_dir=model_dir, train_steps=steps, batch_size=BATCH, optimizer="adafactor",
       learning_rate=1e-2, warmup_steps=0, decay_steps=10, save_every=steps, keep_checkpoints=1,
-      log_every=1, data_parallel=4, model_parallel=2, progress_bar=False)
+      log_every=1, progress_bar=False,
+      mesh=partitioning.MeshConfig(data_parallel=4, model_parallel=2))
   target_params = jax.jit(target.init, out_shardings=partitioning.param_shardings(
       target, mesh))(jax.random.PRNGKey(1))
   data = RecordingData(os.path.join(out_dir, f"rows_{index}.json"))

@@ -51,10 +51,10 @@ def main(argv):
   import testing
   from distillspec_jax.studies.pipeline import run_pipeline
   run_dir, settings = rest[0], json.loads(rest[1])
-  for name in ("temperatures", "gammas", "recipes", "teacher_cache_recipes"):
+  for name in ("recipes", "teacher_cache_recipes"):
     if name in settings:
       settings[name] = tuple(settings[name])
-  config = testing.pipeline_config(run_dir, data_parallel=4, model_parallel=2, **settings)
+  config = testing.pipeline_config(run_dir, mesh=(4, 2), **settings)
   stage_fns = None
   kill_at = os.environ.get("WORKER_KILL_AT")
   if kill_at and jax.process_index() == 1:  # tests/test_killed_process.py

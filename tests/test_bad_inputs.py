@@ -31,7 +31,9 @@ EVAL_CASES = [
     ("--gin.TEMPERATURES=(-1.0,)", "-1.0"),                 # negative temperature
     ("--gin.LENIENCE_KINDS=('cubic',)", "'cubic'"),         # unknown choice
     ("--gin.EPSILONS=(0.0,)", "0.0"),                       # out of (0, 1]
-    ("--gin.EvalConfig.draft_length_rule='sometimes'", "'sometimes'"),  # unknown choice
+    ("--gin.DRAFT_LENGTH_RULE='sometimes'", "'sometimes'"),  # unknown choice
+    ("--gin.DraftLength.threshold=1.5", "DraftLength.threshold=1.5"),  # out of [0, 1]
+    ("--gin.SpeedConfig.calls=0", "SpeedConfig.calls=0"),  # a sub-config's field, by name
     ("--gin.TARGET_PARAM_DTYPE='float8'", "'float8'"),      # unknown choice
     ("--gin.SPEED_BUDGET_S=-1", "-1"),                      # out of range
     ("--gin.SPEED_EXAMPLES=500", "500"),                    # more timed than evaluated
@@ -44,19 +46,23 @@ EVAL_CASES = [
     ("--gin.TrainConfig.batch_size=4", "never calls TrainConfig"),
 ]
 MAIN_CASES = [
-    ("--gin.PipelineConfig.speed_calls='3'", "'3'"),
-    ("--gin.PipelineConfig.speed_calls=True", "True"),
+    ("--gin.SpeedConfig.calls='3'", "SpeedConfig.calls='3'"),
+    ("--gin.SPEED_CALLS=True", "SpeedConfig.calls=True"),
+    ("--gin.SPEED_EXAMPLES=0", "SpeedConfig.examples"),  # the main job always times
     ("--gin.BATCH_SIZE=0", "0"),
     ("--gin.TRAIN_STEPS=-5", "-5"),
-    ("--gin.PipelineConfig.gammas=(0,)", "0"),
-    ("--gin.PipelineConfig.temperatures=(-1.0,)", "-1.0"),
+    ("--gin.DecodingGrid.gammas=(0,)", "DecodingGrid.gammas=(0,)"),
+    ("--gin.TEMPERATURES=(-1.0,)", "DecodingGrid.temperatures=(-1.0,)"),
+    ("--gin.DecodingGrid.epsilons=(0.5,) --gin.TEMPERATURES=(1.0,)",
+     "epsilons=(0.5,)"),  # the main job decodes losslessly
     ("--gin.RECIPES=('nonsense',)", "'nonsense'"),
     ("--gin.DIVERGENCE='nonsense'", "'nonsense'"),
     ("--gin.TARGET_PARAM_DTYPE='float8'", "'float8'"),
     ("--gin.REMAT_POLICY='sometimes'", "'sometimes'"),
     (f"--gin.DRAFT_CHECKPOINT_PATH='{NOWHERE}'", NOWHERE),
     (f"--gin.PipelineConfig.data_dir='{NOWHERE}'", NOWHERE),
-    ("--gin.MODEL_PARALLEL=3", "3"),
+    ("--gin.MODEL_PARALLEL=3", "MeshConfig.model_parallel=3"),
+    ("--gin.MeshConfig.data_parallel=0", "MeshConfig.data_parallel"),
     ("--gin.TRAIN_STEPS=%UNDEFINED_STEPS", "UNDEFINED_STEPS"),
     ("--gin.VOCABULARY='tokenizer.json'",
      "%VOCABULARY; read by distillspec_jax.main (gin/runs/own_pair_"),
@@ -75,7 +81,8 @@ TRAIN_CASES = [
     ("--gin.TARGET_PARAM_DTYPE='float8'", "'float8'"),
     ("--gin.REMAT_POLICY='sometimes'", "'sometimes'"),
     (f"--gin.TARGET_CHECKPOINT_PATH='{NOWHERE}'", NOWHERE),
-    ("--gin.MODEL_PARALLEL=3", "3"),
+    ("--gin.MODEL_PARALLEL=3", "MeshConfig.model_parallel=3"),
+    ("--gin.MeshConfig.data_parallel=True", "MeshConfig.data_parallel=True"),
     ("--gin.SAVE_EVERY=%UNDEFINED_EVERY", "UNDEFINED_EVERY"),
     ("--gin.RECIPES=('gkd',)", "%RECIPES; read by distillspec_jax.main"),
     ("--gin.t5_1_1_xl/model_by_name.dtype='bfloat16'", "in scope 't5_1_1_xl'"),
@@ -160,7 +167,7 @@ def test_each_binary_has_at_least_12_bad_values():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("binary,flag,named", [
-    ("eval", "--gin.GAMMAS=(0,)", "GAMMAS"),
+    ("eval", "--gin.GAMMAS=(0,)", "DecodingGrid.gammas=(0,)"),
     ("train", "--gin.LAMBDA1='0.5'", "'0.5'"),
     ("main", "--gin.VOCABULARY='tokenizer.json'", "gin/runs/own_pair_gsm8k.gin")])
 def test_bad_value_as_a_process_exits_1_without_a_traceback(binary, flag, named, tmp_path):

@@ -1,7 +1,6 @@
 """The evaluation binary (distillspec_jax/eval.py) and its library (quality_lib.py, lossy.py)
 on tiny random models: outputs, the lossless limit of lenience, mixtures, BBH files, errors."""
 
-import dataclasses
 import json
 import math
 import os
@@ -20,7 +19,9 @@ from distillspec_jax import eval as eval_lib
 from distillspec_jax.models.config import model_config
 from distillspec_jax.decoding.plain import SamplingConfig, prompt_inputs
 from distillspec_jax.models.model import Model
-from distillspec_jax.decoding.speculative import Lenience, speculative_decode
+from distillspec_jax.decoding.speculative import DraftLength, Lenience, speculative_decode
+from distillspec_jax.evaluation.decoding_grid import DecodingGrid
+from distillspec_jax.evaluation.evaluate import SpeedConfig
 
 
 LENGTHS = {"inputs": 48, "targets": 6}
@@ -44,12 +45,16 @@ def setup(tmp_path_factory):
   return dict(root=root, vocabulary=vocabulary, **paths)
 
 
-def _config(setup, model_dir, **changes):
+def _config(setup, model_dir, grid=(), speed=(), **changes):
+  """The tests' EvalConfig; `grid` / `speed`: changes to its DecodingGrid (gamma 2, T = 0
+  and 1) and SpeedConfig (one timed prompt, one repeat, in this process)."""
   fields = dict(model_dir=str(model_dir), mixture_or_task_name="embedded_arithmetic",
                 task_feature_lengths=LENGTHS, batch_size=3, eval_examples=4,
                 target_checkpoint_path=setup["target"], draft_checkpoint_path=setup["draft"],
-                vocabulary=setup["vocabulary"], gammas=(2,), temperatures=(0.0, 1.0),
-                speed_examples=1, speed_repeats=1, speed_cpus=0, progress_bar=False)
+                vocabulary=setup["vocabulary"],
+                grid=DecodingGrid(**{"gammas": (2,), "temperatures": (0.0, 1.0), **dict(grid)}),
+                speed=SpeedConfig(**{"examples": 1, "repeats": 1, "cpus": 0, **dict(speed)}),
+                progress_bar=False)
   fields.update(changes)
   return eval_lib.EvalConfig(**fields)
 
@@ -197,14 +202,14 @@ def test_epsilon_one_equals_lossless_decoding_exactly(setup, kind):
 
 @pytest.mark.integration
 def test_epsilon_one_rows_of_the_binary_equal_the_lossless_row(setup, tmp_path):
-  config = _config(setup, tmp_path / "run", temperatures=(1.0,), lenience_kinds=("lin", "sq",
-                                                                              "exp"),
-                   epsilons=(1.0,), speed_examples=0)
+  config = _config(setup, tmp_path / "run", grid=dict(
+      temperatures=(1.0,), lenience_kinds=("lin", "sq", "exp"), epsilons=(1.0,)),
+                   speed=dict(examples=0))
   rows = eval_lib.evaluate(config)["rows"]
   assert [r["lenience"] for r in rows] == ["lin", "sq", "exp"]
   drop = lambda r: {k: v for k, v in r.items() if k != "lenience"}
   assert drop(rows[0]) == drop(rows[1]) == drop(rows[2])
-  assert rows[0]["speedup"] is None  # speed_examples=0: not timed
+  assert rows[0]["speedup"] is None  # SpeedConfig.examples=0: not timed
   lines = [json.loads(l) for l in open(tmp_path / "run" / "inferences" /
                                        "embedded_arithmetic.jsonl")]
   by_kind = {k: [l["prediction"] for l in lines if l.get("lenience") == k]
@@ -226,8 +231,8 @@ def _bbh_dir(root, subtasks=("date_understanding", "boolean_expressions")):
 def test_bbh_mixture_reads_public_layout_and_reports_the_mean_of_its_tasks(setup, tmp_path):
   bbh = _bbh_dir(tmp_path / "bbh")
   config = _config(setup, tmp_path / "run", mixture_or_task_name="bbh", bbh_dir=bbh,
-                   task_feature_lengths={"inputs": 48, "targets": 6}, gammas=(2, 3),
-                   temperatures=(1.0,), speed_examples=0)
+                   task_feature_lengths={"inputs": 48, "targets": 6},
+                   grid=dict(gammas=(2, 3), temperatures=(1.0,)), speed=dict(examples=0))
   metrics = eval_lib.evaluate(config)
   tasks = ["bbh_boolean_expressions", "bbh_date_understanding"]
   assert {r["task"] for r in metrics["rows"]} == set(tasks) | {"bbh"}
@@ -322,8 +327,8 @@ def test_only_process_zero_writes_and_every_process_waits_for_it(setup, tmp_path
   monkeypatch.setattr(multihost, "is_primary", lambda: False)
   monkeypatch.setattr(multihost, "barrier", lambda name, *a, **k: met.append(name))
   run_dir = tmp_path / "not_primary"
-  config = _config(setup, run_dir, epsilons=(1.0, 0.5), temperatures=(1.0,),
-                   speed_examples=0)
+  config = _config(setup, run_dir, grid=dict(epsilons=(1.0, 0.5), temperatures=(1.0,)),
+                   speed=dict(examples=0))
   metrics = eval_lib.evaluate(config)
   assert len(metrics["rows"]) == 2  # it evaluated: gammas x leniences
   assert not run_dir.exists() or not any(run_dir.iterdir()), list(run_dir.rglob("*"))
@@ -331,26 +336,40 @@ def test_only_process_zero_writes_and_every_process_waits_for_it(setup, tmp_path
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(epsilons=()), r"EPSILONS=\(\) is empty; pass at least one"),
-    (dict(gammas=()), r"GAMMAS=\(\) is empty; pass at least one gamma"),
-    (dict(gammas=(2, 0)), r"GAMMAS=\(2, 0\) has a gamma: gamma=0 must be an integer >= 1"),
-    (dict(gammas=(3.0,)), r"GAMMAS=\(3.0,\) has a gamma: gamma=3.0 must be an integer"),
-    (dict(temperatures=()), r"TEMPERATURES=\(\) is empty; pass e.g."),
-    (dict(epsilons=(1.5,)), r"EPSILONS has 1.5: lenience epsilon=1.5 must lie in \(0, 1\]"),
-    (dict(epsilons=(True,)), r"EPSILONS has True: Lenience.epsilon=True is of type bool"),
-    (dict(lenience_kinds=("cube",)), "LENIENCE_KINDS has 'cube': Lenience.kind='cube' is not one "
-                                     "of 'lin', 'sq', 'exp'"),
+    (dict(epsilons=()), r"DecodingGrid.epsilons=\(\) must be a non-empty tuple"),
+    (dict(gammas=()), r"DecodingGrid.gammas=\(\) is empty; pass at least one gamma"),
+    (dict(gammas=(2, 0)), r"DecodingGrid.gammas=\(2, 0\) has a gamma: gamma=0 must be an "
+                          "integer >= 1"),
+    (dict(gammas=(3.0,)), r"DecodingGrid.gammas=\(3.0,\) has a gamma: gamma=3.0 must be an "
+                          "integer"),
+    (dict(temperatures=()), r"DecodingGrid.temperatures=\(\) is empty; pass e.g."),
+    (dict(epsilons=(1.5,)), r"DecodingGrid.epsilons has 1.5: lenience epsilon=1.5 must lie in "
+                            r"\(0, 1\]"),
+    (dict(epsilons=(True,)), r"DecodingGrid.epsilons has True: Lenience.epsilon=True is of "
+                             "type bool"),
+    (dict(lenience_kinds=("cube",)), "DecodingGrid.lenience_kinds has 'cube': Lenience.kind="
+                                     "'cube' is not one of 'lin', 'sq', 'exp'"),
     (dict(epsilons=(1.0, 0.5), temperatures=(0.0, 1.0)),
-     r"EPSILONS=\(1.0, 0.5\) with TEMPERATURES=\(0.0, 1.0\): Lenience\('lin', epsilon=0.5\) "
-     "at temperature 0"),
-    (dict(temperatures=(-1.0,)), r"TEMPERATURES=\(-1.0,\) has a temperature: temperature=-1.0 "
-                                 "must be >= 0"),
-    (dict(speed_calls=0), "speed_calls=0 must be an integer >= 1"),
-    (dict(speed_budget_s=-1), "speed_budget_s=-1: pass the seconds"),
+     r"DecodingGrid.epsilons=\(1.0, 0.5\) with DecodingGrid.temperatures=\(0.0, 1.0\): "
+     r"Lenience\('lin', epsilon=0.5\) at temperature 0"),
+    (dict(temperatures=(-1.0,)), r"DecodingGrid.temperatures=\(-1.0,\) has a temperature: "
+                                 "temperature=-1.0 must be >= 0"),
+    (dict(draft_length=DraftLength("cost", costs=(1.0, 1.2))),
+     "costs has 2 entries but gamma_max=2"),
 ])
-def test_empty_or_bad_grids_are_refused(setup, tmp_path, changes, message):
+def test_empty_or_bad_grids_are_refused(changes, message):
   with pytest.raises(ValueError, match=message):
-    _config(setup, tmp_path, **changes)
+    DecodingGrid(**{"gammas": (2,), "temperatures": (0.0, 1.0), **changes})
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(calls=0), "SpeedConfig.calls=0 must be an integer >= 1"),
+    (dict(budget_s=-1), "SpeedConfig.budget_s=-1: pass the seconds"),
+    (dict(examples=5), "SpeedConfig.examples=5 exceeds EvalConfig.eval_examples=4"),
+])
+def test_bad_speed_settings_are_refused(setup, tmp_path, changes, message):
+  with pytest.raises(ValueError, match=message):
+    _config(setup, tmp_path, speed=changes)
 
 
 def test_bad_inputs_name_the_value_and_the_fix(setup, tmp_path):
@@ -394,27 +413,28 @@ def test_gin_run_files_build(setup):
     config = eval_lib.load_config([f"--gin_file=gin/runs/{name}.gin"])
     assert config.model_dir.startswith("runs/")
     if "lenience" in name:
-      assert config.temperatures == (1.0,) and 1.0 in config.epsilons
-      assert len(config.epsilons) >= 4
+      assert config.grid.temperatures == (1.0,) and 1.0 in config.grid.epsilons
+      assert len(config.grid.epsilons) >= 4
   gin_utils.clear()
   adaptive = eval_lib.load_config(["--gin_file=gin/runs/eval_adaptive_demo.gin"])
-  assert adaptive.draft_length.rule == "confidence" and adaptive.gammas == (9,)
-  assert 0 < adaptive.draft_length.threshold < 1
+  draft_length = adaptive.grid.draft_length
+  assert draft_length.rule == "confidence" and adaptive.grid.gammas == (9,)
+  assert 0 < draft_length.threshold < 1
   gin_utils.clear()
   priced = eval_lib.load_config(["--gin_file=gin/runs/eval_adaptive_demo.gin",
                                  "--gin.DRAFT_LENGTH_RULE='cost'",
                                  "--gin.DRAFT_LENGTH_COSTS=(1.0, 1.3, 1.3, 1.5, 1.6, 2.2, 2.3, "
                                  "2.3, 2.6, 2.6)", "--gin.DRAFT_LENGTH_DRAFT_COST=0.07"])
-  assert priced.draft_length.rule == "cost" and len(priced.draft_length.costs) == 10
-  for flag, message in (("--gin.DRAFT_LENGTH_THRESHOLD=1.5", "DRAFT_LENGTH_THRESHOLD=1.5"),
+  assert priced.grid.draft_length.rule == "cost" and len(priced.grid.draft_length.costs) == 10
+  for flag, message in (("--gin.DRAFT_LENGTH_THRESHOLD=1.5", "DraftLength.threshold=1.5"),
                         ("--gin.DRAFT_LENGTH_RULE='entropy'", "'entropy'"),
                         ("--gin.DRAFT_LENGTH_RULE='cost'", "The 'cost' rule needs costs"),
-                        ("--gin.GAMMAS=(0,)", "GAMMAS=\\(0,\\)")):
+                        ("--gin.GAMMAS=(0,)", "DecodingGrid.gammas=\\(0,\\)")):
     gin_utils.clear()
     with pytest.raises(gin_utils.GinConfigError, match=message):
       eval_lib.load_config(["--gin_file=gin/runs/eval_adaptive_demo.gin", flag])
   gin_utils.clear()
-  with pytest.raises(gin_utils.GinConfigError, match="EPSILONS=\\(\\) is empty"):
+  with pytest.raises(gin_utils.GinConfigError, match="DecodingGrid.epsilons=\\(\\) must be"):
     eval_lib.load_config(["--gin_file=gin/runs/eval_demo.gin", "--gin.EPSILONS=()"])
   gin_utils.clear()
 
@@ -424,8 +444,8 @@ def test_the_adaptive_draft_length_rule_runs_through_the_binary(setup, tmp_path)
   """DRAFT_LENGTH_RULE='confidence': the rows are the rule's and so are their timings. At a
   threshold no random draft reaches, every round proposes one token: accepted / rounds
   (mean acceptance length - 1) equals accepted / proposed (the draft acceptance rate)."""
-  config = _config(setup, tmp_path / "run", gammas=(3,), temperatures=(1.0,),
-                   draft_length_rule="confidence", draft_length_threshold=0.99)
+  config = _config(setup, tmp_path / "run", grid=dict(
+      gammas=(3,), temperatures=(1.0,), draft_length=DraftLength("confidence", 0.99)))
   metrics = eval_lib.evaluate(config)
   (row,) = metrics["rows"]
   assert row["mean_acceptance_length"] == pytest.approx(1 + row["draft_acceptance_rate"])

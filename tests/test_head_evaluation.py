@@ -12,6 +12,7 @@ from distillspec_jax.decoding.plain import SamplingConfig, prompt_inputs
 from distillspec_jax.decoding.speculative import speculative_decode
 from distillspec_jax.evaluation import quality
 from distillspec_jax.evaluation import speed
+from distillspec_jax.evaluation.evaluate import SpeedConfig
 from distillspec_jax.models.head import Head, HeadConfig
 from distillspec_jax.models.model import Model
 
@@ -114,8 +115,8 @@ def test_main_job_with_a_head_and_the_eval_binary_on_its_checkpoint(tmp_path, sh
   from distillspec_jax.studies.pipeline_config import HeadStageConfig
   shared_dir, _ = shared_stages
   config = testing.pipeline_config(
-      tmp_path / "job", recipes=("supervised_kd",), gammas=(2,), temperatures=(0.0,),
-      head=HeadStageConfig(recipes=("supervised_kd",), steps=2, mlp_dim=32))
+      tmp_path / "job", recipes=("supervised_kd",), grid=dict(gammas=(2,), temperatures=(0.0,)),
+      head=HeadStageConfig(recipes=("supervised_kd",), steps=2, mlp_dim=32, unroll_steps=2))
   testing.copy_stages(shared_dir, config)
   outcome = run_pipeline(config)
   assert outcome["distill_head_supervised_kd"] == "ran" and outcome["report"] == "ran"
@@ -154,9 +155,8 @@ def test_main_job_with_a_head_and_the_eval_binary_on_its_checkpoint(tmp_path, sh
       target_checkpoint_path=config.stage_dir("target"), draft_checkpoint_path=head_dir,
       vocabulary=embedded.embedded_vocabulary_path(config.stage_dir("vocab"),
                                                    config.vocab_size),
-      eval_examples=config.eval_examples, gammas=config.gammas,
-      temperatures=config.temperatures, max_new_tokens=config.max_new_tokens,
-      speed_examples=1, speed_repeats=1, speed_calls=1, speed_cpus=0, seed=config.seed,
+      eval_examples=config.eval_examples, grid=config.grid, max_new_tokens=config.max_new_tokens,
+      speed=SpeedConfig(examples=1, repeats=1, calls=1, cpus=0), seed=config.seed,
       progress_bar=False)
   with pytest.raises(ValueError, match="DRAFT_KIND"):  # a head's folder as a draft model
     eval_lib.EvalConfig(**settings).check_inputs()
@@ -220,9 +220,9 @@ def test_a_head_layer_outside_the_target_is_refused_before_any_work(tmp_path):
 def test_demo_head_run_file_adds_a_head_stage_at_gamma_5_and_7():
   from distillspec_jax import main
   config = main.load_pipeline(["--gin_file=gin/runs/demo_head.gin"])
-  assert config.head_stages == ("distill_head_supervised_kd",) and config.gammas == (5, 7)
-  assert config.temperatures == (0.0, 1.0) and config.head.mlp_dim == 256
-  assert config.head.training(config.gammas).unroll_steps == 7
+  assert config.head_stages == ("distill_head_supervised_kd",) and config.grid.gammas == (5, 7)
+  assert config.grid.temperatures == (0.0, 1.0) and config.head.mlp_dim == 256
+  assert config.head.training(config.grid.gammas).unroll_steps == 7
   assert config.stages.index("distill_head_supervised_kd") < config.stages.index("evaluate")
 
 

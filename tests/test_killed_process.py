@@ -91,7 +91,8 @@ def _eval_pair(folder):
 def _pipeline_pair(folder, shared_dir):
   for stage in testing.SHARED_STAGES:
     shutil.copytree(os.path.join(shared_dir, stage), folder / "run" / stage)
-  settings = json.dumps(dict(gammas=[2], temperatures=[0.0], speed_repeats=1, speed_calls=1,
+  settings = json.dumps(dict(grid=dict(gammas=[2], temperatures=[0.0]),
+                             speed=dict(repeats=1, calls=1),
                              recipes=["supervised_kd"], teacher_cache_k=8,
                              teacher_cache_recipes=["supervised_kd"]))
   worker = os.path.join(ROOT, "tests", "pipeline_multihost_worker.py")

@@ -11,6 +11,8 @@ import pytest
 
 import hf_fixtures
 from distillspec_jax import eval as eval_lib
+from distillspec_jax.evaluation.decoding_grid import DecodingGrid
+from distillspec_jax.evaluation.evaluate import SpeedConfig
 
 pytestmark = pytest.mark.integration
 
@@ -49,8 +51,8 @@ def _config(own, kind, model_dir, **changes):
                 task_feature_lengths=LENGTHS, batch_size=4, eval_examples=4,
                 target_checkpoint_path=own[kind]["target"],
                 draft_checkpoint_path=own[kind]["draft"], vocabulary=own[kind]["target"],
-                data_dir=own["data_dir"], gammas=(2,), temperatures=(0.0,),
-                speed_examples=0, progress_bar=False)
+                data_dir=own["data_dir"], grid=DecodingGrid(gammas=(2,), temperatures=(0.0,)),
+                speed=SpeedConfig(examples=0), progress_bar=False)
   fields.update(changes)
   return eval_lib.EvalConfig(**fields)
 
@@ -132,8 +134,9 @@ def _job(own, kind, run_dir, **changes):
       task_feature_lengths={"inputs": 160, "targets": 16}, target_model=None, draft_model=None,
       target_checkpoint_path=own[kind]["target"], draft_checkpoint_path=own[kind]["draft"],
       pair=PairSource(vocabulary=own[kind]["target"]), recipes=("supervised_kd",),
-      distill_steps=2, batch_size=2, warmup_steps=1, eval_examples=8, speed_examples=1,
-      speed_repeats=1, speed_calls=1, speed_cpus=0, gammas=(2,), temperatures=(0.0,),
+      distill_steps=2, batch_size=2, warmup_steps=1, eval_examples=8,
+      speed=SpeedConfig(examples=1, repeats=1, calls=1, cpus=0),
+      grid=DecodingGrid(gammas=(2,), temperatures=(0.0,)),
       max_new_tokens=6, eval_every=1, max_decode_length=192, progress_bar=False)
   fields.update(changes)
   return PipelineConfig(**fields)
@@ -279,7 +282,7 @@ def test_job_tau_at_t0_equals_a_greedy_speculative_decode_by_hand(own, jobs, kin
   rows = {r["draft"]: r for r in report["draft_rows"]
           if r["temperature"] == 0.0 and r["gamma"] == 2}
   assert set(rows) == {"raw", "supervised_kd"}
-  (gamma,) = config.gammas
+  (gamma,) = config.grid.gammas
   cuts = 0
   for name, draft in (("raw", raw), ("supervised_kd", exported)):
     tau, runs = _hand_tau(target, draft, encoded, tokenizer, gamma, config.max_new_tokens)
@@ -328,7 +331,8 @@ def test_eval_binary_tau_with_eos_cuts_equals_the_hand_run(own, tmp_path):
   metrics = eval_lib.evaluate(_config(own, "llama", tmp_path / "run", eval_examples=8,
                                       target_checkpoint_path=target_dir,
                                       draft_checkpoint_path=draft_dir, vocabulary=target_dir,
-                                      gammas=(gamma,)))
+                                      grid=DecodingGrid(gammas=(gamma,),
+                                                        temperatures=(0.0,))))
   (row,) = metrics["rows"]
   assert row["tau"] == tau
 

@@ -68,7 +68,8 @@ SCRIPT = textwrap.dedent("""
     draft = Model.from_name("demo_draft", vocab_size=64)
     config = trainer.TrainConfig(model_dir=tempfile.mkdtemp(), train_steps=4, batch_size=8,
         optimizer="adafactor", learning_rate=1e-2, warmup_steps=0, decay_steps=10,
-        save_every=2, log_every=2, data_parallel=4, model_parallel=2, progress_bar=False)
+        save_every=2, log_every=2, progress_bar=False,
+        mesh=partitioning.MeshConfig(data_parallel=4, model_parallel=2))
     result = trainer.distill(config, target, target.init(jax.random.PRNGKey(1)), draft,
         trainer.SyntheticData(8, vocab_size=64), objectives.DistillationConfig(lambda1=0.3, lambda2=0.5))
     losses = [r["loss"] for r in result.history if "loss" in r]

@@ -11,14 +11,17 @@ import pytest
 import testing
 
 from distillspec_jax.data import batches
+from distillspec_jax.evaluation.decoding_grid import DecodingGrid
+from distillspec_jax.evaluation.evaluate import SpeedConfig
+from distillspec_jax.training.partitioning import MeshConfig
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies.pipeline import PipelineConfig, required_stages, run_pipeline
 
 
-def _smoke_config(run_dir, **changes):
+def _smoke_config(run_dir, temperatures=(0.0, 1.0), **changes):
   """The whole-pipeline tests' settings (testing.PIPELINE) at gamma 2, T = 0 and 1."""
-  return testing.pipeline_config(run_dir, **{"gammas": (2,), "temperatures": (0.0, 1.0),
-                                             **changes})
+  return testing.pipeline_config(
+      run_dir, **{"grid": DecodingGrid(gammas=(2,), temperatures=temperatures), **changes})
 
 
 def _mtimes(config, stages=None):
@@ -35,7 +38,8 @@ def test_demo_pipeline_smoke_and_reuse(tmp_path, shared_stages):
   # real stages in one call and copied here with their markers.
   shared_dir, shared_outcome = shared_stages
   assert shared_outcome == {"vocab": "ran", "target": "ran", "draft_raw": "ran"}
-  config = _smoke_config(tmp_path / "demo", speed_cpus=1, temperatures=(1.0,),
+  config = _smoke_config(tmp_path / "demo", temperatures=(1.0,),
+                         speed=dataclasses.replace(testing.PIPELINE["speed"], cpus=1),
                          recipe_steps={"supervised_kd": 3})
   testing.copy_stages(shared_dir, config)
   outcome = run_pipeline(config)
@@ -47,7 +51,8 @@ def test_demo_pipeline_smoke_and_reuse(tmp_path, shared_stages):
   assert "3" not in os.listdir(config.stage_dir("distill_gkd"))
 
   report = json.load(open(tmp_path / "demo" / "report.json"))
-  assert len(report["rows"]) == len(config.recipes) * len(config.temperatures) * len(config.gammas)
+  assert len(report["rows"]) == (len(config.recipes) * len(config.grid.temperatures)
+                                 * len(config.grid.gammas))
   for row in report["rows"]:
     for key in ("task", "temperature", "gamma", "recipe", "tau_raw", "tau_distilled",
                 "speedup_raw", "speedup_distilled"):
@@ -102,9 +107,8 @@ def _check_the_eval_binary_writes_the_same_record(config, report, model_dir):
       draft_checkpoint_path=config.stage_dir("distill_supervised_kd"),
       vocabulary=embedded.embedded_vocabulary_path(config.stage_dir("vocab"),
                                                    config.vocab_size),
-      eval_examples=config.eval_examples, gammas=config.gammas,
-      temperatures=config.temperatures, max_new_tokens=config.max_new_tokens,
-      speed_examples=1, speed_repeats=1, speed_calls=1, speed_cpus=0, seed=config.seed,
+      eval_examples=config.eval_examples, grid=config.grid, max_new_tokens=config.max_new_tokens,
+      speed=SpeedConfig(examples=1, repeats=1, calls=1, cpus=0), seed=config.seed,
       progress_bar=False))
   (timed,) = json.load(open(model_dir / "metrics.json"))["rows"]
   assert tuple(timed) == EvaluationRow.json_keys()  # the record's keys, in its order
@@ -220,7 +224,8 @@ def test_decoder_only_job(tmp_path, shared_stages):
   is the session's (the same task)."""
   config = dataclasses.replace(_smoke_config(tmp_path / "dec"), target_model="tiny_decoder_only",
                                draft_model="tiny_decoder_only", recipes=("gkd",),
-                               temperatures=(0.0,), max_decode_length=160)
+                               grid=DecodingGrid(gammas=(2,), temperatures=(0.0,)),
+                               max_decode_length=160)
   assert config.feature_converter == "decoder"
   testing.copy_stages(shared_stages[0], config, stages=("vocab",))
   assert run_pipeline(config)["vocab"] == "skipped"
@@ -232,23 +237,27 @@ def test_decoder_only_job(tmp_path, shared_stages):
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(gammas=()), "gammas=\\(\\) is empty"),
-    (dict(temperatures=()), "temperatures=\\(\\) is empty"),
-    (dict(speed_repeats=0), "speed_repeats=0"),
-    (dict(speed_calls=0), "speed_calls=0"),
-    (dict(speed_budget_s=-5), "speed_budget_s=-5"),
-    (dict(speed_examples=9, eval_examples=8), "speed_examples=9 exceeds eval_examples=8"),
-    (dict(speed_cpus=-1), "speed_cpus=-1"),
+    (lambda: DecodingGrid(gammas=()), "DecodingGrid.gammas=\\(\\) is empty"),
+    (lambda: DecodingGrid(temperatures=()), "DecodingGrid.temperatures=\\(\\) is empty"),
+    (lambda: SpeedConfig(repeats=0), "SpeedConfig.repeats=0"),
+    (lambda: SpeedConfig(calls=0), "SpeedConfig.calls=0"),
+    (lambda: SpeedConfig(budget_s=-5), "SpeedConfig.budget_s=-5"),
+    (lambda: SpeedConfig(cpus=-1), "SpeedConfig.cpus=-1"),
+    (lambda: MeshConfig(model_parallel=0), "MeshConfig.model_parallel=0"),
+    (lambda: dataclasses.replace(_smoke_config(".", eval_examples=8), speed=SpeedConfig(
+        examples=9)), "SpeedConfig.examples=9 exceeds PipelineConfig.eval_examples=8"),
+    (lambda: _smoke_config(".", grid=DecodingGrid(temperatures=(1.0,), epsilons=(0.5,))),
+     "the main job decodes losslessly"),
 ])
-def test_speed_settings_are_checked(tmp_path, changes, message):
+def test_speed_settings_are_checked(changes, message):
   with pytest.raises(ValueError, match=message):
-    dataclasses.replace(_smoke_config(tmp_path), **changes)
+    changes()
 
 
 def test_more_speed_prompts_than_the_split_holds_is_refused(tmp_path):
   config = _smoke_config(tmp_path)
   examples = batches.Examples(np.zeros((2, 4), np.int32), np.full(2, 4), np.zeros((2, 4)),
                               np.full(2, 4), ["a", "b"], ["c", "d"])
-  with pytest.raises(ValueError, match="speed_examples=3 but the test split"):
-    pipeline.check_speed_prompts(dataclasses.replace(config, speed_examples=3,
+  with pytest.raises(ValueError, match="SpeedConfig.examples=3 but the test split"):
+    pipeline.check_speed_prompts(dataclasses.replace(config, speed=SpeedConfig(examples=3),
                                                      eval_examples=8), examples)

@@ -38,8 +38,9 @@ SHAPES = ((4, 2),)
 # gamma 2 at both temperatures, the least timing the job allows (timing is not what is
 # compared); SupervisedKD from the teacher cache, as in the demo, so the cache stage runs on
 # each mesh too.
-SETTINGS = dict(gammas=(2,), temperatures=(0.0, 1.0), speed_repeats=1, speed_calls=1,
-                teacher_cache_k=8, teacher_cache_recipes=["supervised_kd"])
+SETTINGS = dict(grid=dict(gammas=(2,), temperatures=(0.0, 1.0)),
+                speed=dict(repeats=1, calls=1), teacher_cache_k=8,
+                teacher_cache_recipes=["supervised_kd"])
 
 WORKER = r"""
 import json, os, sys
@@ -51,9 +52,8 @@ from distillspec_jax.studies.pipeline import run_pipeline
 vocab_from, settings = sys.argv[1], json.loads(sys.argv[2])
 out = {"devices": jax.device_count()}
 for data, model, run_dir in json.loads(sys.argv[3]):
-  for name in ("temperatures", "gammas", "teacher_cache_recipes"):
-    settings[name] = tuple(settings[name])
-  config = testing.pipeline_config(run_dir, data_parallel=data, model_parallel=model, **settings)
+  settings["teacher_cache_recipes"] = tuple(settings["teacher_cache_recipes"])
+  config = testing.pipeline_config(run_dir, mesh=(data, model), **settings)
   testing.copy_stages(vocab_from, config, stages=("vocab",))  # the task's; no mesh in it
   run_pipeline(config)
   out[f"{data}x{model}"] = testing.pipeline_outcome(config)
@@ -151,7 +151,7 @@ def _close_across_processes(got: dict, want: dict, process: int) -> None:
 def test_demo_pipeline_on_meshes_and_two_processes_equals_one_device(tmp_path, shared_stages):
   shared_dir, _ = shared_stages
   assert jax.device_count() == 1
-  one = testing.pipeline_config(tmp_path / "1x1", data_parallel=1, model_parallel=1,
+  one = testing.pipeline_config(tmp_path / "1x1", mesh=(1, 1),
                                 **dict(SETTINGS, teacher_cache_recipes=("supervised_kd",)))
   testing.copy_stages(shared_dir, one)
   from distillspec_jax.studies.pipeline import run_pipeline

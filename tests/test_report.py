@@ -8,6 +8,7 @@ from distillspec_jax.evaluation import evaluate
 from distillspec_jax.evaluation import quality
 from distillspec_jax.evaluation import report as report_lib
 from distillspec_jax.evaluation import speed
+from distillspec_jax.evaluation.decoding_grid import DecodingGrid
 from distillspec_jax.evaluation.grid_point import GridPoint
 from distillspec_jax.studies.pipeline import PipelineConfig
 
@@ -41,8 +42,8 @@ def _row(draft, temperature, gamma, tau, speedup, unreliable=False):
 
 def _evaluation(config):
   rows = []
-  for temperature in config.temperatures:
-    for gamma in config.gammas:
+  for temperature in config.grid.temperatures:
+    for gamma in config.grid.gammas:
       rows.append(_row("draft_raw", temperature, gamma, 3.0, 1.2))
       rows.append(_row("distill_gkd", temperature, gamma, 3.6, 1.4))
       rows.append(_row("distill_supervised_kd", temperature, gamma, 3.8, 1.5))
@@ -59,7 +60,8 @@ def _evaluation(config):
 
 
 def test_report_rows_sentence_and_plots(tmp_path):
-  config = PipelineConfig(run_dir=str(tmp_path), gammas=(3, 5), temperatures=(0.0, 1.0))
+  config = PipelineConfig(run_dir=str(tmp_path), grid=DecodingGrid(gammas=(3, 5),
+                                                                   temperatures=(0.0, 1.0)))
   report = report_lib.build_report(config, _evaluation(config), {"target": 10.0, "vocab": 2.0},
                                    {"gkd": [{"step": 0, "tau": 3.0, "tau_stderr": 0.1}]})
   assert len(report["paired_rows"]) == 2 * 2 * 2
@@ -88,7 +90,8 @@ def test_report_rows_sentence_and_plots(tmp_path):
 
 
 def test_report_refuses_non_finite_numbers(tmp_path):
-  config = PipelineConfig(run_dir=str(tmp_path), gammas=(3,), temperatures=(0.0,))
+  config = PipelineConfig(run_dir=str(tmp_path),
+                          grid=DecodingGrid(gammas=(3,), temperatures=(0.0,)))
   evaluation = _evaluation(config)
   evaluation["speculative"][1]["speedup_range"] = [math.nan, 1.4]
   with pytest.raises(ValueError, match="non-finite speedup_range"):
@@ -96,7 +99,8 @@ def test_report_refuses_non_finite_numbers(tmp_path):
 
 
 def test_report_carries_the_engines_statistics_and_a_requests_speedups(tmp_path):
-  config = PipelineConfig(run_dir=str(tmp_path), gammas=(3,), temperatures=(1.0,))
+  config = PipelineConfig(run_dir=str(tmp_path),
+                          grid=DecodingGrid(gammas=(3,), temperatures=(1.0,)))
   evaluation = _evaluation(config)
   evaluation["speculative"] = [_row(r["draft"], r["temperature"], r["gamma"], r["tau"],
                                     r["speedup"], unreliable=r["draft"] == "draft_raw")
@@ -121,7 +125,8 @@ def test_report_carries_the_engines_statistics_and_a_requests_speedups(tmp_path)
 
 
 def test_report_of_an_untimed_evaluation_and_of_one_missing_a_quantity(tmp_path):
-  config = PipelineConfig(run_dir=str(tmp_path), gammas=(3,), temperatures=(0.0,))
+  config = PipelineConfig(run_dir=str(tmp_path),
+                          grid=DecodingGrid(gammas=(3,), temperatures=(0.0,)))
   evaluation = _evaluation(config)
   untimed = [dict(r, **dict.fromkeys(speed.SpeedFigures.json_keys()))
              for r in evaluation["speculative"]]

@@ -14,6 +14,7 @@ from distillspec_jax.studies import garden
 from distillspec_jax import main
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies import recipe_grid
+from distillspec_jax.evaluation.decoding_grid import DecodingGrid
 from distillspec_jax.studies.garden import GardenConfig, pareto
 from distillspec_jax.studies.pipeline import run_pipeline
 from distillspec_jax.studies.recipe_grid import RecipeGridConfig
@@ -24,7 +25,7 @@ from distillspec_jax.core.files import write_json_atomic
 # studies' programs are the smoke tests' where they can be), one timing repeat; each test
 # names its target.
 TINY = {k: v for k, v in testing.PIPELINE.items() if k != "target_model"} | dict(
-    speed_repeats=1)
+    speed=dataclasses.replace(testing.PIPELINE["speed"], repeats=1))
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def base_run(shared_stages):
 
 def _grid(run_dir, base, **changes):
   settings = dict(TINY, recipes=("supervised_kd", "gkd"), divergences=("fkl",),
-                  temperatures=(0.0, 1.0))
+                  grid=DecodingGrid(gammas=(5,), temperatures=(0.0, 1.0)))
   return RecipeGridConfig(run_dir=str(run_dir), reuse_run_dir=base, target_model="smoke_target",
                           **dict(settings, **changes))
 
@@ -191,7 +192,7 @@ def test_recipe_grid_bad_input(tmp_path, changes, message):
           draft_model="demo_target"), "not smallest first"),
     (dict(sizes=("demo_draft", "smoke_target")), "target_model='demo_target'"),
     (dict(recipes=("gkd", "seqkd")), "one recipe"),
-    (dict(temperatures=(0.0, 1.0)), "T = 0"),
+    (dict(grid=DecodingGrid(gammas=(5,), temperatures=(0.0, 1.0))), "T = 0"),
     (dict(sizes=("demo_draft", "no_such_model")), "no_such_model"),
 ])
 def test_garden_bad_input(tmp_path, changes, message):

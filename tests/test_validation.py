@@ -13,11 +13,13 @@ from distillspec_jax import gin_utils
 from distillspec_jax import main as main_lib
 from distillspec_jax.core import validation
 from distillspec_jax.decoding.plain import SamplingConfig
-from distillspec_jax.decoding.speculative import Lenience
+from distillspec_jax.decoding.speculative import DraftLength, Lenience
+from distillspec_jax.evaluation.decoding_grid import DecodingGrid
 from distillspec_jax.evaluation.evaluate import SpeedConfig
 from distillspec_jax.studies.garden import GardenConfig
 from distillspec_jax.studies.pipeline import PipelineConfig
 from distillspec_jax.studies.recipe_grid import RecipeGridConfig
+from distillspec_jax.training.partitioning import MeshConfig
 
 
 @pytest.fixture(autouse=True)
@@ -86,10 +88,13 @@ def test_check_finite_names_the_row_and_key():
 @pytest.mark.parametrize("value, fix", [
     ("3", r"Write the number without quotes"), (True, "A bool is not taken as a number")])
 def test_pipeline_config_refuses_a_quoted_or_bool_count(tmp_path, value, fix):
-  for field in ("speed_calls", "target_steps", "eval_examples"):
+  for field in ("target_steps", "eval_examples"):
     with pytest.raises(TypeError, match=rf"PipelineConfig.{field}={value!r} .*{fix}.* "
                                         rf"Set PipelineConfig.{field}"):
       PipelineConfig(run_dir=str(tmp_path), **{field: value})
+  with pytest.raises(TypeError, match=rf"SpeedConfig.calls={value!r} .*{fix}.* "
+                                      r"Set SpeedConfig.calls"):
+    SpeedConfig(calls=value)
 
 
 @pytest.mark.parametrize("make, field", [
@@ -98,8 +103,14 @@ def test_pipeline_config_refuses_a_quoted_or_bool_count(tmp_path, value, fix):
      "RecipeGridConfig.distill_steps=True"),
     (lambda d: eval_lib.EvalConfig(model_dir=d, mixture_or_task_name="t",
                                    target_checkpoint_path="a", draft_checkpoint_path="b",
-                                   task_feature_lengths={"targets": 4}, speed_cpus=True),
-     "EvalConfig.speed_cpus=True"),
+                                   task_feature_lengths={"targets": 4}, max_new_tokens="4"),
+     "EvalConfig.max_new_tokens='4'"),
+    (lambda d: SpeedConfig(cpus=True), "SpeedConfig.cpus=True"),
+    (lambda d: MeshConfig(model_parallel=2.0), "MeshConfig.model_parallel=2.0"),
+    (lambda d: DecodingGrid(draft_length=DraftLength(threshold="0.5")),
+     "DraftLength.threshold='0.5'"),
+    (lambda d: PipelineConfig(run_dir=d, speed=(3, 2)), "PipelineConfig.speed=\\(3, 2\\) must "
+     "be a SpeedConfig"),
     (lambda d: Lenience("lin", True), "Lenience.epsilon=True"),
     (lambda d: SamplingConfig("1.0"), "SamplingConfig.temperature='1.0'"),
     (lambda d: SpeedConfig(repeats="7"), "SpeedConfig.repeats='7'")])
@@ -109,28 +120,38 @@ def test_every_config_dataclass_checks_its_field_types(tmp_path, make, field):
 
 
 def test_one_speed_config_for_the_main_job_and_the_eval_binary(tmp_path):
-  config = PipelineConfig(run_dir=str(tmp_path), speed_examples=3, speed_repeats=2,
-                          speed_calls=4, speed_budget_s=1.5, speed_cpus=0)
-  assert config.speed == SpeedConfig(examples=3, repeats=2, calls=4, budget_s=1.5, cpus=0)
-  assert config.speed.measure_kwargs() == dict(repeats=2, timed_per_turn=4, budget_s=1.5)
-  assert SpeedConfig.of(eval_lib.EvalConfig(
+  speed = SpeedConfig(examples=3, repeats=2, calls=4, budget_s=1.5, cpus=0)
+  assert PipelineConfig(run_dir=str(tmp_path), speed=speed).speed is speed
+  assert speed.measure_kwargs() == dict(repeats=2, timed_per_turn=4, budget_s=1.5)
+  assert eval_lib.EvalConfig(
       model_dir="m", mixture_or_task_name="t", target_checkpoint_path="a",
       draft_checkpoint_path="b", task_feature_lengths={"targets": 4},
-      speed_examples=0)).examples == 0  # 0: the eval binary does not time
-  for changes, message in ((dict(calls=0), "speed_calls=0 must be an integer >= 1"),
-                           (dict(cpus=-1), "speed_cpus=-1 must be an integer >= 0"),
-                           (dict(budget_s=math.inf), "speed_budget_s=inf: pass the seconds")):
+      speed=SpeedConfig(examples=0)).speed.examples == 0  # 0: the eval binary does not time
+  for changes, message in ((dict(calls=0), "SpeedConfig.calls=0 must be an integer >= 1"),
+                           (dict(cpus=-1), "SpeedConfig.cpus=-1 must be an integer >= 0"),
+                           (dict(budget_s=math.inf), "SpeedConfig.budget_s=inf: pass the "
+                                                     "seconds")):
     with pytest.raises(ValueError, match=message):
       SpeedConfig(**changes)
-  with pytest.raises(ValueError, match="speed_examples=0 must be an integer >= 1"):
-    PipelineConfig(run_dir=str(tmp_path), speed_examples=0)  # the main job always times
+  with pytest.raises(ValueError, match="SpeedConfig.examples.*=0 must be an integer >= 1"):
+    PipelineConfig(run_dir=str(tmp_path), speed=SpeedConfig(examples=0))  # the main job times
+
+
+def test_one_mesh_config_for_the_three_binaries():
+  assert MeshConfig(4, 2) == MeshConfig(data_parallel=4, model_parallel=2)
+  for changes, message in ((dict(data_parallel=0), "MeshConfig.data_parallel=0 must be"),
+                           (dict(model_parallel=0), "MeshConfig.model_parallel=0 must be")):
+    with pytest.raises(ValueError, match=message):
+      MeshConfig(**changes)
+  with pytest.raises(ValueError, match=r"MeshConfig.data_parallel=3 \(DATA_PARALLEL\), "
+                                       r"MeshConfig.model_parallel=1 \(MODEL_PARALLEL\): "):
+    MeshConfig(3, 1).make(devices=[object()] * 2)
 
 
 def test_lenience_is_checked_by_the_engine_when_the_eval_config_is_made():
-  with pytest.raises(ValueError, match="EPSILONS has 0: lenience epsilon=0 must lie in"):
-    eval_lib.EvalConfig(model_dir="m", mixture_or_task_name="t", target_checkpoint_path="a",
-                        draft_checkpoint_path="b", task_feature_lengths={"targets": 4},
-                        epsilons=(1.0, 0))
+  with pytest.raises(ValueError, match="DecodingGrid.epsilons has 0: lenience epsilon=0 must "
+                                       "lie in"):
+    DecodingGrid(epsilons=(1.0, 0))
   with pytest.raises(ValueError, match=r"TASK_FEATURE_LENGTHS\['targets'\].*='44' must be"):
     eval_lib.EvalConfig(model_dir="m", mixture_or_task_name="t", target_checkpoint_path="a",
                         draft_checkpoint_path="b", task_feature_lengths={"targets": "44"})
@@ -171,10 +192,10 @@ def test_the_binaries_exit_1_with_the_message(tmp_path, capsys):
   assert f"VOCABULARY='{tmp_path}/missing.model' does not exist" in err
   assert not os.path.exists(tmp_path / "eval")  # nothing was made
   demo = ["--gin_file=gin/runs/demo.gin", f"--gin.MODEL_DIR={tmp_path}/main"]
-  err = _user_error(main_lib.prepare, demo + ["--gin.PipelineConfig.speed_calls='3'"], capsys)
-  assert "PipelineConfig.speed_calls='3' is of type str" in err
-  err = _user_error(main_lib.prepare, demo + ["--gin.PipelineConfig.speed_calls=True"], capsys)
-  assert "PipelineConfig.speed_calls=True is of type bool" in err
+  err = _user_error(main_lib.prepare, demo + ["--gin.SpeedConfig.calls='3'"], capsys)
+  assert "SpeedConfig.calls='3' is of type str" in err
+  err = _user_error(main_lib.prepare, demo + ["--gin.SPEED_CALLS=True"], capsys)
+  assert "SpeedConfig.calls=True is of type bool" in err
   err = _user_error(main_lib.prepare, demo + [f"--gin.DRAFT_CHECKPOINT_PATH={tmp_path}/no"],
                     capsys)
   assert f"DRAFT_CHECKPOINT_PATH (PipelineConfig.draft_checkpoint_path)='{tmp_path}/no' " \

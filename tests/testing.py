@@ -14,6 +14,7 @@ turns the expensive ones into session fixtures).
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import functools
 import json
@@ -22,6 +23,7 @@ import shutil
 
 import jax
 
+from distillspec_jax.evaluation.evaluate import SpeedConfig
 from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.model import Model
 
@@ -37,9 +39,8 @@ T5_TINY = TransformerConfig(kind="encoder_decoder", vocab_size=128, emb_dim=64, 
 # one timed prompt in this process.
 PIPELINE = dict(task_feature_lengths={"inputs": 40, "targets": 44}, target_model="smoke_target",
                 target_steps=2, draft_steps=2, distill_steps=2, batch_size=8, warmup_steps=1,
-                eval_examples=4, speed_examples=1, max_new_tokens=8, eval_every=1,
-                train_examples=64, progress_bar=False, speed_repeats=2, speed_calls=2,
-                speed_cpus=0)
+                eval_examples=4, max_new_tokens=8, eval_every=1, train_examples=64,
+                progress_bar=False, speed=SpeedConfig(examples=1, repeats=2, calls=2, cpus=0))
 # The stages every main job and study starts from (studies.common.REUSABLE_STAGES).
 SHARED_STAGES = ("vocab", "target", "draft_raw")
 
@@ -61,11 +62,25 @@ def random_params(model: Model, seed: int):
   return jax.tree.map(lambda x: x, _random_params(model, seed))
 
 
-def pipeline_config(run_dir, config_class=None, **changes):
-  """A PipelineConfig (or `config_class`, e.g. a study's) of PIPELINE with `changes`."""
+def pipeline_config(run_dir, config_class=None, grid=None, speed=None, mesh=None, **changes):
+  """A PipelineConfig (or `config_class`, e.g. a study's) of PIPELINE with `changes`.
+
+  `grid` / `speed`: a DecodingGrid / SpeedConfig, or a dict (JSON from a worker's command
+  line: lists become tuples) of DecodingGrid fields / changes to PIPELINE's SpeedConfig;
+  `mesh`: a MeshConfig or (data_parallel, model_parallel)."""
+  from distillspec_jax.evaluation.decoding_grid import DecodingGrid
+  from distillspec_jax.training.partitioning import MeshConfig
   if config_class is None:
     from distillspec_jax.studies.pipeline import PipelineConfig as config_class
-  return config_class(run_dir=str(run_dir), **dict(PIPELINE, **changes))
+  tuples = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+  if isinstance(grid, dict):
+    grid = DecodingGrid(**tuples(grid))
+  if isinstance(speed, dict):
+    speed = dataclasses.replace(PIPELINE["speed"], **speed)
+  if mesh is not None and not isinstance(mesh, MeshConfig):
+    mesh = MeshConfig(*mesh)
+  given = {k: v for k, v in dict(grid=grid, speed=speed, mesh=mesh).items() if v is not None}
+  return config_class(run_dir=str(run_dir), **dict(PIPELINE, **given, **changes))
 
 
 def train_shared_stages(root) -> tuple:

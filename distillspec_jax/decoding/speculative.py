@@ -178,7 +178,7 @@ class DraftLength:
       raise ValueError(f"signal={self.signal!r} with rule 'fixed': the fixed rule reads no "
                        "confidence; pick an adaptive rule ('confidence', 'cumulative', "
                        "'cost') or leave the signal at 'top_probability'.")
-    check_probability(self.threshold, "draft length threshold",
+    check_probability(self.threshold, "DraftLength.threshold",
                       fix="pass a probability in [0, 1] (0 proposes gamma_max every round).")
     if self.rule == "cost":
       self._check_costs()
@@ -192,9 +192,9 @@ class DraftLength:
     if not self.costs:
       raise ValueError(f"The 'cost' rule needs costs; {fix}")
     for width, cost in enumerate(self.costs, 1):
-      check_real(cost, f"costs[{width - 1}]", minimum=0.0, above=True,
+      check_real(cost, f"DraftLength.costs[{width - 1}]", minimum=0.0, above=True,
                  fix=f"it prices a {width}-token verification; {fix}")
-    check_real(self.draft_cost, "draft_cost", minimum=0.0, fix=fix)
+    check_real(self.draft_cost, "DraftLength.draft_cost", minimum=0.0, fix=fix)
 
   def check_gamma_max(self, gamma_max: int) -> None:
     """Refuses a 'cost' rule without the price of every width up to gamma_max + 1."""

@@ -38,9 +38,9 @@ from distillspec_jax.interop import importer
 
 @dataclasses.dataclass(frozen=True)
 class SpeedConfig:
-  """How wall-clock speed is timed (speed.measure_speed), for every job that times.
-
-  Errors name the configs' flat fields (`speed_calls`, ...), which the run files set.
+  """How wall-clock speed is timed (speed.measure_speed), for every job that times: the eval
+  binary's `EvalConfig.speed` and the main job's `PipelineConfig.speed` (gin:
+  `EvalConfig.speed = @SpeedConfig()`, `SpeedConfig.calls = %SPEED_CALLS`).
 
   Attributes:
     examples: the first evaluation prompts, each timed alone (batch 1); 0 = no timing.
@@ -59,24 +59,19 @@ class SpeedConfig:
 
   def __post_init__(self):
     check_field_types(self)
-    check_int(self.examples, "speed_examples", 0)
-    check_positive_int(self.repeats, "speed_repeats")
-    check_positive_int(self.calls, "speed_calls")
-    check_budget(self.budget_s, "speed_budget_s")
-    check_int(self.cpus, "speed_cpus", 0)
+    check_int(self.examples, "SpeedConfig.examples", 0)
+    check_positive_int(self.repeats, "SpeedConfig.repeats")
+    check_positive_int(self.calls, "SpeedConfig.calls")
+    check_budget(self.budget_s, "SpeedConfig.budget_s")
+    check_int(self.cpus, "SpeedConfig.cpus", 0)
 
-  @classmethod
-  def of(cls, config) -> "SpeedConfig":
-    """The SpeedConfig of a config's flat fields: `speed_<field>` for each of its fields."""
-    return cls(**{field.name: getattr(config, f"speed_{field.name}")
-                  for field in dataclasses.fields(cls)})
-
-  def check_prompts(self, eval_examples: int) -> None:
-    """Refuses more timed prompts than evaluation prompts (the timed are the first ones)."""
+  def check_prompts(self, eval_examples: int, owner: str) -> None:
+    """Refuses more timed prompts than evaluation prompts (the timed are the first ones);
+    `owner`: the config whose `eval_examples` they are."""
     if self.examples > eval_examples:
-      raise ValueError(f"speed_examples={self.examples} exceeds eval_examples={eval_examples}: "
-                       "the timed prompts are the first evaluation prompts; lower "
-                       "speed_examples or raise eval_examples.")
+      raise ValueError(f"SpeedConfig.examples={self.examples} exceeds {owner}.eval_examples="
+                       f"{eval_examples}: the timed prompts are the first evaluation prompts; "
+                       "lower SpeedConfig.examples (SPEED_EXAMPLES) or raise eval_examples.")
 
   def measure_kwargs(self) -> dict:
     """speed.measure_speed's keyword arguments of these settings."""

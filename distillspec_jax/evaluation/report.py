@@ -65,8 +65,8 @@ def build_rows(config, evaluation: dict) -> list:
   names = draft_names(config)
   rows = []
   for stage in config.distill_stages + _head_stages(config):
-    for temperature in config.temperatures:
-      for gamma in config.gammas:
+    for temperature in config.grid.temperatures:
+      for gamma in config.grid.gammas:
         recipe = names[stage] if stage in _head_stages(config) else stage[len("distill_"):]
         rows.append(_paired_row(config.task, recipe,
                                 by_key[("draft_raw", temperature, gamma)],
@@ -103,7 +103,7 @@ def draft_costs(config, evaluation: dict) -> dict:
     out[names.get(name, name)] = dict(
         summary, step_s=per_call.get(f"{owner}:draft_step_1"),
         first_call_s={str(g): per_call.get(f"{owner}:draft_step_{width(g)}")
-                      for g in config.gammas})
+                      for g in config.grid.gammas})
   return out
 
 

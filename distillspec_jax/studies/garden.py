@@ -16,7 +16,7 @@ Stages (run_pipeline's bookkeeping: finished stages are skipped, interrupted one
   evaluate                quality of every point (greedy, T = 0; a pair's from its own
                           speculative outputs), tau of every pair, and wall-clock latency:
                           speed.measure_speed per target model, batch 1, in one process
-                          pinned to `speed_cpus` cores
+                          pinned to `SpeedConfig.cpus` cores
   report                  report.json, report.md, garden_frontier.png
 
 Relative latency = seconds per generated token, end to end (setup included), of the strategy
@@ -44,6 +44,7 @@ from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.core.files import read_json, write_json_atomic, write_text_atomic
 from distillspec_jax.evaluation import evaluate
 from distillspec_jax.evaluation import speed
+from distillspec_jax.evaluation.decoding_grid import DecodingGrid
 from distillspec_jax.models.model import Model
 from distillspec_jax.studies.pipeline import PipelineConfig
 
@@ -79,8 +80,8 @@ class GardenConfig(PipelineConfig):
     quality_metric: the task metric plotted (a key of data.compute_metrics' result).
     recipes: one recipe, used for every distillation of the garden (its divergence, or
       `divergence`).
-    gammas / temperatures: one gamma and T = 0 (quality is greedy quality; T = 0
-      speculative decoding gives the target's outputs).
+    grid: one gamma and T = 0 (quality is greedy quality; T = 0 speculative decoding gives
+      the target's outputs).
     reuse_run_dir: a finished main job with the same largest and smallest presets whose
       vocab / target / draft_raw are copied (None = train them here).
   """
@@ -90,8 +91,7 @@ class GardenConfig(PipelineConfig):
   middle_steps: Optional[int] = None
   quality_metric: str = "accuracy"
   recipes: tuple = ("supervised_kd",)
-  gammas: tuple = (5,)
-  temperatures: tuple = (0.0,)
+  grid: DecodingGrid = DecodingGrid(gammas=(5,), temperatures=(0.0,))
   reuse_run_dir: Optional[str] = None
 
   def __post_init__(self):
@@ -119,10 +119,12 @@ class GardenConfig(PipelineConfig):
     if len(self.recipes) != 1:
       raise ValueError(f"recipes={tuple(self.recipes)!r}: the garden distils with one recipe; "
                        "name exactly one.")
-    if len(self.gammas) != 1 or tuple(self.temperatures) != (0.0,):
-      raise ValueError(f"gammas={tuple(self.gammas)!r}, temperatures="
-                       f"{tuple(self.temperatures)!r}: the garden is measured at one gamma "
-                       "and T = 0 (greedy quality); pass e.g. gammas=(5,), "
+    grid = self.grid
+    if isinstance(grid, DecodingGrid) and (len(grid.gammas) != 1
+                                           or tuple(grid.temperatures) != (0.0,)):
+      raise ValueError(f"DecodingGrid.gammas={tuple(grid.gammas)!r}, DecodingGrid."
+                       f"temperatures={tuple(grid.temperatures)!r}: the garden is measured at "
+                       "one gamma and T = 0 (greedy quality); pass e.g. gammas=(5,), "
                        "temperatures=(0.0,).")
     if self.middle_steps is not None:
       check_positive_int(self.middle_steps, "middle_steps")
@@ -255,7 +257,7 @@ def measure_garden_speed(config: GardenConfig) -> dict:
   """{target stage: speed.measure_speed result} with that target's drafts of the garden's
   pairs (none for models only used alone). Loads what it needs, so it can run pinned."""
   from tqdm.auto import tqdm
-  prompts = pipeline.heldout_prompts(config, config.speed_examples, split="test").prompts
+  prompts = pipeline.heldout_prompts(config, config.speed.examples, split="test").prompts
   targets = list(dict.fromkeys(t for _, t, _ in config.points()))
   timing = {}
   for target_stage in tqdm(targets, desc="garden speed (models)", dynamic_ncols=True,
@@ -264,7 +266,7 @@ def measure_garden_speed(config: GardenConfig) -> dict:
               for _, t, d in config.points() if t == target_stage and d}
     timing[target_stage] = speed.measure_speed(
         model_of(config, target_stage), _params(config, target_stage), drafts, prompts,
-        speed.TimingPlan(gammas=config.gammas, temperatures=(0.0,),
+        speed.TimingPlan(gammas=config.grid.gammas, temperatures=(0.0,),
                          max_new_tokens=config.max_new_tokens, seed=config.seed,
                          **config.speed.measure_kwargs()), progress=False)
   return timing
@@ -295,13 +297,13 @@ def stage_evaluate(config: GardenConfig, stage: str) -> dict:
         row, = evaluate.speculative_grid(
             target, target_params, {draft_stage: (model_of(config, draft_stage),
                                                   _params(config, draft_stage))},
-            examples, scorer, gammas=config.gammas, temperatures=config.temperatures,
+            examples, scorer, gammas=config.grid.gammas, temperatures=config.grid.temperatures,
             max_new_tokens=config.max_new_tokens, seed=config.seed)
         results["pairs"].append({"strategy": strategy, "target": target_stage,
                                  **evaluate.EvaluationRow.of(config.task, row).to_json()})
       bar.update(1)
   results["timing"] = {stage: timing.to_json() for stage, timing in pinning.run_pinned(
-      config.speed_cpus, measure_garden_speed, config).items()}
+      config.speed.cpus, measure_garden_speed, config).items()}
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"), results)
   return {"num_test_prompts": int(len(examples))}
 
@@ -425,9 +427,9 @@ def stage_report(config: GardenConfig, stage: str) -> dict:
       "measurement": (
           f"Quality: {config.quality_metric} of greedy outputs (T = 0) on "
           f"{config.eval_examples} test prompts; a pair's from its speculative outputs "
-          f"(gamma = {config.gammas[0]}). Latency: speed.measure_speed per target model "
-          f"(batch 1, {config.speed_examples} test prompts, {config.max_new_tokens} new "
-          f"tokens at most, {config.speed_repeats} interleaved turns, median; "
+          f"(gamma = {config.grid.gammas[0]}). Latency: speed.measure_speed per target model "
+          f"(batch 1, {config.speed.examples} test prompts, {config.max_new_tokens} new "
+          f"tokens at most, {config.speed.repeats} interleaved turns, median; "
           f"{len(pinned)} pinned core(s) of {timing['machine']['cpus']}), end-to-end "
           "seconds per generated token over the largest raw model's plain decoding; a "
           "pair's = its target's plain seconds per token / the pair's end-to-end speedup. "

@@ -296,7 +296,7 @@ def models(config: PipelineConfig, vocab: Optional[int] = None) -> tuple:
 def job_mesh(config: PipelineConfig, target: Model, draft: Model):
   """The (DATA_PARALLEL, MODEL_PARALLEL) mesh of every stage, checked against the batch and
   both models (ValueError naming the value and the fix)."""
-  mesh = partitioning.make_mesh(config.data_parallel, config.model_parallel)
+  mesh = config.mesh.make()
   partitioning.check_batch_size(config.batch_size, mesh)
   partitioning.check_model_axis({"target": target, "draft": draft}, mesh)
   return mesh
@@ -331,8 +331,7 @@ def stage_train_config(config: PipelineConfig, stage: str, steps: int, learning_
                      save_every=config.save_every or max(steps // 4, 1),
                      keep_checkpoints=1, log_every=max(min(50, steps // 10), 1),
                      eval_every=eval_every, progress_bar=config.progress_bar,
-                     data_parallel=config.data_parallel,
-                     model_parallel=config.model_parallel)
+                     mesh=config.mesh)
 
 
 def tau_curve(start: dict, history: list) -> list:
@@ -474,7 +473,7 @@ def stage_distill_head(config: PipelineConfig, stage: str) -> dict:
                                     config.head.learning_rate, eval_every=config.eval_every)
   init = head.init(jax.random.PRNGKey(config.seed), target_params)
   start = eval_fn(init, 0)
-  training = config.head.training(config.gammas)
+  training = config.head.training(config.grid.gammas)
   objective = HeadDistillationObjective(target, head, distillation, training)
   result = train(train_config, objective, train_data(config),
                  frozen_params={"target": target_params}, init_params=init, eval_fn=eval_fn,
@@ -573,11 +572,11 @@ def draft_summaries(drafts: dict) -> dict:
 
 
 def check_speed_prompts(config: PipelineConfig, examples) -> None:
-  """Refuses more timed prompts (`speed_examples`) than the test examples hold."""
-  if len(examples) < config.speed_examples:
-    raise ValueError(f"speed_examples={config.speed_examples} but the test split of "
+  """Refuses more timed prompts (SpeedConfig.examples) than the test examples hold."""
+  if len(examples) < config.speed.examples:
+    raise ValueError(f"SpeedConfig.examples={config.speed.examples} but the test split of "
                      f"{config.eval_task or config.task!r} holds {len(examples)} "
-                     "prompts; lower speed_examples.")
+                     "prompts; lower SpeedConfig.examples (SPEED_EXAMPLES).")
 
 
 def test_examples(config: PipelineConfig, mesh=None) -> tuple:
@@ -592,14 +591,14 @@ def test_examples(config: PipelineConfig, mesh=None) -> tuple:
 
 def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None) -> dict:
   """speed.measure_speed of every draft of the job with its target, on the first
-  `speed_examples` test prompts. Loads what it needs, so it can run in a pinned process.
+  `SpeedConfig.examples` test prompts. Loads what it needs, so it can run in a pinned process.
   `windows_log`: as measure_speed's (in this process only)."""
   from distillspec_jax.evaluation import pinning
   from distillspec_jax.evaluation import speed
   target, draft, params = eval_models_and_params(config, mesh=False)
-  prompts = test_examples(config)[0].prompts[:config.speed_examples]
+  prompts = test_examples(config)[0].prompts[:config.speed.examples]
   drafts = job_drafts(config, target, draft, params)
-  plan = speed.TimingPlan(gammas=config.gammas, temperatures=config.temperatures,
+  plan = speed.TimingPlan(gammas=config.grid.gammas, temperatures=config.grid.temperatures,
                          max_new_tokens=config.max_new_tokens, seed=config.seed,
                          **config.speed.measure_kwargs())
   return speed.measure_speed(target, params["target"], drafts, prompts, plan,
@@ -627,10 +626,10 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   # A head does not decode alone: the quality of the target and the separate drafts.
   alone_models = {name: (target if name == "target" else draft, p)
                   for name, p in params.items() if name not in config.head_stages}
-  total = len(alone_models) + len(config.temperatures) * len(drafts) * len(config.gammas)
+  total = len(alone_models) + len(config.grid.temperatures) * len(drafts) * len(config.grid.gammas)
   # The timing process loads and compiles on its pinned core while this one evaluates; it
   # starts timing only once released, when nothing else runs.
-  timing = ((pinning.timing_cpus(config.speed_cpus, jax.process_count()), measure_run_speed)
+  timing = ((pinning.timing_cpus(config.speed.cpus, jax.process_count()), measure_run_speed)
             if primary else (0, _no_timing))
   with pinning.start_pinned(*timing, config) as timing_run, \
       tqdm(total=total, desc="evaluate (quality, tau)", dynamic_ncols=True,
@@ -639,8 +638,8 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
         alone_models, examples, scorer, max_new_tokens=config.max_new_tokens, on_done=bar.update,
         batch_size=config.eval_batch_size, place=place)
     rows = evaluate_lib.speculative_grid(
-        target, params["target"], drafts, examples, scorer, gammas=config.gammas,
-        temperatures=config.temperatures, max_new_tokens=config.max_new_tokens,
+        target, params["target"], drafts, examples, scorer, gammas=config.grid.gammas,
+        temperatures=config.grid.temperatures, max_new_tokens=config.max_new_tokens,
         batch_size=config.eval_batch_size, seed=config.seed, on_done=bar.update, place=place)
     bar.close()
     summaries = draft_summaries(drafts)

@@ -8,17 +8,20 @@ import logging
 import os
 from typing import Literal, Optional, Union
 
-from distillspec_jax.core.validation import (check_field_types, check_grid, check_int,
-                                             check_path, check_positive_int, check_real)
+from distillspec_jax.core.validation import (check_field_types, check_int, check_path,
+                                             check_positive_int, check_real)
 from distillspec_jax.distill import blocked
 from distillspec_jax.distill.head_objectives import HeadTrainingConfig
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
+from distillspec_jax.decoding.speculative import DraftLength, Lenience
+from distillspec_jax.evaluation.decoding_grid import DecodingGrid
 from distillspec_jax.evaluation.evaluate import SpeedConfig, check_checkpoint
 from distillspec_jax.models.config import DTYPES, REMAT_POLICIES, model_config
 from distillspec_jax.models.head import check_feature_layers, check_unroll_steps
 from distillspec_jax.models.precision import check_param_dtype
 from distillspec_jax.studies import pair_source
 from distillspec_jax.studies.pair_source import PairSource
+from distillspec_jax.training.partitioning import MeshConfig
 
 
 # A head stage's name: this prefix and its recipe.
@@ -43,7 +46,7 @@ class HeadStageConfig:
     feature_layers: the target's hidden-state indices the head reads (None = low, middle
       and high: models/head.default_feature_layers).
     unroll_steps: the training-time test's depth k (HeadTrainingConfig; gin
-      HEAD_UNROLL_STEPS); None = the job's largest gamma (`PipelineConfig.gammas`), so that
+      HEAD_UNROLL_STEPS); None = the job's largest gamma (`DecodingGrid.gammas`), so that
       the head is trained for every draft position it serves: a head unrolled k steps loses
       acceptance past position k (docs/heads.md).
     step_weights: one weight per unrolled step (None = 0.8 ** s).
@@ -131,14 +134,15 @@ class PipelineConfig:
       the paper's cross-task transfer).
     recipes: distillation recipes to run (objectives.RECIPES names); divergence: their
       divergence (None = each recipe's default).
-    gammas / temperatures: the speculative decoding grid of the evaluation.
+    grid: the speculative decoding grid of the evaluation (evaluation.decoding_grid
+      .DecodingGrid, shared with the eval binary; gin: PipelineConfig.grid = @DecodingGrid(),
+      DecodingGrid.gammas = ...); the main job decodes losslessly with gamma draft tokens a
+      round (its lenience and draft length stay the defaults).
     eval_examples: test prompts for quality and tau.
-    speed_examples / speed_repeats / speed_calls / speed_budget_s / speed_cpus: the timing's
-      settings, the fields of `self.speed` (evaluation.evaluate.SpeedConfig, shared with the
-      eval binary): the first test prompts, each decoded alone (batch 1, as in the paper;
-      at least 1 here); interleaved timing turns; timed calls per repeat, at least (a repeat
-      sums each prompt's fastest window among them); seconds of timing (0 = exactly
-      speed_calls); cores of the fresh timing process (0 = this process, unpinned).
+    speed: the timing's settings (evaluation.evaluate.SpeedConfig, shared with the eval
+      binary; gin: PipelineConfig.speed = @SpeedConfig(), SpeedConfig.calls = ...): the first
+      SpeedConfig.examples test prompts (at least 1 here), each decoded alone (batch 1, as in
+      the paper), timed in a fresh process.
     max_new_tokens: decoding budget in evaluation and on-policy sampling.
     eval_every: distillation steps between in-training tau evaluations (the tau curve).
     vocab_size: SentencePiece pieces of the embedded vocabulary.
@@ -161,8 +165,9 @@ class PipelineConfig:
     pair: the user's own pair (studies/pair_source.py PairSource): VOCABULARY (the models'
       tokenizer, no vocabulary trained), FINETUNE_TARGET, FINETUNE_DRAFT.
     seed: the one seed of the job.
-    data_parallel / model_parallel: the (data, model) mesh of every stage (DATA_PARALLEL,
-      MODEL_PARALLEL; -1 = the devices left over); the model axis must divide both models'
+    mesh: the (data, model) mesh of every stage (training.partitioning.MeshConfig, shared
+      with the other binaries; gin: PipelineConfig.mesh = @MeshConfig(),
+      MeshConfig.data_parallel = %DATA_PARALLEL); the model axis must divide both models'
       heads, MLP widths and vocabulary.
     remat_policy: rematerialisation of both models' layers (REMAT_POLICY; models/config.py
       REMAT_POLICIES); target_remat_policy / draft_remat_policy: one model's (None = it).
@@ -204,14 +209,9 @@ class PipelineConfig:
   train_vocabulary: bool = False
   recipes: tuple = ("gkd", "supervised_kd")
   divergence: Optional[str] = None
-  gammas: tuple = (3, 5, 7)
-  temperatures: tuple = (0.0, 1.0)
+  grid: DecodingGrid = DecodingGrid()
   eval_examples: int = 128
-  speed_examples: int = 16
-  speed_repeats: int = 7
-  speed_calls: int = 6
-  speed_budget_s: float = 0.0
-  speed_cpus: int = 1
+  speed: SpeedConfig = SpeedConfig()
   max_new_tokens: int = 44
   eval_every: int = 100
   vocab_size: int = 256
@@ -225,8 +225,7 @@ class PipelineConfig:
   draft_checkpoint_path: Optional[str] = None
   seed: int = 0
   progress_bar: bool = True
-  data_parallel: int = -1
-  model_parallel: int = 1
+  mesh: MeshConfig = MeshConfig()
   remat_policy: str = "none"
   target_remat_policy: Optional[str] = None
   draft_remat_policy: Optional[str] = None
@@ -242,8 +241,7 @@ class PipelineConfig:
       raise ValueError("MODEL_DIR is not set; pass --gin.MODEL_DIR=<directory> "
                        "(PipelineConfig.run_dir; a gs:// path on a TPU slice).")
     check_field_types(self)
-    if not isinstance(self.pair, PairSource):
-      raise TypeError(f"pair={self.pair!r} must be a PairSource (gin: @PairSource()).")
+    self._check_sub_configs()
     if self.pair.chat_template and self.data_dir is None:
       raise ValueError("CHAT_TEMPLATE=True reads conversations from DATA_DIR/chat/*.jsonl: set "
                        "DATA_DIR, or CHAT_TEMPLATE=False.")
@@ -253,7 +251,7 @@ class PipelineConfig:
         raise ValueError(f"{role.upper()}_MODEL=None needs {role.upper()}_CHECKPOINT_PATH: "
                          f"the {role} comes from a preset or from a checkpoint.")
     for name in ("target_steps", "draft_steps", "distill_steps", "batch_size", "eval_examples",
-                 "speed_examples", "max_new_tokens", "vocab_size", "lm_prompt_length"):
+                 "max_new_tokens", "vocab_size", "lm_prompt_length"):
       check_positive_int(getattr(self, name), name)
     for name in ("decay_steps", "save_every", "model_vocab_size", "max_decode_length",
                  "train_examples", "eval_batch_size"):
@@ -276,8 +274,6 @@ class PipelineConfig:
                        f"adaspec_reference={self.adaspec_reference!r} in recipes={self.recipes}.")
     for recipe in self.recipes:
       distillation_config(self, recipe)  # raises on an unknown name or bad value
-    check_grid(self.gammas, self.temperatures,
-               names=("PipelineConfig.gammas", "PipelineConfig.temperatures"))
     if self.teacher_cache_k is not None:
       from distillspec_jax.distill import teacher_cache
       check_positive_int(self.teacher_cache_k, "teacher_cache_k")
@@ -289,13 +285,13 @@ class PipelineConfig:
           teacher_cache.check_fixed_data(distillation_config(self, recipe))
         except ValueError as error:
           raise ValueError(f"teacher_cache_recipes: recipe {recipe!r}: {error}") from error
-    self.speed.check_prompts(self.eval_examples)
+    self.speed.check_prompts(self.eval_examples, type(self).__name__)
     if self.head is not None:
       if not set(self.head_stages) <= set(self.stages):
         raise ValueError(f"{type(self).__name__} does not run draft-head stages; set its "
                          "head = None (the main job's PipelineConfig trains heads).")
       self.head.check_target(self.target_model)
-      training = self.head.training(self.gammas)  # step_weights: one per unrolled step
+      training = self.head.training(self.grid.gammas)  # step_weights: one per unrolled step
       if training.unroll_steps < max(self.gammas):
         logging.warning(
             "HeadStageConfig.unroll_steps=%d is below the largest gamma %d: the head is not "
@@ -305,11 +301,27 @@ class PipelineConfig:
       for recipe in self.head.recipes:
         distillation_config(self, recipe)
 
+  def _check_sub_configs(self) -> None:
+    """Each sub-config of its class (checked when it was made); the main job always times,
+    and decodes losslessly with gamma draft tokens a round."""
+    owner = type(self).__name__
+    for name, kind in (("pair", PairSource), ("grid", DecodingGrid), ("speed", SpeedConfig),
+                       ("mesh", MeshConfig)):
+      if not isinstance(getattr(self, name), kind):
+        raise TypeError(f"{owner}.{name}={getattr(self, name)!r} must be a {kind.__name__} "
+                        f"(gin: {owner}.{name} = @{kind.__name__}()).")
+    check_positive_int(self.speed.examples, "SpeedConfig.examples (the main job always "
+                       "times; SPEED_EXAMPLES)")
+    if self.grid.leniences != [Lenience()] or self.grid.draft_length != DraftLength():
+      raise ValueError(
+          f"DecodingGrid.lenience_kinds={tuple(self.grid.lenience_kinds)}, epsilons="
+          f"{tuple(self.grid.epsilons)}, draft_length={self.grid.draft_length}: the main job "
+          "decodes losslessly with gamma draft tokens a round; leave them at their defaults "
+          "(('lin',), (1.0,), DraftLength()) and sweep leniences or draft lengths with "
+          "python -m distillspec_jax.eval.")
+
   def _check_scale(self) -> None:
-    """The mesh sizes, remat policies and dtypes: the value, the macro and the choices."""
-    if self.data_parallel != -1:
-      check_positive_int(self.data_parallel, "data_parallel (DATA_PARALLEL; -1 = the rest)")
-    check_positive_int(self.model_parallel, "model_parallel (MODEL_PARALLEL)")
+    """The remat policies and dtypes: the value, the macro and the choices."""
     for name in ("remat_policy", "target_remat_policy", "draft_remat_policy"):
       value = getattr(self, name)
       if (value is not None or name == "remat_policy") and value not in REMAT_POLICIES:
@@ -328,11 +340,6 @@ class PipelineConfig:
     if self.max_decode_length:
       overrides["max_decode_length"] = self.max_decode_length
     return overrides
-
-  @property
-  def speed(self) -> SpeedConfig:
-    """The timing's settings (checked when the config is made)."""
-    return SpeedConfig.of(self)
 
   def check_inputs(self) -> None:
     """Refuses input paths that do not exist (DATA_DIR, the starting checkpoints) before

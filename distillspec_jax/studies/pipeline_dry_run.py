@@ -73,7 +73,7 @@ def stages(config: PipelineConfig) -> list:
   lengths = _lengths(config)
   out.append(dry_run.Stage("evaluate", lambda mesh, batch: dry_run.speculative_program(
       target, draft, mesh, batch, lengths["inputs"], config.max_new_tokens,
-      gamma=max(config.gammas), temperature=max(config.temperatures),
+      gamma=max(config.grid.gammas), temperature=max(config.grid.temperatures),
       target_param_dtype=config.target_param_dtype),
       config.eval_batch_size or config.eval_examples, both))
   return out

@@ -45,6 +45,7 @@ import numpy as np
 
 from distillspec_jax.core.validation import check_field_types, check_finite, check_int
 from distillspec_jax.evaluation import evaluate
+from distillspec_jax.evaluation.decoding_grid import DecodingGrid
 from distillspec_jax.studies import pipeline
 from distillspec_jax.studies import common as common_lib
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
@@ -82,7 +83,7 @@ class RecipeGridConfig(PipelineConfig):
     divergences: the objectives, OBJECTIVES names: divergences.DIVERGENCES ("jsd" is
       JSD(beta) with the recipes' beta = 0.5) or "block_acceptance" (TVD weighted by the
       detached chance of reaching each position in blocks of gammas[0]).
-    gammas / temperatures: the grid's evaluation points (the paper's grid: gamma 5, T 0 and 1).
+    grid: the evaluation points (DecodingGrid; the paper's grid: gamma 5, T 0 and 1).
     reuse_run_dir: a finished main job whose vocab / target / draft_raw are copied (None =
       train them here).
     seeds: the seeds each cell runs with (distinct ints >= 0); () = (seed,). The shared
@@ -101,7 +102,7 @@ class RecipeGridConfig(PipelineConfig):
   run_dir: str = "runs/recipe_grid"
   recipes: tuple = tuple(RECIPE_LABELS)
   divergences: tuple = GRID_DIVERGENCES
-  gammas: tuple = (5,)
+  grid: DecodingGrid = DecodingGrid(gammas=(5,))
   reuse_run_dir: Optional[str] = None
   seeds: tuple = ()
   compute_budget: Optional[int] = None
@@ -125,7 +126,7 @@ class RecipeGridConfig(PipelineConfig):
     for name, values in (("recipes", self.recipes), ("divergences", self.divergences)):
       if len(set(values)) != len(values):
         raise ValueError(f"{name}={tuple(values)!r} repeats a name; list each once.")
-    super().__post_init__()  # recipe names, gammas, temperatures, budgets
+    super().__post_init__()  # recipe names, the grid, budgets
     for divergence in self.divergences:
       if divergence not in OBJECTIVES:
         raise ValueError(f"Unknown divergence {divergence!r} in divergences="
@@ -312,7 +313,7 @@ def stage_cell(config: RecipeGridConfig, stage: str) -> dict:
   recipe, objective, seed = parse_cell_stage(stage)
   settings = dict(max_new_tokens=config.task_feature_lengths["targets"],
                   lk_s=config.lk_s, lk_eta=config.lk_eta,
-                  **objective_settings(objective, int(config.gammas[0])))
+                  **objective_settings(objective, int(config.grid.gammas[0])))
   target, draft = pipeline.models(config)
   reference = {}
   if recipe == ADASPEC:
@@ -343,7 +344,7 @@ def grid_statistics(config: RecipeGridConfig, target, target_params, draft, draf
   examples = pipeline.heldout_prompts(config, config.eval_examples, split="test")
   rows = evaluate.speculative_grid(
       target, target_params, {"draft": (draft, draft_params)}, examples, None,
-      gammas=config.gammas, temperatures=config.temperatures,
+      gammas=config.grid.gammas, temperatures=config.grid.temperatures,
       max_new_tokens=config.max_new_tokens, seed=config.seed)
   return [dict(gamma=row.point.gamma, temperature=row.point.temperature,
                **row.acceptance.to_json()) for row in rows]
@@ -616,7 +617,7 @@ def build_report(config: RecipeGridConfig, markers: dict, raw_draft: list) -> di
   budget = (f"the same budget of {unit}"
             if config.compute_budget is not None else f"{config.distill_steps} steps")
   used = [c["compute"] for c in cells]
-  answers = rules(cells, int(config.gammas[0]), config.adaspec_reference, runs)
+  answers = rules(cells, int(config.grid.gammas[0]), config.adaspec_reference, runs)
   return {"cells": cells, "runs": runs, "raw_draft": raw_draft,
           "rules": answers, "verdicts": verdict_sentences(answers),
           "tau_curves": build_curves(config, markers),
@@ -655,8 +656,8 @@ def render_markdown(config: RecipeGridConfig, report: dict) -> str:
   lines = ["# Recipe grid: data source x divergence", "", report["measurement"], ""]
   index = {(c["recipe"], c["divergence"], c["temperature"], c["gamma"]): c
            for c in report["cells"]}
-  for temperature in config.temperatures:
-    for gamma in config.gammas:
+  for temperature in config.grid.temperatures:
+    for gamma in config.grid.gammas:
       key = (float(temperature), int(gamma))
       raw = next((r for r in report["raw_draft"]
                   if (r["temperature"], r["gamma"]) == key), None)
@@ -713,10 +714,10 @@ def plot(config: RecipeGridConfig, report: dict, out_dir: str) -> list:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  gamma, paths = int(config.gammas[0]), []
+  gamma, paths = int(config.grid.gammas[0]), []
   index = {(c["recipe"], c["divergence"], c["temperature"]): c for c in report["cells"]
            if c["gamma"] == gamma}
-  temperatures = list(config.temperatures)
+  temperatures = list(config.grid.temperatures)
   fig, axes = plt.subplots(1, len(temperatures), squeeze=False,
                            figsize=(1.6 * len(config.divergences) * len(temperatures) + 2,
                                     0.55 * len(config.recipes) + 1.8))

@@ -12,12 +12,15 @@ the models are written for GSPMD-style sharding propagation.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from distillspec_jax.core.validation import check_field_types, check_positive_int
 
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
@@ -64,6 +67,39 @@ def make_mesh(data: int = -1, model: int = 1,
     raise ValueError(f"Mesh data={data} x model={model} = {data * model} does not match the "
                      f"{n} available devices; use data * model == {n} (or data=-1).")
   return Mesh(np.asarray(devices).reshape(data, model), MESH_AXES)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """The (data, model) mesh a job lays its parameters and batches on, shared by the three
+  binaries (`TrainConfig.mesh`, `PipelineConfig.mesh`, `EvalConfig.mesh`; gin:
+  `MeshConfig.data_parallel = %DATA_PARALLEL`, `MeshConfig.model_parallel = %MODEL_PARALLEL`).
+
+  Attributes:
+    data_parallel: size of the data axis; -1 = the devices left over after the model axis.
+    model_parallel: size of the model axis (it must divide the models' heads, MLP widths and
+      vocabulary: check_model_axis).
+  """
+
+  data_parallel: int = -1
+  model_parallel: int = 1
+
+  def __post_init__(self):
+    check_field_types(self)
+    if self.data_parallel != -1 and self.data_parallel < 1:
+      raise ValueError(f"MeshConfig.data_parallel={self.data_parallel} must be -1 (the devices "
+                       "left over) or an integer >= 1 (DATA_PARALLEL).")
+    check_positive_int(self.model_parallel, "MeshConfig.model_parallel")
+
+  def make(self, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+    """The mesh over `devices` (default: all); a ValueError naming both sizes and the fix
+    when they do not divide them."""
+    try:
+      return make_mesh(self.data_parallel, self.model_parallel, devices)
+    except ValueError as error:
+      raise ValueError(f"MeshConfig.data_parallel={self.data_parallel} (DATA_PARALLEL), "
+                       f"MeshConfig.model_parallel={self.model_parallel} (MODEL_PARALLEL): "
+                       f"{error}") from None
 
 
 def _divisors(n: int) -> list[int]:

@@ -70,7 +70,8 @@ class TrainConfig:
     save_every / keep_checkpoints: orbax period and keep-last-N.
     log_every: metrics period (metrics.jsonl, TensorBoard, progress bar).
     eval_every: period of `eval_fn` (0 = never).
-    data_parallel / model_parallel: mesh sizes (-1 = all remaining devices).
+    mesh: the (data, model) mesh sizes (partitioning.MeshConfig; gin: TrainConfig.mesh =
+      @MeshConfig()), used when the caller passes no mesh.
     initial_checkpoint_path: params to start from when MODEL_DIR has no checkpoint.
     progress_bar: tqdm with ETA.
   """
@@ -88,8 +89,7 @@ class TrainConfig:
   keep_checkpoints: Optional[int] = 3
   log_every: int = 100
   eval_every: int = 0
-  data_parallel: int = -1
-  model_parallel: int = 1
+  mesh: partitioning.MeshConfig = partitioning.MeshConfig()
   initial_checkpoint_path: Optional[str] = None
   progress_bar: bool = True
   async_checkpointing: bool = False
@@ -104,11 +104,9 @@ class TrainConfig:
     validation.check_positive_int(self.log_every, "TrainConfig.log_every (LOG_EVERY)")
     validation.check_positive_int(self.save_every, "TrainConfig.save_every (SAVE_EVERY)")
     validation.check_int(self.eval_every, "TrainConfig.eval_every (EVAL_EVERY; 0 = never)", 0)
-    validation.check_positive_int(self.model_parallel,
-                                  "TrainConfig.model_parallel (MODEL_PARALLEL)")
-    if self.data_parallel != -1:
-      validation.check_positive_int(self.data_parallel,
-                                    "TrainConfig.data_parallel (DATA_PARALLEL; -1 = the rest)")
+    if not isinstance(self.mesh, partitioning.MeshConfig):
+      raise TypeError(f"TrainConfig.mesh={self.mesh!r} must be a MeshConfig (gin: "
+                      "TrainConfig.mesh = @MeshConfig()).")
     if self.keep_checkpoints is not None:
       validation.check_positive_int(self.keep_checkpoints, "TrainConfig.keep_checkpoints")
     # The schedule's own validation (one rule, shared): decay_steps is its total_steps, and a
@@ -553,7 +551,7 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
     eval_fn: `eval_fn(params, step) -> dict`, called every `config.eval_every` steps and at the
       end; results go to metrics.jsonl (keys prefixed "eval/").
     restore_fn: reader for `config.initial_checkpoint_path` (hook for T5X/HF importers).
-    mesh: default `partitioning.make_mesh(config.data_parallel, config.model_parallel)`.
+    mesh: the device mesh (default: `config.mesh.make()`).
     data_name: where the data comes from, for messages (e.g. the task name); default
       `describe_data(data)`.
   Returns:
@@ -567,7 +565,7 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
   model = objective.model
   frozen_params = _checked_frozen_params(objective, frozen_params)
   data_name = data_name or describe_data(data)
-  mesh = mesh or partitioning.make_mesh(config.data_parallel, config.model_parallel)
+  mesh = mesh or config.mesh.make()
   partitioning.check_batch_size(config.batch_size, mesh)
   base_key = jax.random.PRNGKey(config.seed)
   init_key, step_base_key = jax.random.split(base_key)  # split once; steps fold_in their index
