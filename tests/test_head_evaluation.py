@@ -189,19 +189,20 @@ def test_head_stage_settings_are_refused_naming_the_value(changes, message):
 
 
 def test_head_unroll_defaults_to_the_largest_gamma(tmp_path, caplog):
+  from distillspec_jax.evaluation.decoding_grid import DecodingGrid
   from distillspec_jax.studies.pipeline_config import HeadStageConfig, PipelineConfig
   with pytest.raises(TypeError, match="unroll_steps=True"):
     HeadStageConfig(unroll_steps=True)
-  config = PipelineConfig(run_dir=str(tmp_path), gammas=(3, 7, 5), head=HeadStageConfig())
-  assert config.head.training(config.gammas).unroll_steps == 7
-  assert len(config.head.training(config.gammas).weights) == 7
+  config = PipelineConfig(run_dir=str(tmp_path), grid=DecodingGrid(gammas=(3, 7, 5)), head=HeadStageConfig())
+  assert config.head.training(config.grid.gammas).unroll_steps == 7
+  assert len(config.head.training(config.grid.gammas).weights) == 7
   with pytest.raises(ValueError, match="3 entries for unroll_steps=7"):
-    PipelineConfig(run_dir=str(tmp_path), gammas=(7,),
+    PipelineConfig(run_dir=str(tmp_path), grid=DecodingGrid(gammas=(7,)),
                    head=HeadStageConfig(step_weights=(1.0, 1.0, 1.0)))
   with caplog.at_level("WARNING"):
-    config = PipelineConfig(run_dir=str(tmp_path), gammas=(5, 7),
+    config = PipelineConfig(run_dir=str(tmp_path), grid=DecodingGrid(gammas=(5, 7)),
                             head=HeadStageConfig(unroll_steps=3))
-  assert config.head.training(config.gammas).unroll_steps == 3
+  assert config.head.training(config.grid.gammas).unroll_steps == 3
   assert "not trained for draft positions 4..7" in caplog.text
 
 

@@ -292,12 +292,12 @@ class PipelineConfig:
                          "head = None (the main job's PipelineConfig trains heads).")
       self.head.check_target(self.target_model)
       training = self.head.training(self.grid.gammas)  # step_weights: one per unrolled step
-      if training.unroll_steps < max(self.gammas):
+      if training.unroll_steps < max(self.grid.gammas):
         logging.warning(
             "HeadStageConfig.unroll_steps=%d is below the largest gamma %d: the head is not "
             "trained for draft positions %d..%d, whose acceptance falls (docs/heads.md); "
-            "None unrolls to the largest gamma.", training.unroll_steps, max(self.gammas),
-            training.unroll_steps + 1, max(self.gammas))
+            "None unrolls to the largest gamma.", training.unroll_steps, max(self.grid.gammas),
+            training.unroll_steps + 1, max(self.grid.gammas))
       for recipe in self.head.recipes:
         distillation_config(self, recipe)
 
