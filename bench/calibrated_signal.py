@@ -21,7 +21,8 @@ On a main job's pair (default: gin/runs/demo.gin's run, its `--draft_stage` draf
       [--gin_file=gin/runs/demo.gin --gin.MODEL_DIR="'runs/demo'"] \\
       [--draft_stage distill_supervised_kd] [--head_steps 300] [--head_width 64] \\
       [--gammas 3,5,7] [--gamma_max 7] [--thresholds 0.3,0.5,0.7] [--temperatures 0,1] \\
-      [--prompts 8] [--repeats 5] [--calls 3] [--budget 0] [--cpus 1] [--smoke]
+      [--prompts 8] [--repeats 5] [--calls 3] [--budget 0] [--cpus 1] [--save_dir DIR]
+      [--smoke]
 
 --smoke: random weights of the smoke run's shapes, a few steps, one prompt (numbers mean
 nothing). Writes --out (JSON) and a reliability diagram per temperature beside it.
@@ -68,6 +69,9 @@ def parse(argv) -> argparse.Namespace:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--calls", type=int, default=3, help="timed calls per repeat, at least")
   parser.add_argument("--budget", type=float, default=0.0, help="seconds of timing")
+  parser.add_argument("--save_dir", default=None,
+                      help="write each temperature's draft with its head as our checkpoint, "
+                           "<save_dir>/head_T<T> (the eval binary's DRAFT_CHECKPOINT_PATH)")
   parser.add_argument("--random", action="store_true", help="random weights (smoke)")
   parser.add_argument("--cpus", type=int, default=1)
   args, gin_args = smoke.parse(parser, argv, SMOKE, known=True)
@@ -147,6 +151,13 @@ def train_head(pair: dict, rows: dict, args, temperature: float) -> tuple:
     head, state, value = step(head, state, batch)
     losses.append(float(value))
   return draft, dict(network, **{PARAMS_KEY: head}), losses
+
+
+def save_draft(draft, params, path: str) -> None:
+  """The draft with its head at `path` (our format, its model config in the meta)."""
+  from distillspec_jax.models.config_json import config_to_json
+  from distillspec_jax.training import checkpoints
+  checkpoints.save_params(path, params, meta={"model_config": config_to_json(draft.config)})
 
 
 def calibration_tables(pair: dict, draft, params, rows: dict, args, temperature: float) -> dict:
@@ -238,6 +249,8 @@ def run(args) -> dict:
   for temperature in args.temperatures:
     draft, params, losses = train_head(pair, rows, args, temperature)
     tables = calibration_tables(pair, draft, params, rows, args, temperature)
+    if args.save_dir:
+      save_draft(draft, params, os.path.join(args.save_dir, f"head_T{temperature:g}"))
     png = f"{os.path.splitext(args.out)[0]}_T{temperature:g}.png"
     calibration.write_reliability_diagram(
         png, tables, f"T={temperature:g}: {pair['draft_stage']} + head, "

@@ -112,6 +112,10 @@ class EvalConfig:
       probabilities is) or 'cost' (while a longer proposal pays, by draft_length_costs: a
       round verifying w tokens costs entry w - 1, in target steps, and a draft call
       draft_length_draft_cost; DRAFT_LENGTH_COSTS, DRAFT_LENGTH_DRAFT_COST).
+    draft_length_signal: what the adaptive rules read (DRAFT_LENGTH_SIGNAL):
+      'top_probability', or 'acceptance_head', the draft's trained acceptance head (a
+      checkpoint of ours holding `acceptance_head/` parameters, e.g. one
+      bench/calibrated_signal.py --save_dir wrote); refused with the 'fixed' rule.
     target_param_dtype: the target's parameters cast after loading (TARGET_PARAM_DTYPE; None
       = as stored).
     draft_kind: 'model' (a separate draft model) or 'head' (DRAFT_KIND): a draft head
@@ -153,6 +157,7 @@ class EvalConfig:
   draft_length_threshold: float = 0.0
   draft_length_costs: tuple = ()
   draft_length_draft_cost: float = 0.0
+  draft_length_signal: str = "top_probability"
   draft_kind: Literal["model", "head"] = "model"
 
   def __post_init__(self):
@@ -179,7 +184,8 @@ class EvalConfig:
           raise ValueError(f"EPSILONS={tuple(self.epsilons)} with TEMPERATURES="
                            f"{tuple(self.temperatures)}: {error}") from None
     check_draft_length(self.draft_length_rule, self.draft_length_threshold,
-                       self.draft_length_costs, self.draft_length_draft_cost)
+                       self.draft_length_costs, self.draft_length_draft_cost,
+                       self.draft_length_signal)
     for name in ("batch_size", "eval_examples"):
       check_positive_int(getattr(self, name), name)
     if self.max_decode_length is not None:
@@ -213,7 +219,8 @@ class EvalConfig:
   def draft_length(self) -> DraftLength:
     """The engine's DraftLength of the draft_length_* fields."""
     return DraftLength(self.draft_length_rule, self.draft_length_threshold,
-                       costs=self.draft_length_costs, draft_cost=self.draft_length_draft_cost)
+                       costs=self.draft_length_costs, draft_cost=self.draft_length_draft_cost,
+                       signal=self.draft_length_signal)
 
   @property
   def new_tokens(self) -> int:
@@ -273,14 +280,15 @@ def check_lenience_grid(kinds: tuple, epsilons: tuple) -> None:
         raise ValueError(f"{macro} has {value!r}: {error}") from None
 
 
-def check_draft_length(rule, threshold, costs, draft_cost) -> None:
+def check_draft_length(rule, threshold, costs, draft_cost,
+                       signal="top_probability") -> None:
   """Refuses draft-length settings the engine's DraftLength refuses, naming the macros."""
   try:
-    DraftLength(rule, threshold, costs=costs, draft_cost=draft_cost)
+    DraftLength(rule, threshold, costs=costs, draft_cost=draft_cost, signal=signal)
   except (TypeError, ValueError) as error:
     raise ValueError(f"DRAFT_LENGTH_RULE={rule!r}, DRAFT_LENGTH_THRESHOLD={threshold!r}, "
-                     f"DRAFT_LENGTH_COSTS={costs!r}, DRAFT_LENGTH_DRAFT_COST={draft_cost!r}: "
-                     f"{error}") from None
+                     f"DRAFT_LENGTH_COSTS={costs!r}, DRAFT_LENGTH_DRAFT_COST={draft_cost!r}, "
+                     f"DRAFT_LENGTH_SIGNAL={signal!r}: {error}") from None
 
 
 # --- checkpoints and tasks -------------------------------------------------------------------
@@ -292,10 +300,14 @@ def load_model(path: str, macro: str, preset: Optional[str],
   `preset`, the checkpoint's shapes are checked against it."""
   fmt = check_checkpoint(path, macro)
   config = model_config(preset) if preset else None
-  params, config = importer.load_checkpoint(path, config, fmt=fmt)
+  head = importer.acceptance_head_of(path) if fmt == "ours" else None
+  if head is None:
+    params, config = importer.load_checkpoint(path, config, fmt=fmt)
+  else:  # the network's shapes and the head's: restored together
+    config, params = importer.load_ours_with_head(path, config, head)
   if max_decode_length:
     config = config.replace(max_decode_length=max_decode_length)
-  return Model(config), params
+  return Model(config, acceptance_head=head), params
 
 
 def decode_capacity(config: EvalConfig, target: TransformerConfig, draft: TransformerConfig,

@@ -1,0 +1,45 @@
+"""The eval binary's side of the calibrated stop signal: a checkpoint of ours holding a draft
+and its acceptance head loads as a Model with that head (its width from the stored shapes),
+the loaded draft drives the head rule exactly as before saving, and DRAFT_LENGTH_SIGNAL is
+checked with the other draft-length macros."""
+
+import jax
+import numpy as np
+import pytest
+
+from distillspec_jax import eval as eval_bin
+from distillspec_jax.decoding.speculative import DraftLength, speculative_decode
+from distillspec_jax.models.config_json import config_to_json
+from distillspec_jax.training import checkpoints
+from test_acceptance_signal import HEAD, _with_head
+from test_speculative import _pair, _prompts
+
+
+def test_a_draft_with_its_head_round_trips_through_the_eval_loader(tmp_path):
+  target, tp, draft, dp = _pair("encoder_decoder")
+  model, params = _with_head(draft, dp)
+  path = str(tmp_path / "head_draft")
+  checkpoints.save_params(path, params, meta={"model_config": config_to_json(model.config)})
+  loaded, loaded_params = eval_bin.load_model(path, "DRAFT_CHECKPOINT_PATH", None, None)
+  assert loaded.acceptance_head == HEAD
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(loaded_params)):
+    np.testing.assert_array_equal(np.asarray(a), b)
+  rule = DraftLength("confidence", 0.5, signal="acceptance_head")
+  run = lambda m, p: speculative_decode(target, tp, m, p, max_new_tokens=8, gamma=4,
+                                        draft_length=rule, **_prompts("encoder_decoder"))
+  before, after = run(model, params), run(loaded, loaded_params)
+  np.testing.assert_array_equal(before.tokens, after.tokens)
+  np.testing.assert_array_equal(before.drafted, after.drafted)
+  # A draft saved without a head still loads as one without.
+  plain_path = str(tmp_path / "plain_draft")
+  checkpoints.save_params(plain_path, dp, meta={"model_config": config_to_json(draft.config)})
+  assert eval_bin.load_model(plain_path, "DRAFT_CHECKPOINT_PATH", None, None)[0].acceptance_head \
+      is None
+
+
+def test_the_signal_macro_is_checked_with_the_rule():
+  eval_bin.check_draft_length("confidence", 0.5, (), 0.0, "acceptance_head")
+  with pytest.raises(ValueError, match="DRAFT_LENGTH_SIGNAL='acceptance_head'.*fixed rule"):
+    eval_bin.check_draft_length("fixed", 0.0, (), 0.0, "acceptance_head")
+  with pytest.raises(ValueError, match="DRAFT_LENGTH_SIGNAL='entropy'"):
+    eval_bin.check_draft_length("confidence", 0.5, (), 0.0, "entropy")
