@@ -117,7 +117,6 @@ def train_head(pair: dict, rows: dict, args, temperature: float) -> tuple:
   """(draft Model with a head, its params, [bce per step]) after `--head_steps` Adam steps on
   the head alone; the last `--calibration_rows` rows are never read."""
   import jax
-  import jax.numpy as jnp
   import numpy as np
   import optax
   from distillspec_jax.distill.acceptance_signal import acceptance_labels, acceptance_loss

@@ -43,3 +43,17 @@ def test_the_signal_macro_is_checked_with_the_rule():
     eval_bin.check_draft_length("fixed", 0.0, (), 0.0, "acceptance_head")
   with pytest.raises(ValueError, match="DRAFT_LENGTH_SIGNAL='entropy'"):
     eval_bin.check_draft_length("confidence", 0.5, (), 0.0, "entropy")
+
+
+def test_the_run_file_reads_the_head_and_refuses_it_with_the_fixed_rule():
+  from distillspec_jax import gin_utils
+  gin_utils.clear()
+  config = eval_bin.load_config(["--gin_file=gin/runs/eval_calibrated_demo.gin"])
+  rule = config.draft_length
+  assert (rule.rule, rule.signal, rule.threshold) == ("confidence", "acceptance_head", 0.5)
+  assert config.gammas == (9,) and config.temperatures == (0.0,)
+  gin_utils.clear()
+  with pytest.raises(gin_utils.GinConfigError, match="DRAFT_LENGTH_SIGNAL='acceptance_head'"):
+    eval_bin.load_config(["--gin_file=gin/runs/eval_calibrated_demo.gin",
+                          "--gin.DRAFT_LENGTH_RULE='fixed'"])
+  gin_utils.clear()
