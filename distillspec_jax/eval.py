@@ -587,7 +587,8 @@ def evaluate(config: EvalConfig) -> dict:
   capacity = decode_capacity(config, target.config, draft.config, width)
   target = Model(target.config.replace(max_decode_length=capacity), tokens)
   draft = (Head(draft.config.replace(target=target.config)) if isinstance(draft, Head)
-           else Model(draft.config.replace(max_decode_length=capacity), tokens))
+           else Model(draft.config.replace(max_decode_length=capacity), tokens,
+                      acceptance_head=draft.acceptance_head))
   if vocabulary.vocab_size > target.config.vocab_size:
     raise ValueError(f"The task's vocabulary has {vocabulary.vocab_size} pieces but the models "
                      f"have vocab_size={target.config.vocab_size}; pass the checkpoints' "
