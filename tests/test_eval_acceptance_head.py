@@ -12,6 +12,7 @@ from distillspec_jax.decoding.speculative import DraftLength, speculative_decode
 from distillspec_jax.models.config_json import config_to_json
 from distillspec_jax.training import checkpoints
 from test_acceptance_signal import HEAD, _with_head
+from test_eval import _config, setup  # noqa: F401  (the module fixture)
 from test_speculative import _pair, _prompts
 
 
@@ -57,3 +58,30 @@ def test_the_run_file_reads_the_head_and_refuses_it_with_the_fixed_rule():
     eval_bin.load_config(["--gin_file=gin/runs/eval_calibrated_demo.gin",
                           "--gin.DRAFT_LENGTH_RULE='fixed'"])
   gin_utils.clear()
+
+
+@pytest.mark.integration  # the binary's whole evaluation, timing included
+def test_the_binary_drives_the_rule_with_the_loaded_head(setup, tmp_path):
+  """A draft saved with its head (no stored config: inferred from the shapes) runs the head
+  rule through the binary, rebuilt at the decode capacity with the head; at T = 0 its
+  outputs are the target's."""
+  import json
+  from distillspec_jax.models.acceptance_head import AcceptanceHeadConfig
+  from distillspec_jax.models.config import model_config
+  from distillspec_jax.models.model import Model
+  draft = Model(model_config("tiny_encoder_decoder", num_decoder_layers=1, vocab_size=256,
+                             max_decode_length=32))
+  model, params = draft.with_acceptance_head(draft.init(jax.random.PRNGKey(1)),
+                                             AcceptanceHeadConfig(8), jax.random.PRNGKey(3))
+  path = str(tmp_path / "head_draft")
+  checkpoints.save_params(path, params)
+  config = _config(setup, tmp_path / "run", gammas=(3,), temperatures=(0.0,),
+                   draft_checkpoint_path=path, draft_length_rule="confidence",
+                   draft_length_threshold=0.5, draft_length_signal="acceptance_head")
+  (row,) = eval_bin.evaluate(config)["rows"]
+  assert row["signal"] == "acceptance_head" and row["end_to_end_speedup"] is not None
+  lines = [json.loads(line) for line in
+           open(tmp_path / "run" / "inferences" / "embedded_arithmetic.jsonl")]
+  by_decoder = {d: [x["prediction"] for x in lines if x["decoder"] == d]
+                for d in ("target", "speculative")}
+  assert by_decoder["target"] and by_decoder["target"] == by_decoder["speculative"]
