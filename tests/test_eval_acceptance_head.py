@@ -12,8 +12,11 @@ from distillspec_jax.decoding.speculative import DraftLength, speculative_decode
 from distillspec_jax.models.config_json import config_to_json
 from distillspec_jax.training import checkpoints
 from test_acceptance_signal import HEAD, _with_head
-from test_eval import _config, setup  # noqa: F401  (the module fixture)
+import test_eval
 from test_speculative import _pair, _prompts
+
+setup = test_eval.setup  # tiny checkpoints and the embedded vocabulary (a module fixture)
+_config = test_eval._config
 
 
 def test_a_draft_with_its_head_round_trips_through_the_eval_loader(tmp_path):
