@@ -225,10 +225,14 @@ def load_model(path: str, macro: str, preset: Optional[str],
   `preset`, the checkpoint's shapes are checked against it."""
   fmt = check_checkpoint(path, macro)
   config = model_config(preset) if preset else None
-  params, config = importer.load_checkpoint(path, config, fmt=fmt)
+  head = importer.acceptance_head_of(path) if fmt == "ours" else None
+  if head is None:
+    params, config = importer.load_checkpoint(path, config, fmt=fmt)
+  else:  # the network's shapes and the head's: restored together
+    config, params = importer.load_ours_with_head(path, config, head)
   if max_decode_length:
     config = config.replace(max_decode_length=max_decode_length)
-  return Model(config), params
+  return Model(config, acceptance_head=head), params
 
 
 def decode_capacity(config: EvalConfig, target: TransformerConfig, draft: TransformerConfig,
@@ -507,7 +511,8 @@ def evaluate(config: EvalConfig) -> dict:
   capacity = decode_capacity(config, target.config, draft.config, width)
   target = Model(target.config.replace(max_decode_length=capacity), tokens)
   draft = (Head(draft.config.replace(target=target.config)) if isinstance(draft, Head)
-           else Model(draft.config.replace(max_decode_length=capacity), tokens))
+           else Model(draft.config.replace(max_decode_length=capacity), tokens,
+                      acceptance_head=draft.acceptance_head))
   if vocabulary.vocab_size > target.config.vocab_size:
     raise ValueError(f"The task's vocabulary has {vocabulary.vocab_size} pieces but the models "
                      f"have vocab_size={target.config.vocab_size}; pass the checkpoints' "

@@ -68,8 +68,23 @@ def _check_blocked_loss_memory(result: dict) -> None:
   assert result["temp_reduction"] == rows[None]["temp_bytes"] / rows[16]["temp_bytes"]
 
 
+def _check_calibrated_signal(result: dict) -> None:
+  """Both signals' ECE in [0, 1]; the fixed gamma and the rule on each signal timed in the
+  same session; the verdict names rows that were timed."""
+  entry = result["temperatures"]["0"]
+  assert set(entry["ece"]) == {"top_probability", "acceptance_head"}
+  assert all(0.0 <= value <= 1.0 for value in entry["ece"].values())
+  kinds = {(row["draft_length"], row["signal"]) for row in entry["rows"]}
+  assert kinds == {("fixed", "top_probability"), ("confidence", "top_probability"),
+                   ("confidence", "acceptance_head")}
+  verdict = entry["verdict"]
+  assert verdict["best_head_rule"]["signal"] == "acceptance_head"
+  assert verdict["head_reaches_fixed"] == (verdict["head_minus_fixed"] >= 0)
+
+
 # Checks of a script's JSON beyond "it was written", by script.
-CHECKS = {"blocked_loss_memory.py": _check_blocked_loss_memory}
+CHECKS = {"blocked_loss_memory.py": _check_blocked_loss_memory,
+          "calibrated_signal.py": _check_calibrated_signal}
 
 
 @pytest.mark.parametrize("script", scripts())

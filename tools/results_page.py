@@ -194,6 +194,38 @@ def adaptive_section() -> list:
           + table(["T", "rule", "end to end", "tau", "mean proposal"], rows) + [""])
 
 
+def calibrated_signal_section() -> list:
+  """The acceptance head's signal against the top probability and fixed gamma, per T."""
+  data = load("docs/benchmarks/calibrated_signal.json")
+  def label(r):
+    if r["draft_length"] == "fixed":
+      return f"fixed gamma {r['gamma']}"
+    return f"confidence >= {r['threshold']:g}{_on_signal(r)} (gamma_max {r['gamma']})"
+  rows, verdicts = [], []
+  for temperature, entry in data["temperatures"].items():
+    ece = entry["ece"]
+    rows += [[temperature, label(r), span(r["end_to_end_speedup"], r["end_to_end_speedup_range"]),
+              f"{r['timed_tau']:.2f}", f"{r['mean_proposal']:.2f}"] for r in entry["rows"]]
+    v = entry["verdict"]
+    verdicts.append(
+        f"- T = {temperature}: ECE head {ece['acceptance_head']:.3f} vs top probability "
+        f"{ece['top_probability']:.3f}; best head rule, {label(v['best_head_rule'])}, "
+        f"{x(v['best_head_rule']['end_to_end_speedup'])}, vs the best fixed rule, "
+        f"{label(v['best_fixed'])}, {x(v['best_fixed']['end_to_end_speedup'])}: "
+        + ("reaches it" if v["head_reaches_fixed"] else
+           f"short by {-v['head_minus_fixed']:.2f}x")
+        + (f"; the preset threshold {data['preset_threshold']:g}: "
+           f"{v['preset_minus_fixed']:+.2f}x" if "preset_minus_fixed" in v else "") + ".")
+  host = data["host"]
+  return (["## Adaptive draft length on the calibrated signal", "",
+           f"`python bench/calibrated_signal.py` on the demo's {data['draft_stage']} draft with "
+           f"an acceptance head ({data['head_steps']} steps per temperature), one timing "
+           f"session per temperature, load average {host['load_average_before'][0]:.1f} -> "
+           f"{host['load_average_after'][0]:.1f} on {host['cpus']} cores "
+           "([benchmarks.md](benchmarks.md)).", ""] + verdicts + [""]
+          + table(["T", "rule", "end to end", "tau", "mean proposal"], rows) + [""])
+
+
 STUDY = "docs/studies/objectives.json"
 STUDY_LABELS = {"supervised_kd": "fixed (SupervisedKD)", "imitkd": "mixture (ImitKD)",
                 "gkd": "draft-generated (GKD)", "fkl": "FKL", "rkl": "RKL", "jsd": "JSD(0.5)",
@@ -350,6 +382,7 @@ def heads_section() -> list:
 
 
 SECTIONS = (checks_section, heads_section, verification_section, latency_section, adaptive_section,
+            calibrated_signal_section,
             objectives_section, teacher_cache_section, vs_trl_section, memory_section)
 
 

@@ -75,24 +75,32 @@ def reliability(signal, outcome, weights=None, bins: int = 10) -> Reliability:
                      positions=int(signal.size))
 
 
-def signal_calibration(target: Model, target_params, draft: Model, draft_params, batch: dict,
-                       *, temperature: float, bins: int = 10) -> dict:
-  """{signal name: Reliability} at the loss-weighted positions of a teacher-forced `batch`
-  (T5X features), outcomes at `temperature`; the head's row only for a draft with one."""
+def raw_signals(target: Model, target_params, draft: Model, draft_params, batch: dict,
+                *, temperature: float) -> dict:
+  """{"signals": {name: [b, L]}, "outcome": [b, L], "weights": [b, L]} of a teacher-forced
+  `batch` (T5X features), outcomes at `temperature`; the head's signal only for a draft
+  with one. Callers pool several batches before `reliability`."""
   features = training_features(batch, draft)
   target_logits = target.logits(target_params, features)
   if draft.acceptance_head is None:
     draft_logits, head = draft.logits(draft_params, features), None
   else:
     draft_logits, head = draft.logits_with_acceptance(draft_params, features)
-  outcome = acceptance_labels(target_logits, draft_logits, temperature)
-  weights = features["decoder_loss_weights"]
   signals = {"top_probability": top_probability(draft_logits, temperature)}
   if head is not None:
     signals["acceptance_head"] = jax.nn.sigmoid(head)
-  return {name: reliability(jax.device_get(value), jax.device_get(outcome),
-                            jax.device_get(weights), bins)
-          for name, value in signals.items()}
+  return jax.device_get({"signals": signals,
+                         "outcome": acceptance_labels(target_logits, draft_logits, temperature),
+                         "weights": features["decoder_loss_weights"]})
+
+
+def signal_calibration(target: Model, target_params, draft: Model, draft_params, batch: dict,
+                       *, temperature: float, bins: int = 10) -> dict:
+  """{signal name: Reliability} at the loss-weighted positions of a teacher-forced `batch`
+  (T5X features), outcomes at `temperature`; the head's row only for a draft with one."""
+  raw = raw_signals(target, target_params, draft, draft_params, batch, temperature=temperature)
+  return {name: reliability(value, raw["outcome"], raw["weights"], bins)
+          for name, value in raw["signals"].items()}
 
 
 def write_reliability_diagram(path: str, tables: dict, title: Optional[str] = None) -> None:

@@ -35,6 +35,8 @@ from distillspec_jax.data import vocabularies
 from distillspec_jax.interop import hf_llama
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.interop import t5x as t5x_lib
+from distillspec_jax.models import acceptance_head as head_lib
+from distillspec_jax.models.acceptance_head import AcceptanceHeadConfig
 from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.config_json import config_from_json, config_to_json
 from distillspec_jax.models.model import Model
@@ -91,6 +93,31 @@ def _ours_shapes(path: str) -> Params:
 def load_ours(path: str, config: TransformerConfig) -> Params:
   params = checkpoints.restore_params(path, Model(config).param_shapes())
   return jax.tree.map(np.asarray, params)
+
+
+def acceptance_head_of(path: str) -> Optional[AcceptanceHeadConfig]:
+  """The acceptance head (models/acceptance_head.py) our checkpoint at `path` holds beside
+  its network, its width read from the stored shapes; None when it holds none."""
+  shapes = _ours_shapes(path)
+  if head_lib.PARAMS_KEY not in shapes:
+    return None
+  return AcceptanceHeadConfig(int(shapes[head_lib.PARAMS_KEY]["hidden"]["kernel"].shape[1]))
+
+
+def load_ours_with_head(path: str, config: Optional[TransformerConfig],
+                        head: AcceptanceHeadConfig) -> tuple:
+  """(config, fp32 params) of our checkpoint holding a draft and its acceptance head: the
+  stored (or inferred) configuration, checked against `config` when one is given."""
+  shapes = _ours_shapes(path)
+  stored = ours_config(path) or config_from_params(
+      {k: v for k, v in shapes.items() if k != head_lib.PARAMS_KEY})
+  if config is not None:
+    wrong = stored_config_mismatches(stored, config)
+    if wrong:
+      raise ValueError(f"{path} holds another model than the configured one: "
+                       + "; ".join(wrong[:6]) + ".")
+  params = checkpoints.restore_params(path, Model(stored, acceptance_head=head).param_shapes())
+  return stored, jax.tree.map(np.asarray, params)
 
 
 # --- config inference -------------------------------------------------------------------------
