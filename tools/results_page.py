@@ -340,7 +340,12 @@ def checks_section() -> list:
            "(`docs/checks/demo_tau_before_after.json`).", ""]
           + table(["draft", "T", "gamma", "tau before", "tau after", "identical"], rows)
           + ["", f"{final['what']} `{final['command']}`: {final_same} of {len(final['rows'])} "
-             "rows identical to the earlier tree's tau.", "", two["what"], "",
+             "rows identical to the earlier tree's tau.", ""]
+          + [line for later in tau.get("later_trees", ()) for line in (
+              f"{later['what']} `{later['command']}`: "
+              f"{sum(r['identical'] for r in later['rows'])} of {len(later['rows'])} rows "
+              "identical to the earlier tree's tau.", "")]
+          + [two["what"], "",
              f"`{two['command']}` "
              f"(`docs/checks/eval_two_processes_demo.json`): rows equal to the one-process "
              f"run: {'yes' if two['rows_equal'] else '**no**'}.", ""]
