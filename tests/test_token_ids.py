@@ -14,16 +14,18 @@ from distillspec_jax.interop import importer
 from distillspec_jax.models.model import NO_TOKEN, Model, TokenIds, decoder_prompt
 
 PROMPTS = ("Betty has $100!", "How many clips did Natalia sell! 48")
+TARGET_ROWS, DRAFT_ROWS = 152_064, 151_936
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
   """(vocab, target folder, target, target params, draft, draft params): one 300-token
-  Llama-3-style tokenizer, embeddings of 336 (target) and 320 (draft) rows."""
+  Llama-3-style tokenizer, embeddings of 152,064 (target) and 151,936 (draft) rows, the
+  row counts of Qwen2.5's 7B and 0.5B models, which share one tokenizer (tiny widths)."""
   root = tmp_path_factory.mktemp("pair")
   tokenizer = hf_fixtures.fast_tokenizer("llama")
-  target_dir = hf_fixtures.save_model(str(root / "target"), "llama", tokenizer, vocab_size=336)
-  draft_dir = hf_fixtures.save_model(str(root / "draft"), "llama", tokenizer, vocab_size=320,
+  target_dir = hf_fixtures.save_model(str(root / "target"), "llama", tokenizer, vocab_size=TARGET_ROWS)
+  draft_dir = hf_fixtures.save_model(str(root / "draft"), "llama", tokenizer, vocab_size=DRAFT_ROWS,
                                      seed=1, num_hidden_layers=1)
   vocab = vocabularies.as_vocabulary(target_dir)
   vocabularies.check_same_vocabulary(vocab, draft_dir)
@@ -69,7 +71,8 @@ def test_greedy_decode_equals_transformers(pair):
 
 def test_pair_with_more_rows_than_the_tokenizer_decodes_exactly(pair):
   vocab, _, target, tp, draft, dp = pair
-  assert (target.config.vocab_size, draft.config.vocab_size, target.output_size) == (336, 320, 300)
+  assert (target.config.vocab_size, draft.config.vocab_size, target.output_size) == (
+      TARGET_ROWS, DRAFT_ROWS, 300)
   prompts, _ = _prompts(vocab)
   alone = plain.decode(target, tp, prompt_tokens=prompts, max_new_tokens=8, max_length=64)
   spec = speculative.speculative_decode(target, tp, draft, dp, prompt_tokens=prompts,
@@ -93,7 +96,7 @@ def test_pairs_with_other_token_ids_are_refused(pair):
   with pytest.raises(ValueError, match="vocab_size"):  # T5 conventions: sizes must agree
     speculative.check_pair(Model(target.config), Model(draft.config))
   with pytest.raises(ValueError, match="embedding rows"):
-    Model(draft.config, TokenIds(num_tokens=400))
+    Model(draft.config, TokenIds(num_tokens=DRAFT_ROWS + 1))
 
 
 def test_t5_conventions_are_unchanged():
