@@ -210,6 +210,25 @@ class EvalConfig:
                        f"{self.draft_checkpoint_path!r} holds no {HEAD_CONFIG_FILE}: point it "
                        "at a head's folder (the main job's distill_head_<recipe>), or set "
                        "DRAFT_KIND='model'.")
+    self._check_presets()
+
+  def _check_presets(self) -> None:
+    """A preset named beside a checkpoint is checked against it (shapes, and RoPE, norm and
+    the other stored settings) without reading a weight: a mismatch is refused here, before
+    MODEL_DIR exists, not when the weights load."""
+    roles = [("TARGET", self.target_checkpoint_path, self.target_model, "target_model")]
+    if self.draft_kind == "model":  # a head's shapes come from its folder
+      roles.append(("DRAFT", self.draft_checkpoint_path, self.draft_model, "draft_model"))
+    for role, path, preset, field in roles:
+      if preset is None:
+        continue
+      try:
+        importer.check_checkpoint(path, model_config(preset))
+      except ValueError as error:
+        raise ValueError(f"{role}_CHECKPOINT_PATH={path!r} does not hold the preset "
+                         f"EvalConfig.{field}={preset!r}: {error} Name the checkpoint's own "
+                         f"preset, or leave EvalConfig.{field}=None to build the model from "
+                         "the checkpoint.") from None
 
 
 # The configs a run file binds, EvalConfig's sub-configs after it (--help lists them).

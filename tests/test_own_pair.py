@@ -419,3 +419,58 @@ def test_train_binary_distils_on_chat_conversations(tmp_path, capsys):
   finally:
     gin.clear_config()
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["loss"] > 0
+
+
+def _deliver_6_cases(own, bad_tokenizer) -> list:
+  """(binary, flags, text the message must hold): each mismatch that would otherwise give a
+  wrong result or a late traceback."""
+  llama, other = own["llama"], own["other_draft"]
+  job = ["--gin_file=gin/runs/own_pair_gsm8k.gin", f"--gin.DATA_DIR='{own['data_dir']}'",
+         f"--gin.TARGET_CHECKPOINT_PATH='{llama['target']}'",
+         f"--gin.VOCABULARY='{llama['target']}'"]
+  evaluation = ["--gin_file=gin/runs/eval_demo.gin", f"--gin.DATA_DIR='{own['data_dir']}'",
+                "--gin.MIXTURE_OR_TASK_NAME='gsm8k_files'",
+                f"--gin.TARGET_CHECKPOINT_PATH='{llama['target']}'",
+                "--gin.EvalConfig.progress_bar=False"]
+  return [
+      # a draft with another tokenizer (the same size) than the target's
+      ("main", job + [f"--gin.DRAFT_CHECKPOINT_PATH='{other}'"], "carries another tokenizer"),
+      ("eval", evaluation + [f"--gin.DRAFT_CHECKPOINT_PATH='{other}'",
+                             f"--gin.VOCABULARY='{llama['target']}'"],
+       "carries another tokenizer"),
+      # a checkpoint that is not the preset it is said to be
+      ("main", job + [f"--gin.DRAFT_CHECKPOINT_PATH='{llama['draft']}'",
+                      "--gin.PipelineConfig.target_model='tiny_llama'"], "preset 'tiny_llama'"),
+      ("eval", evaluation + [f"--gin.DRAFT_CHECKPOINT_PATH='{llama['draft']}'",
+                             f"--gin.VOCABULARY='{llama['target']}'",
+                             "--gin.EvalConfig.target_model='tiny_llama'"], "tiny_llama"),
+      # a tokenizer.json that is not one
+      ("eval", evaluation + [f"--gin.DRAFT_CHECKPOINT_PATH='{llama['draft']}'",
+                             f"--gin.VOCABULARY='{bad_tokenizer}'"],
+       "is not a Hugging Face tokenizer.json"),
+      # a setting the chosen run file does not read
+      ("main", job + [f"--gin.DRAFT_CHECKPOINT_PATH='{llama['draft']}'",
+                      "--gin.LENIENCE_KINDS=('exp',)"], "LENIENCE_KINDS"),
+  ]
+
+
+def test_each_mismatch_exits_1_naming_it_before_any_work(own, tmp_path, capsys):
+  """Issue 47's Deliver 6 through the binaries' command-line path (`cli`, as `python -m`
+  runs it): exit status 1, the value named, no traceback, no MODEL_DIR."""
+  import gin
+  from distillspec_jax import main as main_lib
+  bad = tmp_path / "tokenizer.json"
+  bad.write_bytes(b"\x0a\x05hello protobuf")
+  clis = {"main": main_lib.cli, "eval": eval_lib.cli}
+  for index, (binary, flags, named) in enumerate(_deliver_6_cases(own, bad)):
+    model_dir = tmp_path / f"out_{index}"
+    gin.clear_config()
+    try:
+      code = clis[binary](flags + [f"--gin.MODEL_DIR='{model_dir}'"])
+    finally:
+      gin.clear_config()
+    err = capsys.readouterr().err
+    assert code == 1, (index, err[-2000:])
+    assert err.startswith("Error: ") and "Traceback" not in err, (index, err[-2000:])
+    assert named in err, (index, named, err[-2000:])
+    assert not os.path.exists(model_dir), (index, os.listdir(model_dir))
