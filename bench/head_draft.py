@@ -17,6 +17,7 @@ smoke run and a random or given target both read.
   python bench/head_draft.py --out head_draft.json [--target_model demo_target]
       [--target_checkpoint PATH] [--train_steps 300] [--unroll_steps GAMMA] [--head_mlp_dim 256]
       [--gammas 5,7] [--temperatures 0,1] [--prompts 32] [--smoke]
+  python bench/head_draft.py --out projection.json --from_report runs/demo_head/report.json
 """
 
 from __future__ import annotations
@@ -203,7 +204,53 @@ def run(args) -> dict:
           "per_call_s": costs, "per_layer_step_s": per_layer, "backend": jax.default_backend()}
 
 
+def project_report(args) -> dict:
+  """--from_report: a finished main job's drafts (report.json: tau rows, per-call costs, all
+  from one timing) projected to a 32-layer target of the same width. Only the per-layer cost
+  is timed here (a one-token step of the target's shape at its depth and at twice it), as a
+  ratio: the report's target step and verifications are scaled by it, the drafts' own calls
+  not (a draft or head does not grow with the target's depth)."""
+  import jax.numpy as jnp
+  from distillspec_jax.models.config import model_config
+  with open(args.from_report) as f:
+    report = json.load(f)
+  config = model_config(args.target_model)
+  single = ({"encoder_input_tokens": jnp.full((1, 8), 5, jnp.int32)}
+            if config.kind == "encoder_decoder" else {})
+  base = _deeper_step_cost(config, 1, single, args.calls, args.turns)
+  doubled = _deeper_step_cost(config, 2, single, args.calls, args.turns)
+  layers = config.num_decoder_layers
+  scale = (base + max(doubled - base, 0.0) / layers * (32 - layers)) / base
+  costs = report["per_call_s"]
+  rows = []
+  for row in report["draft_rows"]:
+    draft = report["drafts"].get(row["draft"])
+    g = row["gamma"]
+    first = (draft or {}).get("first_call_s", {}).get(str(g))
+    verification = costs.get(f"verification_{g}")
+    if draft is None or first is None or verification is None:
+      continue  # a draft the timing did not price at this gamma
+    draft_cost = first + (g - 1) * draft["step_s"]
+    rows.append({"draft": row["draft"], "gamma": g, "temperature": row["temperature"],
+                 "tau": row["tau"],
+                 "cost_model_speedup": row["tau"] * costs["target_step"] / (
+                     verification + draft_cost),
+                 "projected_speedup_32_layers": row["tau"] * costs["target_step"] * scale / (
+                     verification * scale + draft_cost)})
+  return {"from_report": args.from_report, "target_model": args.target_model,
+          "target_layers": layers, "step_scale_32_layers": scale,
+          "timed_step_s": {"depth_1x": base, "depth_2x": doubled}, "rows": rows}
+
+
 def print_report(report: dict) -> None:
+  if "from_report" in report:
+    print(f"32-layer step = {report['step_scale_32_layers']:.1f} x the {report['target_layers']}"
+          "-layer target's")
+    for row in report["rows"]:
+      print(f"{row['draft']} gamma {row['gamma']} T {row['temperature']}: tau {row['tau']:.2f}, "
+            f"cost model {row['cost_model_speedup']:.2f}x, 32 layers "
+            f"{row['projected_speedup_32_layers']:.2f}x")
+    return
   costs = report["per_call_s"]
   print(f"head {report['head_params']} params, target {report['target_params']}; "
         f"per call: target step {costs['target_1']['median_s'] * 1e6:.1f} us, head step "
@@ -237,6 +284,9 @@ def parse(argv=None):
   parser.add_argument("--calls", type=int, default=50, help="calls per timed turn")
   parser.add_argument("--turns", type=int, default=7)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--from_report", default=None,
+                      help="a finished main job's report.json: project its drafts' measured "
+                           "rows to a 32-layer target (times only the per-layer cost)")
   parser.add_argument("--smoke", action="store_true",
                       help="tiny target, a few steps, one gamma: seconds")
   args = parser.parse_args(argv)
@@ -249,7 +299,7 @@ def parse(argv=None):
 
 def main(argv=None) -> dict:
   args = parse(argv)
-  report = run(args)
+  report = project_report(args) if args.from_report else run(args)
   with open(args.out, "w") as f:
     json.dump(report, f, indent=1)
   print_report(report)

@@ -171,3 +171,32 @@ def test_head_bench_smoke_runs_and_reports(tmp_path):
     assert len(row["acceptance_by_position"]) == row["gamma"]
     assert row["cost_model_speedup"] > 0 and row["projected_speedup_32_layers"] > 0
   assert report["per_call_s"]["head_1"]["median_s"] > 0
+
+
+def test_head_bench_projects_a_finished_reports_rows(tmp_path):
+  """bench/head_draft.py --from_report: each draft row priced at its gamma is projected with
+  the measured per-layer ratio (the target's calls scaled, the drafts' not); a draft the
+  timing did not price is left out."""
+  import json
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  "bench"))
+  import head_draft  # noqa: E402
+  report = {"per_call_s": {"target_step": 1e-4, "verification_3": 2e-4},
+            "drafts": {"a": {"first_call_s": {"3": 2e-5}, "step_s": 1e-5},
+                       "b": {"first_call_s": {"5": 2e-5}, "step_s": 1e-5}},
+            "draft_rows": [{"draft": "a", "gamma": 3, "temperature": 0.0, "tau": 3.0},
+                           {"draft": "b", "gamma": 3, "temperature": 0.0, "tau": 3.5}]}
+  path = tmp_path / "report.json"
+  path.write_text(json.dumps(report))
+  out = head_draft.main(["--out", str(tmp_path / "p.json"), "--from_report", str(path),
+                         "--target_model", "tiny_encoder_decoder", "--calls", "2",
+                         "--turns", "2"])
+  (row,) = out["rows"]  # 'b' has no first call priced at gamma 3
+  scale = out["step_scale_32_layers"]
+  assert scale >= 1.0
+  draft_cost = 2e-5 + 2 * 1e-5
+  assert row["cost_model_speedup"] == pytest.approx(3.0 * 1e-4 / (2e-4 + draft_cost))
+  assert row["projected_speedup_32_layers"] == pytest.approx(
+      3.0 * 1e-4 * scale / (2e-4 * scale + draft_cost))
