@@ -23,6 +23,8 @@ import json
 import os
 from typing import Mapping, Optional, Sequence, Tuple
 
+from distillspec_jax.data import hf_vocabulary
+
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
@@ -39,26 +41,13 @@ def _no_template(folder: str) -> ValueError:
       f"{TEMPLATE_FILE} to that folder, or set CHAT_TEMPLATE=False.")
 
 
-def _read_config(folder: str) -> dict:
-  path = os.path.join(folder, CONFIG_FILE)
-  return _read_json(path) if os.path.isfile(path) else {}
-
-
 def _read_json(path: str) -> dict:
-  try:
-    with open(path, encoding="utf-8") as f:
-      config = json.load(f)
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f"{path} is not a JSON file ({e}); it is read for the chat template and "
-                     "the special tokens, so fix or remove it.") from None
-  return config if isinstance(config, dict) else {}
+  return hf_vocabulary.read_json(path, "the chat template and the special tokens")
 
 
 def _token_text(token) -> Optional[str]:
-  """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
-  if isinstance(token, dict):
-    token = token.get("content")
-  return token if isinstance(token, str) else None
+  text = hf_vocabulary.token_text(token)
+  return text if isinstance(text, str) else None
 
 
 def _configured_template(config: dict, path: str) -> Optional[str]:
@@ -154,7 +143,7 @@ def load_chat_template(folder: str, eos_token: Optional[str] = None) -> ChatTemp
   if os.path.isfile(folder):
     folder = os.path.dirname(os.path.abspath(folder))
   config_path = os.path.join(folder, CONFIG_FILE)
-  config = _read_config(folder)
+  config = _read_json(config_path)
   template_path = os.path.join(folder, TEMPLATE_FILE)
   if os.path.isfile(template_path):
     with open(template_path, encoding="utf-8") as f:
@@ -164,7 +153,7 @@ def load_chat_template(folder: str, eos_token: Optional[str] = None) -> ChatTemp
   if not template:
     raise _no_template(folder)
   legacy = os.path.join(folder, "special_tokens_map.json")  # older folders name them here
-  named = {**(_read_json(legacy) if os.path.isfile(legacy) else {}), **config}
+  named = {**_read_json(legacy), **config}
   specials = tuple((name, _token_text(named.get(name))) for name in SPECIAL_TOKENS
                    if _token_text(named.get(name)) is not None)
   import jinja2  # pylint: disable=g-import-not-at-top

@@ -26,16 +26,24 @@ TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILES = ("tokenizer_config.json", "config.json", "generation_config.json")
 
 
-def _read_json(path: str) -> Dict[str, Any]:
+def read_json(path: str, purpose: str = "the tokenizer's special tokens") -> Dict[str, Any]:
+  """A tokenizer folder's JSON file as a dict ({} when absent or not an object); ValueError
+  naming the file and what it is read for when it is not JSON."""
   if not os.path.isfile(path):
     return {}
   try:
     with open(path, encoding="utf-8") as f:
       value = json.load(f)
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f"{path} is not a JSON file ({e}); it is read for the tokenizer's "
-                     "special tokens, so fix or remove it.") from None
+    raise ValueError(f"{path} is not a JSON file ({e}); it is read for {purpose}, so fix or "
+                     "remove it.") from None
   return value if isinstance(value, dict) else {}
+
+
+def token_text(token: Any) -> Any:
+  """A special token as tokenizer_config.json writes it (a string, or an AddedToken dict
+  whose 'content' is the string): the string; anything else as it is."""
+  return token.get("content") if isinstance(token, dict) else token
 
 
 def _load_tokenizer(path: str):
@@ -55,8 +63,7 @@ def _load_tokenizer(path: str):
 def _token_id(tokenizer, token: Any, where: str) -> Optional[int]:
   """The id of a special token as tokenizer_config.json writes it (a string or an
   AddedToken dict); None when absent."""
-  if isinstance(token, dict):
-    token = token.get("content")
+  token = token_text(token)
   if token is None:
     return None
   if not isinstance(token, str):
@@ -78,7 +85,7 @@ def _config_id(value: Any) -> Optional[int]:
 def special_ids(tokenizer, folder: str) -> Dict[str, Optional[int]]:
   """{"bos", "eos", "pad"} ids: tokenizer_config.json's tokens first, then config.json's and
   generation_config.json's `*_token_id` (None where no file names one)."""
-  configs = {name: _read_json(os.path.join(folder, name)) for name in CONFIG_FILES}
+  configs = {name: read_json(os.path.join(folder, name)) for name in CONFIG_FILES}
   out = {}
   for key in ("bos", "eos", "pad"):
     where = os.path.join(folder, "tokenizer_config.json") + f" {key}_token"
