@@ -10,8 +10,9 @@ import os
 import subprocess
 import sys
 
-import gin
 import pytest
+
+import testing
 
 from distillspec_jax import eval as eval_lib
 from distillspec_jax import main as main_lib
@@ -133,32 +134,16 @@ def test_bad_value_exits_1_naming_it_before_work_starts(binary, index, tmp_path,
   cli, argv_of, cases = BINARIES[binary]
   flags, named = cases[index]
   model_dir = tmp_path / "out"
-  gin.clear_config()
-  try:
-    code = cli(argv_of(model_dir) + flags.split(" "))
-  finally:
-    gin.clear_config()
-  err = capsys.readouterr().err
-  assert code == 1, err[-2000:]
-  assert err.startswith("Error: ") and "Traceback" not in err, err[-2000:]
-  assert named in err, (named, err[-2000:])
-  assert not os.path.exists(model_dir), os.listdir(model_dir)  # no checkpoint, no metrics
+  testing.assert_refused_before_work(cli, argv_of(model_dir) + flags.split(" "), named,
+                                     model_dir, capsys)
 
 
 @pytest.mark.parametrize("flags,named", STUDY_CASES, ids=[c[0] for c in STUDY_CASES])
 def test_study_bad_value_exits_1_naming_it_before_work_starts(flags, named, tmp_path, capsys):
   model_dir = tmp_path / "out"
   argv = ["--gin_file=gin/runs/objectives_study.gin", f"--gin.MODEL_DIR='{model_dir}'"]
-  gin.clear_config()
-  try:
-    code = main_lib.cli(argv + flags.split(" "))
-  finally:
-    gin.clear_config()
-  err = capsys.readouterr().err
-  assert code == 1, err[-2000:]
-  assert err.startswith("Error: ") and "Traceback" not in err, err[-2000:]
-  assert named in err, (named, err[-2000:])
-  assert not os.path.exists(model_dir)
+  testing.assert_refused_before_work(main_lib.cli, argv + flags.split(" "), named, model_dir,
+                                     capsys)
 
 
 def test_each_binary_has_at_least_12_bad_values():

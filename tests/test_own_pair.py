@@ -457,20 +457,12 @@ def _deliver_6_cases(own, bad_tokenizer) -> list:
 def test_each_mismatch_exits_1_naming_it_before_any_work(own, tmp_path, capsys):
   """Issue 47's Deliver 6 through the binaries' command-line path (`cli`, as `python -m`
   runs it): exit status 1, the value named, no traceback, no MODEL_DIR."""
-  import gin
+  import testing
   from distillspec_jax import main as main_lib
   bad = tmp_path / "tokenizer.json"
   bad.write_bytes(b"\x0a\x05hello protobuf")
   clis = {"main": main_lib.cli, "eval": eval_lib.cli}
   for index, (binary, flags, named) in enumerate(_deliver_6_cases(own, bad)):
     model_dir = tmp_path / f"out_{index}"
-    gin.clear_config()
-    try:
-      code = clis[binary](flags + [f"--gin.MODEL_DIR='{model_dir}'"])
-    finally:
-      gin.clear_config()
-    err = capsys.readouterr().err
-    assert code == 1, (index, err[-2000:])
-    assert err.startswith("Error: ") and "Traceback" not in err, (index, err[-2000:])
-    assert named in err, (index, named, err[-2000:])
-    assert not os.path.exists(model_dir), (index, os.listdir(model_dir))
+    testing.assert_refused_before_work(clis[binary], flags + [f"--gin.MODEL_DIR='{model_dir}'"],
+                                       named, model_dir, capsys)

@@ -137,3 +137,19 @@ def pipeline_outcome(config) -> dict:
   out["target_leaves"] = len(jax.tree.leaves(target))
   return out
 
+
+
+def assert_refused_before_work(cli, argv: list, named: str, model_dir, capsys) -> None:
+  """A binary's command-line path (`cli(argv)`, as `python -m` runs it) on bad input: exit
+  status 1, an error line naming `named`, no traceback, and no MODEL_DIR (no work started)."""
+  import gin
+  gin.clear_config()
+  try:
+    code = cli(argv)
+  finally:
+    gin.clear_config()
+  err = capsys.readouterr().err
+  assert code == 1, err[-2000:]
+  assert err.startswith("Error: ") and "Traceback" not in err, err[-2000:]
+  assert named in err, (named, err[-2000:])
+  assert not os.path.exists(model_dir), os.listdir(model_dir)  # no checkpoint, no metrics
