@@ -121,6 +121,27 @@ def check_real_positions(ours, ref, lengths=LENGTHS, atol=1e-4):
     np.testing.assert_allclose(ours[row, :n], ref[row, :n], atol=atol, rtol=1e-4)
 
 
+def check_cached_decoding(model, params, ref, tokens=TOKENS, lengths=LENGTHS, prefix: int = 3):
+  """Through the decoding cache: rows prefilled with their first `prefix` tokens (or fewer, to
+  their own lengths), then one token per row per call; each row's logits equal `ref`'s at its
+  real positions (a finished row repeats a filler token, not compared)."""
+  import jax
+  import jax.numpy as jnp
+  cache = model.init_cache(params, tokens.shape[0], model.config.max_decode_length)
+  split = np.minimum(lengths, prefix)
+  last, cache = jax.jit(model.prefill)(params, cache, jnp.asarray(tokens[:, :prefix]),
+                                       jnp.asarray(split))
+  np.testing.assert_allclose(last, ref[np.arange(tokens.shape[0]), split - 1], atol=1e-4,
+                             rtol=1e-4)
+  extend = jax.jit(model.extend)
+  for step in range(prefix, tokens.shape[1]):
+    column = np.where(step < lengths, tokens[:, step], 7)
+    logits, cache = extend(params, cache, jnp.asarray(column[:, None]))
+    live = step < lengths
+    np.testing.assert_allclose(np.asarray(logits)[live, 0], ref[live, step], atol=1e-4,
+                               rtol=1e-4)
+
+
 # Questions the tokenizer was not trained on (four more prompts for the 8-prompt checks).
 MORE_QUESTIONS = (
     "A robe takes 2 bolts of blue fiber and half that much white fiber. How many bolts?",

@@ -17,7 +17,7 @@ from distillspec_jax.decoding.plain import decode
 from distillspec_jax.decoding.speculative import speculative_decode
 from distillspec_jax.interop import hf_llama
 from distillspec_jax.interop import importer
-from hf_fixtures import LENGTHS, TOKENS, check_real_positions, hf_logits
+from hf_fixtures import LENGTHS, TOKENS, check_cached_decoding, check_real_positions, hf_logits
 from distillspec_jax.models.config import MODEL_CONFIGS, TransformerConfig
 from distillspec_jax.models.model import Model
 
@@ -93,18 +93,7 @@ def test_logits_match_transformers_through_the_importer_and_the_cache(name, tmp_
 
   # The cache: rows prefilled to their own lengths, then one token per row per call, on past
   # the window (row 0 reaches position 9 with a 3-key window).
-  cache = model.init_cache(params, 3, 16)
-  split = np.minimum(LENGTHS, 3)
-  last, cache = jax.jit(model.prefill)(params, cache, jnp.asarray(TOKENS[:, :3]),
-                                       jnp.asarray(split))
-  np.testing.assert_allclose(last, ref[np.arange(3), split - 1], atol=1e-4, rtol=1e-4)
-  extend = jax.jit(model.extend)
-  for step in range(3, TOKENS.shape[1]):
-    column = np.where(step < LENGTHS, TOKENS[:, step], 7)  # finished rows: not compared
-    logits, cache = extend(params, cache, jnp.asarray(column[:, None]))
-    live = step < LENGTHS
-    np.testing.assert_allclose(np.asarray(logits)[live, 0], ref[live, step], atol=1e-4,
-                               rtol=1e-4)
+  check_cached_decoding(model, params, ref)
 
   # Teeth: without the per-head norms, or with every Gemma layer global, the logits differ.
   if family == "gemma3":

@@ -15,7 +15,7 @@ from distillspec_jax import convert
 from distillspec_jax.decoding.plain import decode
 from distillspec_jax.interop import hf_llama
 from distillspec_jax.interop import importer
-from hf_fixtures import LENGTHS, TOKENS, check_real_positions, hf_logits
+from hf_fixtures import LENGTHS, TOKENS, check_cached_decoding, check_real_positions, hf_logits
 from distillspec_jax.models.model import Model
 
 
@@ -78,19 +78,7 @@ def test_logits_match_transformers_through_the_importer(name, tmp_path):
   check_real_positions(ours, ref)
 
   # The cache: rows prefilled to their own lengths, then one token per row per call.
-  cache = model.init_cache(params, 3, 16)
-  split = np.minimum(LENGTHS, 3)
-  last, cache = jax.jit(model.prefill)(params, cache, jnp.asarray(TOKENS[:, :3]),
-                                       jnp.asarray(split))
-  np.testing.assert_allclose(last, ref[np.arange(3), split - 1], atol=1e-4, rtol=1e-4)
-  extend = jax.jit(model.extend)
-  for step in range(3, TOKENS.shape[1]):
-    # Finished rows repeat their last token; their logits are not compared.
-    column = np.where(step < LENGTHS, TOKENS[:, step], 7)
-    logits, cache = extend(params, cache, jnp.asarray(column[:, None]))
-    live = step < LENGTHS
-    np.testing.assert_allclose(np.asarray(logits)[live, 0], ref[live, step], atol=1e-4,
-                               rtol=1e-4)
+  check_cached_decoding(model, params, ref)
 
   # Teeth: the same weights with plain RoPE (or another base) do not match.
   if config.rope_scaling != "none":
