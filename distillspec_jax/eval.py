@@ -368,7 +368,8 @@ def load_draft(config: EvalConfig, target: Model, capacity: Optional[int]) -> tu
 
 def _load_pair(config: EvalConfig, tokens: TokenIds) -> tuple:
   """(target, target params, draft, draft params), the models with the vocabulary's special
-  ids `tokens`, checked as a pair by the engine now, the parameters on the EvalConfig's mesh
+  ids `tokens` (a preset already checked against its checkpoint by `check_inputs`), checked as
+  a pair by the engine now, the parameters on the EvalConfig's mesh
   (`_place`). A draft head's shape comes from its folder's head.json; its parameters are
   restored into their shards."""
   models = {}
@@ -377,13 +378,7 @@ def _load_pair(config: EvalConfig, tokens: TokenIds) -> tuple:
     roles.append(("draft", config.draft_checkpoint_path, config.draft_model))
   for role, path, preset in roles:
     macro = f"{role.upper()}_CHECKPOINT_PATH"
-    if preset:  # the shapes are known: nothing read but this process's shards
-      check_checkpoint(path, macro)
-      try:
-        importer.check_checkpoint(path, model_config(preset))
-      except ValueError as error:
-        raise ValueError(f"{macro}={path!r} does not hold the {role} model {preset!r}: "
-                         f"{error}") from None
+    if preset:  # the shapes are known (checked in check_inputs): only this process's shards
       models[role] = (Model(model_config(preset)), None, path)
     else:
       model, params = load_model(path, macro, None, None)
