@@ -330,8 +330,6 @@ def checks_section() -> list:
            f"{r['tau_before']:.6f} ± {r['tau_stderr_before']:.4f}",
            f"{r['tau_after']:.6f} ± {r['tau_stderr_after']:.4f}",
            "yes" if r["identical"] else "**no**"] for r in tau["rows"]]
-  final = tau["final_tree"]
-  final_same = sum(r["identical"] for r in final["rows"])
   two = load("docs/checks/eval_two_processes_demo.json")
   two_rows = [[f"{r['temperature']:g}", r["gamma"], f"{r['tau']:.3f} ± {r['tau_stderr']:.3f}",
                f"{r['draft_acceptance_rate']:.3f}"] for r in two["rows"]]
@@ -339,9 +337,8 @@ def checks_section() -> list:
            f"Before: `{tau['command_before']}`; after: `{tau['command_after']}` "
            "(`docs/checks/demo_tau_before_after.json`).", ""]
           + table(["draft", "T", "gamma", "tau before", "tau after", "identical"], rows)
-          + ["", f"{final['what']} `{final['command']}`: {final_same} of {len(final['rows'])} "
-             "rows identical to the earlier tree's tau.", ""]
-          + [line for later in tau.get("later_trees", ()) for line in (
+          + [""]
+          + [line for later in (tau["final_tree"], *tau.get("later_trees", ())) for line in (
               f"{later['what']} `{later['command']}`: "
               f"{sum(r['identical'] for r in later['rows'])} of {len(later['rows'])} rows "
               "identical to the earlier tree's tau.", "")]
