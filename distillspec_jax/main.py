@@ -8,7 +8,10 @@ MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, TRAIN_STEPS, BATCH_SIZE (and, where 
 has them, TARGET_CHECKPOINT_PATH / DRAFT_CHECKPOINT_PATH: starting weights, any format);
 `main_job.stages` picks what to make (their inputs are made first when missing).
 `PipelineConfig.head = @HeadStageConfig()` adds a draft head per recipe (stages
-distill_head_<recipe>), evaluated beside the drafts (gin/runs/demo_head.gin). Every bad
+distill_head_<recipe>), evaluated beside the drafts (gin/runs/demo_head.gin).
+`PipelineConfig.acceptance_head = @AcceptanceHeadStage()` distils the drafts with an
+acceptance head (a calibrated stop signal for `DraftLength(signal='acceptance_head')`;
+gin/runs/demo_calibrated.gin). Every bad
 run file, binding, value, input path or MODEL_DIR fails here, before any training starts:
 exit status 1 and the message naming the fix.
 
@@ -36,6 +39,7 @@ from distillspec_jax.evaluation.decoding_grid import DecodingGrid
 from distillspec_jax.evaluation.evaluate import SpeedConfig
 from distillspec_jax.training import multihost
 from distillspec_jax.studies import pipeline as pipeline_lib
+from distillspec_jax.studies.acceptance_head_stage import AcceptanceHeadStage
 from distillspec_jax.studies.garden import GardenConfig
 from distillspec_jax.studies.pair_source import PairSource
 from distillspec_jax.studies.pipeline import PipelineConfig, check_run_dir, run_pipeline
@@ -46,7 +50,7 @@ from distillspec_jax.training.partitioning import MeshConfig
 # The configs a run file binds, PipelineConfig's sub-configs after it (--help lists them
 # with their fields; the studies' configs add fields to PipelineConfig's).
 CONFIGS = (PipelineConfig, DecodingGrid, DraftLength, SpeedConfig, MeshConfig, PairSource,
-           HeadStageConfig)
+           HeadStageConfig, AcceptanceHeadStage)
 STUDY_CONFIGS = (RecipeGridConfig, GardenConfig)
 
 

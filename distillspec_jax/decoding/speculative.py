@@ -207,6 +207,13 @@ class DraftLength:
   def adaptive(self) -> bool:
     return self.rule != "fixed"
 
+  def runs_on(self, draft) -> bool:
+    """Whether `draft` (a Model or a Head) can run this rule: a rule on the acceptance
+    head's signal needs a draft model built with one."""
+    if self.signal != "acceptance_head":
+      return True
+    return not isinstance(draft, Head) and draft.acceptance_head is not None
+
 
 def acceptance_probability(p_token: Array, q_token: Array, lenience: Lenience = Lenience()) -> Array:
   """min(1, f(p(y), eps) / q(y)) for the drafted token y; shapes broadcast."""

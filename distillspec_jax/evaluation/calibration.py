@@ -103,6 +103,30 @@ def signal_calibration(target: Model, target_params, draft: Model, draft_params,
           for name, value in raw["signals"].items()}
 
 
+def pooled_calibration(target: Model, target_params, draft: Model, draft_params, batches,
+                       *, temperature: float, bins: int = 10) -> dict:
+  """{signal name: Reliability} pooled over the loss-weighted positions of every teacher-forced
+  batch in `batches` (an iterable of T5X feature dicts), outcomes at `temperature`."""
+  pooled = []
+  for batch in batches:
+    pooled.append(raw_signals(target, target_params, draft, draft_params, batch,
+                              temperature=temperature))
+  if not pooled:
+    raise ValueError("No batches to calibrate on; pass at least one.")
+  joined = lambda get: np.concatenate([np.ravel(get(raw)) for raw in pooled])
+  outcome, weights = joined(lambda r: r["outcome"]), joined(lambda r: r["weights"])
+  return {name: reliability(joined(lambda r, n=name: r["signals"][n]), outcome, weights, bins)
+          for name in pooled[0]["signals"]}
+
+
+def reliability_of_json(data: dict) -> Reliability:
+  """The Reliability of its `as_dict` (None bins read back as NaN)."""
+  nan = lambda xs: tuple(float("nan") if x is None else float(x) for x in xs)
+  return Reliability(ece=float(data["ece"]), count=tuple(int(c) for c in data["count"]),
+                     confidence=nan(data["confidence"]), accuracy=nan(data["accuracy"]),
+                     positions=int(data["positions"]))
+
+
 def write_reliability_diagram(path: str, tables: dict, title: Optional[str] = None) -> None:
   """A PNG at `path`: each signal's mean outcome against its mean signal per bin (the
   diagonal is perfect calibration), its ECE in the legend; below, the positions per bin."""

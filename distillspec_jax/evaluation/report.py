@@ -11,6 +11,14 @@ report.json:
     decoding-phase speedup).
   drafts: {draft: kind ("model" or "head"), num_params, step_s, first_call_s {gamma: s}}:
     parameters and per-call costs (`draft_costs`).
+  adaptive_rows: with an adaptive `DecodingGrid.draft_length`, one per (draft that ran it,
+    temperature): its rule, signal, gamma_max, tau, draft acceptance rate and end-to-end
+    speedup beside the best fixed gamma's (`adaptive_rows`); the draft_rows hold its full
+    rows (draft_length, threshold, signal keys).
+  acceptance_heads: with `PipelineConfig.acceptance_head`, {recipe: the distill stage's
+    record}: the head's width, weight, label temperature, first and last cross-entropy, and
+    "calibration" {"top_probability", "acceptance_head": reliability table with "ece"} on
+    held-out rows at that temperature (evaluation/calibration.py).
   A draft head of the main job (stage distill_head_<recipe>) is the draft `head_<recipe>` in
   every table, paired with the raw draft as a distilled draft is.
   target_quality, plain_tokens_per_s, plain (speed.PlainSpeed per temperature), machine
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Optional
 
 from distillspec_jax.core.files import write_json_atomic, write_text_atomic
 from distillspec_jax.core.validation import check_finite
@@ -61,7 +70,7 @@ def build_rows(config, evaluation: dict) -> list:
   """One row per (recipe, temperature, gamma): raw draft versus distilled draft (a draft
   head's recipe is its report name, `head_<recipe>`)."""
   by_key = {(r.draft, r.point.temperature, r.point.gamma): r
-            for r in evaluation_rows(evaluation)}
+            for r in evaluation_rows(evaluation) if r.point.draft_length == "fixed"}
   names = draft_names(config)
   rows = []
   for stage in config.distill_stages + _head_stages(config):
@@ -113,6 +122,30 @@ def build_draft_rows(config, evaluation: dict) -> list:
   names = draft_names(config)
   return [dataclasses.replace(r, draft=names[r.draft]).to_json()
           for r in evaluation_rows(evaluation)]
+
+
+def adaptive_rows(draft_rows: list) -> list:
+  """One row per adaptive draft_rows entry (the grid's adaptive rule on one draft at one
+  temperature): draft, temperature, rule, threshold, signal, gamma (its gamma_max), tau,
+  tau_stderr, draft_acceptance_rate, end_to_end_speedup (and range), and the same draft's
+  best fixed gamma at that temperature by end-to-end speedup: best_fixed_gamma,
+  best_fixed_end_to_end_speedup (and range)."""
+  out = []
+  for r in draft_rows:
+    if r["draft_length"] == "fixed":
+      continue
+    fixed = [f for f in draft_rows if f["draft"] == r["draft"] and f["draft_length"] == "fixed"
+             and f["temperature"] == r["temperature"] and f["end_to_end_speedup"] is not None]
+    best = max(fixed, key=lambda f: f["end_to_end_speedup"]) if fixed else None
+    out.append(dict(
+        {k: r[k] for k in ("draft", "temperature", "draft_length", "threshold", "signal",
+                           "gamma", "tau", "tau_stderr", "draft_acceptance_rate",
+                           "end_to_end_speedup", "end_to_end_speedup_range")},
+        best_fixed_gamma=best["gamma"] if best else None,
+        best_fixed_end_to_end_speedup=best["end_to_end_speedup"] if best else None,
+        best_fixed_end_to_end_speedup_range=(best["end_to_end_speedup_range"] if best
+                                             else None)))
+  return out
 
 
 def measurement_sentence(report: dict) -> str:
@@ -178,7 +211,10 @@ def _interference_clause(interference) -> str:
           f"{' and '.join(parts)} slower than its fastest windows.")
 
 
-def build_report(config, evaluation: dict, wall_clock: dict, curves: dict) -> dict:
+def build_report(config, evaluation: dict, wall_clock: dict, curves: dict,
+                 acceptance_heads: Optional[dict] = None) -> dict:
+  """report.json's object (module docstring); `acceptance_heads`: {report draft name: the
+  distill stage marker's "acceptance_head" record} (None: no heads)."""
   quality = {name: {k: v for k, v in q.items() if k != "example_prediction"}
              for name, q in evaluation["quality"].items()}
   paired, per_draft = build_rows(config, evaluation), build_draft_rows(config, evaluation)
@@ -191,7 +227,9 @@ def build_report(config, evaluation: dict, wall_clock: dict, curves: dict) -> di
             "quiet_timeline": evaluation.get("quiet_timeline"),
             "wall_clock_s": wall_clock,
             "wall_clock_total_s": sum(v for v in wall_clock.values() if v is not None),
-            "tau_curves": curves, "drafts": draft_costs(config, evaluation)}
+            "tau_curves": curves, "drafts": draft_costs(config, evaluation),
+            "adaptive_rows": adaptive_rows(per_draft),
+            "acceptance_heads": acceptance_heads or {}}
   report["measurement"] = measurement_sentence(report)
   check_finite(report["paired_rows"] + report["draft_rows"], "report")
   return report
@@ -251,7 +289,7 @@ def _request_table(report: dict) -> list:
            "| T | gamma | recipe | decoding phase | end to end (cost model) | typical, end to "
            "end | end to end, 95% over prompts | setup (ms) |",
            "|---|---|---|---|---|---|---|---|"]
-  for r in report["draft_rows"]:
+  for r in _fixed(report["draft_rows"]):
     interval = r["end_to_end_speedup_prompt_interval"]
     lines.append(
         f"| {r['temperature']:g} | {r['gamma']} | {r['draft']} | "
@@ -272,7 +310,7 @@ def _acceptance_table(report: dict) -> list:
            "(decoding/stats.py).", "",
            "| T | gamma | recipe | tau | alpha (DistillSpec) | draft acceptance rate | mean "
            "acceptance length | acceptance by position |", "|---|---|---|---|---|---|---|---|"]
-  for r in report["draft_rows"]:
+  for r in _fixed(report["draft_rows"]):
     positions = r["acceptance_by_position"]
     positions = " ".join(_number(v, 2) for v in positions) if positions else "-"
     lines.append(f"| {r['temperature']:g} | {r['gamma']} | {r['draft']} | "
@@ -280,6 +318,52 @@ def _acceptance_table(report: dict) -> list:
                  f"{_number(r['alpha_distillspec'])} | "
                  f"{_number(r['draft_acceptance_rate'])} | "
                  f"{_number(r['mean_acceptance_length'], 2)} | {positions} |")
+  return lines
+
+
+def _fixed(draft_rows: list) -> list:
+  """The draft rows of the fixed rule (the adaptive rule's have their own table)."""
+  return [r for r in draft_rows if r.get("draft_length", "fixed") == "fixed"]
+
+
+def _adaptive_table(report: dict) -> list:
+  rows = report.get("adaptive_rows") or []
+  if not rows:
+    return []
+  lines = ["## Adaptive draft length (the grid's rule at gamma_max against the same draft's "
+           "best fixed gamma, end to end, same timing session)", "",
+           "| T | draft | rule | signal | gamma_max | tau | draft acceptance rate | "
+           "end to end | best fixed gamma | its end to end |", "|---" * 10 + "|"]
+  for r in rows:
+    best = _speed(r["best_fixed_end_to_end_speedup"], r["best_fixed_end_to_end_speedup_range"])
+    rule = r["draft_length"] + (f" >= {r['threshold']:g}" if r["draft_length"] != "cost"
+                                else "")
+    lines.append(
+        f"| {r['temperature']:g} | {r['draft']} | {rule} | {r['signal']} | {r['gamma']} | "
+        f"{r['tau']:.2f} ± {r['tau_stderr']:.2f} | {_number(r['draft_acceptance_rate'])} | "
+        f"{_speed(r['end_to_end_speedup'], r['end_to_end_speedup_range'])} | "
+        f"{r['best_fixed_gamma'] if r['best_fixed_gamma'] is not None else '-'} | "
+        f"{best} |")
+  return lines
+
+
+def _calibration_table(report: dict) -> list:
+  heads = report.get("acceptance_heads") or {}
+  if not heads:
+    return []
+  lines = ["## Stop signal calibration (the acceptance head against the top probability)", "",
+           "Expected calibration error (10 equal bins; lower is better) of each signal as a "
+           "prediction of the target's acceptance at the head's label temperature, on held-out "
+           "teacher-forced rows (evaluation/calibration.py); reliability diagrams: "
+           "`reliability_<recipe>.png`.", "",
+           "| recipe | label T | positions | ECE acceptance head | ECE top probability | head "
+           "cross-entropy first -> last |", "|---|---|---|---|---|---|"]
+  for name, head in heads.items():
+    tables = head["calibration"]
+    lines.append(
+        f"| {name} | {head['temperature']:g} | {tables['acceptance_head']['positions']} | "
+        f"{tables['acceptance_head']['ece']:.3f} | {tables['top_probability']['ece']:.3f} | "
+        f"{_number(head['bce_first'])} -> {_number(head['bce_last'])} |")
   return lines
 
 
@@ -319,6 +403,8 @@ def render_markdown(config, report: dict) -> str:
                  f"{q['per_token_loss']:.4f} |")
   lines += ["", *_paired_table(report), "", *_request_table(report), "",
             *_acceptance_table(report), "", *_drafts_table(report)]
+  for extra in (_adaptive_table(report), _calibration_table(report)):
+    lines += ["", *extra] if extra else []
   lines += ["", "## Wall clock per stage (s)", "", "| stage | seconds |", "|---|---|"]
   for stage, seconds in report["wall_clock_s"].items():
     lines.append(f"| {stage} | {seconds:.0f} |")
@@ -382,6 +468,13 @@ def plot(config, report: dict, curves: dict, out_dir: str) -> list:
   paths.append(os.path.join(out_dir, "speedup_vs_gamma.png"))
   fig.savefig(paths[-1], dpi=120)
   plt.close(fig)
+  from distillspec_jax.evaluation import calibration
+  for name, head in (report.get("acceptance_heads") or {}).items():
+    paths.append(os.path.join(out_dir, f"reliability_{name}.png"))
+    calibration.write_reliability_diagram(
+        paths[-1], {signal: calibration.reliability_of_json(table)
+                    for signal, table in head["calibration"].items()},
+        title=f"{name}: acceptance at T = {head['temperature']:g}, held-out rows")
   return paths
 
 

@@ -750,11 +750,13 @@ def _per_call_functions(target: Model, target_params, drafts: Mapping[str, tuple
   return per_call, extends
 
 
-def timed_rules(gamma: int, gammas: Sequence[int],
-                draft_lengths: Sequence[DraftLength]) -> list:
+def timed_rules(gamma: int, gammas: Sequence[int], draft_lengths: Sequence[DraftLength],
+                draft=None) -> list:
   """The draft length rules timed at `gamma`: the fixed rule at every gamma, an adaptive rule
-  at the largest only (its gamma_max)."""
-  return [rule for rule in draft_lengths if not rule.adaptive or gamma == max(gammas)]
+  at the largest only (its gamma_max); with `draft`, only the rules it can run (a rule on the
+  acceptance head's signal skips drafts without a head: `DraftLength.runs_on`)."""
+  return [rule for rule in draft_lengths if (not rule.adaptive or gamma == max(gammas))
+          and (draft is None or rule.runs_on(draft))]
 
 
 def speculative_key(name: str, gamma: int, temperature, lenience: Lenience,
@@ -781,7 +783,7 @@ def _speculative_functions(target: Model, target_params, draft: Model, names: li
     decoders = {(lenience, rule): _speculative_decoder(target, draft, max_new_tokens, gamma,
                                                        sampling, lenience, rule)
                 for lenience in leniences
-                for rule in timed_rules(gamma, gammas, draft_lengths)}
+                for rule in timed_rules(gamma, gammas, draft_lengths, draft)}
     if not decoders:
       continue
     for name in names:
@@ -927,7 +929,7 @@ def _speculative_rows(runs: dict, timing: dict, cost: dict, model_of: dict, temp
     setup_spec = statistics.median(timing["windows"][setup_key])
     for name, gamma, lenience, rule in itertools.product(names, gammas, leniences,
                                                          draft_lengths):
-      if rule not in timed_rules(gamma, gammas, draft_lengths):
+      if rule not in timed_rules(gamma, gammas, draft_lengths, draft):
         continue
       key = speculative_key(name, gamma, temperature, lenience, rule)
       result = runs[key]

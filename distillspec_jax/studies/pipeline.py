@@ -5,7 +5,9 @@ Stages (each writes `<run_dir>/<stage>/` and a `DONE.json` marker last, atomical
   target           fine-tune the target with cross-entropy
   draft_raw        fine-tune the draft with cross-entropy (the "w/o distillation" draft)
   teacher_cache    (only with teacher_cache_k) the target's top-k log-probs over the train split
-  distill_<recipe> distil the raw draft toward the target with each recipe (GKD, SupervisedKD..)
+  distill_<recipe> distil the raw draft toward the target with each recipe (GKD, SupervisedKD..);
+                   with `acceptance_head`, the chosen recipes' drafts carry an acceptance head
+                   trained jointly, and the stage measures its calibration on held-out data
   distill_head_<recipe>  (only with `head`) distil a draft head (EAGLE-3 style, reading the
                    target's hidden states) from the target with each head recipe
   evaluate         task quality of every model; tau, alpha and speedup of every draft (heads
@@ -37,6 +39,7 @@ from distillspec_jax.training import partitioning
 from distillspec_jax.models.precision import cast_params
 from distillspec_jax.core.files import read_json, write_json_atomic
 from distillspec_jax.decoding.plain import prompt_inputs
+from distillspec_jax.decoding.speculative import DraftLength
 from distillspec_jax.distill.objectives import make_speculative_eval_fn
 from distillspec_jax.evaluation.placement import BatchPlacement
 from distillspec_jax.models.model import Model
@@ -418,8 +421,14 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
   draft_params = load_params(config, "draft_raw", draft, mesh)
   reference = {}
   if recipe == "adaspec":
-    reference = dict(reference=draft, reference_params=load_params(
-        config, f"distill_{config.adaspec_reference}", draft, mesh))
+    reference_stage = f"distill_{config.adaspec_reference}"
+    reference_model = distilled_draft(config, reference_stage, draft)
+    reference = dict(reference=reference_model, reference_params=load_params(
+        config, reference_stage, reference_model, mesh))
+  if recipe in config.acceptance_head_recipes:  # the raw draft gains a fresh head
+    distillation = config.acceptance_head.distillation(distillation)
+    draft, draft_params = draft.with_acceptance_head(
+        draft_params, config.acceptance_head.head, jax.random.PRNGKey(config.seed))
   prompts = heldout_prompts(config, 32).prompts
   eval_fn = make_speculative_eval_fn(target, target_params, draft,
                                      prompt_inputs(draft, prompts),
@@ -437,12 +446,61 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
                      distillation, init_params=draft_params, eval_fn=eval_fn, **reference)
   curve = tau_curve(start, result.full_history)
   kept = [r["kept_fraction"] for r in result.history if "kept_fraction" in r]
-  return {"recipe": recipe, "divergence": distillation.divergence,
-          "lambda1": distillation.lambda1, "lambda2": distillation.lambda2,
-          "top_k_fraction": distillation.top_k_fraction,
-          "teacher_cache_k": config.teacher_cache_k if recipe in config.cached_recipes else None,
-          "kept_fraction_last": kept[-1] if kept else None,
-          "final_loss": _last_loss(result.history), "tau_curve": curve}
+  summary = {"recipe": recipe, "divergence": distillation.divergence,
+             "lambda1": distillation.lambda1, "lambda2": distillation.lambda2,
+             "top_k_fraction": distillation.top_k_fraction,
+             "teacher_cache_k": (config.teacher_cache_k if recipe in config.cached_recipes
+                                 else None),
+             "kept_fraction_last": kept[-1] if kept else None,
+             "final_loss": _last_loss(result.history), "tau_curve": curve}
+  if draft.acceptance_head is not None:
+    summary.update(acceptance_head_summary(config, result.full_history, target,
+                                           target_params, draft, result.state.params))
+  return summary
+
+
+def distilled_draft(config: PipelineConfig, stage: str, draft: Model) -> Model:
+  """The Model of distillation stage `stage`'s draft: `draft` with the job's acceptance head
+  where the stage's recipe gets one (PipelineConfig.acceptance_head)."""
+  if stage[len("distill_"):] in config.acceptance_head_recipes:
+    return dataclasses.replace(draft, acceptance_head=config.acceptance_head.head)
+  return draft
+
+
+def calibration_batches(config: PipelineConfig, rows: int):
+  """Teacher-forced batches (T5X features) of the first `rows` held-out examples (the
+  validation split, else the test split) for the stop signals' calibration."""
+  from distillspec_jax.data import batches as batches_lib
+  register_task(config)
+  splits = batches_lib.get_task(config.task).splits
+  split = "validation" if "validation" in splits else "test"
+  seen = 0
+  for batch in batches_lib.get_dataset(config.task, split, config.task_feature_lengths,
+                                       batch_size=min(rows, 64),
+                                       feature_converter=config.feature_converter):
+    batch = {k: v[:rows - seen] for k, v in batch.items()}
+    seen += len(batch["decoder_target_tokens"])
+    yield batch
+    if seen >= rows:
+      return
+
+
+def acceptance_head_summary(config: PipelineConfig, history: list, target: Model,
+                            target_params, draft: Model, draft_params) -> dict:
+  """The marker's record of a draft's acceptance head: its width, loss weight and label
+  temperature; its cross-entropy at the first and last logged steps; and both stop signals'
+  calibration at that temperature on `eval_examples` held-out rows ({signal: Reliability
+  .as_dict()}: evaluation/calibration.py)."""
+  from distillspec_jax.evaluation import calibration
+  stage = config.acceptance_head
+  losses = [float(r["acceptance_bce"]) for r in history if "acceptance_bce" in r]
+  tables = calibration.pooled_calibration(
+      target, target_params, draft, draft_params,
+      calibration_batches(config, config.eval_examples), temperature=stage.temperature)
+  return {"acceptance_head": {
+      "width": stage.width, "weight": stage.weight, "temperature": stage.temperature,
+      "bce_first": losses[0] if losses else None, "bce_last": losses[-1] if losses else None,
+      "calibration": {name: table.as_dict() for name, table in tables.items()}}}
 
 
 def head_model(config: PipelineConfig, target: Model) -> Head:
@@ -545,7 +603,7 @@ def eval_models_and_params(config: PipelineConfig, mesh: bool = True) -> tuple:
   params = {"target": load_params(config, "target", target, on, config.target_param_dtype),
             "draft_raw": load_params(config, "draft_raw", draft, on)}
   for name in config.distill_stages:
-    params[name] = load_params(config, name, draft, on)
+    params[name] = load_params(config, name, distilled_draft(config, name, draft), on)
   if config.head_stages:
     head = head_model(config, target)
     for name in config.head_stages:
@@ -556,7 +614,9 @@ def eval_models_and_params(config: PipelineConfig, mesh: bool = True) -> tuple:
 def job_drafts(config: PipelineConfig, target: Model, draft: Model, params: dict) -> dict:
   """{stage name: (draft Model or Head, params)} of every draft of the job, in report order:
   the raw draft, the distilled drafts, the heads."""
-  drafts = {name: (draft, params[name]) for name in ("draft_raw",) + config.distill_stages}
+  drafts = {"draft_raw": (draft, params["draft_raw"])}
+  drafts.update({name: (distilled_draft(config, name, draft), params[name])
+                 for name in config.distill_stages})
   if config.head_stages:
     head = head_model(config, target)
     drafts.update({name: (head, params[name]) for name in config.head_stages})
@@ -600,10 +660,25 @@ def measure_run_speed(config: PipelineConfig, windows_log: Optional[list] = None
   drafts = job_drafts(config, target, draft, params)
   plan = speed.TimingPlan(gammas=config.grid.gammas, temperatures=config.grid.temperatures,
                          max_new_tokens=config.max_new_tokens, seed=config.seed,
+                         draft_lengths=job_draft_lengths(config),
                          **config.speed.measure_kwargs())
   return speed.measure_speed(target, params["target"], drafts, prompts, plan,
                              before_timing=pinning.wait_for_release,
                              windows_log=windows_log, progress=config.progress_bar)
+
+
+def job_draft_lengths(config: PipelineConfig) -> tuple:
+  """The draft-length rules the job decodes by: the fixed rule at every gamma, and the grid's
+  adaptive rule (if any) at the largest gamma, on the drafts that can run it."""
+  rule = config.grid.draft_length
+  return (DraftLength(), rule) if rule.adaptive else (DraftLength(),)
+
+
+def adaptive_drafts(config: PipelineConfig, drafts: dict) -> dict:
+  """The `job_drafts` the grid's adaptive rule runs on (none for the fixed rule): those that
+  can read its signal (`DraftLength.runs_on`)."""
+  rule = config.grid.draft_length
+  return {name: d for name, d in drafts.items() if rule.adaptive and rule.runs_on(d[0])}
 
 
 def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
@@ -626,7 +701,9 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   # A head does not decode alone: the quality of the target and the separate drafts.
   alone_models = {name: (target if name == "target" else draft, p)
                   for name, p in params.items() if name not in config.head_stages}
-  total = len(alone_models) + len(config.grid.temperatures) * len(drafts) * len(config.grid.gammas)
+  adaptive = adaptive_drafts(config, drafts)
+  total = len(alone_models) + len(config.grid.temperatures) * (
+      len(drafts) * len(config.grid.gammas) + len(adaptive))
   # The timing process loads and compiles on its pinned core while this one evaluates; it
   # starts timing only once released, when nothing else runs.
   timing = ((pinning.timing_cpus(config.speed.cpus, jax.process_count()), measure_run_speed)
@@ -637,13 +714,18 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
     alone = evaluate_lib.quality_alone(
         alone_models, examples, scorer, max_new_tokens=config.max_new_tokens, on_done=bar.update,
         batch_size=config.eval_batch_size, place=place)
-    rows = evaluate_lib.speculative_grid(
-        target, params["target"], drafts, examples, scorer, gammas=config.grid.gammas,
-        temperatures=config.grid.temperatures, max_new_tokens=config.max_new_tokens,
-        batch_size=config.eval_batch_size, seed=config.seed, on_done=bar.update, place=place)
+    common = dict(max_new_tokens=config.max_new_tokens, batch_size=config.eval_batch_size,
+                  seed=config.seed, on_done=bar.update, place=place,
+                  temperatures=config.grid.temperatures)
+    rows = evaluate_lib.speculative_grid(target, params["target"], drafts, examples, scorer,
+                                         gammas=config.grid.gammas, **common)
+    if adaptive:  # the grid's adaptive rule at its gamma_max
+      rows += evaluate_lib.speculative_grid(
+          target, params["target"], adaptive, examples, scorer,
+          gammas=(max(config.grid.gammas),), draft_length=config.grid.draft_length, **common)
     bar.close()
     summaries = draft_summaries(drafts)
-    del params, drafts, alone_models  # the timing process loads its own copy
+    del params, drafts, alone_models, adaptive  # the timing process loads its own copy
     timing = timing_run.result()
   if not primary:  # process 0 writes eval.json; the others only took part in the decodes
     return {"num_test_prompts": int(len(examples))}
@@ -686,5 +768,9 @@ def stage_report(config: PipelineConfig, stage: str) -> dict:
   for name in config.head_stages:
     curves[report_lib.draft_names(config)[name]] = read_json(_marker(config, name)).get(
         "tau_curve", [])
-  report = report_lib.build_report(config, evaluation, wall_clock, curves)
+  heads = {report_lib.draft_names(config)[name]: read_json(_marker(config, name))[
+      "acceptance_head"] for name in config.distill_stages
+      if name[len("distill_"):] in config.acceptance_head_recipes}
+  report = report_lib.build_report(config, evaluation, wall_clock, curves,
+                                   acceptance_heads=heads)
   return {"plots": report_lib.write_report(config, report, config.run_dir)}

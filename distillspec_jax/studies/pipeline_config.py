@@ -13,13 +13,14 @@ from distillspec_jax.core.validation import (check_field_types, check_int, check
 from distillspec_jax.distill import blocked
 from distillspec_jax.distill.head_objectives import HeadTrainingConfig
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
-from distillspec_jax.decoding.speculative import DraftLength, Lenience
+from distillspec_jax.decoding.speculative import Lenience
 from distillspec_jax.evaluation.decoding_grid import DecodingGrid
 from distillspec_jax.evaluation.evaluate import SpeedConfig, check_checkpoint
 from distillspec_jax.models.config import DTYPES, REMAT_POLICIES, model_config
 from distillspec_jax.models.head import check_feature_layers, check_unroll_steps
 from distillspec_jax.models.precision import check_param_dtype
 from distillspec_jax.studies import pair_source
+from distillspec_jax.studies.acceptance_head_stage import AcceptanceHeadStage
 from distillspec_jax.studies.pair_source import PairSource
 from distillspec_jax.training.partitioning import MeshConfig
 
@@ -136,8 +137,10 @@ class PipelineConfig:
       divergence (None = each recipe's default).
     grid: the speculative decoding grid of the evaluation (evaluation.decoding_grid
       .DecodingGrid, shared with the eval binary; gin: PipelineConfig.grid = @DecodingGrid(),
-      DecodingGrid.gammas = ...); the main job decodes losslessly with gamma draft tokens a
-      round (its lenience and draft length stay the defaults).
+      DecodingGrid.gammas = ...); the main job decodes losslessly (its lenience stays the
+      default) with gamma draft tokens a round, and with an adaptive
+      `DecodingGrid.draft_length` also by that rule at the largest gamma (its gamma_max),
+      for every draft that can read the rule's signal.
     eval_examples: test prompts for quality and tau.
     speed: the timing's settings (evaluation.evaluate.SpeedConfig, shared with the eval
       binary; gin: PipelineConfig.speed = @SpeedConfig(), SpeedConfig.calls = ...): the first
@@ -180,6 +183,10 @@ class PipelineConfig:
       distill/blocked.py): an int in [1, decoder length], "auto" or None (whole logits).
     head: the draft-head stages (HeadStageConfig; None = no head): a head per recipe,
       distilled from the target and evaluated beside the separate drafts.
+    acceptance_head: the distilled drafts' acceptance heads (AcceptanceHeadStage; None =
+      none): each chosen recipe's draft is distilled with an acceptance head trained jointly,
+      its checkpoint carries the head, and the report gives the head's calibration beside
+      the top probability's.
   """
 
   run_dir: str = "runs/demo"
@@ -234,6 +241,7 @@ class PipelineConfig:
   eval_batch_size: Optional[int] = None
   loss_block_size: Union[int, Literal["auto"], None] = "auto"
   head: Optional[HeadStageConfig] = None
+  acceptance_head: Optional[AcceptanceHeadStage] = None
   pair: PairSource = PairSource()
 
   def __post_init__(self):
@@ -300,6 +308,7 @@ class PipelineConfig:
             training.unroll_steps + 1, max(self.grid.gammas))
       for recipe in self.head.recipes:
         distillation_config(self, recipe)
+    self._check_acceptance_head()
 
   def _check_sub_configs(self) -> None:
     """Each sub-config of its class (checked when it was made); the main job always times,
@@ -312,13 +321,31 @@ class PipelineConfig:
                         f"(gin: {owner}.{name} = @{kind.__name__}()).")
     check_positive_int(self.speed.examples, "SpeedConfig.examples (the main job always "
                        "times; SPEED_EXAMPLES)")
-    if self.grid.leniences != [Lenience()] or self.grid.draft_length != DraftLength():
+    if self.grid.leniences != [Lenience()]:
       raise ValueError(
           f"DecodingGrid.lenience_kinds={tuple(self.grid.lenience_kinds)}, epsilons="
-          f"{tuple(self.grid.epsilons)}, draft_length={self.grid.draft_length}: the main job "
-          "decodes losslessly with gamma draft tokens a round; leave them at their defaults "
-          "(('lin',), (1.0,), DraftLength()) and sweep leniences or draft lengths with "
-          "python -m distillspec_jax.eval.")
+          f"{tuple(self.grid.epsilons)}: the main job decodes losslessly; leave them at their "
+          "defaults (('lin',), (1.0,)) and sweep leniences with python -m distillspec_jax.eval.")
+
+  def _check_acceptance_head(self) -> None:
+    """The acceptance heads' recipes, and a grid rule reading a head's signal only where a
+    draft has one (before any work)."""
+    owner = type(self).__name__
+    if self.acceptance_head is not None:
+      if not isinstance(self.acceptance_head, AcceptanceHeadStage):
+        raise TypeError(f"{owner}.acceptance_head={self.acceptance_head!r} must be an "
+                        "AcceptanceHeadStage or None (gin: PipelineConfig.acceptance_head = "
+                        "@AcceptanceHeadStage()).")
+      if not self.acceptance_head_recipes:
+        raise ValueError(f"AcceptanceHeadStage.recipes=None but every recipe of {owner}"
+                         f".recipes={tuple(self.recipes)} trains on the teacher cache; run one "
+                         "live (teacher_cache_recipes) or set acceptance_head = None.")
+    if self.grid.draft_length.signal == "acceptance_head" and not self.acceptance_head_recipes:
+      raise ValueError(
+          f"DecodingGrid.draft_length={self.grid.draft_length} reads the draft's acceptance "
+          f"head, but {owner}.acceptance_head=None trains none; set "
+          "PipelineConfig.acceptance_head = @AcceptanceHeadStage() or "
+          "DraftLength.signal = 'top_probability'.")
 
   def _check_scale(self) -> None:
     """The remat policies and dtypes: the value, the macro and the choices."""
@@ -380,6 +407,14 @@ class PipelineConfig:
   def distill_steps_of(self, recipe: str) -> int:
     """Training steps of the recipe's distillation stage."""
     return int((self.recipe_steps or {}).get(recipe, self.distill_steps))
+
+  @property
+  def acceptance_head_recipes(self) -> tuple:
+    """The recipes whose distilled drafts carry an acceptance head (none without
+    `acceptance_head`)."""
+    if self.acceptance_head is None:
+      return ()
+    return self.acceptance_head.chosen_recipes(tuple(self.recipes), self.cached_recipes)
 
   @property
   def distill_stages(self) -> tuple:
