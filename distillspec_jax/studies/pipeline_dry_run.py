@@ -6,7 +6,8 @@ Stages compiled (training/dry_run.py: abstract sharded parameters, the trainer's
   teacher_cache       the target's forward pass and top-k over a training batch (when a
                       recipe reads the cache);
   distill_<recipe>    each live recipe's distillation step (the frozen target in
-                      TARGET_PARAM_DTYPE; AdaSPEC adds its frozen reference draft);
+                      TARGET_PARAM_DTYPE; AdaSPEC adds its frozen reference draft; the draft
+                      with its acceptance head where `acceptance_head` gives it one);
   evaluate            the speculative engine (target + draft + both decoding caches) at the
                       grid's largest gamma and temperature, on `eval_batch_size` prompts (all
                       `eval_examples` at once when None).
@@ -64,12 +65,16 @@ def stages(config: PipelineConfig) -> list:
   for recipe in config.recipes:
     if recipe in config.cached_recipes:
       continue
-    reference = draft if recipe == "adaspec" else None
-    objective = DistillationObjective(target, draft, distillation_config(config, recipe),
-                                      reference)
+    reference = (pipeline.distilled_draft(config, f"distill_{config.adaspec_reference}", draft)
+                 if recipe == "adaspec" else None)
+    distillation = distillation_config(config, recipe)
+    if recipe in config.acceptance_head_recipes:  # the draft and its acceptance head
+      distillation = config.acceptance_head.distillation(distillation)
+    trained = pipeline.distilled_draft(config, f"distill_{recipe}", draft)
+    objective = DistillationObjective(target, trained, distillation, reference)
     out.append(_train_stage(config, f"distill_{recipe}", objective,
                             config.distill_steps_of(recipe), config.distill_learning_rate,
-                            both, config.target_param_dtype))
+                            {"target": target, "draft": trained}, config.target_param_dtype))
   lengths = _lengths(config)
   out.append(dry_run.Stage("evaluate", lambda mesh, batch: dry_run.speculative_program(
       target, draft, mesh, batch, lengths["inputs"], config.max_new_tokens,
