@@ -68,6 +68,13 @@ MAIN_CASES = [
     ("--gin.VOCABULARY='tokenizer.json'",
      "%VOCABULARY; read by distillspec_jax.main (gin/runs/own_pair_"),
     ("--gin.EvalConfig.batch_size=4", "never calls EvalConfig"),
+    ("--gin.PipelineConfig.acceptance_head=@AcceptanceHeadStage() "
+     "--gin.AcceptanceHeadStage.weight=-1.0", "AcceptanceHeadStage.weight=-1.0"),
+    ("--gin.PipelineConfig.acceptance_head=@AcceptanceHeadStage() "
+     "--gin.AcceptanceHeadStage.width=0", "AcceptanceHeadStage.width=0"),
+    # an adaptive rule on the acceptance head's signal, and no draft trained with one
+    ("--gin.DecodingGrid.draft_length=@DraftLength() --gin.DraftLength.rule='confidence' "
+     "--gin.DraftLength.signal='acceptance_head'", "acceptance_head=None"),
 ]
 TRAIN_CASES = [
     ("--gin.TRAIN_STEPS=-1", "-1"),
