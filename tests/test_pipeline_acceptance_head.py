@@ -112,3 +112,18 @@ def test_adaptive_rows_pair_the_rule_with_the_drafts_best_fixed_gamma():
   (adaptive,) = report_lib.adaptive_rows(rows)
   assert (adaptive["best_fixed_gamma"], adaptive["best_fixed_end_to_end_speedup"]) == (5, 1.5)
   assert adaptive["end_to_end_speedup"] == 1.4
+
+
+def test_demo_calibrated_run_file_heads_the_live_recipe_and_adapts_on_its_signal():
+  import gin
+  from distillspec_jax import main
+  gin.clear_config()
+  try:
+    config = main.load_pipeline(["--gin_file=gin/runs/demo_calibrated.gin"])
+  finally:
+    gin.clear_config()
+  assert config.acceptance_head == AcceptanceHeadStage()  # the documented defaults
+  assert config.acceptance_head_recipes == ("gkd",)  # SupervisedKD reads the teacher cache
+  assert config.grid.draft_length == HEAD_RULE and config.grid.gammas == (3, 5, 7)
+  assert pipeline.job_draft_lengths(config) == (DraftLength(), HEAD_RULE)
+  assert config.run_dir == "runs/demo_calibrated"
