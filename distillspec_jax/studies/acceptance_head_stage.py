@@ -24,13 +24,13 @@ class AcceptanceHeadStage:
 
   Attributes:
     weight: DistillationConfig.acceptance_weight, the head's binary cross-entropy in the
-      loss, > 0. 1.0: the head reads the draft's hidden state through a stop-gradient, so its
-      term moves the head alone and never the draft; Adam's step does not depend on a
-      gradient's scale, so the weight matters only through the trainer's global-norm
-      clipping, and 1.0 keeps the term (log 2 at the start) on the divergence's order.
-    width: the head's hidden width (AcceptanceHeadConfig.width), an int >= 1. 64: the
-      demo draft's width is 256, so the head adds about 16k parameters (a 13% larger draft
-      step would need a far wider one); bench/calibrated_signal.py calibrated with 64.
+      loss, > 0. 1.0: the head reads the draft's hidden state through a stop-gradient, so the
+      term moves the head alone and its weight only scales the head's gradient, which Adam
+      and Adafactor normalise away (the main job clips no gradient); 1.0 leaves the logged
+      loss the divergence plus the head's cross-entropy.
+    width: the head's hidden width (AcceptanceHeadConfig.width), an int >= 1. 64: 4,225
+      parameters on the demo draft (emb 64, 3% of it); bench/calibrated_signal.py
+      calibrated with 64.
     temperature: DistillationConfig.acceptance_temperature, the decoding temperature whose
       acceptance the head learns (0 = greedy: the argmaxes agree; T > 0: sum_v min(p, q) at
       T), >= 0. 0.0: the paper's headline setting and the demo's first temperature; one head
