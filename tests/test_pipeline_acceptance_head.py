@@ -93,6 +93,10 @@ def test_acceptance_head_settings_are_refused_before_work(tmp_path):
                    acceptance_head=AcceptanceHeadStage(recipes=("supervised_kd",)))
   with pytest.raises(ValueError, match="names 'seq_kd', which is not in recipes"):
     PipelineConfig(run_dir=str(tmp_path), acceptance_head=AcceptanceHeadStage(recipes=("seq_kd",)))
+  # A study's own stages run neither: refused, not ignored.
+  from distillspec_jax.studies.recipe_grid import RecipeGridConfig
+  with pytest.raises(ValueError, match="RecipeGridConfig trains and evaluates with its own"):
+    RecipeGridConfig(run_dir=str(tmp_path), acceptance_head=AcceptanceHeadStage())
   # None = every live recipe; an adaptive rule on the top probability needs no head.
   config = PipelineConfig(run_dir=str(tmp_path), teacher_cache_k=4, grid=grid,
                           acceptance_head=AcceptanceHeadStage())

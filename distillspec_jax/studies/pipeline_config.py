@@ -331,6 +331,13 @@ class PipelineConfig:
     """The acceptance heads' recipes, and a grid rule reading a head's signal only where a
     draft has one (before any work)."""
     owner = type(self).__name__
+    if hasattr(self, "stage_functions") and (self.grid.draft_length.adaptive
+                                             or self.acceptance_head is not None):
+      raise ValueError(  # a study's own stages (recipe_grid.py, garden.py) run neither
+          f"{owner} trains and evaluates with its own stages: leave DecodingGrid.draft_length "
+          f"at DraftLength() (it is {self.grid.draft_length}) and acceptance_head at None (it "
+          f"is {self.acceptance_head}); the main job's PipelineConfig runs both, and "
+          "python -m distillspec_jax.eval sweeps draft lengths.")
     if self.acceptance_head is not None:
       if not isinstance(self.acceptance_head, AcceptanceHeadStage):
         raise TypeError(f"{owner}.acceptance_head={self.acceptance_head!r} must be an "
