@@ -84,7 +84,7 @@ TRAIN_CASES = [
     ("--gin.run.mode='pretrain'", "'pretrain'"),
     ("--gin.TARGET_PARAM_DTYPE='float8'", "PrecisionConfig.target_param_dtype='float8'"),
     ("--gin.REMAT_POLICY='sometimes'", "PrecisionConfig.remat_policy='sometimes'"),
-    ("--gin.ACTIVATION_DTYPE='float16 '", "PrecisionConfig.activation_dtype='float16 '"),
+    ("--gin.ACTIVATION_DTYPE='Float32'", "PrecisionConfig.activation_dtype='Float32'"),
     (f"--gin.TARGET_CHECKPOINT_PATH='{NOWHERE}'", NOWHERE),
     ("--gin.MODEL_PARALLEL=3", "MeshConfig.model_parallel=3"),
     ("--gin.MeshConfig.data_parallel=True", "MeshConfig.data_parallel=True"),
