@@ -10,7 +10,8 @@ main job's distill_head_<recipe>, whose head.json gives its shape), plus VOCABUL
 SentencePiece model the checkpoints were trained with), DATA_DIR (file-backed tasks),
 BBH_DIR (the public BBH bbh/ folder) and the grid: GAMMAS, TEMPERATURES, LENIENCE_KINDS,
 EPSILONS (bound to `EvalConfig.grid = @DecodingGrid()`; the timing is
-`EvalConfig.speed = @SpeedConfig()`, the mesh `EvalConfig.mesh = @MeshConfig()`).
+`EvalConfig.speed = @SpeedConfig()`, the mesh `EvalConfig.mesh = @MeshConfig()`, the
+precision `EvalConfig.precision = @PrecisionConfig()`).
 
 For each task of the mixture (or the one task), on its evaluation split, it decodes with the
 target alone and with speculative decoding at every (temperature, gamma, lenience) and writes
@@ -27,7 +28,8 @@ is checked before work starts; a mistake exits with status 1 and the message nam
 
 Both models' parameters are laid out on a (DATA_PARALLEL, MODEL_PARALLEL) mesh by the
 partitioning rules (restored straight into their shards when EvalConfig.target_model /
-draft_model name the presets), the target's cast to TARGET_PARAM_DTYPE. `--dry_run` compiles
+draft_model name the presets), the target's cast to TARGET_PARAM_DTYPE
+(PrecisionConfig.target_param_dtype) for the quality and tau decodes. `--dry_run` compiles
 the speculative engine for that mesh and the slice SLICE instead and prints what it needs per
 device (training/dry_run.py).
 """
@@ -57,6 +59,7 @@ from distillspec_jax.evaluation.decoding_grid import DecodingGrid
 from distillspec_jax.evaluation.evaluate import SpeedConfig, check_checkpoint
 from distillspec_jax.interop import importer
 from distillspec_jax.models import precision
+from distillspec_jax.models.precision import PrecisionConfig
 from distillspec_jax.models.config import TransformerConfig, model_config
 from distillspec_jax.models.head import HEAD_CONFIG_FILE, Head, read_head_config
 from distillspec_jax.models.model import Model, TokenIds
@@ -107,8 +110,11 @@ class EvalConfig:
       never sits whole on one device. Each batch's prompts are split over 'data' when it divides
       BATCH_SIZE (else every device decodes the whole batch); with several processes each
       hands over only the rows its devices hold.
-    target_param_dtype: the target's parameters cast after loading (TARGET_PARAM_DTYPE; None
-      = as stored).
+    precision: the models' activation dtype and remat policy (None: as their presets or
+      checkpoints have them) and the target's parameter dtype, cast after loading
+      (models.precision.PrecisionConfig, shared with the other binaries; gin:
+      EvalConfig.precision = @PrecisionConfig(), PrecisionConfig.target_param_dtype =
+      %TARGET_PARAM_DTYPE; None = as stored).
     draft_kind: 'model' (a separate draft model) or 'head' (DRAFT_KIND): a draft head
       (models/head.py) whose folder (the main job's distill_head_<recipe>) holds head.json
       beside its parameters; it drafts from the target's hidden states.
@@ -135,7 +141,7 @@ class EvalConfig:
   seed: int = 0
   progress_bar: bool = True
   mesh: MeshConfig = MeshConfig()
-  target_param_dtype: Optional[str] = None
+  precision: PrecisionConfig = PrecisionConfig()
   draft_kind: Literal["model", "head"] = "model"
 
   def __post_init__(self):
@@ -147,7 +153,8 @@ class EvalConfig:
       if not getattr(self, name):  # gin's unset macro is None: say which, not the type
         raise ValueError(f"{macro} is not set; pass --gin.{macro}={example}.")
     check_field_types(self)
-    for name, kind in (("grid", DecodingGrid), ("speed", SpeedConfig), ("mesh", MeshConfig)):
+    for name, kind in (("grid", DecodingGrid), ("speed", SpeedConfig), ("mesh", MeshConfig),
+                       ("precision", PrecisionConfig)):
       if not isinstance(getattr(self, name), kind):
         raise TypeError(f"EvalConfig.{name}={getattr(self, name)!r} must be a "
                         f"{kind.__name__} (gin: EvalConfig.{name} = @{kind.__name__}()).")
@@ -160,7 +167,6 @@ class EvalConfig:
       check_positive_int(getattr(self, name), name)
     if self.max_decode_length is not None:
       check_positive_int(self.max_decode_length, "max_decode_length")
-    precision.check_param_dtype(self.target_param_dtype)
     if self.max_new_tokens is None:
       check_positive_int(self.task_feature_lengths.get("targets"),
                          "TASK_FEATURE_LENGTHS['targets'] (the decoding budget when "
@@ -232,7 +238,7 @@ class EvalConfig:
 
 
 # The configs a run file binds, EvalConfig's sub-configs after it (--help lists them).
-CONFIGS = (EvalConfig, DecodingGrid, DraftLength, SpeedConfig, MeshConfig)
+CONFIGS = (EvalConfig, DecodingGrid, DraftLength, SpeedConfig, MeshConfig, PrecisionConfig)
 
 
 # --- checkpoints and tasks -------------------------------------------------------------------
@@ -252,6 +258,12 @@ def load_model(path: str, macro: str, preset: Optional[str],
   if max_decode_length:
     config = config.replace(max_decode_length=max_decode_length)
   return Model(config, acceptance_head=head), params
+
+
+def with_precision(model: Model, config: EvalConfig, role: str) -> Model:
+  """`model` ("target" or "draft") with the activation dtype and remat policy of
+  `config.precision` (its own where those are None)."""
+  return dataclasses.replace(model, config=config.precision.configure(model.config, role))
 
 
 def decode_capacity(config: EvalConfig, target: TransformerConfig, draft: TransformerConfig,
@@ -323,10 +335,11 @@ def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalC
   leniences interleaved in the same cycles, against one plain decoding). Loads the
   checkpoints itself (run_pinned); `tokens`: the vocabulary's special ids."""
   target, target_params = load_model(paths[0], "TARGET_CHECKPOINT_PATH", presets[0], capacity)
+  target = with_precision(target, config, "target")
   draft, draft_params = load_draft(config, target, capacity)
   target = target.with_tokens(tokens)
   if not isinstance(draft, Head):
-    draft = draft.with_tokens(tokens)
+    draft = with_precision(draft, config, "draft").with_tokens(tokens)
   plan = speed.TimingPlan(gammas=config.grid.gammas, temperatures=config.grid.temperatures,
                          max_new_tokens=config.new_tokens, leniences=tuple(config.grid.leniences),
                          draft_lengths=(config.grid.draft_length,), seed=config.seed,
@@ -379,10 +392,10 @@ def _load_pair(config: EvalConfig, tokens: TokenIds) -> tuple:
   for role, path, preset in roles:
     macro = f"{role.upper()}_CHECKPOINT_PATH"
     if preset:  # the shapes are known (checked in check_inputs): only this process's shards
-      models[role] = (Model(model_config(preset)), None, path)
+      model, params = Model(model_config(preset)), None
     else:
       model, params = load_model(path, macro, None, None)
-      models[role] = (model, params, path)
+    models[role] = (with_precision(model, config, role), params, path)
     try:
       models[role] = (models[role][0].with_tokens(tokens),) + models[role][1:]
     except ValueError as error:
@@ -399,7 +412,7 @@ def _load_pair(config: EvalConfig, tokens: TokenIds) -> tuple:
                      f"pair: {error}") from None
   mesh = eval_mesh(config, target, draft)
   target_params = precision.cast_params(_place(*models["target"], mesh),
-                                        config.target_param_dtype)
+                                        config.precision.target_param_dtype)
   return target, target_params, draft, _place(*models["draft"], mesh)
 
 
@@ -621,14 +634,15 @@ def run_dry_run(argv: Sequence[str]) -> int:
         "--gin.EvalConfig.target_model=<preset> and --gin.EvalConfig.draft_model=<preset>.")
 
   def plan() -> gin_utils.DryRunPlan:
-    target = Model(model_config(config.target_model))
-    draft = Model(model_config(config.draft_model))
+    target = with_precision(Model(model_config(config.target_model)), config, "target")
+    draft = with_precision(Model(model_config(config.draft_model)), config, "draft")
     inputs = int(config.task_feature_lengths.get("inputs", 0) or 1)
     stage = dry_run.Stage("evaluate", lambda mesh, batch: dry_run.speculative_program(
         target, draft, mesh, batch, inputs, config.new_tokens, gamma=max(config.grid.gammas),
-        temperature=max(config.grid.temperatures), target_param_dtype=config.target_param_dtype),
+        temperature=max(config.grid.temperatures),
+        target_param_dtype=config.precision.target_param_dtype),
         config.batch_size, {"target": target, "draft": draft})
-    levers = () if config.target_param_dtype == "bfloat16" else (
+    levers = () if config.precision.target_param_dtype == "bfloat16" else (
         "--gin.TARGET_PARAM_DTYPE=bfloat16",)
     return gin_utils.DryRunPlan([stage], (config.mesh.data_parallel, config.mesh.model_parallel),
                                 levers)

@@ -47,8 +47,16 @@ def model_by_name(name: str, **overrides) -> Model:
   """A `Model` from a preset name (`config.MODEL_CONFIGS`) with field overrides.
 
   gin: `TARGET = @target/model_by_name()` and `target/model_by_name.name = 't5_1_1_xl'`.
+  The activation dtype and remat policy are the run's PrecisionConfig's, not a model's.
   """
   fields = {f.name for f in dataclasses.fields(config_lib.TransformerConfig)}
+  precision = sorted({"dtype", "remat_policy"} & set(overrides))
+  if precision:
+    raise GinConfigError(
+        f"model_by_name({name!r}): {precision} are set by the run's PrecisionConfig, not per "
+        "model: PrecisionConfig.activation_dtype (ACTIVATION_DTYPE), "
+        "PrecisionConfig.remat_policy (REMAT_POLICY), and for one model of a distillation "
+        "run PrecisionConfig.target_remat_policy / draft_remat_policy.")
   unknown = sorted(set(overrides) - fields)
   if unknown:
     raise GinConfigError(f"model_by_name({name!r}): unknown TransformerConfig field(s) {unknown}; "
@@ -325,10 +333,8 @@ def check_bindings_read(argv: Sequence[str], binary: str, later: Sequence[str] =
       "be ignored):\n" + "\n".join(lines) + "\nDrop them, or pick a run file that reads them.")
 
 
-# The shape fields a gin/models file spells out. Not `dtype` or `remat_policy`: train_base.gin
-# binds them for every model at once (`model_by_name.dtype = %ACTIVATION_DTYPE`,
-# `model_by_name.remat_policy = %REMAT_POLICY`), which a scoped binding here would override;
-# a run file may still override one model (`t5_1_1_xl/model_by_name.remat_policy = 'full'`).
+# The shape fields a gin/models file spells out. Not `dtype` or `remat_policy`: the run's
+# PrecisionConfig sets them (model_by_name refuses them).
 _MODEL_FIELDS = ("kind", "vocab_size", "emb_dim", "num_heads", "num_encoder_layers",
                  "num_decoder_layers", "head_dim", "mlp_dim", "encoder_mlp_dim", "dropout_rate",
                  "relative_attention_num_buckets", "relative_attention_max_distance",

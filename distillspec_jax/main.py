@@ -37,6 +37,7 @@ from distillspec_jax import gin_utils
 from distillspec_jax.decoding.speculative import DraftLength
 from distillspec_jax.evaluation.decoding_grid import DecodingGrid
 from distillspec_jax.evaluation.evaluate import SpeedConfig
+from distillspec_jax.models.precision import PrecisionConfig
 from distillspec_jax.training import multihost
 from distillspec_jax.studies import pipeline as pipeline_lib
 from distillspec_jax.studies.acceptance_head_stage import AcceptanceHeadStage
@@ -49,8 +50,8 @@ from distillspec_jax.training.partitioning import MeshConfig
 
 # The configs a run file binds, PipelineConfig's sub-configs after it (--help lists them
 # with their fields; the studies' configs add fields to PipelineConfig's).
-CONFIGS = (PipelineConfig, DecodingGrid, DraftLength, SpeedConfig, MeshConfig, PairSource,
-           HeadStageConfig, AcceptanceHeadStage)
+CONFIGS = (PipelineConfig, DecodingGrid, DraftLength, SpeedConfig, MeshConfig, PrecisionConfig,
+           PairSource, HeadStageConfig, AcceptanceHeadStage)
 STUDY_CONFIGS = (RecipeGridConfig, GardenConfig)
 
 

@@ -48,6 +48,7 @@ from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.interop import importer
 from distillspec_jax.core.validation import check_field_types, check_positive_int, check_real
 from distillspec_jax.models import precision
+from distillspec_jax.models.precision import PrecisionConfig
 from distillspec_jax.models.model import Model
 from distillspec_jax.training import dry_run
 
@@ -68,8 +69,13 @@ class RunSpec:
     distillation_config: the recipe (gin/recipes/*.gin).
     split / eval_split / eval_batch_size / eval_gamma / eval_temperature: the data splits
       and the speculative evaluation every EVAL_EVERY steps.
-    target_param_dtype: the frozen target's parameters cast after restoring
-      (TARGET_PARAM_DTYPE; None = as stored).
+    precision: both models' activation dtype and remat policy and the frozen target's
+      parameter dtype, cast after restoring (models.precision.PrecisionConfig, shared with
+      the other binaries; gin: run.precision = @PrecisionConfig(), bound to ACTIVATION_DTYPE,
+      REMAT_POLICY and TARGET_PARAM_DTYPE in train_base.gin). The trained model is the
+      "draft" (draft_remat_policy), run.target the "target"; a fine-tuning run trains one
+      model and has no frozen target, so it takes neither a per-model policy nor
+      target_param_dtype.
     loss_block_size: positions per block of the fine-tuning loss (LOSS_BLOCK_SIZE, which also
       sets DistillationConfig.loss_block_size; distill/blocked.py).
     data: DATA_DIR and VOCABULARY (a TaskSource; None = the default one); both models take
@@ -89,7 +95,7 @@ class RunSpec:
   eval_batch_size: int = 16
   eval_gamma: int = 4
   eval_temperature: float = 1.0
-  target_param_dtype: Optional[str] = None
+  precision: PrecisionConfig = PrecisionConfig()
   loss_block_size: Union[int, Literal["auto"], None] = "auto"
   data: Optional[TaskSource] = None
 
@@ -104,7 +110,7 @@ class RunSpec:
       raise gin_utils.GinConfigError("MIXTURE_OR_TASK_NAME is not set; pass "
                                      f"--gin.MIXTURE_OR_TASK_NAME=... (or '{SYNTHETIC_TASK}').")
     check_field_types(self)
-    precision.check_param_dtype(self.target_param_dtype)
+    self._apply_precision()
     check_positive_int(self.eval_batch_size, "run.eval_batch_size")
     check_positive_int(self.eval_gamma, "run.eval_gamma")
     check_real(self.eval_temperature, "run.eval_temperature", minimum=0.0)
@@ -135,9 +141,31 @@ class RunSpec:
                                     self.task_feature_lengths), "LOSS_BLOCK_SIZE")
 
 
+  def _apply_precision(self) -> None:
+    """Both models with `precision`'s activation dtype and remat policy; a fine-tuning run's
+    one model refuses the settings of the distillation pair."""
+    if not isinstance(self.precision, PrecisionConfig):
+      raise gin_utils.GinConfigError(f"run.precision={self.precision!r} must be a "
+                                     "PrecisionConfig (gin: run.precision = @PrecisionConfig()).")
+    if self.mode == "finetune":
+      pair_only = [f"PrecisionConfig.{name}={getattr(self.precision, name)!r}" for name in
+                   ("target_remat_policy", "draft_remat_policy", "target_param_dtype")
+                   if getattr(self.precision, name) is not None]
+      if pair_only:
+        raise gin_utils.GinConfigError(
+            f"{', '.join(pair_only)}: a fine-tuning run trains one model and has no frozen "
+            "target; set PrecisionConfig.remat_policy (REMAT_POLICY) for it and leave these "
+            "None (TARGET_PARAM_DTYPE = None).")
+    object.__setattr__(self, "model", dataclasses.replace(
+        self.model, config=self.precision.configure(self.model.config, "draft")))
+    if self.target is not None:
+      object.__setattr__(self, "target", dataclasses.replace(
+          self.target, config=self.precision.configure(self.target.config, "target")))
+
+
 def register_configurables() -> None:
   """This binary's configurables (`run` is RunSpec), before its gin files are parsed."""
-  gin_utils.register(partitioning.MeshConfig, run=RunSpec)
+  gin_utils.register(partitioning.MeshConfig, PrecisionConfig, run=RunSpec)
 
 
 def _decoder_length(model: Model, mixture_or_task_name: str, task_feature_lengths) -> int:
@@ -223,7 +251,7 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
   target_params = precision.cast_params(importer.restore_any(
       spec.target_checkpoint_path, checkpoints.abstract_like(
           spec.target.param_shapes(), partitioning.param_shardings(spec.target, mesh))),
-      spec.target_param_dtype)
+      spec.precision.target_param_dtype)
   eval_fn = None
   if config.eval_every:
     held_out = _first_batch(make_data(spec, spec.eval_split, spec.eval_batch_size,
@@ -239,8 +267,8 @@ def execute(spec: RunSpec) -> trainer.TrainResult:
 
 def main(argv: Sequence[str]) -> trainer.TrainResult:
   gin_utils.exit_on_help(argv, "distillspec_jax.train", __doc__,
-                         (("run", RunSpec), partitioning.MeshConfig, trainer.TrainConfig,
-                          DistillationConfig))
+                         (("run", RunSpec), partitioning.MeshConfig, PrecisionConfig,
+                          trainer.TrainConfig, DistillationConfig))
   wanted, argv = gin_utils.take_dry_run_flag(argv)
   if wanted:
     return run_dry_run(argv)
@@ -278,11 +306,12 @@ def dry_run_stages(spec: RunSpec) -> list:
     models = {"target": spec.target, "draft": spec.model}
   stages = [dry_run.Stage(spec.mode, lambda mesh, batch: dry_run.train_step_program(
       objective, config.optimizer_spec, mesh, batch, lengths,
-      frozen_param_dtype=spec.target_param_dtype), config.batch_size, models)]
+      frozen_param_dtype=spec.precision.target_param_dtype), config.batch_size, models)]
   if spec.mode == "distill" and config.eval_every:
     stages.append(dry_run.Stage("eval (tau)", lambda mesh, batch: dry_run.speculative_program(
         spec.target, spec.model, mesh, batch, inputs, targets, gamma=spec.eval_gamma,
-        temperature=spec.eval_temperature, target_param_dtype=spec.target_param_dtype),
+        temperature=spec.eval_temperature,
+        target_param_dtype=spec.precision.target_param_dtype),
         spec.eval_batch_size, models))
   return stages
 
@@ -296,7 +325,7 @@ def run_dry_run(argv: Sequence[str]) -> int:
     spec = resolve(argv)  # builds the models: after the slice's devices are simulated
     levers = [] if spec.model.config.remat_policy != "none" else [
         "--gin.REMAT_POLICY=minimal (or full)"]
-    if spec.mode == "distill" and spec.target_param_dtype != "bfloat16":
+    if spec.mode == "distill" and spec.precision.target_param_dtype != "bfloat16":
       levers.append("--gin.TARGET_PARAM_DTYPE=bfloat16")
     mesh = spec.train_config.mesh
     return gin_utils.DryRunPlan(dry_run_stages(spec), (mesh.data_parallel, mesh.model_parallel),

@@ -35,7 +35,8 @@ EVAL_CASES = [
     ("--gin.DRAFT_LENGTH_RULE='sometimes'", "'sometimes'"),  # unknown choice
     ("--gin.DraftLength.threshold=1.5", "DraftLength.threshold=1.5"),  # out of [0, 1]
     ("--gin.SpeedConfig.calls=0", "SpeedConfig.calls=0"),  # a sub-config's field, by name
-    ("--gin.TARGET_PARAM_DTYPE='float8'", "'float8'"),      # unknown choice
+    ("--gin.TARGET_PARAM_DTYPE='float8'", "PrecisionConfig.target_param_dtype='float8'"),
+    ("--gin.PrecisionConfig.activation_dtype='bf16'", "PrecisionConfig.activation_dtype='bf16'"),
     ("--gin.SPEED_BUDGET_S=-1", "-1"),                      # out of range
     ("--gin.SPEED_EXAMPLES=500", "500"),                    # more timed than evaluated
     (f"--gin.VOCABULARY='{NOWHERE}.model'", f"{NOWHERE}.model"),  # missing file
@@ -58,8 +59,10 @@ MAIN_CASES = [
      "epsilons=(0.5,)"),  # the main job decodes losslessly
     ("--gin.RECIPES=('nonsense',)", "'nonsense'"),
     ("--gin.DIVERGENCE='nonsense'", "'nonsense'"),
-    ("--gin.TARGET_PARAM_DTYPE='float8'", "'float8'"),
-    ("--gin.REMAT_POLICY='sometimes'", "'sometimes'"),
+    ("--gin.TARGET_PARAM_DTYPE='float8'", "PrecisionConfig.target_param_dtype='float8'"),
+    ("--gin.REMAT_POLICY='sometimes'", "PrecisionConfig.remat_policy='sometimes'"),
+    ("--gin.ACTIVATION_DTYPE='bf16'", "PrecisionConfig.activation_dtype='bf16'"),
+    ("--gin.PrecisionConfig.draft_remat_policy=True", "PrecisionConfig.draft_remat_policy=True"),
     (f"--gin.DRAFT_CHECKPOINT_PATH='{NOWHERE}'", NOWHERE),
     (f"--gin.PipelineConfig.data_dir='{NOWHERE}'", NOWHERE),
     ("--gin.MODEL_PARALLEL=3", "MeshConfig.model_parallel=3"),
@@ -86,14 +89,17 @@ TRAIN_CASES = [
     ("--gin.DIVERGENCE='nonsense'", "'nonsense'"),
     ("--gin.SAMPLING_TEMPERATURE=-1.0", "-1.0"),
     ("--gin.run.mode='pretrain'", "'pretrain'"),
-    ("--gin.TARGET_PARAM_DTYPE='float8'", "'float8'"),
-    ("--gin.REMAT_POLICY='sometimes'", "'sometimes'"),
+    ("--gin.TARGET_PARAM_DTYPE='float8'", "PrecisionConfig.target_param_dtype='float8'"),
+    ("--gin.REMAT_POLICY='sometimes'", "PrecisionConfig.remat_policy='sometimes'"),
+    ("--gin.ACTIVATION_DTYPE='Float32'", "PrecisionConfig.activation_dtype='Float32'"),
     (f"--gin.TARGET_CHECKPOINT_PATH='{NOWHERE}'", NOWHERE),
     ("--gin.MODEL_PARALLEL=3", "MeshConfig.model_parallel=3"),
     ("--gin.MeshConfig.data_parallel=True", "MeshConfig.data_parallel=True"),
     ("--gin.SAVE_EVERY=%UNDEFINED_EVERY", "UNDEFINED_EVERY"),
     ("--gin.RECIPES=('gkd',)", "%RECIPES; read by distillspec_jax.main"),
-    ("--gin.t5_1_1_xl/model_by_name.dtype='bfloat16'", "in scope 't5_1_1_xl'"),
+    ("--gin.t5_1_1_xl/model_by_name.dropout_rate=0.0", "in scope 't5_1_1_xl'"),
+    # Precision is the run's PrecisionConfig's, not one model's.
+    ("--gin.demo_draft/model_by_name.remat_policy='full'", "PrecisionConfig.remat_policy"),
     # Both models' scoped bindings of vocab_size win over an unscoped one.
     ("--gin.model_by_name.vocab_size=128", "another binding of model_by_name.vocab_size"),
 ]

@@ -124,11 +124,12 @@ def test_a_target_that_cannot_fit_exits_1_naming_stage_mesh_and_bytes(runs):
     ("model axis 4", "Stage 'distill': MODEL_PARALLEL=4 does not divide the draft's "
      "num_heads=2; the model axis splits heads, MLP and vocabulary. Use a model axis of [1, 2]"),
     ("batch 6", "Stage 'distill': batch_size=6 is not divisible by the data-parallel mesh size 4"),
-    ("remat", "remat_policy='everything' is not a remat policy; use one of ('none', "
-     "'minimal', 'full') (gin: REMAT_POLICY)"),
-    ("dtype", "dtype='bf16' is not an activation dtype; use one of ('float32', 'bfloat16', "
-     "'float16') (gin: ACTIVATION_DTYPE)"),
-    ("param dtype", "TARGET_PARAM_DTYPE='float16' is not a parameter dtype"),
+    ("remat", "PrecisionConfig.remat_policy='everything' is not one of 'none', 'minimal', "
+     "'full' or None"),
+    ("dtype", "PrecisionConfig.activation_dtype='bf16' is not one of 'float32', 'bfloat16', "
+     "'float16' or None"),
+    ("param dtype", "PrecisionConfig.target_param_dtype='float16' is not one of 'float32', "
+     "'bfloat16' or None"),
     ("slice", "slice='v9-8' is not a slice name; use <chip>-<count>"),
     ("block size", "LOSS_BLOCK_SIZE=16 is larger than the sequence (8 positions); pass a "
      "block size in [1, 8]"),

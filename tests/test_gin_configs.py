@@ -10,6 +10,7 @@ import pytest
 from distillspec_jax import gin_utils
 from distillspec_jax import train
 from distillspec_jax.models.config import MODEL_CONFIGS
+from distillspec_jax.models.model import Model
 
 
 ROOT = gin_utils.REPO_ROOT
@@ -155,3 +156,58 @@ def test_binary_finetune_then_distill_then_resume(tmp_path):
   assert [r["step"] for r in train_records] == [2, 4]  # one record each side of the restart
   assert train_records[-1]["source_total/draft"] == 2  # counted since the restart
   assert os.path.isfile(os.path.join(draft_dir, "config.gin"))
+
+
+PRECISION = ["REMAT_POLICY = 'full'", "ACTIVATION_DTYPE = 'bfloat16'",
+             "TARGET_PARAM_DTYPE = 'bfloat16'", "PrecisionConfig.target_remat_policy = 'minimal'"]
+
+
+def test_precision_macros_reach_the_train_binarys_models():
+  """ACTIVATION_DTYPE, REMAT_POLICY, TARGET_PARAM_DTYPE bind run.precision (PrecisionConfig),
+  which sets both models' TransformerConfig; the defaults leave them float32, no remat."""
+  spec = _resolve(["gin/runs/distill_tiny.gin"], BASE)
+  for model in (spec.model, spec.target):
+    assert (model.config.dtype, model.config.remat_policy) == ("float32", "none")
+  assert spec.precision.target_param_dtype is None
+  gin.clear_config()
+  spec = _resolve(["gin/runs/distill_tiny.gin"], BASE + PRECISION)
+  assert (spec.model.config.dtype, spec.model.config.remat_policy) == ("bfloat16", "full")
+  assert (spec.target.config.dtype, spec.target.config.remat_policy) == ("bfloat16", "minimal")
+  assert spec.precision.target_param_dtype == "bfloat16"
+  # A fine-tuning run has one model and no frozen target: a pair's setting is refused.
+  gin.clear_config()
+  with pytest.raises(gin_utils.GinConfigError, match="PrecisionConfig.target_param_dtype="
+                     "'bfloat16': a fine-tuning run trains one model"):
+    _resolve(["gin/runs/finetune_tiny.gin"], BASE + ["TARGET_PARAM_DTYPE = 'bfloat16'"])
+
+
+def test_precision_macros_reach_the_main_jobs_and_the_eval_binarys_models():
+  from distillspec_jax import eval as eval_lib
+  from distillspec_jax import main as main_lib
+  from distillspec_jax.studies import pipeline
+  demo = main_lib.load_pipeline(["--gin_file=gin/runs/demo.gin", "--gin.MODEL_DIR=/tmp/unused"])
+  assert [(m.config.dtype, m.config.remat_policy) for m in pipeline.models(demo, 256)] == [
+      ("float32", "none")] * 2
+  assert demo.precision.target_param_dtype is None
+  gin.clear_config()
+  flags = [f"--gin_bindings={binding}" for binding in PRECISION]
+  config = main_lib.load_pipeline(["--gin_file=gin/runs/demo.gin",
+                                   "--gin.MODEL_DIR=/tmp/unused"] + flags)
+  target, draft = pipeline.models(config, 256)
+  assert (target.config.dtype, target.config.remat_policy) == ("bfloat16", "minimal")
+  assert (draft.config.dtype, draft.config.remat_policy) == ("bfloat16", "full")
+  assert config.precision.target_param_dtype == "bfloat16"
+  gin.clear_config()  # the paper runs' shared settings (paper_base.gin)
+  paper = main_lib.load_pipeline(["--gin_file=gin/runs/paper_gsm8k.gin",
+                                  "--gin.MODEL_DIR=/tmp/unused"]).precision
+  assert (paper.activation_dtype, paper.remat_policy, paper.target_param_dtype) == (
+      "float32", "minimal", "bfloat16")
+  gin.clear_config()
+  assert eval_lib.load_config(["--gin_file=gin/runs/eval_demo.gin"]).precision == (
+      eval_lib.PrecisionConfig())  # the models as their checkpoints have them
+  gin.clear_config()
+  config = eval_lib.load_config(["--gin_file=gin/runs/eval_demo.gin",
+                                 "--gin.TARGET_PARAM_DTYPE=bfloat16",
+                                 "--gin.PrecisionConfig.activation_dtype=bfloat16"])
+  target = eval_lib.with_precision(Model.from_name("demo_target"), config, "target")
+  assert (target.config.dtype, config.precision.target_param_dtype) == ("bfloat16", "bfloat16")

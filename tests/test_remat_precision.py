@@ -69,11 +69,42 @@ def test_unknown_remat_policy_or_dtype_is_refused(field, value, words):
 
 
 def test_unknown_param_dtype_is_refused():
-  with pytest.raises(ValueError, match="TARGET_PARAM_DTYPE='float16' is not a parameter dtype "
+  with pytest.raises(ValueError, match="dtype='float16' is not a parameter dtype "
                      "\\(float16 is an activation dtype only\\); use one of \\('float32', "
                      "'bfloat16'\\)"):
-    precision.check_param_dtype("float16")
-  assert precision.check_param_dtype(None) is None
+    precision.cast_params({"w": np.ones(2, np.float32)}, "float16")
+  assert precision.check_param_dtype(None, "dtype") is None
+
+
+@pytest.mark.parametrize("field,value,error,words", [
+    ("remat_policy", "everything", ValueError, "PrecisionConfig.remat_policy='everything' is "
+     "not one of 'none', 'minimal', 'full' or None"),
+    ("draft_remat_policy", True, TypeError, "PrecisionConfig.draft_remat_policy=True is of "
+     "type bool"),
+    ("activation_dtype", "bf16", ValueError, "PrecisionConfig.activation_dtype='bf16' is not "
+     "one of 'float32', 'bfloat16', 'float16' or None"),
+    ("target_param_dtype", "float16", ValueError, "PrecisionConfig.target_param_dtype="
+     "'float16' is not one of 'float32', 'bfloat16' or None"),
+    ("target_remat_policy", b"full", TypeError, "PrecisionConfig.target_remat_policy=b'full'")])
+def test_precision_config_refuses_a_value_outside_its_choices(field, value, error, words):
+  """Checked at construction against the Literal choices, nothing coerced."""
+  with pytest.raises(error) as raised:
+    precision.PrecisionConfig(**{field: value})
+  assert words in str(raised.value)
+
+
+def test_precision_config_sets_only_what_it_names_on_each_role():
+  config = model_config("demo_draft")
+  assert precision.PrecisionConfig().configure(config, "draft") == config  # None: as it is
+  both = precision.PrecisionConfig(activation_dtype="bfloat16", remat_policy="full",
+                                   draft_remat_policy="minimal")
+  assert both.model_overrides("target") == {"dtype": "bfloat16", "remat_policy": "full"}
+  assert both.model_overrides("draft") == {"dtype": "bfloat16", "remat_policy": "minimal"}
+  draft = both.configure(config, "draft")
+  assert (draft.dtype, draft.remat_policy) == ("bfloat16", "minimal")
+  assert draft.replace(dtype="float32", remat_policy="none") == config  # nothing else moved
+  with pytest.raises(ValueError, match="role='teacher' is not a model role"):
+    both.configure(config, "teacher")
 
 
 def test_bf16_greedy_outputs_and_losses_are_close_to_fp32():

@@ -1,4 +1,5 @@
-"""Parameter precision: a model's parameters cast to a narrower float type.
+"""Precision and rematerialisation: `PrecisionConfig`, the binaries' one config of both, and
+a model's parameters cast to a narrower float type.
 
 Training keeps fp32 parameters (T5X: bf16 activations, fp32 weights and optimizer state). A
 *frozen* model (the distillation target, and every model at inference) may hold its
@@ -10,25 +11,77 @@ arithmetic stays fp32.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import dataclasses
+from typing import Any, Literal, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from distillspec_jax.models.config import DTYPES
+from distillspec_jax.core.validation import check_field_types
+from distillspec_jax.models.config import DTYPES, REMAT_POLICIES, TransformerConfig
 
 # The dtypes a frozen model's parameters may be cast to.
 PARAM_DTYPES = ("float32", "bfloat16")
+ActivationDtype = Literal[DTYPES]
+RematPolicy = Literal[REMAT_POLICIES]
+ParamDtype = Literal[PARAM_DTYPES]
+ROLES = ("target", "draft")
 
 
-def check_param_dtype(value: Optional[str], macro: str = "TARGET_PARAM_DTYPE") -> Optional[str]:
+@dataclasses.dataclass(frozen=True)
+class PrecisionConfig:
+  """How the models compute and hold their numbers, shared by the three binaries
+  (`PipelineConfig.precision`, `EvalConfig.precision`, the train binary's `run.precision`;
+  gin: `PrecisionConfig.activation_dtype = %ACTIVATION_DTYPE`, `PrecisionConfig.remat_policy =
+  %REMAT_POLICY`, `PrecisionConfig.target_param_dtype = %TARGET_PARAM_DTYPE`). None leaves a
+  model as it is configured: its preset's value, or what its checkpoint stores.
+
+  Attributes:
+    activation_dtype: both models' activations (TransformerConfig.dtype: one of DTYPES);
+      parameters stay fp32 in training.
+    remat_policy: rematerialisation of both models' layers (TransformerConfig.remat_policy:
+      one of models/config.py REMAT_POLICIES); it changes a backward pass's memory and
+      compute, never the values.
+    target_remat_policy / draft_remat_policy: one model's policy (None = remat_policy).
+    target_param_dtype: the target's parameters where it is frozen (distillation,
+      evaluation), cast after loading (one of PARAM_DTYPES; None = as stored).
+  """
+
+  activation_dtype: Optional[ActivationDtype] = None
+  remat_policy: Optional[RematPolicy] = None
+  target_remat_policy: Optional[RematPolicy] = None
+  draft_remat_policy: Optional[RematPolicy] = None
+  target_param_dtype: Optional[ParamDtype] = None
+
+  def __post_init__(self):
+    check_field_types(self)
+
+  def remat_of(self, role: str) -> Optional[str]:
+    """The remat policy of the "target" or "draft" model (None: as configured)."""
+    if role not in ROLES:
+      raise ValueError(f"role={role!r} is not a model role; use one of {ROLES}.")
+    specific = self.target_remat_policy if role == "target" else self.draft_remat_policy
+    return specific or self.remat_policy
+
+  def model_overrides(self, role: str) -> dict:
+    """The TransformerConfig fields this sets on the "target" or "draft" model (the ones it
+    leaves as configured are absent)."""
+    overrides = {"dtype": self.activation_dtype, "remat_policy": self.remat_of(role)}
+    return {name: value for name, value in overrides.items() if value is not None}
+
+  def configure(self, config: TransformerConfig, role: str) -> TransformerConfig:
+    """`config` of the "target" or "draft" model with this precision."""
+    return config.replace(**self.model_overrides(role))
+
+
+def check_param_dtype(value: Optional[str], name: str) -> Optional[str]:
   """`value` if it is None (keep the stored dtype) or one of PARAM_DTYPES, else ValueError
-  naming the value, the choices and the macro."""
+  naming the value (as `name`) and the choices."""
   if value is None or (isinstance(value, str) and value in PARAM_DTYPES):
     return value
   hint = " (float16 is an activation dtype only)" if value in DTYPES else ""
-  raise ValueError(f"{macro}={value!r} is not a parameter dtype{hint}; use one of "
+  raise ValueError(f"{name}={value!r} is not a parameter dtype{hint}; use one of "
                    f"{PARAM_DTYPES} or None (keep the checkpoint's float32).")
 
 

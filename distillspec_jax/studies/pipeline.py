@@ -417,7 +417,8 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
   target, draft = models(config)
   mesh = job_mesh(config, target, draft)
   # Straight into the mesh's shards: no host or device holds a whole model-sharded array.
-  target_params = load_params(config, "target", target, mesh, config.target_param_dtype)
+  target_params = load_params(config, "target", target, mesh,
+                              config.precision.target_param_dtype)
   draft_params = load_params(config, "draft_raw", draft, mesh)
   reference = {}
   if recipe == "adaspec":
@@ -518,7 +519,8 @@ def stage_distill_head(config: PipelineConfig, stage: str) -> dict:
   distillation = distillation_config(config, recipe)
   target, draft = models(config)
   mesh = job_mesh(config, target, draft)
-  target_params = load_params(config, "target", target, mesh, config.target_param_dtype)
+  target_params = load_params(config, "target", target, mesh,
+                              config.precision.target_param_dtype)
   head = head_model(config, target)
   if multihost.is_primary():  # the one writer (run_pipeline)
     write_head_config(config.stage_dir(stage), head.config)
@@ -600,7 +602,8 @@ def eval_models_and_params(config: PipelineConfig, mesh: bool = True) -> tuple:
   timing process)."""
   target, draft = models(config)
   on = job_mesh(config, target, draft) if mesh else None
-  params = {"target": load_params(config, "target", target, on, config.target_param_dtype),
+  params = {"target": load_params(config, "target", target, on,
+                                  config.precision.target_param_dtype),
             "draft_raw": load_params(config, "draft_raw", draft, on)}
   for name in config.distill_stages:
     params[name] = load_params(config, name, distilled_draft(config, name, draft), on)

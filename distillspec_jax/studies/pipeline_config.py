@@ -16,9 +16,9 @@ from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
 from distillspec_jax.decoding.speculative import Lenience
 from distillspec_jax.evaluation.decoding_grid import DecodingGrid
 from distillspec_jax.evaluation.evaluate import SpeedConfig, check_checkpoint
-from distillspec_jax.models.config import DTYPES, REMAT_POLICIES, model_config
+from distillspec_jax.models.config import model_config
 from distillspec_jax.models.head import check_feature_layers, check_unroll_steps
-from distillspec_jax.models.precision import check_param_dtype
+from distillspec_jax.models.precision import PrecisionConfig
 from distillspec_jax.studies import pair_source
 from distillspec_jax.studies.acceptance_head_stage import AcceptanceHeadStage
 from distillspec_jax.studies.pair_source import PairSource
@@ -172,12 +172,11 @@ class PipelineConfig:
       with the other binaries; gin: PipelineConfig.mesh = @MeshConfig(),
       MeshConfig.data_parallel = %DATA_PARALLEL); the model axis must divide both models'
       heads, MLP widths and vocabulary.
-    remat_policy: rematerialisation of both models' layers (REMAT_POLICY; models/config.py
-      REMAT_POLICIES); target_remat_policy / draft_remat_policy: one model's (None = it).
-    activation_dtype: both models' activations (ACTIVATION_DTYPE; parameters stay fp32 in
-      training).
-    target_param_dtype: the target's parameters where it is frozen (distillation,
-      evaluation), cast after loading (TARGET_PARAM_DTYPE; None = float32 as trained).
+    precision: both models' activation dtype and remat policies and the frozen target's
+      parameter dtype (models.precision.PrecisionConfig, shared with the other binaries; gin:
+      PipelineConfig.precision = @PrecisionConfig(), PrecisionConfig.remat_policy =
+      %REMAT_POLICY); by default float32 activations, no remat, the target's parameters as
+      trained.
     eval_batch_size: prompts per batch of the evaluation's decodes (None = all at once).
     loss_block_size: positions per block of every training stage's loss (LOSS_BLOCK_SIZE;
       distill/blocked.py): an int in [1, decoder length], "auto" or None (whole logits).
@@ -233,11 +232,7 @@ class PipelineConfig:
   seed: int = 0
   progress_bar: bool = True
   mesh: MeshConfig = MeshConfig()
-  remat_policy: str = "none"
-  target_remat_policy: Optional[str] = None
-  draft_remat_policy: Optional[str] = None
-  activation_dtype: str = "float32"
-  target_param_dtype: Optional[str] = None
+  precision: PrecisionConfig = PrecisionConfig(activation_dtype="float32", remat_policy="none")
   eval_batch_size: Optional[int] = None
   loss_block_size: Union[int, Literal["auto"], None] = "auto"
   head: Optional[HeadStageConfig] = None
@@ -267,7 +262,6 @@ class PipelineConfig:
         check_positive_int(getattr(self, name), name)
     for name in ("warmup_steps", "eval_every"):
       check_int(getattr(self, name), name, 0)
-    self._check_scale()
     blocked.check_block_size_setting(self.loss_block_size, "loss_block_size (LOSS_BLOCK_SIZE)")
     if not self.recipes:
       raise ValueError(f"recipes=() is empty; name at least one of {sorted(RECIPES)} (e.g. "
@@ -315,7 +309,7 @@ class PipelineConfig:
     and decodes losslessly with gamma draft tokens a round."""
     owner = type(self).__name__
     for name, kind in (("pair", PairSource), ("grid", DecodingGrid), ("speed", SpeedConfig),
-                       ("mesh", MeshConfig)):
+                       ("mesh", MeshConfig), ("precision", PrecisionConfig)):
       if not isinstance(getattr(self, name), kind):
         raise TypeError(f"{owner}.{name}={getattr(self, name)!r} must be a {kind.__name__} "
                         f"(gin: {owner}.{name} = @{kind.__name__}()).")
@@ -354,23 +348,9 @@ class PipelineConfig:
           "PipelineConfig.acceptance_head = @AcceptanceHeadStage() or "
           "DraftLength.signal = 'top_probability'.")
 
-  def _check_scale(self) -> None:
-    """The remat policies and dtypes: the value, the macro and the choices."""
-    for name in ("remat_policy", "target_remat_policy", "draft_remat_policy"):
-      value = getattr(self, name)
-      if (value is not None or name == "remat_policy") and value not in REMAT_POLICIES:
-        raise ValueError(f"{name}={value!r} is not a remat policy; use one of "
-                         f"{REMAT_POLICIES} (gin: REMAT_POLICY).")
-    if self.activation_dtype not in DTYPES:
-      raise ValueError(f"activation_dtype={self.activation_dtype!r} is not an activation dtype; "
-                       f"use one of {DTYPES} (gin: ACTIVATION_DTYPE).")
-    check_param_dtype(self.target_param_dtype)
-
   def model_overrides(self, role: str) -> dict:
     """The TransformerConfig fields this job sets on the "target" or "draft" preset."""
-    specific = self.target_remat_policy if role == "target" else self.draft_remat_policy
-    overrides = {"dtype": self.activation_dtype,
-                 "remat_policy": specific or self.remat_policy}
+    overrides = self.precision.model_overrides(role)
     if self.max_decode_length:
       overrides["max_decode_length"] = self.max_decode_length
     return overrides

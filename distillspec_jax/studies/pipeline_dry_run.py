@@ -61,7 +61,8 @@ def stages(config: PipelineConfig) -> list:
         config, config.cached_recipes[0]).target_temperature
     out.append(dry_run.Stage("teacher_cache", lambda mesh, batch: dry_run.teacher_cache_program(
         target, mesh, batch, _lengths(config), k=k, temperature=temperature,
-        target_param_dtype=config.target_param_dtype), config.batch_size, {"target": target}))
+        target_param_dtype=config.precision.target_param_dtype), config.batch_size,
+        {"target": target}))
   for recipe in config.recipes:
     if recipe in config.cached_recipes:
       continue
@@ -74,12 +75,13 @@ def stages(config: PipelineConfig) -> list:
     objective = DistillationObjective(target, trained, distillation, reference)
     out.append(_train_stage(config, f"distill_{recipe}", objective,
                             config.distill_steps_of(recipe), config.distill_learning_rate,
-                            {"target": target, "draft": trained}, config.target_param_dtype))
+                            {"target": target, "draft": trained},
+                            config.precision.target_param_dtype))
   lengths = _lengths(config)
   out.append(dry_run.Stage("evaluate", lambda mesh, batch: dry_run.speculative_program(
       target, draft, mesh, batch, lengths["inputs"], config.max_new_tokens,
       gamma=max(config.grid.gammas), temperature=max(config.grid.temperatures),
-      target_param_dtype=config.target_param_dtype),
+      target_param_dtype=config.precision.target_param_dtype),
       config.eval_batch_size or config.eval_examples, both))
   return out
 
@@ -87,13 +89,14 @@ def stages(config: PipelineConfig) -> list:
 def levers(config: PipelineConfig) -> list:
   """The memory settings this job does not use yet, as flags."""
   out = []
-  if (config.draft_remat_policy or config.remat_policy) == "none":
+  precision = config.precision  # None: the presets' float32 and no remat
+  if precision.remat_of("draft") in (None, "none"):
     out.append("--gin.REMAT_POLICY=minimal (or full)")
-  if config.target_param_dtype != "bfloat16":
+  if precision.target_param_dtype != "bfloat16":
     out.append("--gin.TARGET_PARAM_DTYPE=bfloat16")
   if config.eval_batch_size is None or config.eval_batch_size > 32:
     out.append("--gin.PipelineConfig.eval_batch_size=32")
-  if config.activation_dtype == "float32":
+  if precision.activation_dtype in (None, "float32"):
     out.append("--gin.ACTIVATION_DTYPE=bfloat16 (on TPU; the CPU dry run cannot show its "
                "saving)")
   out.append("a larger slice (--gin.SLICE=...)")
