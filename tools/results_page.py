@@ -226,24 +226,33 @@ def calibrated_signal_section() -> list:
           + table(["T", "rule", "end to end", "tau", "mean proposal"], rows) + [""])
 
 
-STUDY = "docs/studies/objectives.json"
-STUDY_LABELS = {"supervised_kd": "fixed (SupervisedKD)", "imitkd": "mixture (ImitKD)",
+STUDIES = (("docs/studies/objectives.json", "Objectives x data sources at matched compute",
+            "objectives_study.gin"),
+           ("docs/studies/adaspec_seeds.json", "AdaSPEC against its reference at matched compute",
+            "adaspec_seeds.gin"))
+STUDY_LABELS = {"supervised_kd": "fixed (SupervisedKD)", "adaspec": "AdaSPEC (SupervisedKD's data)", "imitkd": "mixture (ImitKD)",
                 "gkd": "draft-generated (GKD)", "fkl": "FKL", "rkl": "RKL", "jsd": "JSD(0.5)",
                 "tvd": "TVD", "lk_alpha": "LK-alpha", "lk_lambda": "LK-lambda",
                 "block_acceptance": "block acceptance"}
 
 
-def objectives_section() -> list:
-  """The objectives study: tau per data source x objective, mean ± standard error over seeds."""
-  data = load(STUDY)
+def studies_section() -> list:
+  """Each seeded study of STUDIES (path, title, run file)."""
+  return [line for study in STUDIES for line in study_section(*study)]
+
+
+def study_section(path: str, title: str, gin_file: str) -> list:
+  """A seeded recipe-grid study: tau per recipe x objective, mean ± standard error over
+  seeds, and its verdicts."""
+  data = load(path)
   budget = data["budget"]
   recipes = list(dict.fromkeys(c["recipe"] for c in data["cells"]))
   objectives = list(dict.fromkeys(c["divergence"] for c in data["cells"]))
   index = {(c["recipe"], c["divergence"], c["temperature"]): c for c in data["cells"]}
   seeds = ", ".join(str(s) for s in budget["seeds"])
-  lines = ["## Objectives x data sources at matched compute", "",
-           "`python -m distillspec_jax.main --gin_file=gin/runs/objectives_study.gin` "
-           f"(`{STUDY}`; [studies.md](studies.md)): the demo's raw draft distilled toward its "
+  lines = [f"## {title}", "",
+           f"`python -m distillspec_jax.main --gin_file=gin/runs/{gin_file}` "
+           f"(`{path}`; [studies.md](studies.md)): the demo's raw draft distilled toward its "
            f"target, seeds {seeds}, {budget['compute_budget']:.3g} {budget['unit']} per cell "
            f"(largest / smallest cell: {budget['compute_max_over_min']:.3f}), tau at gamma "
            f"{data['cells'][0]['gamma']} on {budget['eval_examples']} test prompts: the mean "
@@ -385,7 +394,7 @@ def heads_section() -> list:
 
 SECTIONS = (checks_section, heads_section, verification_section, latency_section, adaptive_section,
             calibrated_signal_section,
-            objectives_section, teacher_cache_section, vs_trl_section, memory_section)
+            studies_section, teacher_cache_section, vs_trl_section, memory_section)
 
 
 def page() -> str:
