@@ -19,9 +19,15 @@ FLAG = "jax_disable_most_optimizations"
 # pairs' speculative and plain decodes of tests/test_speculative.py: 8.6 s of CPU instead of
 # 17.1 s). XLA reads XLA_FLAGS when its backend starts, so conftest.py sets it for the whole
 # run (workers and every process they start inherit it); tests that start a process with its
-# own XLA_FLAGS add these (`xla_flags`), except the memory measurements (test_dry_run.py,
-# test_memory_table.py, test_remat_precision.py's temporaries), which compile as a user does.
-QUICK_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+# own XLA_FLAGS add these (`xla_flags`), except the memory measurements (test_memory_table.py,
+# test_remat_precision.py's temporaries), which compile as a user does.
+#
+# And each program's LLVM module compiled whole (`parallel_codegen_split_count=1`) instead of
+# split into parts for parallel code generation: the parts cost more to compile than one
+# module, and the suite's workers already fill the cores (17% less CPU for the tiny pairs'
+# decodes of tests/test_speculative.py). Neither changes the instructions' math.
+QUICK_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false "
+                   "--xla_cpu_parallel_codegen_split_count=1")
 # The same switch as an environment variable, read by every process JAX starts in.
 ENV = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 

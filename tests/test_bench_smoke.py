@@ -1,10 +1,17 @@
 """Every bench script runs: each one's `--smoke` mode (tiny shapes; bench/smoke.py) as a user
-runs it, in its own process, and writes its JSON. A library change that breaks a script fails
-here. bench/speculative.py and bench/distill_throughput.py run through bench/device_smoke.sh.
+runs it, and writes its JSON. A library change that breaks a script fails here.
+
+The scripts run in two processes (tests/bench_smoke_worker.py: each script's `main(argv)` in
+turn, as `python bench/<script>` loads it; a failing script does not stop the others, and the
+test names every one that failed), so that they share one interpreter start and one import
+of JAX instead of starting one each. The scripts that set XLA's flags before JAX starts
+(OWN_PROCESS) run alone, as `python bench/<script>`; so do bench/speculative.py and
+bench/distill_throughput.py, through bench/device_smoke.sh.
 The scripts that need a finished run (timing_budget.py, teacher_cache_study.py) start from
 the suite's shared stages (conftest.py's `shared_stages`) instead of training their own."""
 
 import ast
+import importlib.util
 import json
 import os
 import pathlib
@@ -29,6 +36,11 @@ THROUGH_DEVICE_SMOKE = ("speculative.py",)
 IN_PROCESS = {"head_draft.py": "test_head_training.py::test_head_bench_smoke_runs_and_reports"}
 NEEDS_RUN = ("teacher_cache_study.py", "timing_budget.py")
 NEEDS_MODULE = {"vs_transformers.py": "transformers", "vs_trl.py": "trl"}
+# Alone, as `python bench/<script>`: they set XLA's flags before JAX starts its backend (the
+# device count, the memory scheduler), which a shared process has started already.
+OWN_PROCESS = ("blocked_loss_memory.py", "memory_table.py")
+GROUPS = 2  # processes for the other scripts: pytest-xdist's two workers take one each
+WORKER = ROOT / "tests" / "bench_smoke_worker.py"
 
 
 def scripts() -> list:
@@ -42,9 +54,10 @@ def scripts() -> list:
                 if runnable(p) and p.name not in THROUGH_DEVICE_SMOKE + tuple(IN_PROCESS))
 
 
-def run(command: list) -> subprocess.CompletedProcess:
+def run(command: list, timeout: int = 600) -> subprocess.CompletedProcess:
   env = dict(os.environ, PYTHON=sys.executable)  # device_smoke.sh's interpreter
-  done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+  done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                        env=env)
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
   return done
 
@@ -56,6 +69,8 @@ def test_the_scan_finds_the_scripts():
     assert (ROOT / "bench" / script).exists() and script not in found
     path, name = test.split("::")
     assert f"def {name}(" in (ROOT / "tests" / path).read_text(), test
+  grouped = [script for group in groups() for script in group]
+  assert sorted(grouped) == found  # each script in one process
 
 
 def _check_blocked_loss_memory(result: dict) -> None:
@@ -87,23 +102,68 @@ CHECKS = {"blocked_loss_memory.py": _check_blocked_loss_memory,
           "calibrated_signal.py": _check_calibrated_signal}
 
 
-@pytest.mark.parametrize("script", scripts())
-def test_smoke(script, tmp_path, request):
-  if script in NEEDS_MODULE:
-    pytest.importorskip(NEEDS_MODULE[script])
-  source = run_dir = None
+def groups() -> list:
+  """The scripts by process: OWN_PROCESS each alone, the others in GROUPS processes."""
+  shared = [script for script in scripts() if script not in OWN_PROCESS]
+  return [tuple(shared[i::GROUPS]) for i in range(GROUPS)] + [(s,) for s in OWN_PROCESS
+                                                               if s in scripts()]
+
+
+def _argv(script: str, folder: pathlib.Path, source) -> list:
+  """The script's command-line arguments; its output in `folder`, a copy of the shared
+  stages in `folder`/run for the scripts that need a finished run."""
+  run_dir = None
+  folder.mkdir(parents=True)
   if script in NEEDS_RUN:
-    source, _ = request.getfixturevalue("shared_stages")
-    run_dir = tmp_path / "run"
+    run_dir = folder / "run"
     for stage in os.listdir(source):
       if os.path.isdir(os.path.join(source, stage)):  # copy2: the markers' times kept
         shutil.copytree(os.path.join(source, stage), run_dir / stage)
-  out = tmp_path / "out.json"
   extra = [a.format(source=source, run_dir=run_dir) for a in EXTRA.get(script, [])]
-  run([sys.executable, str(ROOT / "bench" / script), "--smoke", f"--out={out}", *extra])
-  result = json.loads(out.read_text())
-  assert result
-  CHECKS.get(script, lambda _: None)(result)
+  return ["--smoke", f"--out={folder / 'out.json'}", *extra]
+
+
+def _outcomes(stdout: str) -> dict:
+  """script -> (exit code, its output and traceback) from bench_smoke_worker.py's output."""
+  out = {}
+  for part in stdout.split("BENCH_BEGIN ")[1:]:
+    script, _, rest = part.partition("\n")
+    text, _, end = rest.partition("BENCH_END ")
+    result = json.loads(end.splitlines()[0]) if end else {"code": None, "traceback": None}
+    out[script] = (result["code"], text[-3000:] + (result["traceback"] or ""))
+  return out
+
+
+@pytest.mark.parametrize("group", groups(), ids=lambda group: "+".join(
+    script[:-3] for script in group))
+def test_smoke(group, tmp_path, request):
+  missing = [s for s in group if s in NEEDS_MODULE
+             and importlib.util.find_spec(NEEDS_MODULE[s]) is None]
+  group = [script for script in group if script not in missing]
+  source = None
+  if set(group) & set(NEEDS_RUN):
+    source, _ = request.getfixturevalue("shared_stages")
+  runs = [(script, _argv(script, tmp_path / script[:-3], source)) for script in group]
+  if len(runs) == 1 and runs[0][0] in OWN_PROCESS:
+    (script, argv), = runs
+    done = run([sys.executable, str(ROOT / "bench" / script), *argv])
+    outcomes = {script: (done.returncode, "")}
+  else:
+    done = run([sys.executable, str(WORKER), json.dumps(runs)], timeout=900)
+    outcomes = _outcomes(done.stdout)
+  failed = {}
+  for script, _ in runs:
+    code, text = outcomes.get(script, (None, done.stdout[-3000:] + done.stderr[-3000:]))
+    try:
+      assert code == 0, f"exit code {code}"
+      result = json.loads((tmp_path / script[:-3] / "out.json").read_text())
+      assert result
+      CHECKS.get(script, lambda _: None)(result)
+    except (AssertionError, OSError, ValueError) as error:
+      failed[script] = f"{error!r}\n{text}"
+  assert not failed, "\n\n".join(f"=== {script} failed: {why}" for script, why in failed.items())
+  if missing:
+    pytest.skip(f"ran {group}; not {missing}: they need {[NEEDS_MODULE[s] for s in missing]}")
 
 
 def test_device_smoke_script(tmp_path):

@@ -71,24 +71,29 @@ def _numbers(value):
 
 
 @pytest.mark.integration
-def test_the_binary_run_as_a_module_writes_every_output_with_finite_numbers(setup, tmp_path):
-  """`python -m distillspec_jax.eval` on eval_demo.gin: metrics.json (the interface, finite
-  numbers), inferences, TensorBoard events and the lossy trade-off table; bad input exits 2."""
-  import subprocess
-  import sys
+def test_the_binary_writes_every_output_with_finite_numbers(setup, tmp_path, capsys):
+  """The binary's command line (`cli`, as `python -m distillspec_jax.eval` runs it, in this
+  process; test_eval_multihost.py and test_bad_inputs.py run it as a process) on
+  eval_demo.gin: exit 0, metrics.json (the interface, finite numbers), inferences,
+  TensorBoard events and the lossy trade-off table; bad input exits 1."""
+  import gin
   model_dir = tmp_path / "run"
-  command = [sys.executable, "-m", "distillspec_jax.eval", "--gin_file=gin/runs/eval_demo.gin",
-             f"--gin.MODEL_DIR={model_dir}", f"--gin.TARGET_CHECKPOINT_PATH={setup['target']}",
-             f"--gin.DRAFT_CHECKPOINT_PATH={setup['draft']}",
-             f"--gin.VOCABULARY={setup['vocabulary']}", "--gin.EVAL_EXAMPLES=4",
-             "--gin.BATCH_SIZE=3", "--gin.GAMMAS=(2,)", "--gin.TEMPERATURES=(1.0,)",
-             "--gin.LENIENCE_KINDS=('lin',)", "--gin.EPSILONS=(1.0, 0.5)",
-             "--gin.SPEED_EXAMPLES=1", "--gin.SPEED_REPEATS=1", "--gin.SPEED_CPUS=0",
-             f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}", "--gin.EvalConfig.progress_bar=False"]
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=repo)
-  assert done.returncode == 0, done.stderr[-3000:]
-  assert "| embedded_arithmetic | 1.0 | 2 |" in done.stdout
+  argv = ["--gin_file=gin/runs/eval_demo.gin",
+          f"--gin.MODEL_DIR={model_dir}", f"--gin.TARGET_CHECKPOINT_PATH={setup['target']}",
+          f"--gin.DRAFT_CHECKPOINT_PATH={setup['draft']}",
+          f"--gin.VOCABULARY={setup['vocabulary']}", "--gin.EVAL_EXAMPLES=4",
+          "--gin.BATCH_SIZE=3", "--gin.GAMMAS=(2,)", "--gin.TEMPERATURES=(1.0,)",
+          "--gin.LENIENCE_KINDS=('lin',)", "--gin.EPSILONS=(1.0, 0.5)",
+          "--gin.SPEED_EXAMPLES=1", "--gin.SPEED_REPEATS=1", "--gin.SPEED_CPUS=0",
+          f"--gin.TASK_FEATURE_LENGTHS={LENGTHS}", "--gin.EvalConfig.progress_bar=False"]
+  gin.clear_config()
+  try:
+    code = eval_lib.cli(argv)
+  finally:
+    gin.clear_config()
+  out = capsys.readouterr()
+  assert code == 0, out.err[-3000:]
+  assert "| embedded_arithmetic | 1.0 | 2 |" in out.out
   on_disk = json.load(open(model_dir / "metrics.json"))
   assert set(on_disk) == {"rows", "target_alone"}
   assert len(on_disk["rows"]) == 1 * 1 * 2  # temperatures x gammas x leniences
@@ -135,12 +140,12 @@ def test_the_binary_run_as_a_module_writes_every_output_with_finite_numbers(setu
   for line, row in zip([r for r in table if r["decoder"] == "speculative"], on_disk["rows"]):
     assert line["relative_latency"] == pytest.approx(1 / row["end_to_end_speedup"])
 
-  # Bad input: exit status 1 and the message, no traceback.
-  done = subprocess.run(command + ["--gin.DRAFT_CHECKPOINT_PATH=/nonexistent/draft"],
-                        capture_output=True, text=True, timeout=600, cwd=repo)
-  assert done.returncode == 1
-  assert "DRAFT_CHECKPOINT_PATH='/nonexistent/draft' does not exist" in done.stderr
-  assert "Traceback" not in done.stderr
+  # Bad input: exit status 1 and the message, no traceback, nothing written.
+  import testing
+  testing.assert_refused_before_work(
+      eval_lib.cli, argv + [f"--gin.MODEL_DIR={tmp_path / 'bad'}",
+                            "--gin.DRAFT_CHECKPOINT_PATH=/nonexistent/draft"],
+      "DRAFT_CHECKPOINT_PATH='/nonexistent/draft' does not exist", tmp_path / "bad", capsys)
 
 
 def test_relative_latency_of_the_target_alone_is_one():

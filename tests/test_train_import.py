@@ -2,8 +2,6 @@
 and refuses a bad path before MODEL_DIR is touched (exit status 2, the macro named)."""
 
 import os
-import subprocess
-import sys
 
 import gin
 import jax
@@ -20,7 +18,6 @@ from distillspec_jax.models.model import Model
 from distillspec_jax.training.trainer import SyntheticData
 
 
-ROOT = gin_utils.REPO_ROOT
 # gin/runs/finetune_tiny.gin trains this model: tiny_encoder_decoder with vocab_size 64.
 MODEL = Model.from_name("tiny_encoder_decoder", vocab_size=64)
 FINETUNE = ["--gin_file=gin/runs/finetune_tiny.gin", "--gin.TrainConfig.progress_bar=False",
@@ -166,14 +163,13 @@ def test_hf_config_that_changes_the_function_is_refused(hf_dir, tmp_path):
 
 
 @pytest.mark.integration
-def test_bad_path_exits_with_status_1_and_no_traceback(tmp_path):
+def test_bad_path_exits_with_status_1_and_no_traceback(tmp_path, capsys):
+  """Through the binary's command-line path (`cli`, as `python -m` runs it; the process itself
+  is run by tests/test_bad_inputs.py)."""
+  import testing
   model_dir = tmp_path / "run"
-  done = subprocess.run(
-      [sys.executable, "-m", "distillspec_jax.train", "--gin_file=gin/runs/finetune_tiny.gin",
-       f"--gin.MODEL_DIR={model_dir}", "--gin.TRAIN_STEPS=2",
-       f"--gin.INITIAL_CHECKPOINT_PATH={tmp_path / 'nowhere'}"],
-      capture_output=True, text=True, cwd=ROOT, timeout=300)
-  assert done.returncode == 1, done.stderr
-  assert "INITIAL_CHECKPOINT_PATH" in done.stderr and "does not exist" in done.stderr
-  assert "Traceback" not in done.stderr
-  assert not os.path.exists(model_dir)
+  testing.assert_refused_before_work(
+      train.cli, ["--gin_file=gin/runs/finetune_tiny.gin", f"--gin.MODEL_DIR={model_dir}",
+                  "--gin.TRAIN_STEPS=2", f"--gin.INITIAL_CHECKPOINT_PATH={tmp_path / 'nowhere'}"],
+      f"INITIAL_CHECKPOINT_PATH='{tmp_path / 'nowhere'}' cannot start this run: "
+      f"'{tmp_path / 'nowhere'}' does not exist", model_dir, capsys)
