@@ -18,6 +18,7 @@ smoke run and a random or given target both read.
       [--target_checkpoint PATH] [--train_steps 300] [--unroll_steps GAMMA] [--head_mlp_dim 256]
       [--gammas 5,7] [--temperatures 0,1] [--prompts 32] [--smoke]
   python bench/head_draft.py --out projection.json --from_report runs/demo_head/report.json
+      [--target_model demo_target] [--vocab_size N]
 """
 
 from __future__ import annotations
@@ -214,7 +215,8 @@ def project_report(args) -> dict:
   from distillspec_jax.models.config import model_config
   with open(args.from_report) as f:
     report = json.load(f)
-  config = model_config(args.target_model)
+  config = model_config(args.target_model, **(
+      {"vocab_size": args.vocab_size} if args.vocab_size else {}))
   single = ({"encoder_input_tokens": jnp.full((1, 8), 5, jnp.int32)}
             if config.kind == "encoder_decoder" else {})
   base = _deeper_step_cost(config, 1, single, args.calls, args.turns)
@@ -238,7 +240,7 @@ def project_report(args) -> dict:
                  "projected_speedup_32_layers": row["tau"] * costs["target_step"] * scale / (
                      verification * scale + draft_cost)})
   return {"from_report": args.from_report, "target_model": args.target_model,
-          "target_layers": layers, "step_scale_32_layers": scale,
+          "vocab_size": config.vocab_size, "target_layers": layers, "step_scale_32_layers": scale,
           "timed_step_s": {"depth_1x": base, "depth_2x": doubled}, "rows": rows}
 
 
@@ -268,6 +270,9 @@ def parse(argv=None):
   parser.add_argument("--out", required=True, help="JSON file to write.")
   parser.add_argument("--target_model", default="demo_target")
   parser.add_argument("--target_checkpoint", default=None)
+  parser.add_argument("--vocab_size", type=int, default=None,
+                      help="--from_report: the run's vocabulary size, where it trained its own "
+                           "(default: the preset's)")
   parser.add_argument("--head_mlp_dim", type=int, default=256)
   parser.add_argument("--unroll_steps", type=int, default=None,
                       help="training-time test depth (default: the largest of --gammas)")

@@ -23,6 +23,8 @@ PAGE = os.path.join(ROOT, "docs", "results.md")
 README = os.path.join(ROOT, "README.md")
 REPORT = "docs/demo/current/report.json"
 HEADS = "docs/heads/demo_head.json"
+HEAD_RUNS = ((HEADS, "A draft head beside the separate drafts"),
+             ("docs/heads/llama_gsm8k_head.json", "A draft head on the Llama-family pair, GSM8K text"))
 BEGIN, END = "<!-- results:begin (tools/results_page.py) -->", "<!-- results:end -->"
 RECIPES = {"raw": "raw draft", "gkd": "GKD", "supervised_kd": "SupervisedKD"}
 STAGES = ("vocab", "target", "draft_raw", "teacher_cache", "distill_gkd", "distill_supervised_kd",
@@ -359,13 +361,19 @@ def checks_section() -> list:
 
 
 def heads_section() -> list:
-  data = load(HEADS)
+  """Each head run of HEAD_RUNS."""
+  return [line for path, title in HEAD_RUNS for line in head_run_section(path, title)]
+
+
+def head_run_section(path: str, title: str) -> list:
+  """One main job's head beside its separate drafts: tau, acceptance, speed, per-call costs."""
+  data = load(path)
   rows = [[r["draft"], f"{r['temperature']:g}", r["gamma"],
            f"{r['tau']:.2f} ± {r['tau_stderr']:.2f}",
            " ".join(f"{a:.2f}" for a in r["acceptance_by_position"]),
            span(r["end_to_end_speedup"], r["end_to_end_speedup_range"])] for r in data["rows"]]
-  lines = (["## A draft head beside the separate drafts", "", data["what"], "",
-            f"`{data['command']}` (`{HEADS}`; [heads.md](heads.md)).", ""]
+  lines = ([f"## {title}", "", data["what"], "",
+            f"`{data['command']}` (`{path}`; [heads.md](heads.md)).", ""]
            + table(["draft", "T", "gamma", "tau", "acceptance by position", "end to end"], rows))
   if "per_call_s" not in data:
     return lines + [""]
