@@ -260,12 +260,6 @@ def load_model(path: str, macro: str, preset: Optional[str],
   return Model(config, acceptance_head=head), params
 
 
-def with_precision(model: Model, config: EvalConfig, role: str) -> Model:
-  """`model` ("target" or "draft") with the activation dtype and remat policy of
-  `config.precision` (its own where those are None)."""
-  return dataclasses.replace(model, config=config.precision.configure(model.config, role))
-
-
 def decode_capacity(config: EvalConfig, target: TransformerConfig, draft: TransformerConfig,
                     prompt_width: int) -> int:
   """Cache slots both models need for the grid (see speculative.py), at least the presets'."""
@@ -335,11 +329,11 @@ def _timings(paths: tuple, presets: tuple, capacity: int, prompts, config: EvalC
   leniences interleaved in the same cycles, against one plain decoding). Loads the
   checkpoints itself (run_pinned); `tokens`: the vocabulary's special ids."""
   target, target_params = load_model(paths[0], "TARGET_CHECKPOINT_PATH", presets[0], capacity)
-  target = with_precision(target, config, "target")
+  target = config.precision.apply(target, "target")
   draft, draft_params = load_draft(config, target, capacity)
   target = target.with_tokens(tokens)
   if not isinstance(draft, Head):
-    draft = with_precision(draft, config, "draft").with_tokens(tokens)
+    draft = config.precision.apply(draft, "draft").with_tokens(tokens)
   plan = speed.TimingPlan(gammas=config.grid.gammas, temperatures=config.grid.temperatures,
                          max_new_tokens=config.new_tokens, leniences=tuple(config.grid.leniences),
                          draft_lengths=(config.grid.draft_length,), seed=config.seed,
@@ -395,7 +389,7 @@ def _load_pair(config: EvalConfig, tokens: TokenIds) -> tuple:
       model, params = Model(model_config(preset)), None
     else:
       model, params = load_model(path, macro, None, None)
-    models[role] = (with_precision(model, config, role), params, path)
+    models[role] = (config.precision.apply(model, role), params, path)
     try:
       models[role] = (models[role][0].with_tokens(tokens),) + models[role][1:]
     except ValueError as error:
@@ -634,8 +628,8 @@ def run_dry_run(argv: Sequence[str]) -> int:
         "--gin.EvalConfig.target_model=<preset> and --gin.EvalConfig.draft_model=<preset>.")
 
   def plan() -> gin_utils.DryRunPlan:
-    target = with_precision(Model(model_config(config.target_model)), config, "target")
-    draft = with_precision(Model(model_config(config.draft_model)), config, "draft")
+    target = config.precision.apply(Model(model_config(config.target_model)), "target")
+    draft = config.precision.apply(Model(model_config(config.draft_model)), "draft")
     inputs = int(config.task_feature_lengths.get("inputs", 0) or 1)
     stage = dry_run.Stage("evaluate", lambda mesh, batch: dry_run.speculative_program(
         target, draft, mesh, batch, inputs, config.new_tokens, gamma=max(config.grid.gammas),

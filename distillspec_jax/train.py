@@ -156,11 +156,9 @@ class RunSpec:
             f"{', '.join(pair_only)}: a fine-tuning run trains one model and has no frozen "
             "target; set PrecisionConfig.remat_policy (REMAT_POLICY) for it and leave these "
             "None (TARGET_PARAM_DTYPE = None).")
-    object.__setattr__(self, "model", dataclasses.replace(
-        self.model, config=self.precision.configure(self.model.config, "draft")))
+    object.__setattr__(self, "model", self.precision.apply(self.model, "draft"))
     if self.target is not None:
-      object.__setattr__(self, "target", dataclasses.replace(
-          self.target, config=self.precision.configure(self.target.config, "target")))
+      object.__setattr__(self, "target", self.precision.apply(self.target, "target"))
 
 
 def register_configurables() -> None:

@@ -209,5 +209,5 @@ def test_precision_macros_reach_the_main_jobs_and_the_eval_binarys_models():
   config = eval_lib.load_config(["--gin_file=gin/runs/eval_demo.gin",
                                  "--gin.TARGET_PARAM_DTYPE=bfloat16",
                                  "--gin.PrecisionConfig.activation_dtype=bfloat16"])
-  target = eval_lib.with_precision(Model.from_name("demo_target"), config, "target")
+  target = config.precision.apply(Model.from_name("demo_target"), "target")
   assert (target.config.dtype, config.precision.target_param_dtype) == ("bfloat16", "bfloat16")

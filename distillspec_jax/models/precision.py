@@ -74,6 +74,10 @@ class PrecisionConfig:
     """`config` of the "target" or "draft" model with this precision."""
     return config.replace(**self.model_overrides(role))
 
+  def apply(self, model, role: str):
+    """`model` (a models.model.Model, the "target" or "draft") with this precision."""
+    return dataclasses.replace(model, config=self.configure(model.config, role))
+
 
 def check_param_dtype(value: Optional[str], name: str) -> Optional[str]:
   """`value` if it is None (keep the stored dtype) or one of PARAM_DTYPES, else ValueError
