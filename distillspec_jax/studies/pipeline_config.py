@@ -308,11 +308,15 @@ class PipelineConfig:
     """Each sub-config of its class (checked when it was made); the main job always times,
     and decodes losslessly with gamma draft tokens a round."""
     owner = type(self).__name__
-    for name, kind in (("pair", PairSource), ("grid", DecodingGrid), ("speed", SpeedConfig),
-                       ("mesh", MeshConfig), ("precision", PrecisionConfig)):
-      if not isinstance(getattr(self, name), kind):
-        raise TypeError(f"{owner}.{name}={getattr(self, name)!r} must be a {kind.__name__} "
-                        f"(gin: {owner}.{name} = @{kind.__name__}()).")
+    for name, kind, optional in (
+        ("pair", PairSource, False), ("grid", DecodingGrid, False), ("speed", SpeedConfig, False),
+        ("mesh", MeshConfig, False), ("precision", PrecisionConfig, False),
+        ("head", HeadStageConfig, True), ("acceptance_head", AcceptanceHeadStage, True)):
+      value = getattr(self, name)
+      if not (isinstance(value, kind) or (optional and value is None)):
+        raise TypeError(f"{owner}.{name}={value!r} must be a {kind.__name__}"
+                        f"{' or None' if optional else ''} (gin: {owner}.{name} = "
+                        f"@{kind.__name__}()).")
     check_positive_int(self.speed.examples, "SpeedConfig.examples (the main job always "
                        "times; SPEED_EXAMPLES)")
     if self.grid.leniences != [Lenience()]:
@@ -333,10 +337,6 @@ class PipelineConfig:
           f"is {self.acceptance_head}); the main job's PipelineConfig runs both, and "
           "python -m distillspec_jax.eval sweeps draft lengths.")
     if self.acceptance_head is not None:
-      if not isinstance(self.acceptance_head, AcceptanceHeadStage):
-        raise TypeError(f"{owner}.acceptance_head={self.acceptance_head!r} must be an "
-                        "AcceptanceHeadStage or None (gin: PipelineConfig.acceptance_head = "
-                        "@AcceptanceHeadStage()).")
       if not self.acceptance_head_recipes:
         raise ValueError(f"AcceptanceHeadStage.recipes=None but every recipe of {owner}"
                          f".recipes={tuple(self.recipes)} trains on the teacher cache; run one "
