@@ -130,11 +130,11 @@ def adaptive_rows(draft_rows: list) -> list:
   tau_stderr, draft_acceptance_rate, end_to_end_speedup (and range), and the same draft's
   best fixed gamma at that temperature by end-to-end speedup: best_fixed_gamma,
   best_fixed_end_to_end_speedup (and range)."""
-  out = []
+  out, every_fixed = [], _fixed(draft_rows)
   for r in draft_rows:
-    if r["draft_length"] == "fixed":
+    if r in every_fixed:
       continue
-    fixed = [f for f in draft_rows if f["draft"] == r["draft"] and f["draft_length"] == "fixed"
+    fixed = [f for f in every_fixed if f["draft"] == r["draft"]
              and f["temperature"] == r["temperature"] and f["end_to_end_speedup"] is not None]
     best = max(fixed, key=lambda f: f["end_to_end_speedup"]) if fixed else None
     out.append(dict(
