@@ -3,15 +3,18 @@
 Times, with the library's one measurement (`speed.measure_speed`: batch 1, interleaved
 cycles, one pinned core), plain decoding, speculative decoding at each fixed gamma, and the
 adaptive draft length rules (`speculative.DraftLength`, up to gamma_max tokens a round:
-`confidence`, each row proposes while the draft's top probability for the next token is at
-least the threshold; `cumulative`, while the product of the round's top probabilities is)
-at every threshold of the sweep, and the `cost` rule (no threshold: it drafts on while a
-longer proposal promises more tokens per unit of time, by the verification prices of
-`--costs_json`, a bench/verification_cost.py output from the same machine), all in the same
-cycles against the same plain decoding. Prints per temperature and configuration the end-to-end and decode-phase speedups
-with their [min, max] over repeats, tau and the mean proposal length (draft tokens proposed
-per round), and whether the best adaptive row's end-to-end speedup reaches the best fixed
-gamma's.
+`confidence`, each row proposes while its confidence in the next token is at least the
+threshold; `cumulative`, while the product of the round's confidences is) at every threshold
+of the sweep, and the `cost` rule (no threshold: it drafts on while a longer proposal promises
+more tokens per unit of time, by the verification prices of `--costs_json`, a
+bench/verification_cost.py output from the same machine), all in the same cycles against the
+same plain decoding. The confidence is `--signal`'s: the draft's top probability, or the
+acceptance head of a draft stage trained with one. Prints per temperature and configuration
+the end-to-end and decode-phase speedups with their [min, max] over repeats, tau, the mean
+proposal length (draft tokens proposed per round), the draft calls and decode seconds per
+round (an adaptive round that stops early pays one call more than it proposes: the call that
+found the next token not worth proposing), and whether the best adaptive row's end-to-end
+speedup reaches the best fixed gamma's.
 
 The pair: a finished main job's target and distilled draft on its test prompts (the run file,
 default gin/runs/demo.gin, when its run has the checkpoints), else the run file's shapes with
@@ -21,7 +24,8 @@ so those rows show the rule's costs, not what it gains with a distilled draft).
   python bench/adaptive_gamma.py --out docs/benchmarks/adaptive_gamma.json
       [--gin_file=gin/runs/demo.gin] [--gammas 3,5,7] [--gamma_max 7]
       [--thresholds 0.3,0.5,0.7,0.9] [--rules confidence,cumulative,cost]
-      [--costs_json docs/benchmarks/verification_cost.json] [--temperatures 0,1]
+      [--costs_json docs/benchmarks/verification_cost.json] [--signal top_probability]
+      [--temperatures 0,1]
       [--prompts 12] [--repeats 5]
       [--calls 4] [--budget 120] [--cpus 1] [--random] [--smoke]
 
@@ -32,6 +36,7 @@ the threshold, the fixed gammas as horizontal lines).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -148,6 +153,10 @@ def parse(argv) -> argparse.Namespace:
                            "cost once (needs --costs_json)")
   parser.add_argument("--costs_json", default=None,
                       help="bench/verification_cost.py's JSON from this machine (cost rule)")
+  parser.add_argument("--signal", default="top_probability",
+                      choices=("top_probability", "acceptance_head"),
+                      help="the confidence every adaptive rule reads: acceptance_head needs a "
+                           "draft stage trained with one (PipelineConfig.acceptance_head)")
   parser.add_argument("--temperatures", default="0,1")
   parser.add_argument("--prompts", type=int, default=12, help="timed prompts (batch 1)")
   parser.add_argument("--repeats", type=int, default=5)
@@ -179,13 +188,20 @@ def main(argv=None) -> None:
   args = parse(argv)
   pinned = pin_cores(args.cpus)
   from distillspec_jax.decoding.speculative import DraftLength
-  rules = (DraftLength(),) + tuple(DraftLength(rule, t) for rule in args.rules
-                                   if rule != "cost" for t in args.thresholds)
+  rules = (DraftLength(),) + tuple(DraftLength(rule, t, signal=args.signal)
+                                   for rule in args.rules if rule != "cost"
+                                   for t in args.thresholds)
   if "cost" in args.rules:
-    rules += (cost_rule(args.costs_json, args.gamma_max),)
+    rules += (dataclasses.replace(cost_rule(args.costs_json, args.gamma_max),
+                                  signal=args.signal),)
   from latency import cpu_name, load_pair
   from distillspec_jax.evaluation.speed import TimingPlan, measure_speed
   pair = load_pair(args)
+  if not rules[-1].runs_on(pair["draft"]):
+    raise ValueError(f"--signal={args.signal!r} but the draft ({pair['weights']} weights, "
+                     f"stage {pair['draft_stage']!r}) has no acceptance head; pass a "
+                     "finished run's --draft_stage trained with one "
+                     "(PipelineConfig.acceptance_head) or drop --signal.")
   gammas = sorted(set(args.gammas))
   if args.gamma_max < max(gammas):
     raise ValueError(f"--gamma_max={args.gamma_max} is below the largest fixed gamma "
@@ -202,6 +218,9 @@ def main(argv=None) -> None:
   rows = [r for r in result["rows"] if r["draft_length"] != "fixed" or r["gamma"] in args.gammas]
   for row in rows:
     row["mean_proposal"] = row["drafted"] / max(row["rounds"], 1)
+    row["calls_per_round"] = row["draft_calls"] / max(row["rounds"], 1)
+    # A round's whole price as timed: the decode time (the setup call apart) per round.
+    row["seconds_per_round"] = (row["seconds"] - row["setup_s"]) / max(row["rounds"], 1)
   report = {"weights": pair["weights"], "models": pair["models"],
             "draft_stage": pair["draft_stage"], "gamma_max": args.gamma_max, "rows": rows,
             "best": best_rows(rows), "plain": result["plain"], "per_call_s": result["per_call_s"],
@@ -220,7 +239,8 @@ def main(argv=None) -> None:
     low, high = row["end_to_end_speedup_range"]
     print(f"T={row['temperature']:g} {label(row):34s} end to end {row['end_to_end_speedup']:.3f}"
           f" [{low:.3f}, {high:.3f}], decode {row['speedup']:.3f}, tau {row['timed_tau']:.2f}, "
-          f"proposal {row['mean_proposal']:.2f}"
+          f"proposal {row['mean_proposal']:.2f}, draft calls {row['calls_per_round']:.2f}, "
+          f"{1e3 * row['seconds_per_round']:.3f} ms a round"
           + (" unreliable" if row["speedup_unreliable"] else ""))
   for temperature, best in report["best"].items():
     print(f"T={temperature}: best fixed {label(best['fixed'])}, best adaptive "
@@ -229,4 +249,8 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  try:
+    main()
+  except ValueError as error:  # bad arguments: named by the message, no traceback
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(1)

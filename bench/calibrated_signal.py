@@ -12,7 +12,8 @@ On a main job's pair (default: gin/runs/demo.gin's run, its `--draft_stage` draf
      reliability tables and expected calibration errors (evaluation/calibration.py);
   3. times per temperature, in one `speed.measure_speed` session (batch 1, interleaved
      cycles, pinned), plain decoding, each fixed gamma and the `confidence` rule at each
-     threshold up to `--gamma_max`, reading the head's signal and the top probability, on
+     threshold up to `--gamma_max` (and, with `--costs_json`, the `cost` rule at this
+     machine's verification prices), reading the head's signal and the top probability, on
      the run's test prompts; and says whether an adaptive rule on the head reaches the best
      fixed gamma, and whether the pre-chosen threshold (`--preset_threshold`, fixed before
      the run: a calibrated 0.5 is even odds of acceptance) does.
@@ -21,7 +22,8 @@ On a main job's pair (default: gin/runs/demo.gin's run, its `--draft_stage` draf
       [--gin_file=gin/runs/demo.gin --gin.MODEL_DIR="'runs/demo'"] \\
       [--draft_stage distill_supervised_kd] [--head_steps 300] [--head_width 64] \\
       [--gammas 3,5,7] [--gamma_max 7] [--thresholds 0.3,0.5,0.7] [--temperatures 0,1] \\
-      [--prompts 8] [--repeats 5] [--calls 3] [--budget 0] [--cpus 1] [--save_dir DIR]
+      [--costs_json verification_cost.json] [--prompts 8] [--repeats 5] [--calls 3]
+      [--budget 0] [--cpus 1] [--save_dir DIR]
       [--smoke]
 
 --smoke: random weights of the smoke run's shapes, a few steps, one prompt (numbers mean
@@ -31,6 +33,7 @@ nothing). Writes --out (JSON) and a reliability diagram per temperature beside i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -62,6 +65,9 @@ def parse(argv) -> argparse.Namespace:
   parser.add_argument("--gammas", default="3,5,7", help="fixed gammas")
   parser.add_argument("--gamma_max", type=int, default=7)
   parser.add_argument("--thresholds", default="0.3,0.5,0.7")
+  parser.add_argument("--costs_json", default=None,
+                      help="bench/verification_cost.py's JSON from this machine: adds the "
+                           "'cost' rule on both signals (no threshold)")
   parser.add_argument("--preset_threshold", type=float, default=0.5,
                       help="the head rule's threshold chosen before timing")
   parser.add_argument("--temperatures", default="0,1")
@@ -91,6 +97,10 @@ def parse(argv) -> argparse.Namespace:
   if args.gamma_max < max(args.gammas):
     raise ValueError(f"--gamma_max={args.gamma_max} is below the largest fixed gamma "
                      f"{max(args.gammas)}; pass --gamma_max >= every --gammas entry.")
+  args.priced = None
+  if args.costs_json:  # the prices, read and checked before any work
+    from adaptive_gamma import cost_rule  # bench/adaptive_gamma.py
+    args.priced = cost_rule(args.costs_json, args.gamma_max)
   if not 0.0 <= args.preset_threshold <= 1.0:
     raise ValueError(f"--preset_threshold={args.preset_threshold!r} must be in [0, 1].")
   return args
@@ -183,9 +193,11 @@ def timed_rows(pair: dict, draft, params, args, temperature: float) -> dict:
   each threshold on both signals (at gamma_max), all in the same cycles."""
   from distillspec_jax.decoding.speculative import DraftLength
   from distillspec_jax.evaluation.speed import TimingPlan, measure_speed
+  signals = ("acceptance_head", "top_probability")
   rules = (DraftLength(),) + tuple(DraftLength("confidence", t, signal=s)
-                                   for s in ("acceptance_head", "top_probability")
-                                   for t in args.thresholds)
+                                   for s in signals for t in args.thresholds)
+  if args.priced:
+    rules += tuple(dataclasses.replace(args.priced, signal=s) for s in signals)
   plan = TimingPlan(gammas=sorted(set(args.gammas) | {args.gamma_max}),
                     temperatures=[temperature], max_new_tokens=pair["max_new_tokens"],
                     draft_lengths=rules, repeats=args.repeats, timed_per_turn=args.calls,
@@ -227,6 +239,8 @@ def _brief(row: dict) -> dict:
 def label(row: dict) -> str:
   if row["draft_length"] == "fixed":
     return f"gamma {row['gamma']}"
+  if row["draft_length"] == "cost":
+    return f"cost on {row['signal']} (gamma_max {row['gamma']})"
   return f"confidence >= {row['threshold']:g} on {row['signal']} (gamma_max {row['gamma']})"
 
 

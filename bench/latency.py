@@ -106,6 +106,7 @@ def load_pair(args) -> dict:
   trained = all(os.path.isdir(config.stage_dir(s)) for s in ("vocab", "target", stage))
   if trained and not args.random:
     target, draft = pipeline.models(config)
+    draft = pipeline.distilled_draft(config, stage, draft)  # with its acceptance head, if any
     prompts = pipeline.heldout_prompts(config, args.prompts, split="test",
                                        task=config.eval_task or config.task).prompts
     if len(prompts) < args.prompts:
