@@ -207,6 +207,16 @@ class DraftLength:
   def adaptive(self) -> bool:
     return self.rule != "fixed"
 
+  def proposes(self, gamma: int, step, confidence, product, expected):
+    """Whether each row proposes draft token `step` (>= 1; token 0 always is), [batch] bool:
+    `confidence` is that token's signal, `product` the product of the round's earlier tokens'
+    signals and `expected` 1 + the sum of their prefix products (all [batch]): the adaptive
+    rule's one decision, made after each draft call."""
+    if self.rule == "cost":
+      return _worth_drafting(self, gamma, step, confidence, product, expected)
+    metric = product * confidence if self.rule == "cumulative" else confidence
+    return metric >= self.threshold
+
   def runs_on(self, draft) -> bool:
     """Whether `draft` (a Model or a Head) can run this rule: a rule on the acceptance
     head's signal needs a draft model built with one."""
@@ -663,12 +673,7 @@ def _adaptive_step(draft: Model, draft_params, uniform: Array, carry: _AdaptiveD
   logits, confidences, cache = _scored_extend(draft, draft_params, carry.cache, previous,
                                               temperature, rule.signal)
   step_logits, confidence = logits[:, 0], confidences[:, 0]
-  if rule.rule == "cost":
-    going = carry.going & _worth_drafting(rule, gamma, step, confidence, carry.product,
-                                          carry.expected)
-  else:
-    metric = carry.product * confidence if rule.rule == "cumulative" else confidence
-    going = carry.going & (metric >= rule.threshold)
+  going = carry.going & rule.proposes(gamma, step, confidence, carry.product, carry.expected)
   product = carry.product * confidence
   u = jax.lax.dynamic_index_in_dim(uniform, step, axis=1, keepdims=False)
   token = sample_tokens(step_logits, None, temperature, u)
