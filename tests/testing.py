@@ -162,26 +162,35 @@ def run_root(config, tmp_path_factory):
   return root.parent if hasattr(config, "workerinput") else root
 
 
-def run_once(root, name: str, command: list, **kwargs) -> dict:
-  """{"returncode", "stdout", "stderr"} of `subprocess.run(command, **kwargs)` (text output),
-  run by the first caller of `name` in this test run and read back by every later one, in
-  any process (a file lock, as train_shared_stages): several tests can check parts of one
-  child process's output instead of each starting its own. The record is kept whatever the
-  exit status: each test checks its own part."""
-  import subprocess
+def once(root, name: str, make) -> dict:
+  """`make(folder)` (a JSON object) for `name`, computed by the first caller in this test run
+  and read back by every later one, in any process (a file lock, as train_shared_stages);
+  `folder` (<root>/run_once/<name>) keeps whatever it writes, for the later callers too.
+  Recorded whatever it holds: several tests can each check their part of one run."""
   folder = os.path.join(str(root), "run_once", name)
   os.makedirs(folder, exist_ok=True)
   record = os.path.join(folder, "result.json")
   with open(os.path.join(folder, "lock"), "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
     if not os.path.exists(record):
-      done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+      result = make(folder)
       with open(record + ".tmp", "w") as f:
-        json.dump({"returncode": done.returncode, "stdout": done.stdout,
-                   "stderr": done.stderr}, f)
+        json.dump(result, f)
       os.replace(record + ".tmp", record)
     with open(record) as f:
       return json.load(f)
+
+
+def run_once(root, name: str, command: list, **kwargs) -> dict:
+  """{"returncode", "stdout", "stderr"} of `subprocess.run(command, **kwargs)` (text output),
+  run once per test run (`once`): several tests can check parts of one child process's
+  output instead of each starting its own."""
+  import subprocess
+
+  def make(_):
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+  return once(root, name, make)
 
 
 def check_section(run: dict, check: str) -> str:
