@@ -34,7 +34,9 @@ if info["backend"] == "cpu":
 PY
 
 CPUS=0
-if "${PYTHON}" -c "import jax, sys; sys.exit(jax.default_backend() != 'cpu')"; then
+# The backend device.json names (reading it starts no second JAX backend).
+if "${PYTHON}" -c "import json, sys; sys.exit(json.load(open(sys.argv[1]))['backend'] != 'cpu')" \
+    "${OUT_DIR}/device.json"; then
   CPUS=1  # CPU only: the benchmark's own default, one pinned core
 fi
 

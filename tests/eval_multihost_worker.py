@@ -12,7 +12,10 @@ ROWS_JSON.read.json. With WORKER_KILL_AT=
 first_batch in the environment, process 1 kills itself (SIGKILL) at its first batch. With
 WORKER_ALSO_DATA_PARALLEL=DIR (one process), the same evaluation runs again on (all devices,
 1) into DIR, its rows in ROWS_JSON.data_parallel.json; the bytes of the target that the first
-device holds go to ROWS_JSON.held.json for each run.
+device holds go to ROWS_JSON.held.json for each run. With WORKER_THEN='[ROWS_JSON_2, [eval
+binary flags]]' (JSON; no multi-host flags: the processes stay as they are), a second
+evaluation with those flags follows in the same processes, as `prepare` checks and `run`
+runs one, recorded to ROWS_JSON_2 and its siblings.
 """
 
 import dataclasses
@@ -23,6 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import gin  # noqa: E402
 import jax  # noqa: E402  (the backend starts later, in eval.main's initialize)
 from compilation import set_fast_compilation  # noqa: E402
 
@@ -92,5 +96,14 @@ if __name__ == "__main__":
     ROWS_PATH, _seen = ROWS_PATH + ".data_parallel.json", []
     eval_lib.evaluate(dataclasses.replace(config, model_dir=second,
                                           mesh=MeshConfig(jax.device_count(), 1)))
+  then = os.environ.get("WORKER_THEN")
+  if then and not code:  # another evaluation in these processes: prepare's checks, then run
+    ROWS_PATH, flags = json.loads(then)
+    HELD_PATH, _seen, _held, _reads = ROWS_PATH + ".held.json", [], [], []
+    gin.clear_config()
+    config = eval_lib.load_config(flags)
+    config.mesh.make(jax.devices())
+    config.check_inputs()
+    code = eval_lib.run(config)
   print(f"WORKER_OK process {jax.process_index()} of {jax.process_count()}", flush=True)
   sys.exit(code)

@@ -1,13 +1,15 @@
-"""tests/mesh_worker.py's checks for a Llama-family pair (run by tests/test_llama_mesh.py).
+"""tests/mesh_worker.py's checks for Llama-family pairs (run by tests/test_llama_mesh.py).
 
-  python tests/llama_mesh_worker.py step|decode [preset]
+  python tests/llama_mesh_worker.py PRESET:CHECK [PRESET:CHECK ...]
 
-The pair (of `preset`, default tiny_llama; tiny_qwen3 and tiny_gemma3 run the same checks): a 2-layer target with 2 key/value heads for 4 query heads and a 1-layer draft with
-one key/value head, so the mesh (2, 4) has fewer key/value heads than model-axis devices (the
-rules replicate them) and (4, 2) splits the target's. `step` is mesh_worker's distillation
-step on decoder-only batches; `decode` compares on-policy sampling, speculative decoding and
-the evaluation statistics under both meshes with one device and looks inside the compiled
-speculative program. Prints CHECK_OK at the end.
+CHECK is `step` or `decode`, PRESET tiny_llama, tiny_qwen3 or tiny_gemma3 (the same checks),
+each run in turn in this one process (testing.run_checks: `CHECK_BEGIN tiny_llama:step` ...
+`CHECK_OK tiny_llama:step`). The pair of a preset: a 2-layer target with 2 key/value heads for
+4 query heads and a 1-layer draft with one key/value head, so the mesh (2, 4) has fewer
+key/value heads than model-axis devices (the rules replicate them) and (4, 2) splits the
+target's. `step` is mesh_worker's distillation step on decoder-only batches; `decode`
+compares on-policy sampling, speculative decoding and the evaluation statistics under both
+meshes with one device and looks inside the compiled speculative program.
 """
 
 import os
@@ -29,17 +31,22 @@ from distillspec_jax.training import trainer  # noqa: E402
 import testing  # noqa: E402
 
 VOCAB = 64
-PRESET = sys.argv[2] if len(sys.argv) > 2 else "tiny_llama"
-TARGET = Model.from_name(PRESET, vocab_size=VOCAB, emb_dim=32, head_dim=8, mlp_dim=64,
-                         num_decoder_layers=2, max_decode_length=48)
-DRAFT = Model.from_name(PRESET, vocab_size=VOCAB, emb_dim=32, head_dim=8, mlp_dim=64,
-                        num_decoder_layers=1, num_kv_heads=1, max_decode_length=48)
-# mesh_worker's checks read these module globals: point them at the Llama pair.
-mw.TARGET, mw.DRAFT = TARGET, DRAFT
-mw.TARGET_PARAMS = jax.device_get(testing.random_params(TARGET, 1))
-mw.DRAFT_PARAMS = jax.device_get(testing.random_params(DRAFT, 2))
-mw.DATA = trainer.SyntheticData(mw.BATCH, input_length=6, target_length=8, vocab_size=VOCAB,
-                                seed=5, decoder_only=True)
+TARGET = DRAFT = None  # use_pair's
+
+
+def use_pair(preset: str) -> None:
+  """Points this module's and mesh_worker's checks (they read module globals) at `preset`'s
+  pair, its random weights and decoder-only batches."""
+  global TARGET, DRAFT
+  TARGET = Model.from_name(preset, vocab_size=VOCAB, emb_dim=32, head_dim=8, mlp_dim=64,
+                           num_decoder_layers=2, max_decode_length=48)
+  DRAFT = Model.from_name(preset, vocab_size=VOCAB, emb_dim=32, head_dim=8, mlp_dim=64,
+                          num_decoder_layers=1, num_kv_heads=1, max_decode_length=48)
+  mw.TARGET, mw.DRAFT = TARGET, DRAFT
+  mw.TARGET_PARAMS = jax.device_get(testing.random_params(TARGET, 1))
+  mw.DRAFT_PARAMS = jax.device_get(testing.random_params(DRAFT, 2))
+  mw.DATA = trainer.SyntheticData(mw.BATCH, input_length=6, target_length=8,
+                                  vocab_size=VOCAB, seed=5, decoder_only=True)
 
 
 def check_layout():
@@ -99,12 +106,19 @@ def check_decode():
     np.testing.assert_allclose(got["tvd"], reference["tvd"], rtol=1e-5)
 
 
+def _check(preset: str, name: str):
+  def run():
+    use_pair(preset)
+    if name == "step":
+      check_layout()
+      mw.check_step()
+    else:
+      check_decode()
+  return run
+
+
 if __name__ == "__main__":
   assert jax.device_count() == 8, jax.devices()
-  check = sys.argv[1]
-  if check == "step":
-    check_layout()
-    mw.check_step()
-  else:
-    check_decode()
-  print("CHECK_OK", flush=True)
+  names = sys.argv[1:]
+  checks = {n: _check(*n.split(":")) for n in names}
+  sys.exit(testing.run_checks(checks, names))

@@ -1,11 +1,12 @@
 """The compiled paths under a mesh, on 8 simulated CPU devices (run by tests/test_mesh_paths.py).
 
-  python tests/mesh_worker.py step|decode|checkpoint
+  python tests/mesh_worker.py CHECK [CHECK ...]    (step, decode, checkpoint)
 
 Every check compares the meshes (4, 2) and (2, 4) with one device (a (1, 1) mesh of
 the first device), target and draft sharded by partitioning's logical-axis rules, and looks
 inside the compiled programs: parameter input shardings are the rules', and no all-gather
-produces a full model-sharded parameter. Prints CHECK_OK at the end.
+produces a full model-sharded parameter. The checks run in turn in this one process
+(testing.run_checks: `CHECK_BEGIN step` ... `CHECK_OK step`).
 """
 
 import os
@@ -233,5 +234,6 @@ def check_checkpoint():
 
 if __name__ == "__main__":
   assert jax.device_count() == 8, jax.devices()
-  {"step": check_step, "decode": check_decode, "checkpoint": check_checkpoint}[sys.argv[1]]()
-  print("CHECK_OK", flush=True)
+  sys.exit(testing.run_checks(
+      {"step": check_step, "decode": check_decode, "checkpoint": check_checkpoint},
+      sys.argv[1:]))

@@ -33,7 +33,8 @@ EXTRA = {
 THROUGH_DEVICE_SMOKE = ("speculative.py",)
 # Run whole in another test's process (the same `main(["--smoke", ...])` a user runs, with its
 # checks of the report), so not a second time here: script -> that test.
-IN_PROCESS = {"head_draft.py": "test_head_training.py::test_head_bench_smoke_runs_and_reports"}
+IN_PROCESS = {"head_draft.py": "test_head_training.py::test_head_bench_smoke_runs_and_reports",
+              "acceptance_calibration.py": "test_acceptance_signal.py::test_calibration_bench_smoke"}
 NEEDS_RUN = ("teacher_cache_study.py", "timing_budget.py")
 NEEDS_MODULE = {"vs_transformers.py": "transformers", "vs_trl.py": "trl"}
 # Alone, as `python bench/<script>`: they set XLA's flags before JAX starts its backend (the

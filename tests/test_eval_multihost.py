@@ -7,18 +7,24 @@ run: the same metrics.json rows and target-alone quality at T = 0 and T = 1 (fix
 metrics.json written (by process 0), each process handing the decoders only its rows of
 every evaluation batch, and the whole run bounded in time.
 
-The processes are tests/eval_multihost_worker.py: the binary's `main` with its own flags.
+Then, in the same three processes (the binary's checks and run again, WORKER_THEN), without
+presets, 5 prompts at T = 0: the one-process rows again (the second test).
+
+The processes are tests/eval_multihost_worker.py: the binary's `main` with its own flags,
+started once per test run for both tests (`processes`, testing.once).
 The main job across two processes is tested in tests/test_pipeline_mesh.py.
 """
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import jax
 import pytest
 
+import testing
 from distillspec_jax.models.model import Model
 from distillspec_jax.training import checkpoints
 from test_multihost import _env, _finish, _flags, _free_port
@@ -44,30 +50,61 @@ def _eval_flags(root, model_dir) -> list:
           "--gin.EvalConfig.progress_bar=False"]
 
 
-def test_eval_binary_on_two_processes_gives_one_process_rows(tmp_path):
+def _host_loaded_flags(root, model_dir) -> list:
+  """The second evaluation's: no presets (each process loads the whole checkpoints on the
+  host, then keeps its shards), 5 prompts in batches of 4, T = 0."""
+  return [f for f in _eval_flags(root, model_dir) if "_model=" not in f
+          and "EVAL_EXAMPLES" not in f and "TEMPERATURES" not in f] + [
+      "--gin.EVAL_EXAMPLES=5", "--gin.TEMPERATURES=(0.0,)"]
+
+
+def _start(folder) -> dict:
+  """The three processes, both evaluations; {"codes", "outs"}. Files under `folder`."""
   from distillspec_jax.data.tasks import embedded
+  tmp_path = pathlib.Path(folder)
   vocabulary = embedded.build_embedded_vocabulary(str(tmp_path / "vocab"))
   assert vocabulary.endswith("embedded_arithmetic_v2_bpe256.model"), vocabulary
-  for name, seed in (("target", 0), ("draft", 1)):  # preset shapes: restored into shards
-    checkpoints.save_params(str(tmp_path / name),
-                            Model.from_name(PRESET).init(jax.random.PRNGKey(seed)))
+  # Preset shapes, restored into shards (first evaluation) or loaded whole on the host
+  # (second); saved from one device of this process.
+  for name, seed in (("target", 0), ("draft", 1)):
+    params = Model.from_name(PRESET).init(jax.random.PRNGKey(seed))
+    checkpoints.save_params(str(tmp_path / name), jax.device_put(params, jax.devices()[-1]))
+  then = lambda name: json.dumps([str(tmp_path / f"rows_{name}.json"),
+                                  _host_loaded_flags(tmp_path, tmp_path / name)])
   port = _free_port()
   single, multi = tmp_path / "single", tmp_path / "multi"
   data_parallel = tmp_path / "single_8x1"
   # The reference and the pair at the same time (the machine's cores are shared anyway).
   procs = [subprocess.Popen([sys.executable, WORKER, str(tmp_path / "rows_single.json")]
                             + _eval_flags(tmp_path, single),
-                            env=dict(_env(8), WORKER_ALSO_DATA_PARALLEL=str(data_parallel)),
+                            env=dict(_env(8), WORKER_ALSO_DATA_PARALLEL=str(data_parallel),
+                                     WORKER_THEN=then("host_single")),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)]
   for index in (0, 1):
     procs.append(subprocess.Popen(
         [sys.executable, WORKER, str(tmp_path / f"rows_{index}.json")]
-        + _eval_flags(tmp_path, multi) + _flags(port, index), env=_env(4), cwd=ROOT,
+        + _eval_flags(tmp_path, multi) + _flags(port, index),
+        env=dict(_env(4), WORKER_THEN=then("host_multi")), cwd=ROOT,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
   outs = _finish(procs, timeout=600)
-  for p, out in zip(procs, outs):
-    assert p.returncode == 0, out[-4000:]
+  return {"codes": [p.returncode for p in procs], "outs": outs}
+
+
+@pytest.fixture(scope="module")
+def processes(request, tmp_path_factory) -> tuple:
+  """(folder, {"codes", "outs"}) of the one run of the three processes in this test run."""
+  root = testing.run_root(request.config, tmp_path_factory)
+  run = testing.once(root, "eval_multihost", _start)
+  for code, out in zip(run["codes"], run["outs"]):
+    assert code == 0, out[-4000:]
+  return root / "run_once" / "eval_multihost", run["outs"]
+
+
+def test_eval_binary_on_two_processes_gives_one_process_rows(processes):
+  tmp_path, outs = processes
+  single, multi = tmp_path / "single", tmp_path / "multi"
+  data_parallel = tmp_path / "single_8x1"
   assert "WORKER_OK process 0 of 1" in outs[0]
   assert "WORKER_OK process 0 of 2" in outs[1] and "WORKER_OK process 1 of 2" in outs[2]
   reference = json.loads((single / "metrics.json").read_text())
@@ -116,36 +153,19 @@ def _check_model_sharded_equals_data_parallel(sharded_dir, data_parallel_dir, tm
 
 @pytest.mark.integration
 def test_eval_binary_on_two_processes_with_uneven_prompts_and_host_loaded_checkpoints(
-    tmp_path):
+    processes):
   """No presets (each process loads the whole checkpoints on the host, then keeps its
   shards), checkpoints saved from one device of this process, 5 prompts in batches of 4 (the
   second batch's only real row is process 0's: process 1 holds none of that batch), prompts
   of different lengths on the two processes: the one-process rows, and no traceback."""
-  from distillspec_jax.data.tasks import embedded
-  embedded.build_embedded_vocabulary(str(tmp_path / "vocab"))
-  for name, seed in (("target", 0), ("draft", 1)):
-    params = Model.from_name(PRESET).init(jax.random.PRNGKey(seed))
-    checkpoints.save_params(str(tmp_path / name), jax.device_put(params, jax.devices()[-1]))
-  flags = lambda model_dir: [f for f in _eval_flags(tmp_path, model_dir)
-                             if "_model=" not in f and "EVAL_EXAMPLES" not in f
-                             and "TEMPERATURES" not in f] + [
-      "--gin.EVAL_EXAMPLES=5", "--gin.TEMPERATURES=(0.0,)"]
-  port = _free_port()
-  command = [sys.executable, "-m", "distillspec_jax.eval"]
-  procs = [subprocess.Popen(command + flags(tmp_path / "single"), env=_env(8), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
-  procs += [subprocess.Popen(command + flags(tmp_path / "multi") + _flags(port, index),
-                             env=_env(4), cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for index in (0, 1)]
-  outs = _finish(procs, timeout=600)
-  for p, out in zip(procs, outs):
-    assert p.returncode == 0, out[-4000:]
+  folder, outs = processes
+  for out in outs:
     assert "Traceback" not in out and "Event loop is closed" not in out, out[-4000:]
-  reference = json.loads((tmp_path / "single" / "metrics.json").read_text())
+  reference = json.loads((folder / "host_single" / "metrics.json").read_text())
   assert len(reference["rows"]) == 1
-  assert json.loads((tmp_path / "multi" / "metrics.json").read_text()) == reference
+  assert json.loads((folder / "host_multi" / "metrics.json").read_text()) == reference
   lines = [json.loads(line) for line in
-           (tmp_path / "multi" / "inferences" / "embedded_arithmetic.jsonl").open()]
+           (folder / "host_multi" / "inferences" / "embedded_arithmetic.jsonl").open()]
   inputs = [line["input"] for line in lines if line["decoder"] == "target"]
   assert len(inputs) == 5
   # Rows 0-1 and 4 are process 0's, rows 2-3 process 1's: their prompts differ in length.

@@ -6,7 +6,6 @@ all-gathers a model-sharded parameter; the optimizer state is sharded like the d
 frozen target has none; checkpoints restore across meshes. Plus the rule checks."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -19,31 +18,35 @@ pytestmark = pytest.mark.long
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(check: str) -> str:
+# The integration tests' checks, run once per test run in one worker process
+# (testing.run_once): one interpreter start, one JAX import and one 8-device backend.
+CHECKS = ("step", "decode", "checkpoint")
+
+
+@pytest.fixture(scope="module")
+def worker(request, tmp_path_factory) -> dict:
   env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
   env.update(JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "mesh_worker.py"), check],
-                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
-  assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
-  assert "CHECK_OK" in out.stdout
-  return out.stdout
+  return testing.run_once(testing.run_root(request.config, tmp_path_factory), "mesh_worker",
+                          [sys.executable, os.path.join(ROOT, "tests", "mesh_worker.py"),
+                           *CHECKS], env=env, cwd=ROOT, timeout=900)
 
 
 @pytest.mark.integration
-def test_distillation_step_on_two_meshes_equals_one_device():
-  out = _run("step")
+def test_distillation_step_on_two_meshes_equals_one_device(worker):
+  out = testing.check_section(worker, "step")
   assert out.count(" loss ") == 1 + 2  # one device, then each mesh
 
 
 @pytest.mark.integration
-def test_sampling_speculative_and_evaluation_on_two_meshes_equal_one_device():
-  out = _run("decode")
+def test_sampling_speculative_and_evaluation_on_two_meshes_equal_one_device(worker):
+  out = testing.check_section(worker, "decode")
   assert out.count(" tau ") == 1 + 2
 
 
 @pytest.mark.integration
-def test_checkpoint_saved_under_one_mesh_restores_under_others():
-  out = _run("checkpoint")
+def test_checkpoint_saved_under_one_mesh_restores_under_others(worker):
+  out = testing.check_section(worker, "checkpoint")
   assert out.count("restored under") == 3
   assert "batch of 6 refused: batch_size=6 is not divisible by the data-parallel mesh size 4" in out
   assert "mesh of 3 x 2 refused: Mesh data=3 x model=2 = 6 does not match the 8" in out

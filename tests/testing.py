@@ -153,3 +153,74 @@ def assert_refused_before_work(cli, argv: list, named: str, model_dir, capsys) -
   assert err.startswith("Error: ") and "Traceback" not in err, err[-2000:]
   assert named in err, (named, err[-2000:])
   assert not os.path.exists(model_dir), os.listdir(model_dir)  # no checkpoint, no metrics
+
+
+def run_root(config, tmp_path_factory):
+  """The folder all processes of one test run share (pytest-xdist workers' temporary folders
+  share a parent): where `run_once` keeps what it ran."""
+  root = tmp_path_factory.getbasetemp()
+  return root.parent if hasattr(config, "workerinput") else root
+
+
+def once(root, name: str, make) -> dict:
+  """`make(folder)` (a JSON object) for `name`, computed by the first caller in this test run
+  and read back by every later one, in any process (a file lock, as train_shared_stages);
+  `folder` (<root>/run_once/<name>) keeps whatever it writes, for the later callers too.
+  Recorded whatever it holds: several tests can each check their part of one run."""
+  folder = os.path.join(str(root), "run_once", name)
+  os.makedirs(folder, exist_ok=True)
+  record = os.path.join(folder, "result.json")
+  with open(os.path.join(folder, "lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if not os.path.exists(record):
+      result = make(folder)
+      with open(record + ".tmp", "w") as f:
+        json.dump(result, f)
+      os.replace(record + ".tmp", record)
+    with open(record) as f:
+      return json.load(f)
+
+
+def run_once(root, name: str, command: list, **kwargs) -> dict:
+  """{"returncode", "stdout", "stderr"} of `subprocess.run(command, **kwargs)` (text output),
+  run once per test run (`once`): several tests can check parts of one child process's
+  output instead of each starting its own."""
+  import subprocess
+
+  def make(_):
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+  return once(root, name, make)
+
+
+def check_section(run: dict, check: str) -> str:
+  """The output of `check` in a worker run that ran several (`run_once`'s record): the lines
+  between `CHECK_BEGIN <check>` and the next check's, which must end with `CHECK_OK <check>`
+  (a check that raised printed its traceback there instead)."""
+  text = run["stdout"].split(f"CHECK_BEGIN {check}\n", 1)
+  assert len(text) == 2, (check, run["returncode"], run["stdout"][-2000:],
+                          run["stderr"][-4000:])
+  section = text[1].split("CHECK_BEGIN ", 1)[0]
+  assert f"CHECK_OK {check}\n" in section, (check, section[-3000:], run["stderr"][-4000:])
+  return section
+
+
+def run_checks(checks: dict, names) -> int:
+  """A worker's main: each of `names` (keys of `checks`, functions) in turn, its output
+  between `CHECK_BEGIN <name>` and `CHECK_OK <name>` (`check_section`), or its traceback
+  instead of the last line; a failing check does not stop the others. Exit status: 1 if any
+  failed."""
+  import sys
+  import traceback
+  failed = False
+  for name in names:
+    print(f"CHECK_BEGIN {name}", flush=True)
+    try:
+      checks[name]()
+    except Exception:  # pylint: disable=broad-except  (printed; the next check still runs)
+      failed = True
+      traceback.print_exc(file=sys.stdout)
+      sys.stdout.flush()
+    else:
+      print(f"CHECK_OK {name}", flush=True)
+  return int(failed)
