@@ -27,6 +27,7 @@ from distillspec_jax.models.model import Model  # noqa: E402
 from distillspec_jax.training import partitioning  # noqa: E402
 from distillspec_jax.training import trainer  # noqa: E402
 import testing  # noqa: E402
+from collector import freeze_long_lived  # noqa: E402
 
 VOCAB = 64
 PRESET = sys.argv[2] if len(sys.argv) > 2 else "tiny_llama"
@@ -100,6 +101,7 @@ def check_decode():
 
 
 if __name__ == "__main__":
+  freeze_long_lived()  # the imports are done (collector.py)
   assert jax.device_count() == 8, jax.devices()
   check = sys.argv[1]
   if check == "step":
