@@ -17,6 +17,8 @@ import os
 import sys
 import traceback
 
+from collector import freeze_long_lived
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
 
@@ -57,6 +59,7 @@ def main(runs: list) -> None:
   os.dup2(sys.stdout.fileno(), sys.stderr.fileno())
   sys.path[:0] = [BENCH, ROOT]
   for script, argv in runs:
+    freeze_long_lived()  # what the scripts before imported (collector.py)
     print(f"BENCH_BEGIN {script}", flush=True)
     result = run_script(script, argv)
     sys.stderr.flush()

@@ -21,6 +21,7 @@ Shared fixtures (builders in tests/testing.py): `shared_stages`, the main job's 
 and raw draft trained once per run for the whole-pipeline tests (marked `pipeline`).
 """
 
+import gc
 import os
 import shutil
 import tempfile
@@ -65,6 +66,13 @@ def pytest_collection_modifyitems(config, items):
   items.sort(key=group)  # stable
 
 
+def pytest_collection_finish(session):
+  """Python's garbage collector stops re-walking the long-lived heap (collector.py): full
+  collections took 10.9 of the 128 CPU s of nine unit modules, 2.3 s after."""
+  from collector import freeze_long_lived
+  freeze_long_lived()
+
+
 def pytest_unconfigure(config):
   directory = os.environ.get("JAX_COMPILATION_CACHE_DIR")
   if directory and os.environ.get(_OWNER) == str(os.getpid()):
@@ -76,12 +84,13 @@ def _release_compiled_programs():
   """After each module, JAX's in-memory caches of compiled programs are dropped: a worker runs
   hundreds of modules, and without this it held more than 5 GB a tenth of the way into a
   run. A later module that needs a program again reads it from the run's persistent
-  compilation cache instead of compiling it."""
+  compilation cache instead of compiling it. What is still alive then is frozen out of the
+  garbage collector's walks (collector.py)."""
   yield
-  import gc
   import jax
   jax.clear_caches()
   gc.collect()
+  gc.freeze()
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gin  # noqa: E402
 import jax  # noqa: E402  (the backend starts later, in eval.main's initialize)
+from collector import freeze_long_lived  # noqa: E402
 from compilation import set_fast_compilation  # noqa: E402
 
 # Tiny programs: compiling them costs more than running them (compilation.py). Every run the
@@ -89,6 +90,7 @@ eval_lib._load_pair = _recording_load_pair
 batches.get_prompts_and_targets = _recording_read
 
 if __name__ == "__main__":
+  freeze_long_lived()  # the imports are done (collector.py)
   config = eval_lib.prepare(sys.argv[2:])
   code = eval_lib.run(config)
   second = os.environ.get("WORKER_ALSO_DATA_PARALLEL")

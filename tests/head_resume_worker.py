@@ -26,6 +26,7 @@ from distillspec_jax.models.config import TransformerConfig  # noqa: E402
 from distillspec_jax.models.head import Head, HeadConfig  # noqa: E402
 from distillspec_jax.models.model import Model  # noqa: E402
 from distillspec_jax.training import trainer as T  # noqa: E402
+from collector import freeze_long_lived  # noqa: E402
 
 VOCAB = 48
 SAVE_EVERY = 2
@@ -70,4 +71,5 @@ def main(model_dir: str, steps: int, slow: bool) -> None:
 
 
 if __name__ == "__main__":
+  freeze_long_lived()  # the imports are done (collector.py)
   main(sys.argv[1], int(sys.argv[2]), "--slow" in sys.argv[3:])

@@ -29,6 +29,7 @@ from distillspec_jax.models.model import Model  # noqa: E402
 from distillspec_jax.training import partitioning  # noqa: E402
 from distillspec_jax.training import trainer  # noqa: E402
 import testing  # noqa: E402
+from collector import freeze_long_lived  # noqa: E402
 
 VOCAB = 64
 TARGET = DRAFT = None  # use_pair's
@@ -118,6 +119,7 @@ def _check(preset: str, name: str):
 
 
 if __name__ == "__main__":
+  freeze_long_lived()  # the imports are done (collector.py)
   assert jax.device_count() == 8, jax.devices()
   names = sys.argv[1:]
   checks = {n: _check(*n.split(":")) for n in names}

@@ -22,6 +22,7 @@ os.environ["XLA_FLAGS"] = xla_flags("--xla_force_host_platform_device_count=8")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from collector import freeze_long_lived  # noqa: E402
 from compilation import set_fast_compilation  # noqa: E402
 
 # Tiny programs: compiling them costs more than running them (compilation.py). Every run this
@@ -233,6 +234,7 @@ def check_checkpoint():
 
 
 if __name__ == "__main__":
+  freeze_long_lived()  # the imports are done (collector.py)
   assert jax.device_count() == 8, jax.devices()
   sys.exit(testing.run_checks(
       {"step": check_step, "decode": check_decode, "checkpoint": check_checkpoint},

@@ -22,6 +22,7 @@ from distillspec_jax.training import multihost
 REST = multihost.initialize_from_flags(sys.argv[1:])
 
 import jax  # noqa: E402
+from collector import freeze_long_lived  # noqa: E402
 from compilation import set_fast_compilation  # noqa: E402
 
 # Tiny programs: compiling them costs more than running them (compilation.py). Every run this
@@ -118,4 +119,5 @@ def main():
 
 
 if __name__ == "__main__":
+  freeze_long_lived()  # the imports are done (collector.py)
   main()

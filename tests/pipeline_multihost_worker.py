@@ -49,7 +49,9 @@ def main(argv):
   # the test compares is compiled the same way.
   set_fast_compilation(True)
   import testing
+  from collector import freeze_long_lived
   from distillspec_jax.studies.pipeline import run_pipeline
+  freeze_long_lived()  # the imports are done (collector.py)
   run_dir, settings = rest[0], json.loads(rest[1])
   for name in ("recipes", "teacher_cache_recipes"):
     if name in settings:

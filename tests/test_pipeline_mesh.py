@@ -49,6 +49,8 @@ import compilation, testing
 compilation.set_fast_compilation(True)
 import jax
 from distillspec_jax.studies.pipeline import run_pipeline
+from collector import freeze_long_lived
+freeze_long_lived()
 vocab_from, settings = sys.argv[1], json.loads(sys.argv[2])
 out = {"devices": jax.device_count()}
 for data, model, run_dir in json.loads(sys.argv[3]):

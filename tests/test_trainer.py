@@ -82,7 +82,9 @@ def test_on_policy_distillation_lowers_tvd_and_raises_tau(tmp_path):
   tvd_eval = objectives.make_tvd_eval_fn(target, target_params, draft, held_out, max_new_tokens=8)
   spec_eval = objectives.make_speculative_eval_fn(target, target_params, draft, held_out,
                                          max_new_tokens=8, gamma=3)
-  eval_fn = lambda p, s: {**tvd_eval(p, s), **spec_eval(p, s)}
+  # On host copies, the trainer's placed params and the fresh ones below share each
+  # evaluation program (a committed array's sharding is part of jit's cache key).
+  eval_fn = lambda p, s: {**tvd_eval(jax.device_get(p), s), **spec_eval(jax.device_get(p), s)}
   init_key, _ = jax.random.split(jax.random.PRNGKey(0))  # the trainer's init key for seed 0
   before = eval_fn(draft.init(init_key), 0)
   config = _config(tmp_path, 100, batch_size=8, optimizer="adamw", learning_rate=5e-3,
