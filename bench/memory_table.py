@@ -65,7 +65,6 @@ import argparse
 import dataclasses
 import os
 import sys
-import time
 from typing import Optional
 
 DEVICES = 32  # the largest slice below (v4-64)

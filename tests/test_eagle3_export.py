@@ -4,7 +4,6 @@ round trip to equal logits."""
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

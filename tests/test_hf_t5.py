@@ -1,7 +1,6 @@
 """Our T5 on HF weights matches transformers; ours -> HF -> ours is exact; no unpickling."""
 
 import json
-import os
 
 import jax
 import jax.numpy as jnp

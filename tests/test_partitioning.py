@@ -11,12 +11,10 @@ import textwrap
 
 import jax
 import pytest
-from jax.sharding import PartitionSpec as P
 
 from compilation import xla_flags
 
 from distillspec_jax.training import partitioning
-from distillspec_jax.models.model import Model
 
 
 def test_rules_are_the_t5x_1d_model_parallel_rules():

@@ -1,7 +1,6 @@
 """seqio tasks: TFDS-backed (mock data), file-backed, BBH, errors, shared batches_lib."""
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -308,7 +307,7 @@ def test_sequence_length_too_small_for_prompts(vocab, data_dir):
   assert "sequence_lengths['inputs']=4 is too small" in msg and str(needed) in msg
   with pytest.raises(ValueError) as e:
     batches_lib.get_prompts_and_targets("gsm8k_files", "train", {"inputs": 10, "targets": 64})
-  assert f"Prompt 0 of task 'gsm8k_files'" in str(e.value)
+  assert "Prompt 0 of task 'gsm8k_files'" in str(e.value)
   assert f"has {needed} tokens but sequence_lengths['inputs']=10" in str(e.value)
   cut = batches_lib.get_prompts_and_targets("gsm8k_files", "train", {"inputs": 10, "targets": 64},
                                      on_long_prompt="truncate")

@@ -1,6 +1,5 @@
 """The main job's teacher_cache stage: wiring, the gin switch, bad settings, a killed stage."""
 
-import dataclasses
 import os
 
 import numpy as np

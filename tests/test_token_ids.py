@@ -2,7 +2,6 @@
 (no T5 start id 0 before them, id 0 a real token), the model's own EOS, and embedding rows past
 the tokenizer never output; T5's conventions unchanged where no tokenizer is given."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -233,7 +233,7 @@ def test_resume_logs_each_step_once_and_keeps_the_earlier_eval_curve(tmp_path):
   eval_fn = lambda params, step: {"tau": float(step) / 10}  # depends only on the step
   config = lambda d: _config(d, 8, save_every=4, eval_every=2)
 
-  straight = trainer.finetune(config(tmp_path / "a"), model, clean, eval_fn=eval_fn)
+  trainer.finetune(config(tmp_path / "a"), model, clean, eval_fn=eval_fn)  # the straight run
 
   def crashing(step):
     if step == 6:  # fetching step 7's batch: the process dies
