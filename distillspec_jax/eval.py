@@ -63,6 +63,7 @@ from distillspec_jax.models.precision import PrecisionConfig
 from distillspec_jax.models.config import TransformerConfig, model_config
 from distillspec_jax.models.head import HEAD_CONFIG_FILE, Head, read_head_config
 from distillspec_jax.models.model import Model, TokenIds
+from distillspec_jax.training import metrics_log
 from distillspec_jax.training import multihost
 from distillspec_jax.training import partitioning
 from distillspec_jax.training.partitioning import MeshConfig
@@ -493,8 +494,7 @@ def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict) -> No
         f.write(json.dumps(line) + "\n")
   write_text_atomic(os.path.join(config.model_dir, "metrics.json"),
                     json.dumps(metrics, indent=1) + "\n")  # rows keep the interface's order
-  from tensorboardX import SummaryWriter
-  writer = SummaryWriter(os.path.join(config.model_dir, "tensorboard"))
+  writer = metrics_log.summary_writer(os.path.join(config.model_dir, "tensorboard"))
   for row in metrics["rows"]:
     _scalars(writer, evaluate_lib.EvaluationRow.from_json(row))
   writer.close()

@@ -162,3 +162,23 @@ def test_model_dir_written_with_another_optimizer(tmp_path):
   with pytest.raises(ValueError, match="optimizer state does not match"):
     trainer_lib.finetune(_config(tmp_path, 6, optimizer="adafactor"), model,
                trainer_lib.SyntheticData(4, vocab_size=VOCAB))
+
+
+@pytest.mark.integration  # a process of its own: torch may be loaded in this one already
+def test_summary_writer_loads_without_torch_and_writes_readable_scalars(tmp_path):
+  import subprocess
+  import sys
+  import tensorflow as tf
+  pytest.importorskip("torch")  # the `reference` extra
+  script = ("import sys; from distillspec_jax.training import metrics_log; "
+            "w = metrics_log.summary_writer(sys.argv[1]); w.add_scalar('loss', 0.25, 3); "
+            "w.close(); assert 'torch' not in sys.modules, 'torch was imported'; "
+            "import torch; print('torch', torch.__version__)")
+  done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                        text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "torch " in done.stdout  # still importable afterwards
+  (events,) = tmp_path.iterdir()
+  scalars = [(e.step, v.tag, v.simple_value) for e in tf.compat.v1.train.summary_iterator(
+      str(events)) for v in e.summary.value]
+  assert scalars == [(3, "loss", 0.25)]

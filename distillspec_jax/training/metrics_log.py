@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 
 import jax
 import numpy as np
@@ -61,6 +62,21 @@ def truncate_metrics(path: str, last_step: int) -> list:
   return kept
 
 
+def summary_writer(logdir: str, purge_step=None):
+  """A tensorboardX SummaryWriter on `logdir`, loaded without torch: tensorboardX imports
+  torch, where it is installed, only to accept torch tensors (a second of import per
+  process); our writers pass Python floats. torch stays importable for anyone else."""
+  hide = "torch" not in sys.modules
+  if hide:
+    sys.modules["torch"] = None  # `import torch` raises ImportError while tensorboardX loads
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  finally:
+    if hide:
+      del sys.modules["torch"]
+  return SummaryWriter(logdir, purge_step=purge_step)
+
+
 class MetricsWriter:
   """Appends records to MODEL_DIR/metrics.jsonl and scalars to TensorBoard (tensorboardX).
 
@@ -83,9 +99,8 @@ class MetricsWriter:
     self.resumed = truncate_metrics(self.path, start_step)
     multihost.barrier("metrics_truncated")
     if tensorboard:
-      from tensorboardX import SummaryWriter  # Only the loop needs it.
-      self.writer = SummaryWriter(os.path.join(model_dir, "tensorboard"),
-                                  purge_step=start_step + 1 if start_step else None)
+      self.writer = summary_writer(os.path.join(model_dir, "tensorboard"),
+                                   purge_step=start_step + 1 if start_step else None)
 
   def write(self, record: dict) -> None:
     if not self.primary:
