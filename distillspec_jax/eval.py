@@ -197,8 +197,8 @@ class EvalConfig:
           ("TARGET_CHECKPOINT_PATH", self.target_checkpoint_path),
           ("DRAFT_CHECKPOINT_PATH", self.draft_checkpoint_path)))
       if self.chat_template:
-        from distillspec_jax.data.tasks import chat_tasks
-        chat_tasks.template_of(vocab)
+        from distillspec_jax.data.chat_template import template_of
+        template_of(vocab)
     if self.data_dir is not None:
       check_path(self.data_dir, "DATA_DIR", kind="dir",
                  fix="pass the folder with gsm8k/, mbpp/, alpaca/, ... (e.g. ../shared/data).")

@@ -93,3 +93,19 @@ def test_main_help_as_a_module():
   assert done.returncode == 0, done.stderr[-2000:]
   assert "--gin_file=FILE" in done.stdout and "TRAIN_STEPS" in done.stdout
   assert "Traceback" not in done.stderr
+
+
+@pytest.mark.integration
+def test_binaries_import_without_tensorflow():
+  """TensorFlow (seqio's input pipeline, 2-3 s of import) loads when a task or a vocabulary
+  is read, not with a binary: `--help`, a refused input and the workers that only run models
+  do without it."""
+  script = ("import sys; import distillspec_jax.main, distillspec_jax.eval, "
+            "distillspec_jax.train, distillspec_jax.convert; "
+            "from distillspec_jax.data import vocabularies, chat_template; "
+            "from distillspec_jax.interop import importer; "
+            "print(sorted(m for m in ('tensorflow', 'seqio', 'torch') if m in sys.modules))")
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -23,7 +23,8 @@ import json
 import os
 from typing import Mapping, Optional, Sequence, Tuple
 
-from distillspec_jax.data import hf_vocabulary
+from distillspec_jax.data import tokenizer_files
+from distillspec_jax.data import vocabularies
 
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
@@ -42,11 +43,11 @@ def _no_template(folder: str) -> ValueError:
 
 
 def _read_json(path: str) -> dict:
-  return hf_vocabulary.read_json(path, "the chat template and the special tokens")
+  return tokenizer_files.read_json(path, "the chat template and the special tokens")
 
 
 def _token_text(token) -> Optional[str]:
-  text = hf_vocabulary.token_text(token)
+  text = tokenizer_files.token_text(token)
   return text if isinstance(text, str) else None
 
 
@@ -164,3 +165,15 @@ def load_chat_template(folder: str, eos_token: Optional[str] = None) -> ChatTemp
                      "fix it or pass another folder.") from None
   return ChatTemplate(source=source, template=template, special_tokens=specials,
                       eos=eos_token if eos_token is not None else dict(specials).get("eos_token"))
+
+
+def template_of(vocabulary) -> ChatTemplate:
+  """The chat template of a Hugging Face tokenizer's folder (`vocabulary`: a seqio
+  Vocabulary); ValueError for other vocabularies or a folder without one."""
+  if not vocabularies.is_tokenizer(vocabulary):
+    raise ValueError(
+        "CHAT_TEMPLATE=True renders conversations with the models' chat template, which a "
+        f"{type(vocabulary).__name__} does not have: set VOCABULARY to the Hugging Face model "
+        "folder (its tokenizer.json and chat template).")
+  eos = vocabulary.tokenizer.id_to_token(vocabulary.eos_id)  # the id decoding stops at
+  return load_chat_template(vocabulary.folder, eos_token=eos)

@@ -55,8 +55,8 @@ class TaskSource:
                      ".model.")
       vocab = vocabularies.check_vocabulary(self.vocabulary, "VOCABULARY", checkpoints)
     if self.chat_template:
-      from distillspec_jax.data.tasks import chat_tasks  # pylint: disable=g-import-not-at-top
-      chat_tasks.template_of(vocab)
+      from distillspec_jax.data.chat_template import template_of  # pylint: disable=g-import-not-at-top
+      template_of(vocab)
 
   def register(self) -> None:
     """Registers DATA_DIR's file-backed tasks with VOCABULARY (nothing without DATA_DIR)."""

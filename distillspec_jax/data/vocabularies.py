@@ -26,17 +26,38 @@ from __future__ import annotations
 import io
 import os
 import tempfile
-from typing import Iterable, Optional, Sequence, Union
+import sys
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 
-import seqio
-
-from distillspec_jax.data import hf_vocabulary
+from distillspec_jax.data import tokenizer_files
 from distillspec_jax.models.model import NO_TOKEN, TokenIds
+
+if TYPE_CHECKING:
+  import seqio
 
 T5_DEFAULT_SPM_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 T5_DEFAULT_EXTRA_IDS = 100
 
-VocabLike = Union[str, os.PathLike, seqio.Vocabulary]
+VocabLike = Union[str, os.PathLike, "seqio.Vocabulary"]
+
+
+def _seqio():
+  """seqio, imported when a vocabulary is built: it loads TensorFlow (2-3 s), which a process
+  that only checks paths or runs models (a worker, `--help`, a refused input) never needs."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  return seqio
+
+
+def _hf_vocabulary():
+  from distillspec_jax.data import hf_vocabulary  # pylint: disable=g-import-not-at-top
+  return hf_vocabulary
+
+
+def _instance(vocab, module: str, name: str) -> bool:
+  """isinstance(vocab, module.name) without importing `module`: nothing is an instance of a
+  class whose module is not loaded yet."""
+  loaded = sys.modules.get(module)
+  return loaded is not None and isinstance(vocab, getattr(loaded, name))
 
 
 def _is_remote(path: str) -> bool:
@@ -64,7 +85,7 @@ def get_vocabulary(path: Union[str, os.PathLike] = T5_DEFAULT_SPM_PATH,
         "--task=<task> --out=<file.model> --vocab_size=<n>`.")
   if not _is_remote(path):
     _check_sentencepiece(path)
-  return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+  return _seqio().SentencePieceVocabulary(path, extra_ids=extra_ids)
 
 
 def _first_line(error: Exception) -> str:
@@ -91,8 +112,8 @@ def load_vocabulary(path: Union[str, os.PathLike]) -> seqio.Vocabulary:
   if _is_remote(path):
     return get_vocabulary(path)
   if os.path.isdir(path):
-    if os.path.isfile(os.path.join(path, hf_vocabulary.TOKENIZER_FILE)):
-      return hf_vocabulary.load_hf_vocabulary(path)
+    if os.path.isfile(os.path.join(path, tokenizer_files.TOKENIZER_FILE)):
+      return _hf_vocabulary().load_hf_vocabulary(path)
     for name in SENTENCEPIECE_IN_FOLDER:
       if os.path.isfile(os.path.join(path, name)):
         return get_vocabulary(os.path.join(path, name))
@@ -100,7 +121,7 @@ def load_vocabulary(path: Union[str, os.PathLike]) -> seqio.Vocabulary:
         f"Folder {path!r} holds no tokenizer: expected tokenizer.json (a Hugging Face model "
         f"folder) or one of {list(SENTENCEPIECE_IN_FOLDER)}.")
   if path.endswith(".json"):
-    return hf_vocabulary.load_hf_vocabulary(path)
+    return _hf_vocabulary().load_hf_vocabulary(path)
   return get_vocabulary(path)
 
 
@@ -108,7 +129,7 @@ def as_vocabulary(vocab: Optional[VocabLike]) -> seqio.Vocabulary:
   """Vocabulary object from a Vocabulary, a path (`load_vocabulary`), or None (T5 default)."""
   if vocab is None:
     return get_vocabulary(T5_DEFAULT_SPM_PATH)
-  if isinstance(vocab, seqio.Vocabulary):
+  if _instance(vocab, "seqio", "Vocabulary"):
     return vocab
   if isinstance(vocab, (str, os.PathLike)):
     return load_vocabulary(vocab)
@@ -120,7 +141,7 @@ def as_vocabulary(vocab: Optional[VocabLike]) -> seqio.Vocabulary:
 def is_tokenizer(vocab: seqio.Vocabulary) -> bool:
   """Whether `vocab` is a Hugging Face tokenizer (its own special ids and BOS rule) rather
   than a vocabulary with T5's conventions."""
-  return isinstance(vocab, hf_vocabulary.HFTokenizerVocabulary)
+  return _instance(vocab, "distillspec_jax.data.hf_vocabulary", "HFTokenizerVocabulary")
 
 
 def token_ids(vocab: VocabLike) -> TokenIds:
@@ -226,7 +247,8 @@ def check_same_vocabulary(a: VocabLike, b: VocabLike) -> bool:
   pa = getattr(va, "sentencepiece_model_file", None)
   pb = getattr(vb, "sentencepiece_model_file", None)
   if type(va) is not type(vb) and not (
-      isinstance(va, seqio.SentencePieceVocabulary) and isinstance(vb, seqio.SentencePieceVocabulary)):
+      _instance(va, "seqio", "SentencePieceVocabulary")
+      and _instance(vb, "seqio", "SentencePieceVocabulary")):
     raise ValueError(f"Draft and target vocabularies differ in type: {_describe(va)} vs "
                      f"{_describe(vb)}. Use the same vocabulary for both models.")
   if va.extra_ids != vb.extra_ids:
@@ -253,7 +275,7 @@ def checkpoint_tokenizer(path: Optional[str]) -> Optional[str]:
     return None
   path = os.fspath(path)
   folder = path if os.path.isdir(path) else os.path.dirname(path)
-  candidate = os.path.join(folder, hf_vocabulary.TOKENIZER_FILE)
+  candidate = os.path.join(folder, tokenizer_files.TOKENIZER_FILE)
   return candidate if os.path.isfile(candidate) else None
 
 

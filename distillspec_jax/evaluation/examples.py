@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 import jax
 import numpy as np
 
-from distillspec_jax.data import batches
 from distillspec_jax.evaluation.placement import BatchPlacement
 from distillspec_jax.training import multihost
+
+if TYPE_CHECKING:
+  from distillspec_jax.data import batches
 
 # What every process needs of every row (gathered); the tokens stay where they were read.
 SHARED_FIELDS = ("positions", "prompt_lengths", "target_lengths", "prompt_texts",
@@ -50,6 +52,7 @@ def read_examples(task: str, split: str, sequence_lengths: Optional[Mapping[str,
   `reading`: more keyword arguments of batches.get_prompts_and_targets (on_long_prompt,
   lm_prompt_length).
   """
+  from distillspec_jax.data import batches  # seqio and TF: only when examples are read
   period = batch_size or num_examples
   place = None if mesh is None else BatchPlacement(mesh, period)
   if place is not None and jax.process_count() > 1 and place.split:
@@ -81,6 +84,7 @@ def assemble(parts: list, mine: batches.Examples,
   """All rows' examples from every process's shared fields (`parts`, in process order, each
   with SHARED_FIELDS and "complete") and this process's own read (`mine`), or None when a
   process's rows do not match its positions (a part not complete)."""
+  from distillspec_jax.data import batches  # pylint: disable=g-import-not-at-top
   if not all(part["complete"] for part in parts):
     return None
   shared = {}

@@ -47,7 +47,7 @@ from typing import Any, Mapping, Optional
 import jax
 import numpy as np
 
-from distillspec_jax.data import hf_vocabulary
+from distillspec_jax.data import tokenizer_files
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.model import DECODER_START_ID, EOS_ID, PAD_ID, Model
@@ -536,7 +536,8 @@ def _source_ids(source_dir: str, hf: Optional[dict]) -> dict:
   config.json's, else the tokenizer's own (tokenizer_config.json); none: ours."""
   if hf:
     return {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf}
-  if os.path.isfile(os.path.join(source_dir, hf_vocabulary.TOKENIZER_FILE)):
+  if os.path.isfile(os.path.join(source_dir, tokenizer_files.TOKENIZER_FILE)):
+    from distillspec_jax.data import hf_vocabulary  # seqio and TF: only for an export
     vocab = hf_vocabulary.load_hf_vocabulary(source_dir)
     return {"bos_token_id": vocab.bos_id, "eos_token_id": vocab.eos_id,
             "pad_token_id": vocab.pad_token_id}

@@ -19,7 +19,7 @@ from typing import Optional
 
 from distillspec_jax.core.validation import check_field_types
 from distillspec_jax.data import vocabularies
-from distillspec_jax.data.tasks import chat_tasks
+from distillspec_jax.data.chat_template import template_of
 from distillspec_jax.interop import importer
 from distillspec_jax.models.config import TransformerConfig, model_config
 from distillspec_jax.models.model import TokenIds
@@ -98,7 +98,7 @@ def check_pair_inputs(pair: PairSource, roles: dict, train_vocabulary: bool) -> 
   if pair.vocabulary is not None:
     vocab = vocabularies.check_vocabulary(pair.vocabulary, "VOCABULARY", given)
     if pair.chat_template:
-      chat_tasks.template_of(vocab)
+      template_of(vocab)
   else:
     carried = [(macro, path, opened(path).tokenizer) for macro, path in given
                if opened(path).tokenizer is not None]

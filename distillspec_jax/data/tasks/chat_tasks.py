@@ -151,18 +151,6 @@ def render_text_task(name: str, template: chat_lib.ChatTemplate) -> bool:
   return True
 
 
-def template_of(vocabulary: seqio.Vocabulary) -> chat_lib.ChatTemplate:
-  """The chat template of a Hugging Face tokenizer's folder; ValueError for other
-  vocabularies or a folder without one."""
-  if not vocabularies.is_tokenizer(vocabulary):
-    raise ValueError(
-        "CHAT_TEMPLATE=True renders conversations with the models' chat template, which a "
-        f"{type(vocabulary).__name__} does not have: set VOCABULARY to the Hugging Face model "
-        "folder (its tokenizer.json and chat template).")
-  eos = vocabulary.tokenizer.id_to_token(vocabulary.eos_id)  # the id decoding stops at
-  return chat_lib.load_chat_template(vocabulary.folder, eos_token=eos)
-
-
 def chat_features(vocabulary: seqio.Vocabulary) -> dict:
   """'inputs' and 'targets' with no EOS added: the template writes the turns' ends."""
   return {"inputs": seqio.Feature(vocabulary=vocabulary, add_eos=False),

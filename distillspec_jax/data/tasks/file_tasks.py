@@ -41,6 +41,7 @@ import tensorflow as tf
 
 from distillspec_jax.data import vocabularies
 from distillspec_jax.data.tasks import bbh
+from distillspec_jax.data.chat_template import template_of
 from distillspec_jax.data.tasks import chat_tasks
 from distillspec_jax.data.tasks import metrics
 from distillspec_jax.data.tasks import preprocessors
@@ -374,7 +375,7 @@ def register_chat_files(directory: str, vocabulary: vocabularies.VocabLike,
   template (loaded now: a folder without one is a ValueError naming it and the fix): the
   prompt through the last assistant turn's header -> that turn's reply, the loss on it."""
   vocab = vocabularies.as_vocabulary(vocabulary)
-  template = chat_tasks.template_of(vocab)
+  template = template_of(vocab)
   files = resolve_split_files(directory, split_files, (".jsonl",), name)
   return tfds_tasks.register_task(
       name, source=records_source(files, functools.partial(_chat_records, template=template)),
@@ -406,7 +407,7 @@ def register_file_tasks(data_dir: str, vocabulary: Optional[vocabularies.VocabLi
   vocab = vocabularies.as_vocabulary(vocabulary)
   names = []
   if chat_template:
-    template = chat_tasks.template_of(vocab)  # none: refused before any read
+    template = template_of(vocab)  # none: refused before any read
   for _, folders, fn in _FOLDERS:
     for folder in folders:
       path = os.path.join(data_dir, folder)
