@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 import sys
+import tempfile
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 
 from distillspec_jax.data import tokenizer_files

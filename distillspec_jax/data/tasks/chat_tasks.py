@@ -32,7 +32,6 @@ import seqio
 import tensorflow as tf
 
 from distillspec_jax.data import chat_template as chat_lib
-from distillspec_jax.data import vocabularies
 from distillspec_jax.data.tasks import preprocessors
 from distillspec_jax.data.tasks import tfds_tasks
 
