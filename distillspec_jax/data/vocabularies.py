@@ -41,13 +41,6 @@ T5_DEFAULT_EXTRA_IDS = 100
 VocabLike = Union[str, os.PathLike, "seqio.Vocabulary"]
 
 
-def _seqio():
-  """seqio, imported when a vocabulary is built: it loads TensorFlow (2-3 s), which a process
-  that only checks paths or runs models (a worker, `--help`, a refused input) never needs."""
-  import seqio  # pylint: disable=g-import-not-at-top
-  return seqio
-
-
 def _hf_vocabulary():
   from distillspec_jax.data import hf_vocabulary  # pylint: disable=g-import-not-at-top
   return hf_vocabulary
@@ -85,7 +78,10 @@ def get_vocabulary(path: Union[str, os.PathLike] = T5_DEFAULT_SPM_PATH,
         "--task=<task> --out=<file.model> --vocab_size=<n>`.")
   if not _is_remote(path):
     _check_sentencepiece(path)
-  return _seqio().SentencePieceVocabulary(path, extra_ids=extra_ids)
+  # seqio loads TensorFlow (2-3 s): only here, when a vocabulary is built, never in a process
+  # that only checks paths or runs models (a worker, `--help`, a refused input).
+  import seqio  # pylint: disable=g-import-not-at-top
+  return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
 
 def _first_line(error: Exception) -> str:

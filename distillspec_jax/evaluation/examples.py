@@ -52,7 +52,7 @@ def read_examples(task: str, split: str, sequence_lengths: Optional[Mapping[str,
   `reading`: more keyword arguments of batches.get_prompts_and_targets (on_long_prompt,
   lm_prompt_length).
   """
-  from distillspec_jax.data import batches  # seqio and TF: only when examples are read
+  from distillspec_jax.data import batches  # pylint: disable=g-import-not-at-top  (seqio, TF)
   period = batch_size or num_examples
   place = None if mesh is None else BatchPlacement(mesh, period)
   if place is not None and jax.process_count() > 1 and place.split:

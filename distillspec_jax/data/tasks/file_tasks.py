@@ -40,8 +40,8 @@ import seqio
 import tensorflow as tf
 
 from distillspec_jax.data import vocabularies
-from distillspec_jax.data.tasks import bbh
 from distillspec_jax.data.chat_template import template_of
+from distillspec_jax.data.tasks import bbh
 from distillspec_jax.data.tasks import chat_tasks
 from distillspec_jax.data.tasks import metrics
 from distillspec_jax.data.tasks import preprocessors
