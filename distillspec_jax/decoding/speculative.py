@@ -720,17 +720,25 @@ def _verify_proposals(target: Model, target_params, target_cache, block: Array,
                       width: Array, gamma: int, hidden_layers: tuple = ()):
   """The target's call on the first `width` tokens of `block: [batch, gamma + 1]` (a traced
   width in [2, gamma + 1]: one compiled branch per width, so a shorter proposal is a
-  cheaper call). Returns (logits [batch, gamma + 1, vocab], zero past `width`; cache), and
-  with `hidden_layers` the hidden states [batch, gamma + 1, n * embed] (zero past `width`)."""
+  cheaper call). Returns (logits [batch, gamma + 1, vocab], zero past `width`; cache
+  advanced by `width`), and with `hidden_layers` the hidden states [batch, gamma + 1, n *
+  embed] (zero past `width`).
+
+  The branches only read the cache (`Model.score_block`) and the block's entries are written
+  after them, padded to gamma + 1 (within the capacity check's bound, past the new positions):
+  a branch that wrote the cache would make XLA copy all of it every round."""
   def branch(columns):
     def call(cache):
-      outputs = target.extend(target_params, cache, block[:, :columns], hidden_layers)
-      pad = lambda x: jnp.concatenate(
-          [x, jnp.zeros(x.shape[:1] + (gamma + 1 - columns,) + x.shape[2:], x.dtype)], axis=1)
-      return (pad(outputs[0]), outputs[1]) + tuple(pad(x) for x in outputs[2:])
+      outputs = target.score_block(target_params, cache, block[:, :columns], hidden_layers)
+      return jax.tree.map(
+          lambda x: jnp.concatenate(
+              [x, jnp.zeros(x.shape[:1] + (gamma + 1 - columns,) + x.shape[2:], x.dtype)],
+              axis=1), outputs)
     return call
 
-  return jax.lax.switch(width - 2, [branch(w) for w in range(2, gamma + 2)], target_cache)
+  logits, entries, *hidden = jax.lax.switch(width - 2, [branch(w) for w in range(2, gamma + 2)],
+                                            target_cache)
+  return (logits, target.write_block(target_cache, entries, width), *hidden)
 
 
 def _round_output(state: SpeculativeState, block: Array, num_accepted: Array,

@@ -23,6 +23,7 @@ import math
 from typing import Callable, Sequence
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -177,6 +178,26 @@ class RelativePositionBiases(nn.Module):
     return jnp.asarray(jnp.transpose(bias, (1, 0, 2, 3)), self.dtype)
 
 
+@flax.struct.dataclass
+class BlockBias:
+  """Attention biases of a block of k tokens scored against a decoding cache that it is not
+  written into (`Model.score_block`): `cache` over the cache's slots, NEG_INF at and past
+  each row's position (those slots are stale), and `block` over the block's own keys
+  (causal). Shapes are the family's bias layout with max_length and k as the key axis: T5
+  [batch, heads, k, max_length] and [batch, heads, k, k], the RoPE kinds [batch, 1, 1, k,
+  max_length] and [batch, 1, 1, k, k]."""
+
+  cache: Array
+  block: Array
+
+
+def softmax_over_cache_and_block(cache_logits: Array, block_logits: Array):
+  """One softmax over a cache's keys and a block's keys together (the last axis of each):
+  (cache weights, block weights), the shapes of the inputs."""
+  weights = jax.nn.softmax(jnp.concatenate([cache_logits, block_logits], axis=-1), axis=-1)
+  return weights[..., :cache_logits.shape[-1]], weights[..., cache_logits.shape[-1]:]
+
+
 # Up to this batch size a cache write is one dynamic-update-slice per batch row, which XLA does
 # in place; larger batches use one scatter (an unrolled loop that long would bloat the program).
 MAX_BATCH_FOR_ROW_WRITES = 8
@@ -286,6 +307,26 @@ class MultiHeadDotProductAttention(nn.Module):
     mixed = jnp.einsum("nqk,nkd->nqd", weights, values.astype(self.dtype))
     mixed = jnp.transpose(mixed.reshape(batch, self.num_heads, q, self.head_dim), (0, 2, 1, 3))
     return self.out(mixed)
+
+  def attend_cache_and_block(self, inputs_q: Array, cache: tuple[Array, Array], keys: Array,
+                             values: Array, bias: BlockBias) -> Array:
+    """`attend_cache` for a block that is not written into the cache: `inputs_q: [batch, k,
+    embed]` attends to the cache's slots before each row's position (`cache`: keys
+    [batch * heads, head_dim, max_length], values [batch * heads, max_length, head_dim], read
+    only) and to the block's own `keys, values: [batch, k, heads, head_dim]`. Returns [batch,
+    k, embed], what `attend_cache` gives once the block is written."""
+    batch, q = inputs_q.shape[:2]
+    query = self.query(inputs_q)  # [batch, q, heads, head_dim]
+    flat = jnp.transpose(query, (0, 2, 1, 3)).reshape(batch * self.num_heads, q, self.head_dim)
+    cache_logits = jnp.einsum("nqd,ndk->nqk", flat, cache[0], preferred_element_type=jnp.float32)
+    cache_logits = cache_logits.reshape(batch, self.num_heads, q, -1) + bias.cache
+    block_logits = jnp.einsum("bqhd,bkhd->bhqk", query, keys, preferred_element_type=jnp.float32)
+    on_cache, on_block = softmax_over_cache_and_block(cache_logits, block_logits + bias.block)
+    on_cache = on_cache.astype(self.dtype).reshape(batch * self.num_heads, q, -1)
+    mixed = jnp.einsum("nqk,nkd->nqd", on_cache, cache[1].astype(self.dtype))
+    mixed = mixed.reshape(batch, self.num_heads, q, self.head_dim) + jnp.einsum(
+        "bhqk,bkhd->bhqd", on_block.astype(self.dtype), values.astype(self.dtype))
+    return self.out(jnp.transpose(mixed, (0, 2, 1, 3)))
 
 
 class MlpBlock(nn.Module):

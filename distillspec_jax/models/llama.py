@@ -273,6 +273,34 @@ class GroupedQueryAttention(nn.Module):
                           (0, 3, 1, 2, 4))
     return self.out(mixed.reshape(batch, q, c.num_heads, c.head_dim))
 
+  def attend_cache_and_block(self, query: Array, cache: tuple[Array, Array], keys: Array,
+                             values: Array, bias: layers.BlockBias) -> Array:
+    """`attend_cache` for a block that is not written into the cache: `query: [batch, k,
+    heads, head_dim]` attends to the cache's slots before each row's position (`cache` as
+    `attend_cache` reads it, read only) and to the block's own rotated `keys, values: [batch,
+    k, kv_heads, head_dim]`. Returns [batch, k, embed], what `attend_cache` gives once the
+    block is written."""
+    c = self.config
+    batch, q = query.shape[:2]
+    group = c.num_heads // c.kv_heads
+    grouped = query.reshape(batch, q, c.kv_heads, group, c.head_dim)
+    flat = jnp.transpose(grouped, (0, 2, 3, 1, 4)).reshape(batch * c.kv_heads, group * q,
+                                                           c.head_dim)
+    cache_logits = jnp.einsum("nqd,ndm->nqm", flat, cache[0], preferred_element_type=jnp.float32)
+    cache_logits = cache_logits.reshape(batch, c.kv_heads, group, q, -1)
+    block_logits = jnp.einsum("bqkgd,bskd->bkgqs", grouped, keys,
+                              preferred_element_type=jnp.float32)
+    scale = c.attention_scale
+    on_cache, on_block = layers.softmax_over_cache_and_block(
+        cache_logits * scale + bias.cache, block_logits * scale + bias.block)
+    dtype = c.activation_dtype
+    on_cache = on_cache.astype(dtype).reshape(batch * c.kv_heads, group * q, -1)
+    mixed = jnp.einsum("nqm,nmd->nqd", on_cache, cache[1].astype(dtype))
+    mixed = mixed.reshape(batch, c.kv_heads, group, q, c.head_dim) + jnp.einsum(
+        "bkgqs,bskd->bkgqd", on_block.astype(dtype), values.astype(dtype))
+    mixed = jnp.transpose(mixed, (0, 3, 1, 2, 4))
+    return self.out(mixed.reshape(batch, q, c.num_heads, c.head_dim))
+
 
 class GatedMlp(nn.Module):
   """wo(act(wi_0 x) * wi_1 x): gate_proj, up_proj, down_proj; act is SiLU (SwiGLU: Llama,
@@ -319,12 +347,17 @@ class LlamaLayer(nn.Module):
     layer's: sliding-window for a local layer). With
     `cache` (keys [batch * kv_heads, head_dim, max_length], values [batch * kv_heads,
     max_length, head_dim]) the new keys/values are written at `cache_positions: [batch]`
-    and attention reads the cache. Returns (x, updated cache or None).
+    and attention reads the cache; with a `layers.BlockBias` the cache is only read and the
+    block's rotated (keys, values), each [batch, k, kv_heads, head_dim], are returned in its
+    place. Returns (x, updated cache, the block's keys/values, or None).
     """
     h = self.pre_self_attention_layer_norm(x)
     query, keys, values = self.self_attention.project(h, rope_positions)
     if cache is None:
       attended = self.self_attention(query, keys, values, bias, deterministic)
+    elif isinstance(bias, layers.BlockBias):  # the cache is read, the block returned
+      attended = self.self_attention.attend_cache_and_block(query, cache, keys, values, bias)
+      cache = (keys, values)
     else:
       cache = (layers.write_cache(cache[0], keys, cache_positions, length_last=True),
                layers.write_cache(cache[1], values, cache_positions, length_last=False))
@@ -359,9 +392,9 @@ class LlamaDecoder(nn.Module):
   def __call__(self, tokens: Array, *, positions: Optional[Array] = None,
                self_caches: Optional[tuple[KeyValue, ...]] = None, cross=None,
                encoder_mask=None, deterministic: bool = True,
-               hidden_layers: tuple[int, ...] = ()):
-    """Scores `tokens: [batch, k]` (the interface of `network.Decoder`, `hidden_layers`
-    included; `cross` and `encoder_mask` exist for it and must be None).
+               hidden_layers: tuple[int, ...] = (), write: bool = True):
+    """Scores `tokens: [batch, k]` (the interface of `network.Decoder`, `hidden_layers` and
+    `write` included; `cross` and `encoder_mask` exist for it and must be None).
 
     Without caches the tokens are a whole sequence from position 0 (training). With
     `self_caches` token j of row b sits at position `positions[b] + j` and attends to the
@@ -371,7 +404,8 @@ class LlamaDecoder(nn.Module):
     """
     x, *rest = self.hidden_states(tokens, positions=positions, self_caches=self_caches,
                                   cross=cross, encoder_mask=encoder_mask,
-                                  deterministic=deterministic, hidden_layers=hidden_layers)
+                                  deterministic=deterministic, hidden_layers=hidden_layers,
+                                  write=write)
     return (self.project(x, deterministic), *rest)
 
   def project(self, x: Array, deterministic: bool = True) -> Array:
@@ -389,9 +423,10 @@ class LlamaDecoder(nn.Module):
   def hidden_states(self, tokens: Array, *, positions: Optional[Array] = None,
                     self_caches: Optional[tuple[KeyValue, ...]] = None, cross=None,
                     encoder_mask=None, deterministic: bool = True,
-                    hidden_layers: tuple[int, ...] = ()):
+                    hidden_layers: tuple[int, ...] = (), write: bool = True):
     """As `__call__`, but stops before `project`: (last-layer states [batch, k, embed],
-    updated self_caches or None[, the `hidden_layers` states])."""
+    updated self_caches, the block's keys/values (`write=False`) or None[, the
+    `hidden_layers` states])."""
     if cross is not None or encoder_mask is not None:
       raise ValueError("A llama-kind model has no encoder: cross / encoder_mask must be None.")
     batch, k = tokens.shape
@@ -407,6 +442,14 @@ class LlamaDecoder(nn.Module):
     bias = attention_bias(query_positions, key_positions)
     if c.sliding_window is not None:
       local_bias = attention_bias(query_positions, key_positions, c.sliding_window)
+    if self_caches is not None and not write:
+      before = (key_positions < positions[:, None])[:, None, None, None, :]
+      split = lambda full, window: layers.BlockBias(
+          cache=jnp.where(before, full, layers.NEG_INF),
+          block=attention_bias(query_positions, query_positions, window))
+      bias = split(bias, None)
+      if c.sliding_window is not None:
+        local_bias = split(local_bias, c.sliding_window)
     x = self.shared_embedding(tokens)
     if c.kind == "gemma3":  # sqrt(emb_dim) in the activation dtype, as Gemma rounds it
       x = x * jnp.asarray(c.emb_dim ** 0.5, x.dtype)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from distillspec_jax.models import acceptance_head as head_lib
+from distillspec_jax.models import layers
 from distillspec_jax.models import llama
 from distillspec_jax.models import network
 from distillspec_jax.models.cache import DecodingCache, empty_self_attention
@@ -281,6 +282,32 @@ class Model:
                                             hidden_layers=hidden_layers)
     return (logits, cache) + extras
 
+  def score_block(self, params: Params, cache: DecodingCache, tokens: Array,
+                  hidden_layers: tuple[int, ...] = ()):
+    """`extend` without the write: scores `tokens: [batch, k]` at each row's cache position
+    against the cache, which it only reads. Returns (logits [batch, k, vocab] fp32, the block's
+    entries: one (keys, values) pair per decoder layer, each [batch, k, kv_heads, head_dim],
+    for `write_block`) and with `hidden_layers` `extend`'s third output. The logits are
+    `extend`'s up to rounding (one softmax over the cache's and the block's keys).
+
+    For a call inside a branch (`lax.switch` over block widths): a branch that writes into
+    the cache makes XLA copy the whole cache on the way in or out, while one that only reads
+    it does not, and `write_block` after the branch writes in place."""
+    logits, _, entries, extras = self._extend(params, cache, tokens, hidden=False,
+                                              hidden_layers=hidden_layers, write=False)
+    return (logits, entries) + extras
+
+  def write_block(self, cache: DecodingCache, entries: tuple, advance) -> DecodingCache:
+    """Writes `score_block`'s entries (k positions per row) at each row's position and
+    advances the rows by `advance` (an int or a traced [] int32, at most k): entries past
+    `advance` land past the new positions, where they are never read. The caller guarantees
+    `positions + k <= max_length` (see `extend`)."""
+    written = tuple(
+        (layers.write_cache(keys_cache, keys, cache.positions, length_last=True),
+         layers.write_cache(values_cache, values, cache.positions, length_last=False))
+        for (keys_cache, values_cache), (keys, values) in zip(cache.self_attention, entries))
+    return cache.replace(self_attention=written).advance(advance)
+
   def encode(self, params: Params, encoder_input_tokens: Array) -> Array:
     """An encoder-decoder's encoder output [batch, input_len, emb_dim] (no dropout)."""
     module = self.module
@@ -314,15 +341,18 @@ class Model:
     return logits, acceptance, cache
 
   def _extend(self, params: Params, cache: DecodingCache, tokens: Array, *, hidden: bool,
-              hidden_layers: tuple[int, ...] = ()):
-    """(logits, the final norm's output [batch, k, embed] or None, the advanced cache, the
-    `hidden_layers` states as a 0- or 1-tuple)."""
+              hidden_layers: tuple[int, ...] = (), write: bool = True):
+    """(logits, the final norm's output [batch, k, embed] or None, the advanced cache (with
+    `write=False` the block's entries instead), the `hidden_layers` states as a 0- or
+    1-tuple)."""
     module = self.module
     kwargs = dict(positions=cache.positions, self_caches=cache.self_attention,
                   cross=cache.cross_attention, encoder_mask=cache.encoder_mask,
                   method=module.decode)
     if hidden_layers:
       kwargs["hidden_layers"] = tuple(hidden_layers)
+    if not write:
+      kwargs["write"] = False
     variables = {"params": _network_params(params)}
     last_hidden = None
     if hidden:
@@ -331,7 +361,10 @@ class Model:
       last_hidden = _final_norm_output(state)
     else:
       outputs = module.apply(variables, tokens, **kwargs)
-    cache = cache.replace(self_attention=outputs[1]).advance(tokens.shape[1])
+    if write:
+      cache = cache.replace(self_attention=outputs[1]).advance(tokens.shape[1])
+    else:
+      cache = outputs[1]
     return self._cut(outputs[0]), last_hidden, cache, tuple(outputs[2:])
 
   def prefill(self, params: Params, cache: DecodingCache, tokens: Array, lengths: Array):

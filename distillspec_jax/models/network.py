@@ -96,12 +96,18 @@ class DecoderLayer(nn.Module):
     7th, is its static one). x: [batch, k, embed]. With `self_cache` (keys
     [batch * heads, head_dim, max_length], values
     [batch * heads, max_length, head_dim]) the new
-    keys/values are written at per-row `positions: [batch]` and attention reads the cache.
-    Returns (x, updated self_cache or None)."""
+    keys/values are written at per-row `positions: [batch]` and attention reads the cache;
+    with a `layers.BlockBias` the cache is only read and the block's own (keys, values), each
+    [batch, k, heads, head_dim], are returned in its place.
+    Returns (x, updated self_cache, the block's keys/values, or None)."""
     h = self.pre_self_attention_layer_norm(x)
     keys, values = self.self_attention.project_kv(h)
     if self_cache is None:
       attended = self.self_attention(h, keys, values, self_bias, deterministic)
+    elif isinstance(self_bias, layers.BlockBias):  # the cache is read, the block returned
+      attended = self.self_attention.attend_cache_and_block(h, self_cache, keys, values,
+                                                            self_bias)
+      self_cache = (keys, values)
     else:
       self_cache = (layers.write_cache(self_cache[0], keys, positions, length_last=True),
                     layers.write_cache(self_cache[1], values, positions, length_last=False))
@@ -169,18 +175,21 @@ class Decoder(nn.Module):
                self_caches: Optional[tuple[KeyValue, ...]] = None,
                cross: Optional[tuple[KeyValue, ...]] = None,
                encoder_mask: Optional[Array] = None, deterministic: bool = True,
-               hidden_layers: tuple[int, ...] = ()):
+               hidden_layers: tuple[int, ...] = (), write: bool = True):
     """Scores `tokens: [batch, k]`.
 
     Without caches the tokens are a whole sequence starting at position 0 (training). With
     `self_caches` (one (keys, values) pair per layer) token j of row b sits at absolute position
     `positions[b] + j` and attends to cached keys at positions <= its own.
     Returns (logits [batch, k, vocab] fp32, updated self_caches or None), and with
-    `hidden_layers` a third output: those hidden states (`collect_hidden`).
+    `hidden_layers` a third output: those hidden states (`collect_hidden`). With
+    `write=False` the caches are only read and the second output is the block's own
+    (keys, values) per layer instead (`Model.score_block`).
     """
     x, *rest = self.hidden_states(tokens, positions=positions, self_caches=self_caches,
                                   cross=cross, encoder_mask=encoder_mask,
-                                  deterministic=deterministic, hidden_layers=hidden_layers)
+                                  deterministic=deterministic, hidden_layers=hidden_layers,
+                                  write=write)
     return (self.project(x, deterministic), *rest)
 
   def project(self, x: Array, deterministic: bool = True) -> Array:
@@ -200,9 +209,10 @@ class Decoder(nn.Module):
                     self_caches: Optional[tuple[KeyValue, ...]] = None,
                     cross: Optional[tuple[KeyValue, ...]] = None,
                     encoder_mask: Optional[Array] = None, deterministic: bool = True,
-                    hidden_layers: tuple[int, ...] = ()):
+                    hidden_layers: tuple[int, ...] = (), write: bool = True):
     """As `__call__`, but stops before `project`: (last-layer states [batch, k, embed],
-    updated self_caches or None[, the `hidden_layers` states])."""
+    updated self_caches, the block's keys/values (`write=False`) or None[, the
+    `hidden_layers` states])."""
     batch, k = tokens.shape
     offsets = jnp.arange(k)[None, :]
     if self_caches is None:
@@ -214,6 +224,12 @@ class Decoder(nn.Module):
       key_positions = jnp.broadcast_to(jnp.arange(max_length)[None], (batch, max_length))
     causal = key_positions[:, None, None, :] <= query_positions[:, None, :, None]
     self_bias = self.relpos_bias(query_positions, key_positions) + _mask_to_bias(causal)
+    if self_caches is not None and not write:
+      before = key_positions[:, None, None, :] < positions[:, None, None, None]
+      within = offsets[:, None, None, :] <= offsets[:, None, :, None]
+      self_bias = layers.BlockBias(
+          cache=jnp.where(before, self_bias, layers.NEG_INF),
+          block=self.relpos_bias(query_positions, query_positions) + _mask_to_bias(within))
     cross_bias = None
     if self.has_cross_attention:
       cross_bias = _mask_to_bias(encoder_mask[:, None, None, :])
