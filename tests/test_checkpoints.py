@@ -37,20 +37,25 @@ def test_round_trip_and_keep_last_n(tmp_path):
   assert not [d for d in os.listdir(tmp_path) if "tmp" in d]  # nothing half-written left
 
 
-def test_failed_save_keeps_previous_checkpoint(tmp_path):
-  """A save that dies midway (here: an unserialisable item) never becomes a step."""
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_meta_that_is_not_json_is_refused_before_the_save_starts(tmp_path):
+  """The bad value is named, no step 2 appears (not even a temporary one), the previous step
+  restores, and nothing is left running (no unraisable exception at exit)."""
   _, params, opt_state = _state()
   ck = checkpoints.Checkpointer(str(tmp_path), save_every=1)
   ck.save(1, params, opt_state)
   ck.wait()
-  with pytest.raises(Exception):
+  with pytest.raises(TypeError, match="'bad': <object object"):
     ck.save(2, params, opt_state, {"bad": object()})
-    ck.wait()
+  with pytest.raises(TypeError, match="'loss': nan"):
+    ck.save(2, params, opt_state, {"loss": float("nan")})
+  ck.close()
+  assert sorted(os.listdir(tmp_path)) == ["1"]
   fresh = checkpoints.Checkpointer(str(tmp_path))
   assert fresh.latest_step() == 1
-  assert not os.path.exists(tmp_path / "2" / "commit_success.txt")
   restored, _, _ = fresh.restore(1, checkpoints.abstract_like(params), checkpoints.abstract_like(opt_state))
   _equal(params, restored)
+  fresh.close()
 
 
 def test_leftover_temporary_directory_is_ignored(tmp_path):

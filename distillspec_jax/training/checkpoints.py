@@ -18,6 +18,7 @@ future that nothing waits for). `tests/test_checkpoints.py` checks both.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -151,8 +152,15 @@ class Checkpointer:
 
   def save(self, step: int, params: Params, opt_state: Any, meta: Optional[dict] = None,
            force: bool = False) -> bool:
-    """Saves if `step` is due (or `force`); returns whether a save started."""
+    """Saves if `step` is due (or `force`); returns whether a save started. `meta` must be
+    JSON: anything else is refused before the save starts (a save that failed on it halfway
+    left orbax's writer threads on a closed event loop)."""
     meta = dict(meta or {}, step=int(step))
+    try:
+      json.dumps(meta, allow_nan=False)
+    except (TypeError, ValueError) as error:
+      raise TypeError(f"checkpoint meta {meta!r} is not JSON ({error}): pass plain numbers, "
+                      "strings, lists and dicts.") from None
     args = ocp.args.Composite(params=ocp.args.StandardSave(params),
                               opt_state=ocp.args.StandardSave(opt_state),
                               meta=ocp.args.JsonSave(meta))
