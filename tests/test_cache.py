@@ -211,6 +211,24 @@ def test_encoder_decoder_cache_needs_encoder_inputs():
     model.init_cache(params, 2, 8)
 
 
+def test_cross_attention_is_cached_in_the_layouts_attention_reads():
+  """Keys [batch * heads, head_dim, input_len], values [batch * heads, input_len, head_dim]:
+  row b's heads are rows b * heads ..., as for self-attention, so no step transposes them."""
+  model, params = model_and_params("tiny_encoder_decoder")
+  c = model.config
+  inputs = jnp.asarray(random_tokens(model, (3, 7), seed=8))
+  cache = model.init_cache(params, 3, 16, inputs)
+  module, variables = model.module, {"params": params}
+  raw = module.apply(variables, module.apply(variables, inputs, method=module.encode),
+                     method=module.cross_key_values)
+  assert len(cache.cross_attention) == c.num_decoder_layers
+  for (keys, values), (raw_keys, raw_values) in zip(cache.cross_attention, raw):
+    assert keys.shape == (3 * c.num_heads, c.head_dim, 7)
+    assert values.shape == (3 * c.num_heads, 7, c.head_dim)
+    np.testing.assert_array_equal(keys[c.num_heads + 2], np.asarray(raw_keys)[1, :, 2].T)
+    np.testing.assert_array_equal(values[c.num_heads + 2], np.asarray(raw_values)[1, :, 2])
+
+
 @pytest.mark.parametrize("length_last", [True, False])
 @pytest.mark.parametrize("k", [1, 3])
 def test_cache_write_paths_agree(k, length_last):

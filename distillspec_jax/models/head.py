@@ -295,13 +295,17 @@ class HeadLayer(nn.Module):
     bias = self._bias(query_positions, key_positions, allowed)
     return self.self_attention.attend_cache(query, cache[0], cache[1], bias)
 
-  def finish(self, fused: Array, attended: Array, cross, encoder_mask) -> Array:
-    """The rest of the layer after self-attention: [batch, k, embed]."""
+  def finish(self, fused: Array, attended: Array, cross, encoder_mask,
+             cached: bool = False) -> Array:
+    """The rest of the layer after self-attention: [batch, k, embed]. `cross`: the
+    cross-attention (keys, values) as `cross_key_values` gives them, or in a decoding cache's
+    layouts (`cached`, `layers.to_cache_layout`)."""
     x = fused + attended
     if cross is not None:
       bias = jnp.where(encoder_mask, 0.0, layers.NEG_INF).astype(jnp.float32)[:, None, None]
-      x = x + self.encoder_decoder_attention(self.pre_cross_attention_layer_norm(x), cross[0],
-                                             cross[1], bias)
+      attention = self.encoder_decoder_attention
+      attend = attention.attend_cache if cached else attention
+      x = x + attend(self.pre_cross_attention_layer_norm(x), cross[0], cross[1], bias)
     return x + self.mlp(self.pre_mlp_layer_norm(x))
 
 
@@ -341,7 +345,7 @@ class HeadNetwork(nn.Module):
     cache = (layers.write_cache(cache[0], keys, positions, length_last=True),
              layers.write_cache(cache[1], values, positions, length_last=False))
     attended = self.layer.attend_cache(query, cache, query_positions)
-    out = self.layer.finish(fused, attended, cross, encoder_mask)
+    out = self.layer.finish(fused, attended, cross, encoder_mask, cached=True)
     return self._logits(out), out, cache
 
   def unroll(self, tokens: Array, features: Array, steps: int, encoded=None,
@@ -485,7 +489,8 @@ class Head:
     module = self.module
     cross = module.apply({"params": params}, encoded, method=module.cross_key_values)
     return DecodingCache(positions=positions, self_attention=self_attention,
-                         cross_attention=(cross,), encoder_mask=encoder_mask)
+                         cross_attention=(layers.to_cache_layout(*cross),),
+                         encoder_mask=encoder_mask)
 
   def extend(self, params: Params, cache: DecodingCache, tokens: Array, inputs: Array, *,
              from_target: bool):

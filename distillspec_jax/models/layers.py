@@ -198,6 +198,15 @@ def softmax_over_cache_and_block(cache_logits: Array, block_logits: Array):
   return weights[..., :cache_logits.shape[-1]], weights[..., cache_logits.shape[-1]:]
 
 
+def to_cache_layout(keys: Array, values: Array) -> tuple[Array, Array]:
+  """`keys, values: [batch, length, heads, head_dim]` in a decoding cache's layouts: keys
+  [batch * heads, head_dim, length], values [batch * heads, length, head_dim] (what
+  `attend_cache` reads without transposing)."""
+  batch, length, heads, head_dim = keys.shape
+  return (jnp.transpose(keys, (0, 2, 3, 1)).reshape(batch * heads, head_dim, length),
+          jnp.transpose(values, (0, 2, 1, 3)).reshape(batch * heads, length, head_dim))
+
+
 # Up to this batch size a cache write is one dynamic-update-slice per batch row, which XLA does
 # in place; larger batches use one scatter (an unrolled loop that long would bloat the program).
 MAX_BATCH_FOR_ROW_WRITES = 8

@@ -266,7 +266,8 @@ class Model:
     encoded = module.apply(variables, encoder_input_tokens, method=module.encode)
     cross = module.apply(variables, encoded, method=module.cross_key_values)
     return DecodingCache(positions=positions, self_attention=self_attention,
-                         cross_attention=cross, encoder_mask=encoder_input_tokens > 0)
+                         cross_attention=tuple(layers.to_cache_layout(*kv) for kv in cross),
+                         encoder_mask=encoder_input_tokens > 0)
 
   def extend(self, params: Params, cache: DecodingCache, tokens: Array,
              hidden_layers: tuple[int, ...] = ()):

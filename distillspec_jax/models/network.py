@@ -115,7 +115,10 @@ class DecoderLayer(nn.Module):
     x = x + self.dropout(attended, deterministic)
     if self.has_cross_attention:
       h = self.pre_cross_attention_layer_norm(x)
-      h = self.encoder_decoder_attention(h, cross[0], cross[1], cross_bias, deterministic)
+      if self_cache is None:
+        h = self.encoder_decoder_attention(h, cross[0], cross[1], cross_bias, deterministic)
+      else:  # decoding: the cache holds them in its layouts (`layers.to_cache_layout`)
+        h = self.encoder_decoder_attention.attend_cache(h, cross[0], cross[1], cross_bias)
       x = x + self.dropout(h, deterministic)
     h = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
     return x + self.dropout(h, deterministic), self_cache
