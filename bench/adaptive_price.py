@@ -1,7 +1,8 @@
 """The adaptive draft length's own price per round, by cache capacity.
 
 An adaptive rule (`speculative.DraftLength`) drafts in a `while_loop` and verifies in a branch
-per proposal width (`lax.switch`); the fixed rule unrolls both. This script times the two on
+per proposal width (`lax.switch`); the fixed rule drafts in a
+`lax.scan` of fixed length and verifies one width. This script times the two on
 the same tokens: fixed gamma G against the `confidence >= 0` rule at gamma_max G, which
 proposes all G tokens every round, so both decode the same tokens in the same rounds and the
 difference is the adaptive machinery alone. It does so at several cache capacities

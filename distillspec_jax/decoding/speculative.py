@@ -591,18 +591,24 @@ def _draft_block(draft: Model, draft_params, draft_cache, context: Array, rng: A
                  gamma: int, temperature: float) -> DraftBlock:
   """gamma draft steps from `context: [batch, 2]` = [previous, pending] (the first step feeds
   both); every row proposes all gamma tokens."""
-  uniform = jax.random.uniform(rng, (context.shape[0], gamma, UNIFORMS_PER_DRAW))
+  batch = context.shape[0]
+  uniform = jax.random.uniform(rng, (batch, gamma, UNIFORMS_PER_DRAW))
   logits, draft_cache = draft.extend(draft_params, draft_cache, context)
-  step_logits = logits[:, 1]
-  tokens, all_logits = [], []
-  for i in range(gamma):
-    if i > 0:
-      logits, draft_cache = draft.extend(draft_params, draft_cache, tokens[-1][:, None])
-      step_logits = logits[:, 0]
-    all_logits.append(step_logits)
-    tokens.append(sample_tokens(step_logits, None, temperature, uniform[:, i]))
-  full = jnp.full((context.shape[0],), gamma, jnp.int32)
-  return DraftBlock(tokens=jnp.stack(tokens, 1), logits=jnp.stack(all_logits, 1),
+  first_logits = logits[:, 1]
+  first = sample_tokens(first_logits, None, temperature, uniform[:, 0])
+
+  def step(carry, u):
+    cache, token = carry
+    logits, cache = draft.extend(draft_params, cache, token[:, None])
+    token = sample_tokens(logits[:, 0], None, temperature, u)
+    return (cache, token), (token, logits[:, 0])
+
+  (draft_cache, _), (tokens, all_logits) = jax.lax.scan(
+      step, (draft_cache, first), jnp.swapaxes(uniform[:, 1:], 0, 1))
+  full = jnp.full((batch,), gamma, jnp.int32)
+  return DraftBlock(tokens=jnp.concatenate([first[:, None], jnp.swapaxes(tokens, 0, 1)], 1),
+                    logits=jnp.concatenate([first_logits[:, None], jnp.swapaxes(all_logits, 0, 1)],
+                                           1),
                     cache=draft_cache, proposed=full, row_calls=full, calls=jnp.int32(gamma))
 
 
