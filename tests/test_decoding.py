@@ -249,3 +249,14 @@ def test_distillation_sampler_refuses_more_tokens_than_the_cache():
   out = sample_batch(model, params, batch, jax.random.PRNGKey(0), max_new_tokens=127,
                      temperature=1.0)
   assert out["decoder_target_tokens"].shape == (4, 8)
+
+
+def test_the_default_key_stays_concrete_when_first_made_inside_a_trace():
+  """Greedy decoding inside a caller's jax.jit, with no key: the cached default key must not
+  be the trace's tracer, which would leak into every later call (UnexpectedTracerError)."""
+  plain.default_rng.cache_clear()
+  traced = jax.jit(lambda x: plain.check_rng(None, SamplingConfig()) + x)
+  traced(jnp.uint32(0))
+  key = plain.default_rng()
+  assert not isinstance(key, jax.core.Tracer)
+  np.testing.assert_array_equal(key, jax.random.PRNGKey(0))

@@ -37,8 +37,11 @@ SAMPLER_BLOCK = 128
 @functools.cache
 def default_rng() -> Array:
   """PRNGKey(0), made once: building a key costs ~0.2 ms of Python, as much as a few decoding
-  steps of a small model. Only for greedy decoding, which draws nothing (see `check_rng`)."""
-  return jax.random.PRNGKey(0)
+  steps of a small model. Only for greedy decoding, which draws nothing (see `check_rng`).
+  Made concrete even when first asked for inside a trace (a caller's `jax.jit`): a cached
+  tracer would leak into every later call."""
+  with jax.ensure_compile_time_eval():
+    return jax.random.PRNGKey(0)
 
 
 def check_rng(rng: Optional[Array], sampling: "SamplingConfig") -> Array:
