@@ -342,8 +342,7 @@ class HeadNetwork(nn.Module):
     query_positions = positions[:, None] + jnp.arange(tokens.shape[1])[None, :]
     query, keys, values = self.layer.project(self.token_embedder(tokens), fused,
                                              query_positions)
-    cache = (layers.write_cache(cache[0], keys, positions, length_last=True),
-             layers.write_cache(cache[1], values, positions, length_last=False))
+    cache = layers.write_key_values(cache, keys, values, positions)
     attended = self.layer.attend_cache(query, cache, query_positions)
     out = self.layer.finish(fused, attended, cross, encoder_mask, cached=True)
     return self._logits(out), out, cache

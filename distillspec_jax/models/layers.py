@@ -226,6 +226,14 @@ def write_cache(cache: Array, new: Array, positions: Array, *, length_last: bool
   return write_cache_by_scatter(cache, new, positions, length_last=length_last)
 
 
+def write_key_values(cache: tuple[Array, Array], keys: Array, values: Array,
+                     positions: Array) -> tuple[Array, Array]:
+  """One layer's `write_cache` of `keys, values: [batch, k, heads, head_dim]` into its
+  (keys, values) cache pair at per-row `positions: [batch]`."""
+  return (write_cache(cache[0], keys, positions, length_last=True),
+          write_cache(cache[1], values, positions, length_last=False))
+
+
 def write_cache_by_rows(cache: Array, new: Array, positions: Array, *,
                         length_last: bool) -> Array:
   """`write_cache` as one dynamic-update-slice per batch row (in place, no layout change)."""

@@ -359,8 +359,7 @@ class LlamaLayer(nn.Module):
       attended = self.self_attention.attend_cache_and_block(query, cache, keys, values, bias)
       cache = (keys, values)
     else:
-      cache = (layers.write_cache(cache[0], keys, cache_positions, length_last=True),
-               layers.write_cache(cache[1], values, cache_positions, length_last=False))
+      cache = layers.write_key_values(cache, keys, values, cache_positions)
       attended = self.self_attention.attend_cache(query, cache[0], cache[1], bias)
     gemma = self.config.kind == "gemma3"
     if gemma:

@@ -303,10 +303,8 @@ class Model:
     advances the rows by `advance` (an int or a traced [] int32, at most k): entries past
     `advance` land past the new positions, where they are never read. The caller guarantees
     `positions + k <= max_length` (see `extend`)."""
-    written = tuple(
-        (layers.write_cache(keys_cache, keys, cache.positions, length_last=True),
-         layers.write_cache(values_cache, values, cache.positions, length_last=False))
-        for (keys_cache, values_cache), (keys, values) in zip(cache.self_attention, entries))
+    written = tuple(layers.write_key_values(layer, keys, values, cache.positions)
+                    for layer, (keys, values) in zip(cache.self_attention, entries))
     return cache.replace(self_attention=written).advance(advance)
 
   def encode(self, params: Params, encoder_input_tokens: Array) -> Array:

@@ -109,8 +109,7 @@ class DecoderLayer(nn.Module):
                                                             self_bias)
       self_cache = (keys, values)
     else:
-      self_cache = (layers.write_cache(self_cache[0], keys, positions, length_last=True),
-                    layers.write_cache(self_cache[1], values, positions, length_last=False))
+      self_cache = layers.write_key_values(self_cache, keys, values, positions)
       attended = self.self_attention.attend_cache(h, self_cache[0], self_cache[1], self_bias)
     x = x + self.dropout(attended, deterministic)
     if self.has_cross_attention:
