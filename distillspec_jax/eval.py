@@ -47,7 +47,8 @@ import jax
 
 from distillspec_jax import gin_utils
 from distillspec_jax.core.files import write_text_atomic
-from distillspec_jax.core.validation import check_field_types, check_path, check_positive_int
+from distillspec_jax.core.validation import (check_feature_lengths, check_field_types,
+                                             check_output_dir, check_path, check_positive_int)
 from distillspec_jax.decoding.speculative import DraftLength, check_pair
 from distillspec_jax.evaluation import evaluate as evaluate_lib
 from distillspec_jax.evaluation import examples as examples_lib
@@ -154,6 +155,7 @@ class EvalConfig:
       if not getattr(self, name):  # gin's unset macro is None: say which, not the type
         raise ValueError(f"{macro} is not set; pass --gin.{macro}={example}.")
     check_field_types(self)
+    check_feature_lengths(self.task_feature_lengths, "TASK_FEATURE_LENGTHS")
     for name, kind in (("grid", DecodingGrid), ("speed", SpeedConfig), ("mesh", MeshConfig),
                        ("precision", PrecisionConfig)):
       if not isinstance(getattr(self, name), kind):
@@ -581,6 +583,10 @@ def load_config(argv: Sequence[str]) -> EvalConfig:
     raise gin_utils.GinConfigError(
         "The run file does not bind evaluate_job.config; use a gin/runs/eval_*.gin file, "
         "e.g. gin/runs/eval_demo.gin.") from error
+  if not isinstance(reference, gin.config.ConfigurableReference):
+    raise gin_utils.GinConfigError(
+        f"evaluate_job.config={reference!r} is not a configuration; bind evaluate_job.config = "
+        "@EvalConfig() (as the run files do).")
   try:
     config = reference.scoped_configurable_fn()
   except (TypeError, ValueError) as error:
@@ -596,7 +602,18 @@ def prepare(argv: Sequence[str]) -> EvalConfig:
   config = load_config(argv)
   config.mesh.make(jax.devices())  # sizes that do not divide the devices: refused now
   config.check_inputs()
+  check_tasks(config)
+  if multihost.is_primary():  # the one writer
+    check_output_dir(config.model_dir, "MODEL_DIR")
   return config
+
+
+def check_tasks(config: EvalConfig) -> None:
+  """Registers the run's tasks and refuses an unknown task or split (the registry's
+  ValueError names it and the registered ones) before MODEL_DIR is written."""
+  register_tasks(config)
+  for name in task_names(config.mixture_or_task_name):
+    eval_split(name, config.split)
 
 
 def run(config: EvalConfig) -> int:

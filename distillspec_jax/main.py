@@ -72,6 +72,10 @@ def load_pipeline(argv: Sequence[str]) -> PipelineConfig:
     raise gin_utils.GinConfigError(
         "The run file does not bind main_job.pipeline; use a gin/runs/ file made for "
         "distillspec_jax.main, e.g. gin/runs/demo.gin.") from error
+  if not isinstance(reference, gin.config.ConfigurableReference):
+    raise gin_utils.GinConfigError(
+        f"main_job.pipeline={reference!r} is not a configuration; bind main_job.pipeline = "
+        "@PipelineConfig() (as the run files do).")
   try:
     pipeline = reference.scoped_configurable_fn()
   except (TypeError, ValueError) as error:
@@ -90,9 +94,27 @@ def prepare(argv: Sequence[str]) -> PipelineConfig:
   # at model_vocab_size, else vocab_size).
   pipeline_lib.job_mesh(pipeline, *pipeline_lib.models(
       pipeline, vocab=pipeline.model_vocab_size or pipeline.vocab_size))
+  check_stages(pipeline)
   if multihost.is_primary():
     check_run_dir(pipeline.run_dir)
   return pipeline
+
+
+def check_stages(pipeline: PipelineConfig) -> None:
+  """Refuses a `main_job.stages` binding that names no stage of the job, or an unknown one,
+  before MODEL_DIR is made (None, the default, runs every stage)."""
+  try:
+    stages = gin.query_parameter("main_job.stages")
+  except ValueError:  # not bound: every stage
+    return
+  if stages is None:
+    return
+  if not isinstance(stages, (tuple, list)) or not stages:
+    raise gin_utils.GinConfigError(
+        f"main_job.stages={stages!r} is not a non-empty tuple of stages; pass some of "
+        f"this job's stages {pipeline.stages}, e.g. --gin.main_job.stages=\"('evaluate',)\", "
+        "or leave it unset (None) to run them all.")
+  pipeline_lib.required_stages(pipeline, tuple(stages))
 
 
 def run_dry_run(argv: Sequence[str]) -> int:

@@ -46,7 +46,8 @@ from distillspec_jax.training import partitioning
 from distillspec_jax.training import trainer
 from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.interop import importer
-from distillspec_jax.core.validation import check_field_types, check_positive_int, check_real
+from distillspec_jax.core.validation import (check_feature_lengths, check_field_types,
+                                             check_output_dir, check_positive_int, check_real)
 from distillspec_jax.models import precision
 from distillspec_jax.models.precision import PrecisionConfig
 from distillspec_jax.models.model import Model
@@ -114,7 +115,8 @@ class RunSpec:
     check_positive_int(self.eval_batch_size, "run.eval_batch_size")
     check_positive_int(self.eval_gamma, "run.eval_gamma")
     check_real(self.eval_temperature, "run.eval_temperature", minimum=0.0)
-    object.__setattr__(self, "task_feature_lengths", dict(self.task_feature_lengths or {}))
+    object.__setattr__(self, "task_feature_lengths", check_feature_lengths(
+        dict(self.task_feature_lengths or {}), "TASK_FEATURE_LENGTHS"))
     # DATA_DIR and VOCABULARY: both models take the vocabulary's special ids.
     data = self.data or TaskSource()
     data.check((("INITIAL_CHECKPOINT_PATH", self.train_config.initial_checkpoint_path or None),
@@ -276,6 +278,8 @@ def main(argv: Sequence[str]) -> trainer.TrainResult:
   spec = resolve(argv)
   check_mesh(spec)
   check_checkpoint_paths(spec)
+  check_task(spec)
+  check_output_dir(spec.train_config.model_dir, "MODEL_DIR")
   print(f"distillspec_jax.train: {spec.mode} of {spec.model.config.kind} model "
         f"({spec.model.num_params():,} params) for {spec.train_config.train_steps} steps "
         f"in {spec.train_config.model_dir}; devices: {jax.devices()}", flush=True)
@@ -330,6 +334,23 @@ def run_dry_run(argv: Sequence[str]) -> int:
                                 tuple(levers))
 
   return gin_utils.run_dry_run(plan)
+
+
+def check_task(spec: RunSpec) -> None:
+  """Refuses an unknown MIXTURE_OR_TASK_NAME or split before MODEL_DIR is written (the
+  registry's ValueError names the task and the registered ones)."""
+  if spec.mixture_or_task_name == SYNTHETIC_TASK:
+    return
+  from distillspec_jax.data import batches as batches_lib
+  spec.data.register()
+  task = batches_lib.get_task(spec.mixture_or_task_name)
+  splits = sorted(task.splits)
+  evaluates = spec.mode == "distill" and spec.train_config.eval_every
+  for name in ("split", "eval_split") if evaluates else ("split",):
+    if getattr(spec, name) not in splits:
+      raise ValueError(f"run.{name}={getattr(spec, name)!r}: task "
+                       f"{spec.mixture_or_task_name!r} has the splits {splits}; set run.{name} "
+                       "to one of them.")
 
 
 def check_mesh(spec: RunSpec) -> None:

@@ -46,6 +46,12 @@ EVAL_CASES = [
     # A binding the run never reads (it would be ignored): the macro and its readers named.
     ("--gin.TRAIN_STEPS=3", "%TRAIN_STEPS; read by distillspec_jax.main"),
     ("--gin.TrainConfig.batch_size=4", "never calls TrainConfig"),
+    # Held-out cases (issue: a repeated grid entry ran, and reported, twice).
+    ("--gin.GAMMAS=(3,3)", "DecodingGrid.gammas=(3, 3) lists 3 twice"),
+    ("--gin.LENIENCE_KINDS=('lin','lin')", "lenience_kinds=('lin', 'lin') lists 'lin' twice"),
+    ("--gin.TEMPERATURES=(nan,)", "temperatures='(nan,)' is not a tuple"),  # read as a string
+    ("--gin.TASK_FEATURE_LENGTHS={'inputz':40,'targets':44}", "['inputz']"),
+    ("--gin.evaluate_job.config=None", "evaluate_job.config=None is not a configuration"),
 ]
 MAIN_CASES = [
     ("--gin.SpeedConfig.calls='3'", "SpeedConfig.calls='3'"),
@@ -78,6 +84,16 @@ MAIN_CASES = [
     # an adaptive rule on the acceptance head's signal, and no draft trained with one
     ("--gin.DecodingGrid.draft_length=@DraftLength() --gin.DraftLength.rule='confidence' "
      "--gin.DraftLength.signal='acceptance_head'", "acceptance_head=None"),
+    # Held-out cases: each was accepted and failed mid-run (after MODEL_DIR or a stage was
+    # written), ran a grid entry twice, or ended in a KeyError traceback ({}).
+    ("--gin.GAMMAS=(3,3)", "DecodingGrid.gammas=(3, 3) lists 3 twice"),
+    ("--gin.TEMPERATURES=(0.0,0.0)", "lists 0.0 twice"),
+    ("--gin.TASK_FEATURE_LENGTHS={}", "TASK_FEATURE_LENGTHS={} lacks ['targets']"),
+    ("--gin.PipelineConfig.optimizer='sgdd'", "PipelineConfig.optimizer='sgdd'"),
+    ("--gin.PipelineConfig.learning_rate=0.0", "learning_rate=0.0 must be > 0"),
+    ("--gin.main_job.stages=('nonexistent',)", "['nonexistent']"),
+    ("--gin.main_job.stages=()", "main_job.stages=() is not a non-empty tuple"),  # ran all
+    ("--gin.main_job.pipeline=None", "main_job.pipeline=None is not a configuration"),
 ]
 TRAIN_CASES = [
     ("--gin.TRAIN_STEPS=-1", "-1"),
@@ -102,6 +118,10 @@ TRAIN_CASES = [
     ("--gin.demo_draft/model_by_name.remat_policy='full'", "PrecisionConfig.remat_policy"),
     # Both models' scoped bindings of vocab_size win over an unscoped one.
     ("--gin.model_by_name.vocab_size=128", "another binding of model_by_name.vocab_size"),
+    # Held-out cases: accepted, then failed after MODEL_DIR/config.gin was written.
+    ("--gin.TrainConfig.optimizer='sgdd'", "TrainConfig.optimizer='sgdd'"),
+    ("--gin.TASK_FEATURE_LENGTHS={'inputs':0,'targets':8}", "['inputs']=0"),
+    ("--gin.TASK_FEATURE_LENGTHS={'inputz':8,'targets':8}", "['inputz']"),
 ]
 
 # The objectives study (a RecipeGridConfig through the main binary): issue 50's list.
@@ -176,3 +196,54 @@ def test_bad_value_as_a_process_exits_1_without_a_traceback(binary, flag, named,
   assert named in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
   assert "Event loop is closed" not in done.stderr
   assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def checkpoints_dir(tmp_path_factory):
+  """Random tiny checkpoints in our format (no training): the eval pair (vocabulary 256) and
+  distill_tiny.gin's target (vocabulary 64), so that a refusal after the checkpoint checks is
+  reached."""
+  import jax
+  from distillspec_jax.models.config import model_config
+  from distillspec_jax.models.model import Model
+  from distillspec_jax.training import checkpoints
+  root = tmp_path_factory.mktemp("bad_input_checkpoints")
+  for name, vocab_size, layers in (("target", 256, 2), ("draft", 256, 1), ("tiny", 64, 2)):
+    model = Model(model_config("tiny_encoder_decoder", vocab_size=vocab_size,
+                               num_decoder_layers=layers))
+    checkpoints.save_params(str(root / name), model.init(jax.random.PRNGKey(0)))
+  return root
+
+
+# (binary, flags, text the message must hold): refusals after the checkpoints are read, each
+# of which used to write MODEL_DIR first (config.gin) or end in a traceback (a MODEL_DIR that
+# is a file or lies under one: FileExistsError / NotADirectoryError).
+LATE_CASES = [
+    ("eval", "--gin.MIXTURE_OR_TASK_NAME='no_such_task'", "'no_such_task' is not registered"),
+    ("eval", "--gin.EVAL_SPLIT='nonsense'", "no split 'nonsense'"),
+    ("eval", "--gin.MODEL_DIR='{file}'", "is a file, not a directory"),
+    ("eval", "--gin.MODEL_DIR='{file}/sub'", "is a file, not a directory"),
+    ("train", "--gin.MIXTURE_OR_TASK_NAME='no_such_task'", "'no_such_task' is not registered"),
+    ("train", "--gin.MIXTURE_OR_TASK_NAME='embedded_arithmetic' --gin.run.split='dev'",
+     "run.split='dev'"),
+    ("train", "--gin.MODEL_DIR='{file}'", "is a file, not a directory"),
+    ("train", "--gin.MODEL_DIR='{file}/sub'", "is a file, not a directory"),
+]
+
+
+@pytest.mark.parametrize("binary,flags,named", LATE_CASES, ids=[f"{b}-{f}" for b, f, _ in
+                                                                LATE_CASES])
+def test_late_bad_value_exits_1_before_model_dir_is_written(binary, flags, named, tmp_path,
+                                                            capsys, checkpoints_dir):
+  cli, argv_of, _ = BINARIES[binary]
+  model_dir, afile = tmp_path / "out", tmp_path / "a_file"
+  afile.write_text("kept")
+  argv = argv_of(model_dir)
+  if binary == "eval":
+    argv += [f"--gin.TARGET_CHECKPOINT_PATH='{checkpoints_dir / 'target'}'",
+             f"--gin.DRAFT_CHECKPOINT_PATH='{checkpoints_dir / 'draft'}'"]
+  else:
+    argv += [f"--gin.TARGET_CHECKPOINT_PATH='{checkpoints_dir / 'tiny'}'"]
+  testing.assert_refused_before_work(cli, argv + flags.format(file=afile).split(" "), named,
+                                     model_dir, capsys)
+  assert afile.read_text() == "kept"

@@ -8,7 +8,10 @@
 * `check_budget(budget_s, name)`: seconds of timing;
 * `check_path(path, name, kind, fix)`: an input path that must exist before work starts;
 * `check_finite(rows, where)`: a report's rows hold finite numbers only;
-* `check_block_size(block_size, name, length)`: positions per block, in [1, length].
+* `check_block_size(block_size, name, length)`: positions per block, in [1, length];
+* `check_feature_lengths(lengths, name, required)`: TASK_FEATURE_LENGTHS;
+* `check_distinct(values, name)`: a grid or list without repeated entries;
+* `check_output_dir(path, name)`: MODEL_DIR is, or can be made, a writable directory.
 
 Every error names the value and the fix. Nothing here coerces: "3" and True are not 3.
 
@@ -172,17 +175,23 @@ def check_grid(gammas, temperatures, names: tuple = ("gammas", "temperatures")) 
   `temperatures` finite numbers >= 0 (0 is greedy), neither empty; errors name the whole
   grid by `names` (the config fields or gin macros that set them) and the bad entry."""
   gammas_name, temperatures_name = names
+  for values, name, example in ((gammas, gammas_name, "(3, 5, 7)"),
+                                (temperatures, temperatures_name, "(0.0, 1.0)")):
+    if not isinstance(values, (tuple, list)):
+      raise ValueError(f"{name}={values!r} is not a tuple; pass e.g. {example}.")
   if not len(gammas):
     raise ValueError(f"{gammas_name}={tuple(gammas)!r} is empty; pass at least one gamma, "
                      "e.g. (3, 5, 7).")
   for gamma in gammas:
     check_positive_int(gamma, f"{gammas_name}={tuple(gammas)!r} has a gamma: gamma")
+  check_distinct(gammas, gammas_name)
   if not len(temperatures):
     raise ValueError(f"{temperatures_name}={tuple(temperatures)!r} is empty; pass e.g. "
                      "(0.0, 1.0).")
   for temperature in temperatures:
     check_real(temperature, f"{temperatures_name}={tuple(temperatures)!r} has a temperature: "
                "temperature", minimum=0.0, fix="pass temperatures >= 0 (0 is greedy).")
+  check_distinct(temperatures, temperatures_name)
 
 
 def check_budget(budget_s, name: str = "budget_s") -> float:
@@ -245,3 +254,57 @@ def check_block_size(block_size, name: str, length=None) -> int:
                      f"a block size in [1, {length}], 'auto' (blocks of at most a few hundred "
                      "positions), or None (no blocking).")
   return number
+
+
+FEATURE_LENGTH_KEYS = ("inputs", "targets")
+
+
+def check_feature_lengths(lengths, name: str = "TASK_FEATURE_LENGTHS",
+                          required: tuple = ()) -> dict:
+  """`lengths` ({'inputs': P, 'targets': T}: tokens per feature) as a dict, or a ValueError
+  naming it and the fix: a mapping whose keys are among FEATURE_LENGTH_KEYS, holding the
+  `required` ones, with integer values >= 1 (no "40", no 40.0, no 0)."""
+  fix = f"pass e.g. {name}=\"{{'inputs': 40, 'targets': 44}}\"."
+  if not isinstance(lengths, dict):
+    raise ValueError(f"{name}={lengths!r} is not a mapping of feature to length; {fix}")
+  unknown = sorted(set(lengths) - set(FEATURE_LENGTH_KEYS), key=str)
+  if unknown:
+    raise ValueError(f"{name}={lengths!r} has unknown feature(s) {unknown}; the features are "
+                     f"{FEATURE_LENGTH_KEYS}: {fix}")
+  missing = [key for key in required if key not in lengths]
+  if missing:
+    raise ValueError(f"{name}={lengths!r} lacks {missing}; {fix}")
+  for key, value in lengths.items():
+    check_positive_int(value, f"{name}[{key!r}]")
+  return dict(lengths)
+
+
+def check_distinct(values, name: str) -> None:
+  """Refuses a grid or list with an entry given twice (it would run, and report, twice),
+  naming `name`, the values and the repeated entry."""
+  seen = set()
+  for value in values:
+    if value in seen:
+      raise ValueError(f"{name}={tuple(values)!r} lists {value!r} twice; list each value once.")
+    seen.add(value)
+
+
+def check_output_dir(path, name: str = "MODEL_DIR") -> str:
+  """`path` as a string when it is a directory, or can be made one, that this process may
+  write to; else a ValueError naming `name`, the path and the fix. Creates nothing, so a
+  refused run leaves no folder behind. URLs (gs://...) are passed through."""
+  fix = f"pass a directory you can write to with --gin.{name}=<directory>."
+  path = os.fspath(path)
+  if is_remote(path):
+    return path
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"{name}={path!r} is a file, not a directory; {fix}")
+  parent = os.path.abspath(path)
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ValueError(f"{name}={path!r} cannot be made: {parent!r} is a file, not a directory; "
+                     f"{fix}")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise ValueError(f"{name}={path!r} is not writable ({parent!r} does not allow it); {fix}")
+  return path

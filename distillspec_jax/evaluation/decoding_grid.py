@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from distillspec_jax.core.validation import check_field_types, check_grid
+from distillspec_jax.core.validation import check_distinct, check_field_types, check_grid
 from distillspec_jax.decoding.speculative import DraftLength, Lenience
 
 
@@ -51,6 +51,7 @@ class DecodingGrid:
           make(value)
         except (TypeError, ValueError) as error:
           raise ValueError(f"DecodingGrid.{name} has {value!r}: {error}") from None
+      check_distinct(values, f"DecodingGrid.{name}")
     for lenience in self.leniences:  # a lossy lenience at T = 0 has no meaning: refused
       for temperature in self.temperatures:
         try:

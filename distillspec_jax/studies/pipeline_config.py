@@ -8,8 +8,9 @@ import logging
 import os
 from typing import Literal, Optional, Union
 
-from distillspec_jax.core.validation import (check_field_types, check_int, check_path,
-                                             check_positive_int, check_real)
+from distillspec_jax.core.validation import (check_feature_lengths, check_field_types,
+                                             check_int, check_path, check_positive_int,
+                                             check_real)
 from distillspec_jax.distill import blocked
 from distillspec_jax.distill.head_objectives import HeadTrainingConfig
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
@@ -23,6 +24,7 @@ from distillspec_jax.studies import pair_source
 from distillspec_jax.studies.acceptance_head_stage import AcceptanceHeadStage
 from distillspec_jax.studies.pair_source import PairSource
 from distillspec_jax.training.partitioning import MeshConfig
+from distillspec_jax.training import optimizers
 
 
 # A head stage's name: this prefix and its recipe.
@@ -199,7 +201,7 @@ class PipelineConfig:
   distill_steps: int = 600
   recipe_steps: Optional[dict] = None
   batch_size: int = 32
-  optimizer: str = "adamw"
+  optimizer: Literal[optimizers.OPTIMIZERS] = "adamw"
   learning_rate: float = 2e-3
   target_learning_rate: Optional[float] = None
   distill_learning_rate: float = 1e-3
@@ -244,6 +246,7 @@ class PipelineConfig:
       raise ValueError("MODEL_DIR is not set; pass --gin.MODEL_DIR=<directory> "
                        "(PipelineConfig.run_dir; a gs:// path on a TPU slice).")
     check_field_types(self)
+    check_feature_lengths(self.task_feature_lengths, "TASK_FEATURE_LENGTHS", required=("targets",))
     self._check_sub_configs()
     if self.pair.chat_template and self.data_dir is None:
       raise ValueError("CHAT_TEMPLATE=True reads conversations from DATA_DIR/chat/*.jsonl: set "
@@ -262,6 +265,7 @@ class PipelineConfig:
         check_positive_int(getattr(self, name), name)
     for name in ("warmup_steps", "eval_every"):
       check_int(getattr(self, name), name, 0)
+    self._check_learning_rates()
     blocked.check_block_size_setting(self.loss_block_size, "loss_block_size (LOSS_BLOCK_SIZE)")
     if not self.recipes:
       raise ValueError(f"recipes=() is empty; name at least one of {sorted(RECIPES)} (e.g. "
@@ -303,6 +307,13 @@ class PipelineConfig:
       for recipe in self.head.recipes:
         distillation_config(self, recipe)
     self._check_acceptance_head()
+
+  def _check_learning_rates(self) -> None:
+    """Every training stage's learning rate > 0, before the first stage runs (its TrainConfig
+    would refuse it only when that stage starts)."""
+    for name in ("learning_rate", "distill_learning_rate", "target_learning_rate"):
+      if getattr(self, name) is not None:
+        check_real(getattr(self, name), name, minimum=0.0, above=True)
 
   def _check_sub_configs(self) -> None:
     """Each sub-config of its class (checked when it was made); the main job always times,

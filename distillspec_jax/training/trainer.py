@@ -23,7 +23,7 @@ import inspect
 import itertools
 import logging
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Literal, Optional
 
 import flax.struct
 import jax
@@ -80,7 +80,7 @@ class TrainConfig:
   train_steps: int
   batch_size: int = optimizers.PAPER_BATCH_SIZE
   seed: int = 0
-  optimizer: str = "adafactor"
+  optimizer: Literal[optimizers.OPTIMIZERS] = "adafactor"
   learning_rate: float = optimizers.PAPER_BASE_LEARNING_RATE
   warmup_steps: int = optimizers.PAPER_WARMUP_STEPS
   decay_steps: int = optimizers.PAPER_TOTAL_STEPS
