@@ -12,6 +12,10 @@
 # Timing is not pinned to cores on an accelerator (--cpus 0): the host only feeds the device.
 set -euo pipefail
 
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 OUT_DIR="${1:-bench_device_smoke}"
 SMOKE=()

@@ -109,3 +109,15 @@ def test_binaries_import_without_tensorflow():
                         timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_device_smoke_script_answers_help(tmp_path):
+  """`bash bench/device_smoke.sh --help` prints its usage and exits 0: it used to take
+  --help for OUT_DIR (mkdir printed its own help, then the device probe failed)."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run(["bash", os.path.join(repo, "bench", "device_smoke.sh"), "--help"],
+                        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                        env=dict(os.environ, PYTHON="/nonexistent/python"))
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "bash bench/device_smoke.sh [OUT_DIR] [--smoke]" in done.stdout
+  assert not os.path.exists(os.path.join(repo, "--help"))
