@@ -48,7 +48,8 @@ import jax
 from distillspec_jax import gin_utils
 from distillspec_jax.core.files import write_text_atomic
 from distillspec_jax.core.validation import (check_feature_lengths, check_field_types,
-                                             check_output_dir, check_path, check_positive_int)
+                                             check_int, check_output_dir, check_path,
+                                             check_positive_int)
 from distillspec_jax.decoding.speculative import DraftLength, check_pair
 from distillspec_jax.evaluation import evaluate as evaluate_lib
 from distillspec_jax.evaluation import examples as examples_lib
@@ -168,6 +169,7 @@ class EvalConfig:
           "chat template; set both, or CHAT_TEMPLATE=False.")
     for name in ("batch_size", "eval_examples"):
       check_positive_int(getattr(self, name), name)
+    check_int(self.seed, "seed (SEED)", 0)  # one seed rule in every binary
     if self.max_decode_length is not None:
       check_positive_int(self.max_decode_length, "max_decode_length")
     if self.max_new_tokens is None:

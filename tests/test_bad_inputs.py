@@ -52,6 +52,7 @@ EVAL_CASES = [
     ("--gin.TEMPERATURES=(nan,)", "temperatures='(nan,)' is not a tuple"),  # read as a string
     ("--gin.TASK_FEATURE_LENGTHS={'inputz':40,'targets':44}", "['inputz']"),
     ("--gin.evaluate_job.config=None", "evaluate_job.config=None is not a configuration"),
+    ("--gin.SEED=-1", "seed (SEED)=-1 must be an integer >= 0"),
 ]
 MAIN_CASES = [
     ("--gin.SpeedConfig.calls='3'", "SpeedConfig.calls='3'"),
@@ -94,6 +95,7 @@ MAIN_CASES = [
     ("--gin.main_job.stages=('nonexistent',)", "['nonexistent']"),
     ("--gin.main_job.stages=()", "main_job.stages=() is not a non-empty tuple"),  # ran all
     ("--gin.main_job.pipeline=None", "main_job.pipeline=None is not a configuration"),
+    ("--gin.SEED=-1", "seed=-1 must be an integer >= 0"),  # numpy's batch order: mid-run
 ]
 TRAIN_CASES = [
     ("--gin.TRAIN_STEPS=-1", "-1"),
@@ -122,6 +124,7 @@ TRAIN_CASES = [
     ("--gin.TrainConfig.optimizer='sgdd'", "TrainConfig.optimizer='sgdd'"),
     ("--gin.TASK_FEATURE_LENGTHS={'inputs':0,'targets':8}", "['inputs']=0"),
     ("--gin.TASK_FEATURE_LENGTHS={'inputz':8,'targets':8}", "['inputz']"),
+    ("--gin.TrainConfig.seed=-1", "TrainConfig.seed=-1 must be an integer >= 0"),
 ]
 
 # The objectives study (a RecipeGridConfig through the main binary): issue 50's list.

@@ -263,7 +263,7 @@ class PipelineConfig:
                  "train_examples", "eval_batch_size"):
       if getattr(self, name) is not None:
         check_positive_int(getattr(self, name), name)
-    for name in ("warmup_steps", "eval_every"):
+    for name in ("warmup_steps", "eval_every", "seed"):  # seed: numpy's generators take >= 0
       check_int(getattr(self, name), name, 0)
     self._check_learning_rates()
     blocked.check_block_size_setting(self.loss_block_size, "loss_block_size (LOSS_BLOCK_SIZE)")

@@ -101,6 +101,8 @@ class TrainConfig:
     validation.check_field_types(self)
     validation.check_int(self.train_steps, "TrainConfig.train_steps (TRAIN_STEPS)", 0)
     validation.check_positive_int(self.batch_size, "TrainConfig.batch_size (BATCH_SIZE)")
+    # numpy's generators (the batches' order) take no negative seed: refused now, not at a step
+    validation.check_int(self.seed, "TrainConfig.seed", 0)
     validation.check_positive_int(self.log_every, "TrainConfig.log_every (LOG_EVERY)")
     validation.check_positive_int(self.save_every, "TrainConfig.save_every (SAVE_EVERY)")
     validation.check_int(self.eval_every, "TrainConfig.eval_every (EVAL_EVERY; 0 = never)", 0)
