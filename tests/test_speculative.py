@@ -278,6 +278,8 @@ def test_adaptive_rule_bad_input_names_the_value():
   for threshold in (-0.1, 1.5):
     with pytest.raises(ValueError, match=f"threshold={threshold}"):
       DraftLength("confidence", threshold)
+  with pytest.raises(ValueError, match="threshold=0.5 with rule 'fixed'.*reads no threshold"):
+    DraftLength("fixed", 0.5)  # silently ignored before
   with pytest.raises(ValueError, match="'entropy'.*'fixed', 'confidence'"):
     DraftLength("entropy", 0.5)
   # The cost rule: a price for every width, positive and finite; the other rules take none.

@@ -180,6 +180,10 @@ class DraftLength:
                        "'cost') or leave the signal at 'top_probability'.")
     check_probability(self.threshold, "DraftLength.threshold",
                       fix="pass a probability in [0, 1] (0 proposes gamma_max every round).")
+    if self.rule == "fixed" and self.threshold != 0.0:
+      raise ValueError(f"threshold={self.threshold!r} with rule 'fixed': the fixed rule "
+                       "proposes gamma tokens every round and reads no threshold; pick an "
+                       "adaptive rule ('confidence', 'cumulative') or leave the threshold at 0.")
     if self.rule == "cost":
       self._check_costs()
     elif self.costs or self.draft_cost:
