@@ -66,6 +66,7 @@ MAIN_CASES = [
      "epsilons=(0.5,)"),  # the main job decodes losslessly
     ("--gin.RECIPES=('nonsense',)", "'nonsense'"),
     ("--gin.DIVERGENCE='nonsense'", "'nonsense'"),
+    ("--gin.DIVERGENCE=''", "divergence='' is not one of"),  # was the recipe's default
     ("--gin.TARGET_PARAM_DTYPE='float8'", "PrecisionConfig.target_param_dtype='float8'"),
     ("--gin.REMAT_POLICY='sometimes'", "PrecisionConfig.remat_policy='sometimes'"),
     ("--gin.ACTIVATION_DTYPE='bf16'", "PrecisionConfig.activation_dtype='bf16'"),

@@ -452,7 +452,7 @@ def distillation_config(config: PipelineConfig, recipe: str) -> DistillationConf
   """The DistillationConfig of a recipe name (objectives.RECIPES, or "adaspec")."""
   overrides = {"max_new_tokens": config.task_feature_lengths["targets"],
                "loss_block_size": config.loss_block_size}
-  if config.divergence:
+  if config.divergence is not None:  # "" is refused by name, not read as the default
     overrides["divergence"] = config.divergence
   if recipe == "adaspec":
     return DistillationConfig.from_recipe(
