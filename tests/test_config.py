@@ -90,6 +90,17 @@ def test_invalid_config_values(changes, needle):
     MODEL_CONFIGS["tiny_encoder_decoder"].replace(**changes)  # replace validates too
 
 
+@pytest.mark.parametrize("changes,needle", [
+    ({"dropout_rate": "0.1"}, "dropout_rate='0.1' is of type str"),  # a quoted gin number
+    ({"vocab_size": "64"}, "vocab_size='64' is of type str"),       # int("64") took it before
+    ({"num_heads": True}, "num_heads=True is of type bool"),
+    ({"emb_dim": 64.0}, "emb_dim=64.0 is of type float"),
+])
+def test_config_values_of_the_wrong_type_are_refused_not_coerced(changes, needle):
+  with pytest.raises(TypeError, match=needle):
+    MODEL_CONFIGS["tiny_encoder_decoder"].replace(**changes)
+
+
 def test_decoder_only_needs_no_encoder_layers():
   c = model_config("tiny_decoder_only")
   assert c.kind == "decoder_only" and c.num_encoder_layers == 0

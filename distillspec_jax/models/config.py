@@ -14,6 +14,8 @@ from typing import Literal
 
 import jax.numpy as jnp
 
+from distillspec_jax.core.validation import check_field_types
+
 ModelKind = Literal["encoder_decoder", "decoder_only", "llama", "qwen3", "gemma3"]
 MODEL_KINDS = ("encoder_decoder", "decoder_only", "llama", "qwen3", "gemma3")
 # The RoPE decoders of models/llama.py: 'llama' (Llama 2/3, Qwen2), 'qwen3' (an RMSNorm on each
@@ -125,11 +127,14 @@ class TransformerConfig:
   def __post_init__(self):
     if self.kind not in MODEL_KINDS:
       raise ValueError(f"kind={self.kind!r} is not a model kind; use one of {MODEL_KINDS}.")
+    # Types first (a quoted gin number, a bool for a count), so the range checks below
+    # compare numbers and nothing is coerced.
+    check_field_types(self)
     for name in ("vocab_size", "emb_dim", "num_heads", "num_decoder_layers", "head_dim",
                  "mlp_dim", "relative_attention_num_buckets", "max_decode_length"):
-      if int(getattr(self, name)) < 1:
+      if getattr(self, name) < 1:
         raise ValueError(f"{name}={getattr(self, name)!r} must be a positive integer.")
-    if self.encoder_mlp_dim is not None and int(self.encoder_mlp_dim) < 1:
+    if self.encoder_mlp_dim is not None and self.encoder_mlp_dim < 1:
       raise ValueError(f"encoder_mlp_dim={self.encoder_mlp_dim!r} must be a positive integer, "
                        "or None for the decoder's mlp_dim.")
     if self.kind == "encoder_decoder" and self.num_encoder_layers < 1:
