@@ -57,6 +57,8 @@ EVAL_CASES = [
 MAIN_CASES = [
     ("--gin.SpeedConfig.calls='3'", "SpeedConfig.calls='3'"),
     ("--gin.SPEED_CALLS=True", "SpeedConfig.calls=True"),
+    # More cores than this process has: refused before training, not when the timing starts.
+    ("--gin.SPEED_CPUS=100000", "SpeedConfig.cpus (SPEED_CPUS)=100000"),
     ("--gin.SPEED_EXAMPLES=0", "SpeedConfig.examples"),  # the main job always times
     ("--gin.BATCH_SIZE=0", "0"),
     ("--gin.TRAIN_STEPS=-5", "-5"),

@@ -25,6 +25,7 @@ from distillspec_jax.core.records import JsonRecord, flattened
 from distillspec_jax.core.validation import (check_budget, check_field_types, check_grid,
                                              check_int, check_path, check_positive_int)
 from distillspec_jax.decoding.speculative import DraftLength, Lenience
+from distillspec_jax.evaluation import pinning
 from distillspec_jax.evaluation import quality
 from distillspec_jax.evaluation import speed
 from distillspec_jax.evaluation.grid_point import GridPoint
@@ -64,6 +65,8 @@ class SpeedConfig:
     check_positive_int(self.calls, "SpeedConfig.calls")
     check_budget(self.budget_s, "SpeedConfig.budget_s")
     check_int(self.cpus, "SpeedConfig.cpus", 0)
+    if self.examples:  # it times: the cores must exist here, before any training
+      pinning.check_cores(self.cpus, "SpeedConfig.cpus (SPEED_CPUS)")
 
   def check_prompts(self, eval_examples: int, owner: str) -> None:
     """Refuses more timed prompts than evaluation prompts (the timed are the first ones);

@@ -24,11 +24,18 @@ def pin_cores(count: int) -> list:
   allowed = sorted(os.sched_getaffinity(0))
   if count <= 0:
     return allowed
-  if count > len(allowed):
-    raise ValueError(f"cpus={count} but this process may use only {len(allowed)} cores "
-                     f"({allowed}); pass at most {len(allowed)}, or 0 for no pinning.")
+  check_cores(count)
   os.sched_setaffinity(0, allowed[-count:])
   return allowed[-count:]
+
+
+def check_cores(count: int, name: str = "cpus") -> None:
+  """Refuses pinning to more cores than this process may use, naming `name` and the fix
+  (a job checks it before training, not when its timing starts)."""
+  allowed = sorted(os.sched_getaffinity(0))
+  if count > len(allowed):
+    raise ValueError(f"{name}={count} but this process may use only {len(allowed)} cores "
+                     f"({allowed}); pass at most {len(allowed)}, or 0 for no pinning.")
 
 
 def timing_cpus(cpus: int, process_count: int) -> int:
