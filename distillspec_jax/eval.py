@@ -186,6 +186,7 @@ class EvalConfig:
 
   def check_inputs(self) -> None:
     """Refuses, before work starts, input paths that do not exist or hold no checkpoint."""
+    num_tokens = None
     if self.vocabulary is not None:
       check_path(self.vocabulary, "VOCABULARY", kind="any",
                  fix="pass the checkpoints' tokenizer: a Hugging Face model folder, its "
@@ -199,6 +200,7 @@ class EvalConfig:
       if self.chat_template:
         from distillspec_jax.data.chat_template import template_of
         template_of(vocab)
+      num_tokens = vocabularies.token_ids(vocab).num_tokens
     if self.data_dir is not None:
       check_path(self.data_dir, "DATA_DIR", kind="dir",
                  fix="pass the folder with gsm8k/, mbpp/, alpaca/, ... (e.g. ../shared/data).")
@@ -217,17 +219,20 @@ class EvalConfig:
                        f"{self.draft_checkpoint_path!r} holds no {HEAD_CONFIG_FILE}: point it "
                        "at a head's folder (the main job's distill_head_<recipe>), or set "
                        "DRAFT_KIND='model'.")
-    self._check_presets()
+    self._check_presets(num_tokens)
 
-  def _check_presets(self) -> None:
+  def _check_presets(self, num_tokens: Optional[int] = None) -> None:
     """A preset named beside a checkpoint is checked against it (shapes, and RoPE, norm and
     the other stored settings) without reading a weight: a mismatch is refused here, before
-    MODEL_DIR exists, not when the weights load."""
+    MODEL_DIR exists, not when the weights load. A checkpoint named by no preset is checked
+    as it describes itself (importer.check_own_checkpoint; `num_tokens`: VOCABULARY's size)."""
     roles = [("TARGET", self.target_checkpoint_path, self.target_model, "target_model")]
     if self.draft_kind == "model":  # a head's shapes come from its folder
       roles.append(("DRAFT", self.draft_checkpoint_path, self.draft_model, "draft_model"))
     for role, path, preset, field in roles:
       if preset is None:
+        importer.check_own_checkpoint(path, f"{role}_CHECKPOINT_PATH", f"EvalConfig.{field}",
+                                      num_tokens)
         continue
       try:
         importer.check_checkpoint(path, model_config(preset))

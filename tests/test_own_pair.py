@@ -364,6 +364,48 @@ def test_main_job_refuses_bad_pairs_before_work(own, tmp_path):
   assert not any(os.path.exists(tmp_path / n) for n in "abcde")
 
 
+def test_a_folder_that_does_not_describe_its_model_is_refused_before_work(own, tmp_path):
+  """Draft folders whose model the checks used to take on trust, each refused by the main
+  job's and the eval binary's checks naming DRAFT_CHECKPOINT_PATH and the fix (before: a
+  config.json whose vocab_size is not the tensors' failed at the main job's draft_raw stage,
+  after the target stage, and in the eval binary after MODEL_DIR was written; a folder without
+  config.json named macros that do not exist, TARGET_MODEL / DRAFT_MODEL, or convert's
+  --model); so is a VOCABULARY path that does not exist (the main job named a SentencePiece
+  .model as the fix)."""
+  import shutil
+  tokenizer = hf_fixtures.fast_tokenizer("llama")
+  folders = {name: str(tmp_path / name) for name in ("no_config", "wrong_rows")}
+  for folder in folders.values():
+    shutil.copytree(own["llama"]["draft"], folder)
+  os.remove(os.path.join(folders["no_config"], "config.json"))
+  with open(os.path.join(folders["wrong_rows"], "config.json")) as f:
+    hf = json.load(f)
+  with open(os.path.join(folders["wrong_rows"], "config.json"), "w") as f:
+    json.dump(dict(hf, vocab_size=hf["vocab_size"] + 3), f)
+  folders["few_rows"] = hf_fixtures.save_model(str(tmp_path / "few_rows"), "llama", tokenizer,
+                                               vocab_size=len(tokenizer) - 10,
+                                               num_hidden_layers=1)
+  named = {"no_config": r"has no config.json beside its safetensors.*put the config.json",
+           "wrong_rows": r"its config.json and its safetensors disagree.*embed_tokens",
+           "few_rows": rf"has {len(tokenizer) - 10} embedding rows but VOCABULARY has "
+                       rf"{len(tokenizer)} tokens"}
+  for name, folder in folders.items():
+    match = rf"DRAFT_CHECKPOINT_PATH='{folder}'.*{named[name]}"
+    with pytest.raises(ValueError, match=match):
+      _job(own, "llama", tmp_path / f"job_{name}", draft_checkpoint_path=folder).check_inputs()
+    with pytest.raises(ValueError, match=match):
+      eval_lib.evaluate(_config(own, "llama", tmp_path / f"eval_{name}",
+                                draft_checkpoint_path=folder))
+  with pytest.raises(ValueError, match=r"PipelineConfig.draft_model"):
+    _job(own, "llama", tmp_path / "job", draft_checkpoint_path=folders["no_config"]).check_inputs()
+  from distillspec_jax.studies.pair_source import PairSource
+  with pytest.raises(ValueError, match=r"VOCABULARY='.*nope' does not exist; pass the "
+                                       r"checkpoints' tokenizer: a Hugging Face model folder"):
+    _job(own, "llama", tmp_path / "job_vocab",
+         pair=PairSource(vocabulary=str(tmp_path / "nope"))).check_inputs()
+  assert not [n for n in os.listdir(tmp_path) if n.startswith(("job", "eval"))]
+
+
 def test_train_binary_distils_on_a_file_task_with_the_models_tokenizer(own, tmp_path,
                                                                       capsys):
   tokenizer = hf_fixtures.fast_tokenizer("llama")

@@ -356,6 +356,40 @@ def check_checkpoint(path: str, config: TransformerConfig) -> str:
   return fmt
 
 
+def check_own_checkpoint(path: str, macro: str, preset_field: str,
+                         num_tokens: Optional[int] = None) -> TransformerConfig:
+  """The model of a checkpoint named by no preset (its config.json or stored configuration),
+  checked before work, every error naming `macro` and the path: the checkpoint says its whole
+  model (else the fix is its config.json or a preset in `preset_field`), an HF folder's
+  tensors are the ones its config.json describes (headers only), and the model has an
+  embedding row for each of the tokenizer's `num_tokens` ids (None: not checked)."""
+  try:
+    opened = open_checkpoint(path)
+  except ValueError as error:
+    raise ValueError(f"{macro}={path!r}: {error}") from None
+  config = opened.config
+  if config is None and opened.format == "hf":
+    raise ValueError(f"{macro}={path!r} has no config.json beside its safetensors, so its "
+                     "model is unknown: put the config.json that save_pretrained wrote into "
+                     f"that folder (or name its preset: {preset_field}).")
+  if config is None:
+    raise ValueError(f"{macro}={path!r} does not say its whole model (a llama-kind tree "
+                     f"without its configuration); name its preset ({preset_field}).")
+  if opened.format == "hf":
+    try:
+      check_checkpoint(path, config)
+    except ValueError as error:
+      raise ValueError(f"{macro}={path!r}: its config.json and its safetensors disagree: "
+                       f"{error} Re-save the model with save_pretrained (or fix config.json)."
+                       ) from None
+  if num_tokens is not None and config.vocab_size < num_tokens:
+    raise ValueError(f"{macro}={path!r} has {config.vocab_size} embedding rows but VOCABULARY "
+                     f"has {num_tokens} tokens: the models need a row for every token id; use "
+                     "the model trained with that tokenizer (vocab_size >= its size) or that "
+                     "model's tokenizer.")
+  return config
+
+
 def restore_any(path: str, abstract_params: Params) -> Params:
   """`checkpoints.RestoreFn`-compatible importer: `restore_fn(path, abstract_params)`.
 
