@@ -217,6 +217,28 @@ def test_adaspec_bad_input(tmp_path):
                    adaspec_reference="gkd")
 
 
+def test_a_warmup_longer_than_a_stage_is_refused_before_any_stage(tmp_path):
+  """warmup_steps past a training stage's schedule (DISTILL_TRAIN_STEPS=2 with the default
+  100 warm-up steps) is refused when the config is made, naming the stage and the fix; it
+  used to be refused by the optimiser when that stage started, after the stages before it
+  (a pretrained pair's target and draft loaded, MODEL_DIR written). Stages that do not train
+  (a checkpoint loaded as it is) are not held to it."""
+  from distillspec_jax.studies.pair_source import PairSource
+  with pytest.raises(ValueError, match=r"warmup_steps=100 .* exceeds the 2 steps of stage "
+                                       r"'distill_gkd'.*PipelineConfig.warmup_steps=2 or less"):
+    PipelineConfig(run_dir=str(tmp_path), recipes=("gkd",), distill_steps=2)
+  with pytest.raises(ValueError, match=r"the 50 steps of stage 'target'"):
+    PipelineConfig(run_dir=str(tmp_path), recipes=("gkd",), target_steps=50)
+  with pytest.raises(ValueError, match=r"the 50 decay_steps of stage"):
+    PipelineConfig(run_dir=str(tmp_path), recipes=("gkd",), decay_steps=50)
+  loaded = PipelineConfig(run_dir=str(tmp_path), recipes=("gkd",), target_steps=50,
+                          draft_steps=50, target_model=None, draft_model=None,
+                          target_checkpoint_path="t", draft_checkpoint_path="d")
+  assert set(loaded.training_steps()) == {"distill_gkd"}
+  with pytest.raises(ValueError, match=r"stage 'draft_raw'"):
+    dataclasses.replace(loaded, pair=PairSource(finetune_draft=True))
+
+
 @pytest.mark.integration
 @pytest.mark.pipeline
 def test_decoder_only_job(tmp_path, shared_stages):

@@ -302,7 +302,38 @@ class PipelineConfig:
             training.unroll_steps + 1, max(self.grid.gammas))
       for recipe in self.head.recipes:
         distillation_config(self, recipe)
+    self._check_warmup()
     self._check_acceptance_head()
+
+  def training_steps(self) -> dict:
+    """{stage: steps} of every stage that trains: the target and the raw draft when they are
+    trained (no checkpoint, or FINETUNE_TARGET / FINETUNE_DRAFT), each recipe's distillation
+    and each draft head."""
+    steps = {}
+    for role, stage, count in (("target", "target", self.target_steps),
+                               ("draft", "draft_raw", self.draft_steps)):
+      if getattr(self, f"{role}_checkpoint_path") is None or self.pair.finetunes(role):
+        steps[stage] = count
+    steps.update({f"distill_{r}": self.distill_steps_of(r) for r in self.recipes})
+    if self.head is not None:
+      steps.update({stage: self.head.steps for stage in self.head_stages})
+    return steps
+
+  def _check_warmup(self) -> None:
+    """warmup_steps within every training stage's schedule (decay_steps, else the stage's
+    own steps), before any stage runs: the optimiser refuses it only when that stage starts,
+    after the stages before it. The main job's stages only (a study's run their own)."""
+    if hasattr(self, "stage_functions"):
+      return
+    for stage, steps in self.training_steps().items():
+      total = self.decay_steps or steps
+      if self.warmup_steps > total:
+        what = "decay_steps" if self.decay_steps else "steps"
+        raise ValueError(
+            f"warmup_steps={self.warmup_steps} (PipelineConfig.warmup_steps) exceeds the "
+            f"{total} {what} of stage {stage!r}, whose learning-rate schedule it must fit in; "
+            f"set --gin.PipelineConfig.warmup_steps={total} or less, or train that stage "
+            "longer.")
 
   def _check_sub_configs(self) -> None:
     """Each sub-config of its class (checked when it was made); the main job always times,
