@@ -201,6 +201,10 @@ class EvalConfig:
         from distillspec_jax.data.chat_template import template_of
         template_of(vocab)
       num_tokens = vocabularies.token_ids(vocab).num_tokens
+    else:
+      importer.check_tokenizer_given((("TARGET_CHECKPOINT_PATH", self.target_checkpoint_path),
+                                      ("DRAFT_CHECKPOINT_PATH", self.draft_checkpoint_path)),
+                                     None)
     if self.data_dir is not None:
       check_path(self.data_dir, "DATA_DIR", kind="dir",
                  fix="pass the folder with gsm8k/, mbpp/, alpaca/, ... (e.g. ../shared/data).")

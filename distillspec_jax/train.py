@@ -362,6 +362,11 @@ def check_checkpoint_paths(spec: RunSpec) -> None:
           "Hugging Face folder).")
     checks.append(("TARGET_CHECKPOINT_PATH", spec.target_checkpoint_path, spec.target,
                    "run.target", "target"))
+  try:
+    importer.check_tokenizer_given([(macro, path) for macro, path, *_ in checks
+                                    if isinstance(path, str)], spec.data.vocabulary)
+  except ValueError as error:
+    raise gin_utils.GinConfigError(str(error)) from None
   for macro, path, model, binding, role in checks:
     if path is None or (macro == "INITIAL_CHECKPOINT_PATH" and path == ""):
       continue  # no initial checkpoint: random initialisation

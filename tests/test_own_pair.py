@@ -406,6 +406,29 @@ def test_a_folder_that_does_not_describe_its_model_is_refused_before_work(own, t
   assert not [n for n in os.listdir(tmp_path) if n.startswith(("job", "eval"))]
 
 
+def test_a_pretrained_pair_without_vocabulary_is_refused_before_work(own, tmp_path, capsys):
+  """VOCABULARY left unset (own_pair_gsm8k.gin's default None) with an HF Llama/Qwen folder
+  that carries its tokenizer: the main job, the eval and the train binaries each refuse it,
+  naming the folder to set. Before, the main job wrote MODEL_DIR and tokenized GSM8K with
+  T5's SentencePiece (offline: a gs:// traceback; online: another tokenizer's ids into the
+  pair), and the eval and train binaries used the task's own vocabulary."""
+  from distillspec_jax import train as train_lib
+  from distillspec_jax.studies.pair_source import PairSource
+  target = own["llama"]["target"]
+  named = rf"TARGET_CHECKPOINT_PATH='{target}' carries its own tokenizer .* VOCABULARY is not set"
+  with pytest.raises(ValueError, match=named):
+    _job(own, "llama", tmp_path / "job", pair=PairSource()).check_inputs()
+  with pytest.raises(ValueError, match=named):
+    eval_lib.evaluate(_config(own, "llama", tmp_path / "eval", vocabulary=None,
+                              mixture_or_task_name="embedded_arithmetic", data_dir=None))
+  code, err = _cli(train_lib.cli, ["--gin_file=gin/runs/distill_llama_demo.gin",
+                                   f"--gin.MODEL_DIR='{tmp_path / 'train'}'",
+                                   "--gin.TRAIN_STEPS=2",
+                                   f"--gin.TARGET_CHECKPOINT_PATH='{target}'"], capsys)
+  assert code == 1 and "VOCABULARY is not set" in err and f"VOCABULARY=\"'{target}'\"" in err
+  assert not [n for n in os.listdir(tmp_path) if n in ("job", "eval", "train")]
+
+
 def test_train_binary_distils_on_a_file_task_with_the_models_tokenizer(own, tmp_path,
                                                                       capsys):
   tokenizer = hf_fixtures.fast_tokenizer("llama")

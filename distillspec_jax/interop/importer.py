@@ -390,6 +390,28 @@ def check_own_checkpoint(path: str, macro: str, preset_field: str,
   return config
 
 
+def check_tokenizer_given(checkpoints, vocabulary: Optional[str],
+                          name: str = "VOCABULARY") -> None:
+  """With no `vocabulary`, refuses a RoPE-family checkpoint of `checkpoints` ((macro, path)
+  pairs; None paths skipped) that carries its own tokenizer (an HF folder's tokenizer.json):
+  the task would be tokenized with its own vocabulary (T5's SentencePiece, or one trained
+  here), whose ids are not the ones the model was trained on. T5 checkpoints keep T5's
+  SentencePiece conventions and are not refused."""
+  if vocabulary is not None:
+    return
+  for macro, path in checkpoints:
+    own = vocabularies.checkpoint_tokenizer(path) if path else None
+    if own is None:
+      continue
+    config = open_checkpoint(path).config
+    if config is not None and config.is_rope_decoder:
+      raise ValueError(
+          f"{macro}={path!r} carries its own tokenizer ({own}) but {name} is not set, so the "
+          "task would be tokenized with another vocabulary (T5's SentencePiece, or one the "
+          "job trains), not the one the model was trained with: set "
+          f"--gin.{name}=\"'{os.path.dirname(own)}'\" (the target's folder).")
+
+
 def restore_any(path: str, abstract_params: Params) -> Params:
   """`checkpoints.RestoreFn`-compatible importer: `restore_fn(path, abstract_params)`.
 

@@ -122,6 +122,7 @@ def check_pair_inputs(pair: PairSource, roles: dict, train_vocabulary: bool) -> 
       except ValueError as error:
         raise ValueError(f"{carried[0][0]}={carried[0][1]!r} and {macro}={path!r} carry "
                          f"different tokenizers: {error}") from None
+    importer.check_tokenizer_given(given, None)
   for role, (macro, path, preset) in roles.items():
     if path is None:
       if preset is None:
