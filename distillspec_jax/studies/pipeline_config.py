@@ -29,6 +29,10 @@ from distillspec_jax.training.partitioning import MeshConfig
 HEAD_STAGE_PREFIX = "distill_head_"
 
 
+# The gamma of the training stages' tau curves (pipeline.py, common.py: T = 0, every eval_every).
+TAU_CURVE_GAMMA = 5
+
+
 @dataclasses.dataclass(frozen=True)
 class HeadStageConfig:
   """The main job's draft-head stages (`PipelineConfig.head`; None = none): one EAGLE-3-style
@@ -397,6 +401,27 @@ class PipelineConfig:
       if getattr(self, name) is not None:
         check_checkpoint(getattr(self, name), f"{name.upper()} (PipelineConfig.{name})")
     pair_source.check_pair_inputs(self.pair, self.roles, self.train_vocabulary)
+    self._check_decode_capacity()
+
+  def _check_decode_capacity(self) -> None:
+    """max_decode_length, when set, holds the longest request the job decodes: a
+    decoder-only model's prompt (up to TASK_FEATURE_LENGTHS['inputs']) after its first slot,
+    max_new_tokens and the last round's gamma - 1 more, at the grid's largest gamma or the
+    training stages' tau curves' (TAU_CURVE_GAMMA). Refused before work: the decoders refuse
+    it only when they first run, after the stages before them."""
+    if not self.max_decode_length:
+      return
+    gamma = max(tuple(self.grid.gammas) + (TAU_CURVE_GAMMA,))
+    decoder_only = self.feature_converter == "decoder"
+    prompt = self.task_feature_lengths.get("inputs", 0) if decoder_only else 0
+    needed = 1 + prompt + self.max_new_tokens + gamma - 1
+    if needed > self.max_decode_length:
+      raise ValueError(
+          f"PipelineConfig.max_decode_length={self.max_decode_length} is smaller than the "
+          f"{needed} decoding-cache positions a request can need (1 + the prompt's "
+          f"{prompt} (TASK_FEATURE_LENGTHS['inputs']) + max_new_tokens={self.max_new_tokens} + "
+          f"gamma - 1 = {gamma - 1}); set --gin.PipelineConfig.max_decode_length={needed} or "
+          "more, or lower the prompt length or max_new_tokens.")
 
   @property
   def roles(self) -> dict:
