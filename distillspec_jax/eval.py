@@ -224,6 +224,31 @@ class EvalConfig:
                        "at a head's folder (the main job's distill_head_<recipe>), or set "
                        "DRAFT_KIND='model'.")
     self._check_presets(num_tokens)
+    self._check_decode_capacity()
+
+  def _check_decode_capacity(self) -> None:
+    """max_decode_length, when set, holds the longest request of the grid: a decoder-only
+    target's prompt (up to TASK_FEATURE_LENGTHS['inputs']) after its first slot, the new
+    tokens and the last round's gamma - 1 more. Refused here, before MODEL_DIR exists; the
+    decoders refuse it only when they run."""
+    if not self.max_decode_length:
+      return
+    if self.target_model:
+      target = model_config(self.target_model)
+    else:
+      target = importer.open_checkpoint(self.target_checkpoint_path).config
+    if target is None:
+      return
+    prompt = 0 if target.kind == "encoder_decoder" else self.task_feature_lengths.get("inputs", 0)
+    gamma = max(self.grid.gammas)
+    needed = 1 + prompt + self.new_tokens + gamma - 1
+    if needed > self.max_decode_length:
+      raise ValueError(
+          f"EvalConfig.max_decode_length={self.max_decode_length} is smaller than the {needed} "
+          f"decoding-cache positions a request can need (1 + the prompt's {prompt} "
+          f"(TASK_FEATURE_LENGTHS['inputs']) + {self.new_tokens} new tokens + gamma - 1 = "
+          f"{gamma - 1}); set --gin.EvalConfig.max_decode_length={needed} or more (or None: "
+          "sized from the prompts), or lower the prompt length or max_new_tokens.")
 
   def _check_presets(self, num_tokens: Optional[int] = None) -> None:
     """A preset named beside a checkpoint is checked against it (shapes, and RoPE, norm and

@@ -406,6 +406,16 @@ def test_a_folder_that_does_not_describe_its_model_is_refused_before_work(own, t
   assert not [n for n in os.listdir(tmp_path) if n.startswith(("job", "eval"))]
 
 
+def test_eval_binary_refuses_a_decoding_cache_too_small_before_model_dir(own, tmp_path):
+  """EvalConfig.max_decode_length below 1 + the prompt length (160) + the new tokens (8) +
+  gamma - 1 (1) is refused by check_inputs naming the 170 to set; it used to fail in the
+  decoder after MODEL_DIR/config.gin and inferences/ were written."""
+  with pytest.raises(ValueError, match=r"EvalConfig.max_decode_length=169 is smaller than the "
+                                       r"170 decoding-cache positions.*max_decode_length=170"):
+    eval_lib.evaluate(_config(own, "llama", tmp_path / "run", max_decode_length=169))
+  assert not os.path.exists(tmp_path / "run")
+
+
 def test_a_pretrained_pair_without_vocabulary_is_refused_before_work(own, tmp_path, capsys):
   """VOCABULARY left unset (own_pair_gsm8k.gin's default None) with an HF Llama/Qwen folder
   that carries its tokenizer: the main job, the eval and the train binaries each refuse it,
