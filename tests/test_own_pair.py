@@ -406,6 +406,39 @@ def test_a_folder_that_does_not_describe_its_model_is_refused_before_work(own, t
   assert not [n for n in os.listdir(tmp_path) if n.startswith(("job", "eval"))]
 
 
+def test_a_llama2_folder_with_only_tokenizer_model_is_refused_before_work(own, tmp_path):
+  """A Llama-2-style folder whose tokenizer is only a SentencePiece tokenizer.model (read
+  with T5's conventions: pad 0, EOS 1) while its config.json says EOS 2: refused by the main
+  job and the eval binary, with VOCABULARY the folder or unset, naming the fix (a
+  tokenizer.json). Before, the job ran the vocab, target and draft_raw stages with EOS 1 (the
+  model's BOS) and pad 0 (its unk), and failed at the first tau curve on an unk in a prompt
+  ('prompt_tokens row 0 has padding (id 0) ... followed by a real id'), or ran on."""
+  import shutil
+  from distillspec_jax.data import vocabularies
+  from distillspec_jax.studies.pair_source import PairSource
+  folder = str(tmp_path / "llama2")
+  shutil.copytree(own["llama"]["target"], folder)
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    os.remove(os.path.join(folder, name))
+  vocabularies.train_sentencepiece(hf_fixtures.SENTENCES * 4, os.path.join(folder,
+                                                                           "tokenizer.model"),
+                                   vocab_size=120)
+  with open(os.path.join(folder, "config.json")) as f:
+    eos = json.load(f)["eos_token_id"]
+  assert eos != 1
+  match = rf"TARGET_CHECKPOINT_PATH='{folder}': its config.json says eos_token_id={eos}.*T5's "
+  match += r"conventions \(pad 0, EOS 1\).*Give the folder a tokenizer.json"
+  for pair in (PairSource(vocabulary=folder), PairSource()):
+    with pytest.raises(ValueError, match=match):
+      _job(own, "llama", tmp_path / "job", target_checkpoint_path=folder,
+           draft_checkpoint_path=folder, pair=pair).check_inputs()
+  for vocabulary in (folder, None):
+    with pytest.raises(ValueError, match=match):
+      eval_lib.evaluate(_config(own, "llama", tmp_path / "eval", target_checkpoint_path=folder,
+                                draft_checkpoint_path=folder, vocabulary=vocabulary))
+  assert not os.path.exists(tmp_path / "job") and not os.path.exists(tmp_path / "eval")
+
+
 def test_eval_binary_refuses_a_decoding_cache_too_small_before_model_dir(own, tmp_path):
   """EvalConfig.max_decode_length below 1 + the prompt length (160) + the new tokens (8) +
   gamma - 1 (1) is refused by check_inputs naming the 170 to set; it used to fail in the

@@ -111,6 +111,7 @@ def check_pair_inputs(pair: PairSource, roles: dict, train_vocabulary: bool) -> 
   given = [(macro, path) for macro, path, _ in roles.values() if path is not None]
   if pair.vocabulary is not None:
     vocab = vocabularies.check_vocabulary(pair.vocabulary, "VOCABULARY", given)
+    importer.check_sentencepiece_ids(given, vocab)
     if pair.chat_template:
       template_of(vocab)
   else:
@@ -123,6 +124,7 @@ def check_pair_inputs(pair: PairSource, roles: dict, train_vocabulary: bool) -> 
         raise ValueError(f"{carried[0][0]}={carried[0][1]!r} and {macro}={path!r} carry "
                          f"different tokenizers: {error}") from None
     importer.check_tokenizer_given(given, None)
+    importer.check_sentencepiece_ids(given)
   for role, (macro, path, preset) in roles.items():
     if path is None:
       if preset is None:
