@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from distillspec_jax.core.validation import check_positive_int
+from distillspec_jax.interop import hf_llama
 from distillspec_jax.interop.importer import FORMATS, load_checkpoint, save_checkpoint
 from distillspec_jax.models.config import model_config
 
@@ -50,6 +51,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if source is not None and not os.path.isdir(source):
     parser.error(f"--tokenizer_dir={source} is not a folder; pass the folder holding "
                  "tokenizer.json / tokenizer_config.json.")
+  if source is not None and not any(os.path.isfile(os.path.join(source, name))
+                                    for name in hf_llama.TOKENIZER_FILES + ("config.json",)):
+    parser.error(f"--tokenizer_dir={source} holds no tokenizer files (none of "
+                 f"{list(hf_llama.TOKENIZER_FILES)}) and no config.json, so the export would "
+                 "get neither the tokenizer nor its special ids; pass the target's Hugging Face "
+                 "folder.")
   if source is None and args.source == "hf":
     source = args.input
   config = None

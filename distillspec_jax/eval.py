@@ -190,6 +190,7 @@ class EvalConfig:
 
   def check_inputs(self) -> None:
     """Refuses, before work starts, input paths that do not exist or hold no checkpoint."""
+    num_tokens = None
     if self.vocabulary is not None:
       check_path(self.vocabulary, "VOCABULARY", kind="any",
                  fix="pass the checkpoints' tokenizer: a Hugging Face model folder, its "
@@ -203,6 +204,15 @@ class EvalConfig:
       if self.chat_template:
         from distillspec_jax.data.chat_template import template_of
         template_of(vocab)
+      num_tokens = vocabularies.token_ids(vocab).num_tokens
+    else:
+      vocab = None
+      importer.check_tokenizer_given((("TARGET_CHECKPOINT_PATH", self.target_checkpoint_path),
+                                      ("DRAFT_CHECKPOINT_PATH", self.draft_checkpoint_path)),
+                                     None)
+    importer.check_sentencepiece_ids((("TARGET_CHECKPOINT_PATH", self.target_checkpoint_path),
+                                      ("DRAFT_CHECKPOINT_PATH", self.draft_checkpoint_path)),
+                                     vocab)
     if self.data_dir is not None:
       check_path(self.data_dir, "DATA_DIR", kind="dir",
                  fix="pass the folder with gsm8k/, mbpp/, alpaca/, ... (e.g. ../shared/data).")
@@ -221,17 +231,45 @@ class EvalConfig:
                        f"{self.draft_checkpoint_path!r} holds no {HEAD_CONFIG_FILE}: point it "
                        "at a head's folder (the main job's distill_head_<recipe>), or set "
                        "DRAFT_KIND='model'.")
-    self._check_presets()
+    self._check_presets(num_tokens)
+    self._check_decode_capacity()
 
-  def _check_presets(self) -> None:
+  def _check_decode_capacity(self) -> None:
+    """max_decode_length, when set, holds the longest request of the grid: a decoder-only
+    target's prompt (up to TASK_FEATURE_LENGTHS['inputs']) after its first slot, the new
+    tokens and the last round's gamma - 1 more. Refused here, before MODEL_DIR exists; the
+    decoders refuse it only when they run."""
+    if not self.max_decode_length:
+      return
+    if self.target_model:
+      target = model_config(self.target_model)
+    else:
+      target = importer.open_checkpoint(self.target_checkpoint_path).config
+    if target is None:
+      return
+    prompt = 0 if target.kind == "encoder_decoder" else self.task_feature_lengths.get("inputs", 0)
+    gamma = max(self.grid.gammas)
+    needed = 1 + prompt + self.new_tokens + gamma - 1
+    if needed > self.max_decode_length:
+      raise ValueError(
+          f"EvalConfig.max_decode_length={self.max_decode_length} is smaller than the {needed} "
+          f"decoding-cache positions a request can need (1 + the prompt's {prompt} "
+          f"(TASK_FEATURE_LENGTHS['inputs']) + {self.new_tokens} new tokens + gamma - 1 = "
+          f"{gamma - 1}); set --gin.EvalConfig.max_decode_length={needed} or more (or None: "
+          "sized from the prompts), or lower the prompt length or max_new_tokens.")
+
+  def _check_presets(self, num_tokens: Optional[int] = None) -> None:
     """A preset named beside a checkpoint is checked against it (shapes, and RoPE, norm and
     the other stored settings) without reading a weight: a mismatch is refused here, before
-    MODEL_DIR exists, not when the weights load."""
+    MODEL_DIR exists, not when the weights load. A checkpoint named by no preset is checked
+    as it describes itself (importer.check_own_checkpoint; `num_tokens`: VOCABULARY's size)."""
     roles = [("TARGET", self.target_checkpoint_path, self.target_model, "target_model")]
     if self.draft_kind == "model":  # a head's shapes come from its folder
       roles.append(("DRAFT", self.draft_checkpoint_path, self.draft_model, "draft_model"))
     for role, path, preset, field in roles:
       if preset is None:
+        importer.check_own_checkpoint(path, f"{role}_CHECKPOINT_PATH", f"EvalConfig.{field}",
+                                      num_tokens)
         continue
       try:
         importer.check_checkpoint(path, model_config(preset))

@@ -37,6 +37,7 @@ import gin
 import jax
 
 from distillspec_jax.training import checkpoints
+from distillspec_jax.data import vocabularies
 from distillspec_jax.data.task_source import TaskSource
 from distillspec_jax.distill import blocked
 from distillspec_jax.distill import objectives
@@ -383,6 +384,13 @@ def check_checkpoint_paths(spec: RunSpec) -> None:
           "Hugging Face folder).")
     checks.append(("TARGET_CHECKPOINT_PATH", spec.target_checkpoint_path, spec.target,
                    "run.target", "target"))
+  try:
+    given = [(macro, path) for macro, path, *_ in checks if isinstance(path, str)]
+    importer.check_tokenizer_given(given, spec.data.vocabulary)
+    importer.check_sentencepiece_ids(given, None if spec.data.vocabulary is None else
+                                     vocabularies.as_vocabulary(spec.data.vocabulary))
+  except ValueError as error:
+    raise gin_utils.GinConfigError(str(error)) from None
   for macro, path, model, binding, role in checks:
     if path is None or (macro == "INITIAL_CHECKPOINT_PATH" and path == ""):
       continue  # no initial checkpoint: random initialisation

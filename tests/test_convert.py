@@ -158,3 +158,22 @@ def test_check_checkpoint_reads_shapes_for_every_format(tmp_path, params):
     assert "\n" not in message
   with pytest.raises(ValueError, match="does not exist"):
     importer.check_checkpoint(str(tmp_path / "nowhere"), TINY)
+
+
+def test_a_tokenizer_dir_without_tokenizer_files_is_refused(tmp_path, capsys):
+  """--tokenizer_dir naming a folder with no tokenizer files and no config.json (a data folder,
+  a typo'd sibling) is refused before anything is written; it used to give exit 0 and an
+  export without a tokenizer whose config.json said our SentencePiece ids (bos 0, eos 1, pad
+  0: real tokens of a Llama / Qwen tokenizer, so generate() stopped at id 1)."""
+  model = Model.from_name("tiny_llama")
+  importer.save_ours(model.init(jax.random.PRNGKey(0)), str(tmp_path / "ours"), model.config)
+  (tmp_path / "data").mkdir()
+  (tmp_path / "data" / "train.jsonl").write_text("{}\n")
+  with pytest.raises(SystemExit) as exit_info:
+    convert.main(["--from=ours", "--to=hf", f"--input={tmp_path / 'ours'}",
+                  f"--output={tmp_path / 'hf'}", f"--tokenizer_dir={tmp_path / 'data'}"])
+  assert exit_info.value.code == 2  # the convert CLI's usage-error status
+  err = capsys.readouterr().err
+  assert f"--tokenizer_dir={tmp_path / 'data'} holds no tokenizer files" in err
+  assert "pass the target's Hugging Face folder" in err
+  assert not (tmp_path / "hf").exists()

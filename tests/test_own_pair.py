@@ -364,6 +364,114 @@ def test_main_job_refuses_bad_pairs_before_work(own, tmp_path):
   assert not any(os.path.exists(tmp_path / n) for n in "abcde")
 
 
+def test_a_folder_that_does_not_describe_its_model_is_refused_before_work(own, tmp_path):
+  """Draft folders whose model the checks used to take on trust, each refused by the main
+  job's and the eval binary's checks naming DRAFT_CHECKPOINT_PATH and the fix (before: a
+  config.json whose vocab_size is not the tensors' failed at the main job's draft_raw stage,
+  after the target stage, and in the eval binary after MODEL_DIR was written; a folder without
+  config.json named macros that do not exist, TARGET_MODEL / DRAFT_MODEL, or convert's
+  --model); so is a VOCABULARY path that does not exist (the main job named a SentencePiece
+  .model as the fix)."""
+  import shutil
+  tokenizer = hf_fixtures.fast_tokenizer("llama")
+  folders = {name: str(tmp_path / name) for name in ("no_config", "wrong_rows")}
+  for folder in folders.values():
+    shutil.copytree(own["llama"]["draft"], folder)
+  os.remove(os.path.join(folders["no_config"], "config.json"))
+  with open(os.path.join(folders["wrong_rows"], "config.json")) as f:
+    hf = json.load(f)
+  with open(os.path.join(folders["wrong_rows"], "config.json"), "w") as f:
+    json.dump(dict(hf, vocab_size=hf["vocab_size"] + 3), f)
+  folders["few_rows"] = hf_fixtures.save_model(str(tmp_path / "few_rows"), "llama", tokenizer,
+                                               vocab_size=len(tokenizer) - 10,
+                                               num_hidden_layers=1)
+  named = {"no_config": r"has no config.json beside its safetensors.*put the config.json",
+           "wrong_rows": r"its config.json and its safetensors disagree.*embed_tokens",
+           "few_rows": rf"has {len(tokenizer) - 10} embedding rows but VOCABULARY has "
+                       rf"{len(tokenizer)} tokens"}
+  for name, folder in folders.items():
+    match = rf"DRAFT_CHECKPOINT_PATH='{folder}'.*{named[name]}"
+    with pytest.raises(ValueError, match=match):
+      _job(own, "llama", tmp_path / f"job_{name}", draft_checkpoint_path=folder).check_inputs()
+    with pytest.raises(ValueError, match=match):
+      eval_lib.evaluate(_config(own, "llama", tmp_path / f"eval_{name}",
+                                draft_checkpoint_path=folder))
+  with pytest.raises(ValueError, match=r"PipelineConfig.draft_model"):
+    _job(own, "llama", tmp_path / "job", draft_checkpoint_path=folders["no_config"]).check_inputs()
+  from distillspec_jax.studies.pair_source import PairSource
+  with pytest.raises(ValueError, match=r"VOCABULARY='.*nope' does not exist; pass the "
+                                       r"checkpoints' tokenizer: a Hugging Face model folder"):
+    _job(own, "llama", tmp_path / "job_vocab",
+         pair=PairSource(vocabulary=str(tmp_path / "nope"))).check_inputs()
+  assert not [n for n in os.listdir(tmp_path) if n.startswith(("job", "eval"))]
+
+
+def test_a_llama2_folder_with_only_tokenizer_model_is_refused_before_work(own, tmp_path):
+  """A Llama-2-style folder whose tokenizer is only a SentencePiece tokenizer.model (read
+  with T5's conventions: pad 0, EOS 1) while its config.json says EOS 2: refused by the main
+  job and the eval binary, with VOCABULARY the folder or unset, naming the fix (a
+  tokenizer.json). Before, the job ran the vocab, target and draft_raw stages with EOS 1 (the
+  model's BOS) and pad 0 (its unk), and failed at the first tau curve on an unk in a prompt
+  ('prompt_tokens row 0 has padding (id 0) ... followed by a real id'), or ran on."""
+  import shutil
+  from distillspec_jax.data import vocabularies
+  from distillspec_jax.studies.pair_source import PairSource
+  folder = str(tmp_path / "llama2")
+  shutil.copytree(own["llama"]["target"], folder)
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    os.remove(os.path.join(folder, name))
+  vocabularies.train_sentencepiece(hf_fixtures.SENTENCES * 4, os.path.join(folder,
+                                                                           "tokenizer.model"),
+                                   vocab_size=120)
+  with open(os.path.join(folder, "config.json")) as f:
+    eos = json.load(f)["eos_token_id"]
+  assert eos != 1
+  match = rf"TARGET_CHECKPOINT_PATH='{folder}': its config.json says eos_token_id={eos}.*T5's "
+  match += r"conventions \(pad 0, EOS 1\).*Give the folder a tokenizer.json"
+  for pair in (PairSource(vocabulary=folder), PairSource()):
+    with pytest.raises(ValueError, match=match):
+      _job(own, "llama", tmp_path / "job", target_checkpoint_path=folder,
+           draft_checkpoint_path=folder, pair=pair).check_inputs()
+  for vocabulary in (folder, None):
+    with pytest.raises(ValueError, match=match):
+      eval_lib.evaluate(_config(own, "llama", tmp_path / "eval", target_checkpoint_path=folder,
+                                draft_checkpoint_path=folder, vocabulary=vocabulary))
+  assert not os.path.exists(tmp_path / "job") and not os.path.exists(tmp_path / "eval")
+
+
+def test_eval_binary_refuses_a_decoding_cache_too_small_before_model_dir(own, tmp_path):
+  """EvalConfig.max_decode_length below 1 + the prompt length (160) + the new tokens (8) +
+  gamma - 1 (1) is refused by check_inputs naming the 170 to set; it used to fail in the
+  decoder after MODEL_DIR/config.gin and inferences/ were written."""
+  with pytest.raises(ValueError, match=r"EvalConfig.max_decode_length=169 is smaller than the "
+                                       r"170 decoding-cache positions.*max_decode_length=170"):
+    eval_lib.evaluate(_config(own, "llama", tmp_path / "run", max_decode_length=169))
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_pretrained_pair_without_vocabulary_is_refused_before_work(own, tmp_path, capsys):
+  """VOCABULARY left unset (own_pair_gsm8k.gin's default None) with an HF Llama/Qwen folder
+  that carries its tokenizer: the main job, the eval and the train binaries each refuse it,
+  naming the folder to set. Before, the main job wrote MODEL_DIR and tokenized GSM8K with
+  T5's SentencePiece (offline: a gs:// traceback; online: another tokenizer's ids into the
+  pair), and the eval and train binaries used the task's own vocabulary."""
+  from distillspec_jax import train as train_lib
+  from distillspec_jax.studies.pair_source import PairSource
+  target = own["llama"]["target"]
+  named = rf"TARGET_CHECKPOINT_PATH='{target}' carries its own tokenizer .* VOCABULARY is not set"
+  with pytest.raises(ValueError, match=named):
+    _job(own, "llama", tmp_path / "job", pair=PairSource()).check_inputs()
+  with pytest.raises(ValueError, match=named):
+    eval_lib.evaluate(_config(own, "llama", tmp_path / "eval", vocabulary=None,
+                              mixture_or_task_name="embedded_arithmetic", data_dir=None))
+  code, err = _cli(train_lib.cli, ["--gin_file=gin/runs/distill_llama_demo.gin",
+                                   f"--gin.MODEL_DIR='{tmp_path / 'train'}'",
+                                   "--gin.TRAIN_STEPS=2",
+                                   f"--gin.TARGET_CHECKPOINT_PATH='{target}'"], capsys)
+  assert code == 1 and "VOCABULARY is not set" in err and f"VOCABULARY=\"'{target}'\"" in err
+  assert not [n for n in os.listdir(tmp_path) if n in ("job", "eval", "train")]
+
+
 def test_train_binary_distils_on_a_file_task_with_the_models_tokenizer(own, tmp_path,
                                                                       capsys):
   tokenizer = hf_fixtures.fast_tokenizer("llama")

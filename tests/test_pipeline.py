@@ -217,6 +217,50 @@ def test_adaspec_bad_input(tmp_path):
                    adaspec_reference="gkd")
 
 
+def test_a_decoding_cache_too_small_for_the_requests_is_refused_before_work(tmp_path):
+  """PipelineConfig.max_decode_length below a decoder-only request (1 + the prompt length +
+  max_new_tokens + gamma - 1, at the grid's largest gamma or the tau curves' 5) is refused by
+  check_inputs, naming the length to set; it used to be refused by the decoder at the first
+  tau curve, after the vocab, target and draft_raw stages (a pretrained pair with
+  TASK_FEATURE_LENGTHS inputs 128, max_new_tokens 128 and max_decode_length 160). An
+  encoder-decoder's cache holds no prompt."""
+  lengths = {"inputs": 40, "targets": 44}
+  common = dict(run_dir=str(tmp_path / "run"), task_feature_lengths=lengths, max_new_tokens=8,
+                grid=DecodingGrid(gammas=(3, 7), temperatures=(0.0,)))
+  decoder = dict(common, target_model="tiny_decoder_only", draft_model="tiny_decoder_only")
+  with pytest.raises(ValueError, match=r"max_decode_length=50 is smaller than the 55 "
+                                       r"decoding-cache positions.*max_decode_length=55 or more"):
+    PipelineConfig(**decoder, max_decode_length=50).check_inputs()
+  PipelineConfig(**decoder, max_decode_length=55).check_inputs()
+  with pytest.raises(ValueError, match=r"the 53 decoding-cache"):  # the tau curves' gamma 5
+    PipelineConfig(**dict(decoder, grid=DecodingGrid(gammas=(2,), temperatures=(0.0,))),
+                   max_decode_length=50).check_inputs()
+  PipelineConfig(**common, max_decode_length=16).check_inputs()  # demo_target: enc-dec
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_warmup_longer_than_a_stage_is_refused_before_any_stage(tmp_path):
+  """warmup_steps past a training stage's schedule (DISTILL_TRAIN_STEPS=2 with the default
+  100 warm-up steps) is refused when the config is made, naming the stage and the fix; it
+  used to be refused by the optimiser when that stage started, after the stages before it
+  (a pretrained pair's target and draft loaded, MODEL_DIR written). Stages that do not train
+  (a checkpoint loaded as it is) are not held to it."""
+  from distillspec_jax.studies.pair_source import PairSource
+  with pytest.raises(ValueError, match=r"warmup_steps=100 .* exceeds the 2 steps of stage "
+                                       r"'distill_gkd'.*PipelineConfig.warmup_steps=2 or less"):
+    PipelineConfig(run_dir=str(tmp_path), recipes=("gkd",), distill_steps=2)
+  with pytest.raises(ValueError, match=r"the 50 steps of stage 'target'"):
+    PipelineConfig(run_dir=str(tmp_path), recipes=("gkd",), target_steps=50)
+  with pytest.raises(ValueError, match=r"the 50 decay_steps of stage"):
+    PipelineConfig(run_dir=str(tmp_path), recipes=("gkd",), decay_steps=50)
+  loaded = PipelineConfig(run_dir=str(tmp_path), recipes=("gkd",), target_steps=50,
+                          draft_steps=50, target_model=None, draft_model=None,
+                          target_checkpoint_path="t", draft_checkpoint_path="d")
+  assert set(loaded.training_steps()) == {"distill_gkd"}
+  with pytest.raises(ValueError, match=r"stage 'draft_raw'"):
+    dataclasses.replace(loaded, pair=PairSource(finetune_draft=True))
+
+
 @pytest.mark.integration
 @pytest.mark.pipeline
 def test_decoder_only_job(tmp_path, shared_stages):

@@ -29,6 +29,7 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
 
+from distillspec_jax.core.validation import check_path
 from distillspec_jax.data import tokenizer_files
 from distillspec_jax.models.model import NO_TOKEN, TokenIds
 
@@ -275,11 +276,17 @@ def checkpoint_tokenizer(path: Optional[str]) -> Optional[str]:
   return candidate if os.path.isfile(candidate) else None
 
 
+# What a binary's VOCABULARY may be (the fix named when it is not).
+VOCABULARY_FIX = ("pass the checkpoints' tokenizer: a Hugging Face model folder (its "
+                  "tokenizer.json), a tokenizer.json, or a SentencePiece .model.")
+
+
 def check_vocabulary(path: Union[str, os.PathLike], name: str = "VOCABULARY",
                      checkpoints: Sequence[tuple] = ()) -> seqio.Vocabulary:
   """The vocabulary at `path`, for a binary's input `name`, loaded now (a bad file is a
   ValueError naming `name`, the path and the fix); every (macro, checkpoint path) of
   `checkpoints` that carries its own tokenizer must carry this one."""
+  check_path(path, name, fix=VOCABULARY_FIX)
   try:
     vocab = as_vocabulary(path)
   except (OSError, ValueError) as error:

@@ -31,6 +31,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
+from distillspec_jax.core.validation import is_remote
 from distillspec_jax.data import vocabularies
 from distillspec_jax.interop import hf_llama
 from distillspec_jax.interop import hf_t5
@@ -39,7 +40,7 @@ from distillspec_jax.models import acceptance_head as head_lib
 from distillspec_jax.models.acceptance_head import AcceptanceHeadConfig
 from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.models.config_json import config_from_json, config_to_json
-from distillspec_jax.models.model import Model
+from distillspec_jax.models.model import EOS_ID, Model
 from distillspec_jax.training import checkpoints
 from distillspec_jax.training import multihost
 
@@ -354,6 +355,88 @@ def check_checkpoint(path: str, config: TransformerConfig) -> str:
     raise ValueError(f"{path!r} ({fmt} checkpoint) does not hold {model}; first mismatches: "
                      + "; ".join(lines) + ".")
   return fmt
+
+
+def check_own_checkpoint(path: str, macro: str, preset_field: str,
+                         num_tokens: Optional[int] = None) -> TransformerConfig:
+  """The model of a checkpoint named by no preset (its config.json or stored configuration),
+  checked before work, every error naming `macro` and the path: the checkpoint says its whole
+  model (else the fix is its config.json or a preset in `preset_field`), an HF folder's
+  tensors are the ones its config.json describes (headers only), and the model has an
+  embedding row for each of the tokenizer's `num_tokens` ids (None: not checked)."""
+  try:
+    opened = open_checkpoint(path)
+  except ValueError as error:
+    raise ValueError(f"{macro}={path!r}: {error}") from None
+  config = opened.config
+  if config is None and opened.format == "hf":
+    raise ValueError(f"{macro}={path!r} has no config.json beside its safetensors, so its "
+                     "model is unknown: put the config.json that save_pretrained wrote into "
+                     f"that folder (or name its preset: {preset_field}).")
+  if config is None:
+    raise ValueError(f"{macro}={path!r} does not say its whole model (a llama-kind tree "
+                     f"without its configuration); name its preset ({preset_field}).")
+  if opened.format == "hf":
+    try:
+      check_checkpoint(path, config)
+    except ValueError as error:
+      raise ValueError(f"{macro}={path!r}: its config.json and its safetensors disagree: "
+                       f"{error} Re-save the model with save_pretrained (or fix config.json)."
+                       ) from None
+  if num_tokens is not None and config.vocab_size < num_tokens:
+    raise ValueError(f"{macro}={path!r} has {config.vocab_size} embedding rows but VOCABULARY "
+                     f"has {num_tokens} tokens: the models need a row for every token id; use "
+                     "the model trained with that tokenizer (vocab_size >= its size) or that "
+                     "model's tokenizer.")
+  return config
+
+
+def check_tokenizer_given(checkpoints, vocabulary: Optional[str],
+                          name: str = "VOCABULARY") -> None:
+  """With no `vocabulary`, refuses a RoPE-family checkpoint of `checkpoints` ((macro, path)
+  pairs; None paths skipped) that carries its own tokenizer (an HF folder's tokenizer.json):
+  the task would be tokenized with its own vocabulary (T5's SentencePiece, or one trained
+  here), whose ids are not the ones the model was trained on. T5 checkpoints keep T5's
+  SentencePiece conventions and are not refused."""
+  if vocabulary is not None:
+    return
+  for macro, path in checkpoints:
+    own = vocabularies.checkpoint_tokenizer(path) if path else None
+    if own is None:
+      continue
+    config = open_checkpoint(path).config
+    if config is not None and config.is_rope_decoder:
+      raise ValueError(
+          f"{macro}={path!r} carries its own tokenizer ({own}) but {name} is not set, so the "
+          "task would be tokenized with another vocabulary (T5's SentencePiece, or one the "
+          "job trains), not the one the model was trained with: set "
+          f"--gin.{name}=\"'{os.path.dirname(own)}'\" (the target's folder).")
+
+
+def check_sentencepiece_ids(checkpoints, vocab=None, name: str = "VOCABULARY") -> None:
+  """A SentencePiece vocabulary (or none: the task's or a trained one) has T5's conventions,
+  EOS = 1 (models.model.EOS_ID); refuses an HF checkpoint of `checkpoints` ((macro, path)
+  pairs) whose config.json names other EOS ids (a Llama-2 folder with only tokenizer.model:
+  unk 0, BOS 1, EOS 2), whose text the job would end at its BOS. `vocab`: a
+  seqio.Vocabulary; a Hugging Face tokenizer takes its ids from its files and is not
+  checked here."""
+  if vocab is not None and vocabularies.is_tokenizer(vocab):
+    return
+  for macro, path in checkpoints:
+    if not path or is_remote(path) or not os.path.exists(path):
+      continue
+    hf = hf_t5.read_hf_config(path)  # None without a config.json (its format checked later)
+    eos = (hf or {}).get("eos_token_id")
+    eos = [e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int)]
+    if eos and EOS_ID not in eos:
+      what = (f"{name}={getattr(vocab, 'sentencepiece_model_file', vocab)!r}" if vocab is not None
+              else f"{name} unset (the task's or a trained SentencePiece vocabulary)")
+      raise ValueError(
+          f"{macro}={path!r}: its config.json says eos_token_id={hf['eos_token_id']!r}, but "
+          f"{what} has T5's conventions (pad 0, EOS {EOS_ID}), so the job would tokenize and "
+          "stop with other ids than the model's. Give the folder a tokenizer.json (transformers "
+          "writes one: AutoTokenizer.from_pretrained(folder).save_pretrained(folder)) and pass "
+          f"that folder as {name}.")
 
 
 def restore_any(path: str, abstract_params: Params) -> Params:

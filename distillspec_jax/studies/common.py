@@ -93,7 +93,8 @@ def distill_toward(config, stage: str, teacher, teacher_params, student, student
   prompts = pipeline.heldout_prompts(config, CURVE_PROMPTS).prompts
   eval_fn = make_speculative_eval_fn(teacher, teacher_params, student,
                                      prompt_inputs(student, prompts),
-                                     max_new_tokens=config.max_new_tokens, gamma=5,
+                                     max_new_tokens=config.max_new_tokens,
+                                     gamma=pipeline.TAU_CURVE_GAMMA,
                                      temperature=0.0, seed=config.seed)
   train_config = pipeline.stage_train_config(config, stage, config.distill_steps,
                                              config.distill_learning_rate,

@@ -81,9 +81,23 @@ def role_config(path: Optional[str], preset: Optional[str], vocab_size: Optional
     return model_config(preset, **kwargs)
   config = opened(path).config
   if config is None:
+    role = macro.split("_")[0].lower()
+    if opened(path).format == "hf":
+      raise ValueError(f"{macro}={path!r} has no config.json beside its safetensors, so its "
+                       "model is unknown: put the config.json that save_pretrained wrote into "
+                       f"that folder (or name its preset: PipelineConfig.{role}_model).")
     raise ValueError(f"{macro}={path!r} does not say its whole model (a llama-kind tree "
-                     "without its configuration); name its preset (TARGET_MODEL / DRAFT_MODEL).")
+                     f"without its configuration); name its preset (PipelineConfig.{role}_model).")
   return config.replace(**overrides)
+
+
+def _opened(macro: str, path: str) -> importer.OpenedCheckpoint:
+  """`opened(path)`, its errors (a config.json this network does not compute, ...) naming
+  `macro` and the path."""
+  try:
+    return opened(path)
+  except ValueError as error:
+    raise ValueError(f"{macro}={path!r}: {error}") from None
 
 
 def check_pair_inputs(pair: PairSource, roles: dict, train_vocabulary: bool) -> None:
@@ -97,25 +111,32 @@ def check_pair_inputs(pair: PairSource, roles: dict, train_vocabulary: bool) -> 
   given = [(macro, path) for macro, path, _ in roles.values() if path is not None]
   if pair.vocabulary is not None:
     vocab = vocabularies.check_vocabulary(pair.vocabulary, "VOCABULARY", given)
+    importer.check_sentencepiece_ids(given, vocab)
     if pair.chat_template:
       template_of(vocab)
   else:
-    carried = [(macro, path, opened(path).tokenizer) for macro, path in given
-               if opened(path).tokenizer is not None]
+    carried = [(macro, path, _opened(macro, path).tokenizer) for macro, path in given
+               if _opened(macro, path).tokenizer is not None]
     for macro, path, tokenizer in carried[1:]:
       try:
         vocabularies.check_same_vocabulary(carried[0][2], tokenizer)
       except ValueError as error:
         raise ValueError(f"{carried[0][0]}={carried[0][1]!r} and {macro}={path!r} carry "
                          f"different tokenizers: {error}") from None
+    importer.check_tokenizer_given(given, None)
+    importer.check_sentencepiece_ids(given)
   for role, (macro, path, preset) in roles.items():
     if path is None:
       if preset is None:
         raise ValueError(f"The {role} has neither a preset nor a checkpoint; name one "
-                         f"({role.upper()}_MODEL or {macro}).")
+                         f"(PipelineConfig.{role}_model or {macro}).")
       continue
-    stored = opened(path).config
-    if preset is None or stored is None:
+    if preset is None:
+      importer.check_own_checkpoint(path, macro, f"PipelineConfig.{role}_model",
+                                    None if pair.vocabulary is None else pair.tokens.num_tokens)
+      continue
+    stored = _opened(macro, path).config
+    if stored is None:
       continue
     try:
       importer.check_checkpoint(path, model_config(preset, vocab_size=stored.vocab_size))

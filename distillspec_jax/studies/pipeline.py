@@ -48,8 +48,8 @@ from distillspec_jax.distill.teacher_cache import (CachedTeacherObjective, check
 from distillspec_jax.training.trainer import TrainConfig, distill, finetune, train
 # Re-exported: pipeline.PipelineConfig, pipeline.distillation_config.
 from distillspec_jax.studies import pair_source
-from distillspec_jax.studies.pipeline_config import (HEAD_STAGE_PREFIX, PipelineConfig,
-                                                     distillation_config)
+from distillspec_jax.studies.pipeline_config import (HEAD_STAGE_PREFIX, TAU_CURVE_GAMMA,
+                                                     PipelineConfig, distillation_config)
 from distillspec_jax.distill.head_objectives import HeadDistillationObjective
 from distillspec_jax.models.head import Head, HeadConfig, write_head_config
 
@@ -433,7 +433,7 @@ def stage_distill(config: PipelineConfig, stage: str) -> dict:
   prompts = heldout_prompts(config, 32).prompts
   eval_fn = make_speculative_eval_fn(target, target_params, draft,
                                      prompt_inputs(draft, prompts),
-                                     max_new_tokens=config.max_new_tokens, gamma=5,
+                                     max_new_tokens=config.max_new_tokens, gamma=TAU_CURVE_GAMMA,
                                      temperature=0.0, seed=config.seed)
   train_config = stage_train_config(config, stage, config.distill_steps_of(recipe),
                                config.distill_learning_rate, eval_every=config.eval_every)
@@ -527,7 +527,7 @@ def stage_distill_head(config: PipelineConfig, stage: str) -> dict:
   prompts = heldout_prompts(config, 32).prompts
   eval_fn = make_speculative_eval_fn(target, target_params, head,
                                      prompt_inputs(target, prompts),
-                                     max_new_tokens=config.max_new_tokens, gamma=5,
+                                     max_new_tokens=config.max_new_tokens, gamma=TAU_CURVE_GAMMA,
                                      temperature=0.0, seed=config.seed)
   train_config = stage_train_config(config, stage, config.head.steps,
                                     config.head.learning_rate, eval_every=config.eval_every)

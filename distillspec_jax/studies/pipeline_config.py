@@ -31,6 +31,10 @@ from distillspec_jax.training import optimizers
 HEAD_STAGE_PREFIX = "distill_head_"
 
 
+# The gamma of the training stages' tau curves (pipeline.py, common.py: T = 0, every eval_every).
+TAU_CURVE_GAMMA = 5
+
+
 @dataclasses.dataclass(frozen=True)
 class HeadStageConfig:
   """The main job's draft-head stages (`PipelineConfig.head`; None = none): one EAGLE-3-style
@@ -306,6 +310,7 @@ class PipelineConfig:
             training.unroll_steps + 1, max(self.grid.gammas))
       for recipe in self.head.recipes:
         distillation_config(self, recipe)
+    self._check_warmup()
     self._check_acceptance_head()
 
   def _check_learning_rates(self) -> None:
@@ -314,6 +319,36 @@ class PipelineConfig:
     for name in ("learning_rate", "distill_learning_rate", "target_learning_rate"):
       if getattr(self, name) is not None:
         check_real(getattr(self, name), name, minimum=0.0, above=True)
+
+  def training_steps(self) -> dict:
+    """{stage: steps} of every stage that trains: the target and the raw draft when they are
+    trained (no checkpoint, or FINETUNE_TARGET / FINETUNE_DRAFT), each recipe's distillation
+    and each draft head."""
+    steps = {}
+    for role, stage, count in (("target", "target", self.target_steps),
+                               ("draft", "draft_raw", self.draft_steps)):
+      if getattr(self, f"{role}_checkpoint_path") is None or self.pair.finetunes(role):
+        steps[stage] = count
+    steps.update({f"distill_{r}": self.distill_steps_of(r) for r in self.recipes})
+    if self.head is not None:
+      steps.update({stage: self.head.steps for stage in self.head_stages})
+    return steps
+
+  def _check_warmup(self) -> None:
+    """warmup_steps within every training stage's schedule (decay_steps, else the stage's
+    own steps), before any stage runs: the optimiser refuses it only when that stage starts,
+    after the stages before it. The main job's stages only (a study's run their own)."""
+    if hasattr(self, "stage_functions"):
+      return
+    for stage, steps in self.training_steps().items():
+      total = self.decay_steps or steps
+      if self.warmup_steps > total:
+        what = "decay_steps" if self.decay_steps else "steps"
+        raise ValueError(
+            f"warmup_steps={self.warmup_steps} (PipelineConfig.warmup_steps) exceeds the "
+            f"{total} {what} of stage {stage!r}, whose learning-rate schedule it must fit in; "
+            f"set --gin.PipelineConfig.warmup_steps={total} or less, or train that stage "
+            "longer.")
 
   def _check_sub_configs(self) -> None:
     """Each sub-config of its class (checked when it was made); the main job always times,
@@ -377,6 +412,27 @@ class PipelineConfig:
       if getattr(self, name) is not None:
         check_checkpoint(getattr(self, name), f"{name.upper()} (PipelineConfig.{name})")
     pair_source.check_pair_inputs(self.pair, self.roles, self.train_vocabulary)
+    self._check_decode_capacity()
+
+  def _check_decode_capacity(self) -> None:
+    """max_decode_length, when set, holds the longest request the job decodes: a
+    decoder-only model's prompt (up to TASK_FEATURE_LENGTHS['inputs']) after its first slot,
+    max_new_tokens and the last round's gamma - 1 more, at the grid's largest gamma or the
+    training stages' tau curves' (TAU_CURVE_GAMMA). Refused before work: the decoders refuse
+    it only when they first run, after the stages before them."""
+    if not self.max_decode_length:
+      return
+    gamma = max(tuple(self.grid.gammas) + (TAU_CURVE_GAMMA,))
+    decoder_only = self.feature_converter == "decoder"
+    prompt = self.task_feature_lengths.get("inputs", 0) if decoder_only else 0
+    needed = 1 + prompt + self.max_new_tokens + gamma - 1
+    if needed > self.max_decode_length:
+      raise ValueError(
+          f"PipelineConfig.max_decode_length={self.max_decode_length} is smaller than the "
+          f"{needed} decoding-cache positions a request can need (1 + the prompt's "
+          f"{prompt} (TASK_FEATURE_LENGTHS['inputs']) + max_new_tokens={self.max_new_tokens} + "
+          f"gamma - 1 = {gamma - 1}); set --gin.PipelineConfig.max_decode_length={needed} or "
+          "more, or lower the prompt length or max_new_tokens.")
 
   @property
   def roles(self) -> dict:
