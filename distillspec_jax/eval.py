@@ -47,9 +47,9 @@ import jax
 
 from distillspec_jax import gin_utils
 from distillspec_jax.core.files import write_text_atomic
-from distillspec_jax.core.validation import (check_feature_lengths, check_field_types,
-                                             check_int, check_output_dir, check_path,
-                                             check_positive_int)
+from distillspec_jax.core.validation import (check_decode_capacity, check_feature_lengths,
+                                             check_field_types, check_int, check_output_dir,
+                                             check_path, check_positive_int)
 from distillspec_jax.decoding.speculative import DraftLength, check_pair
 from distillspec_jax.evaluation import evaluate as evaluate_lib
 from distillspec_jax.evaluation import examples as examples_lib
@@ -248,15 +248,9 @@ class EvalConfig:
     if target is None:
       return
     prompt = 0 if target.kind == "encoder_decoder" else self.task_feature_lengths.get("inputs", 0)
-    gamma = max(self.grid.gammas)
-    needed = 1 + prompt + self.new_tokens + gamma - 1
-    if needed > self.max_decode_length:
-      raise ValueError(
-          f"EvalConfig.max_decode_length={self.max_decode_length} is smaller than the {needed} "
-          f"decoding-cache positions a request can need (1 + the prompt's {prompt} "
-          f"(TASK_FEATURE_LENGTHS['inputs']) + {self.new_tokens} new tokens + gamma - 1 = "
-          f"{gamma - 1}); set --gin.EvalConfig.max_decode_length={needed} or more (or None: "
-          "sized from the prompts), or lower the prompt length or max_new_tokens.")
+    check_decode_capacity(self.max_decode_length, "EvalConfig.max_decode_length",
+                          prompt=prompt, new_tokens=self.new_tokens,
+                          gamma=max(self.grid.gammas), or_else=" (or None: sized from the prompts)")
 
   def _check_presets(self, num_tokens: Optional[int] = None) -> None:
     """A preset named beside a checkpoint is checked against it (shapes, and RoPE, norm and

@@ -11,7 +11,8 @@
 * `check_block_size(block_size, name, length)`: positions per block, in [1, length];
 * `check_feature_lengths(lengths, name, required)`: TASK_FEATURE_LENGTHS;
 * `check_distinct(values, name)`: a grid or list without repeated entries;
-* `check_output_dir(path, name)`: MODEL_DIR is, or can be made, a writable directory.
+* `check_output_dir(path, name)`: MODEL_DIR is, or can be made, a writable directory;
+* `check_decode_capacity(capacity, name, ...)`: a decoding cache holds the longest request.
 
 Every error names the value and the fix. Nothing here coerces: "3" and True are not 3.
 
@@ -308,3 +309,18 @@ def check_output_dir(path, name: str = "MODEL_DIR") -> str:
   if not os.access(parent, os.W_OK | os.X_OK):
     raise ValueError(f"{name}={path!r} is not writable ({parent!r} does not allow it); {fix}")
   return path
+
+
+def check_decode_capacity(capacity: int, name: str, *, prompt: int, new_tokens: int,
+                          gamma: int, or_else: str = "") -> None:
+  """Refuses a decoding-cache `capacity` (the config field `name`) below what the longest
+  request needs: the first slot, a decoder-only prompt of `prompt` tokens (0 for an
+  encoder-decoder), `new_tokens` and the last round's gamma - 1 more. `or_else`: another way
+  out, said after the size to set."""
+  needed = 1 + prompt + new_tokens + gamma - 1
+  if needed > capacity:
+    raise ValueError(
+        f"{name}={capacity} is smaller than the {needed} decoding-cache positions a request "
+        f"can need (1 + the prompt's {prompt} (TASK_FEATURE_LENGTHS['inputs']) + "
+        f"{new_tokens} new tokens + gamma - 1 = {gamma - 1}); set --gin.{name}={needed} or "
+        f"more{or_else}, or lower the prompt length or max_new_tokens.")

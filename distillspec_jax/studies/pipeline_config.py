@@ -8,9 +8,9 @@ import logging
 import os
 from typing import Literal, Optional, Union
 
-from distillspec_jax.core.validation import (check_feature_lengths, check_field_types,
-                                             check_int, check_path, check_positive_int,
-                                             check_real)
+from distillspec_jax.core.validation import (check_decode_capacity, check_feature_lengths,
+                                             check_field_types, check_int, check_path,
+                                             check_positive_int, check_real)
 from distillspec_jax.distill import blocked
 from distillspec_jax.distill.head_objectives import HeadTrainingConfig
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
@@ -425,14 +425,8 @@ class PipelineConfig:
     gamma = max(tuple(self.grid.gammas) + (TAU_CURVE_GAMMA,))
     decoder_only = self.feature_converter == "decoder"
     prompt = self.task_feature_lengths.get("inputs", 0) if decoder_only else 0
-    needed = 1 + prompt + self.max_new_tokens + gamma - 1
-    if needed > self.max_decode_length:
-      raise ValueError(
-          f"PipelineConfig.max_decode_length={self.max_decode_length} is smaller than the "
-          f"{needed} decoding-cache positions a request can need (1 + the prompt's "
-          f"{prompt} (TASK_FEATURE_LENGTHS['inputs']) + max_new_tokens={self.max_new_tokens} + "
-          f"gamma - 1 = {gamma - 1}); set --gin.PipelineConfig.max_decode_length={needed} or "
-          "more, or lower the prompt length or max_new_tokens.")
+    check_decode_capacity(self.max_decode_length, "PipelineConfig.max_decode_length",
+                          prompt=prompt, new_tokens=self.max_new_tokens, gamma=gamma)
 
   @property
   def roles(self) -> dict:
