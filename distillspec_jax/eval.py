@@ -207,12 +207,9 @@ class EvalConfig:
       num_tokens = vocabularies.token_ids(vocab).num_tokens
     else:
       vocab = None
-      importer.check_tokenizer_given((("TARGET_CHECKPOINT_PATH", self.target_checkpoint_path),
-                                      ("DRAFT_CHECKPOINT_PATH", self.draft_checkpoint_path)),
-                                     None)
-    importer.check_sentencepiece_ids((("TARGET_CHECKPOINT_PATH", self.target_checkpoint_path),
-                                      ("DRAFT_CHECKPOINT_PATH", self.draft_checkpoint_path)),
-                                     vocab)
+    importer.check_checkpoint_tokenizers(
+        (("TARGET_CHECKPOINT_PATH", self.target_checkpoint_path),
+         ("DRAFT_CHECKPOINT_PATH", self.draft_checkpoint_path)), vocab)
     if self.data_dir is not None:
       check_path(self.data_dir, "DATA_DIR", kind="dir",
                  fix="pass the folder with gsm8k/, mbpp/, alpaca/, ... (e.g. ../shared/data).")

@@ -386,9 +386,8 @@ def check_checkpoint_paths(spec: RunSpec) -> None:
                    "run.target", "target"))
   try:
     given = [(macro, path) for macro, path, *_ in checks if isinstance(path, str)]
-    importer.check_tokenizer_given(given, spec.data.vocabulary)
-    importer.check_sentencepiece_ids(given, None if spec.data.vocabulary is None else
-                                     vocabularies.as_vocabulary(spec.data.vocabulary))
+    importer.check_checkpoint_tokenizers(given, None if spec.data.vocabulary is None else
+                                         vocabularies.as_vocabulary(spec.data.vocabulary))
   except ValueError as error:
     raise gin_utils.GinConfigError(str(error)) from None
   for macro, path, model, binding, role in checks:

@@ -357,6 +357,20 @@ def check_checkpoint(path: str, config: TransformerConfig) -> str:
   return fmt
 
 
+def stored_config(opened: "OpenedCheckpoint", path: str, macro: str,
+                  preset_field: str) -> TransformerConfig:
+  """The model the checkpoint `opened` (at `path`) describes, or a ValueError naming `macro`,
+  the path and the fix: its config.json, or a preset in `preset_field`."""
+  if opened.config is not None:
+    return opened.config
+  if opened.format == "hf":
+    raise ValueError(f"{macro}={path!r} has no config.json beside its safetensors, so its "
+                     "model is unknown: put the config.json that save_pretrained wrote into "
+                     f"that folder (or name its preset: {preset_field}).")
+  raise ValueError(f"{macro}={path!r} does not say its whole model (a llama-kind tree "
+                   f"without its configuration); name its preset ({preset_field}).")
+
+
 def check_own_checkpoint(path: str, macro: str, preset_field: str,
                          num_tokens: Optional[int] = None) -> TransformerConfig:
   """The model of a checkpoint named by no preset (its config.json or stored configuration),
@@ -368,14 +382,7 @@ def check_own_checkpoint(path: str, macro: str, preset_field: str,
     opened = open_checkpoint(path)
   except ValueError as error:
     raise ValueError(f"{macro}={path!r}: {error}") from None
-  config = opened.config
-  if config is None and opened.format == "hf":
-    raise ValueError(f"{macro}={path!r} has no config.json beside its safetensors, so its "
-                     "model is unknown: put the config.json that save_pretrained wrote into "
-                     f"that folder (or name its preset: {preset_field}).")
-  if config is None:
-    raise ValueError(f"{macro}={path!r} does not say its whole model (a llama-kind tree "
-                     f"without its configuration); name its preset ({preset_field}).")
+  config = stored_config(opened, path, macro, preset_field)
   if opened.format == "hf":
     try:
       check_checkpoint(path, config)
@@ -391,15 +398,23 @@ def check_own_checkpoint(path: str, macro: str, preset_field: str,
   return config
 
 
-def check_tokenizer_given(checkpoints, vocabulary: Optional[str],
-                          name: str = "VOCABULARY") -> None:
-  """With no `vocabulary`, refuses a RoPE-family checkpoint of `checkpoints` ((macro, path)
-  pairs; None paths skipped) that carries its own tokenizer (an HF folder's tokenizer.json):
-  the task would be tokenized with its own vocabulary (T5's SentencePiece, or one trained
-  here), whose ids are not the ones the model was trained on. T5 checkpoints keep T5's
-  SentencePiece conventions and are not refused."""
-  if vocabulary is not None:
-    return
+def check_checkpoint_tokenizers(checkpoints, vocab=None, name: str = "VOCABULARY") -> None:
+  """Before work, the job's vocabulary (`vocab`, a seqio.Vocabulary; None when `name` is not
+  set) against its checkpoints ((macro, path) pairs; None paths skipped): with none set, a
+  RoPE-family folder that carries its own tokenizer is refused (`_check_tokenizer_given`);
+  a SentencePiece vocabulary, or none, against a folder whose config.json names another EOS
+  (`check_sentencepiece_ids`)."""
+  if vocab is None:
+    _check_tokenizer_given(checkpoints, name)
+  check_sentencepiece_ids(checkpoints, vocab, name)
+
+
+def _check_tokenizer_given(checkpoints, name: str) -> None:
+  """With no vocabulary set (`name`), refuses a RoPE-family checkpoint of `checkpoints` that
+  carries its own tokenizer (an HF folder's tokenizer.json): the task would be tokenized with
+  its own vocabulary (T5's SentencePiece, or one trained here), whose ids are not the ones the
+  model was trained on. T5 checkpoints keep T5's SentencePiece conventions and are not
+  refused."""
   for macro, path in checkpoints:
     own = vocabularies.checkpoint_tokenizer(path) if path else None
     if own is None:

@@ -79,15 +79,8 @@ def role_config(path: Optional[str], preset: Optional[str], vocab_size: Optional
   if preset is not None:
     kwargs = dict(overrides, **({} if vocab_size is None else {"vocab_size": vocab_size}))
     return model_config(preset, **kwargs)
-  config = opened(path).config
-  if config is None:
-    role = macro.split("_")[0].lower()
-    if opened(path).format == "hf":
-      raise ValueError(f"{macro}={path!r} has no config.json beside its safetensors, so its "
-                       "model is unknown: put the config.json that save_pretrained wrote into "
-                       f"that folder (or name its preset: PipelineConfig.{role}_model).")
-    raise ValueError(f"{macro}={path!r} does not say its whole model (a llama-kind tree "
-                     f"without its configuration); name its preset (PipelineConfig.{role}_model).")
+  role = macro.split("_")[0].lower()
+  config = importer.stored_config(opened(path), path, macro, f"PipelineConfig.{role}_model")
   return config.replace(**overrides)
 
 
@@ -111,7 +104,7 @@ def check_pair_inputs(pair: PairSource, roles: dict, train_vocabulary: bool) -> 
   given = [(macro, path) for macro, path, _ in roles.values() if path is not None]
   if pair.vocabulary is not None:
     vocab = vocabularies.check_vocabulary(pair.vocabulary, "VOCABULARY", given)
-    importer.check_sentencepiece_ids(given, vocab)
+    importer.check_checkpoint_tokenizers(given, vocab)
     if pair.chat_template:
       template_of(vocab)
   else:
@@ -123,8 +116,7 @@ def check_pair_inputs(pair: PairSource, roles: dict, train_vocabulary: bool) -> 
       except ValueError as error:
         raise ValueError(f"{carried[0][0]}={carried[0][1]!r} and {macro}={path!r} carry "
                          f"different tokenizers: {error}") from None
-    importer.check_tokenizer_given(given, None)
-    importer.check_sentencepiece_ids(given)
+    importer.check_checkpoint_tokenizers(given)
   for role, (macro, path, preset) in roles.items():
     if path is None:
       if preset is None:
