@@ -228,47 +228,44 @@ class EvalConfig:
                        f"{self.draft_checkpoint_path!r} holds no {HEAD_CONFIG_FILE}: point it "
                        "at a head's folder (the main job's distill_head_<recipe>), or set "
                        "DRAFT_KIND='model'.")
-    self._check_presets(num_tokens)
-    self._check_decode_capacity()
+    self._check_decode_capacity(self._check_presets(num_tokens))
 
-  def _check_decode_capacity(self) -> None:
+  def _check_decode_capacity(self, target: TransformerConfig) -> None:
     """max_decode_length, when set, holds the longest request of the grid: a decoder-only
-    target's prompt (up to TASK_FEATURE_LENGTHS['inputs']) after its first slot, the new
+    `target`'s prompt (up to TASK_FEATURE_LENGTHS['inputs']) after its first slot, the new
     tokens and the last round's gamma - 1 more. Refused here, before MODEL_DIR exists; the
     decoders refuse it only when they run."""
     if not self.max_decode_length:
-      return
-    if self.target_model:
-      target = model_config(self.target_model)
-    else:
-      target = importer.open_checkpoint(self.target_checkpoint_path).config
-    if target is None:
       return
     prompt = 0 if target.kind == "encoder_decoder" else self.task_feature_lengths.get("inputs", 0)
     check_decode_capacity(self.max_decode_length, "EvalConfig.max_decode_length",
                           prompt=prompt, new_tokens=self.new_tokens,
                           gamma=max(self.grid.gammas), or_else=" (or None: sized from the prompts)")
 
-  def _check_presets(self, num_tokens: Optional[int] = None) -> None:
+  def _check_presets(self, num_tokens: Optional[int] = None) -> TransformerConfig:
     """A preset named beside a checkpoint is checked against it (shapes, and RoPE, norm and
     the other stored settings) without reading a weight: a mismatch is refused here, before
     MODEL_DIR exists, not when the weights load. A checkpoint named by no preset is checked
-    as it describes itself (importer.check_own_checkpoint; `num_tokens`: VOCABULARY's size)."""
+    as it describes itself (importer.check_own_checkpoint; `num_tokens`: VOCABULARY's size).
+    Returns the target's model (its preset's, else its checkpoint's)."""
     roles = [("TARGET", self.target_checkpoint_path, self.target_model, "target_model")]
     if self.draft_kind == "model":  # a head's shapes come from its folder
       roles.append(("DRAFT", self.draft_checkpoint_path, self.draft_model, "draft_model"))
+    models = []
     for role, path, preset, field in roles:
       if preset is None:
-        importer.check_own_checkpoint(path, f"{role}_CHECKPOINT_PATH", f"EvalConfig.{field}",
-                                      num_tokens)
+        models.append(importer.check_own_checkpoint(path, f"{role}_CHECKPOINT_PATH",
+                                                    f"EvalConfig.{field}", num_tokens))
         continue
+      models.append(model_config(preset))
       try:
-        importer.check_checkpoint(path, model_config(preset))
+        importer.check_checkpoint(path, models[-1])
       except ValueError as error:
         raise ValueError(f"{role}_CHECKPOINT_PATH={path!r} does not hold the preset "
                          f"EvalConfig.{field}={preset!r}: {error} Name the checkpoint's own "
                          f"preset, or leave EvalConfig.{field}=None to build the model from "
                          "the checkpoint.") from None
+    return models[0]
 
 
 # The configs a run file binds, EvalConfig's sub-configs after it (--help lists them).
