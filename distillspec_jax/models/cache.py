@@ -42,8 +42,8 @@ class DecodingCache:
     cross_attention: encoder-decoder only: one (keys, values) pair per decoder layer, in the
       self-attention's layouts over the input: keys [batch * heads, head_dim, input_length],
       values [batch * heads, input_length, head_dim], computed once per prompt
-      (`layers.to_cache_layout`); in [batch, input_length, heads, head_dim], every decoding
-      step transposed them (63% of the demo target's step at 2,048 input tokens).
+      (`layers.to_cache_layout`), so a decoding step reads them without a transpose (one per
+      layer and step would be 63% of the demo target's step at 2,048 input tokens).
     encoder_mask: encoder-decoder only: [batch, input_length] bool, True on real input tokens.
   """
 
