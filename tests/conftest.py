@@ -15,7 +15,9 @@ optimised program, strip both from the environment of the process they start, an
 marked `optimized_compilation` (its programs run longer than they compile) opts out.
 
 Tiers (tests/README.md): a test that runs a binary, a pipeline, several processes or
-simulated devices is marked `integration`; `-m "not integration"` is the unit tier.
+simulated devices is marked `integration`; one that compiles a whole decoding or training
+loop (a second or more) is marked `slow`, and so counts every integration test (added here),
+so that `-m "not slow"` is the unit tier.
 
 Shared fixtures (builders in tests/testing.py): `shared_stages`, the main job's vocab, target
 and raw draft trained once per run for the whole-pipeline tests (marked `pipeline`).
@@ -49,6 +51,7 @@ def pytest_configure(config):
   os.environ[_OWNER] = str(os.getpid())
 
 
+@pytest.hookimpl(tryfirst=True)  # the marks it adds are there before `-m` deselects
 def pytest_collection_modifyitems(config, items):
   """Whole-pipeline tests, then the other long ones (marked `long`), then the rest, each
   group in collection order: pytest-xdist's workers then start on the long tests and end
@@ -58,6 +61,9 @@ def pytest_collection_modifyitems(config, items):
               and not item.get_closest_marker("integration")]
   if unmarked:
     raise pytest.UsageError(f"tests marked 'pipeline' but not 'integration': {unmarked}")
+  for item in items:
+    if item.get_closest_marker("integration") and not item.get_closest_marker("slow"):
+      item.add_marker(pytest.mark.slow)
 
   def group(item):
     if item.get_closest_marker("pipeline"):
