@@ -157,6 +157,12 @@ def _peaked_decoder_pair(vocab=5, seed_target=0, seed_draft=1):
           sharpen(model.init(jax.random.PRNGKey(seed_draft)), 3.0))
 
 
+# Teacher-forced logits as one compiled program per model and shape (called eagerly, each
+# operation compiles on its own).
+_logits = jax.jit(lambda model, params, tokens: model.logits(
+    params, {"decoder_input_tokens": tokens}), static_argnums=0)
+
+
 def _exact_sequence_distribution(model, params, length, eos):
   """P(y) for every continuation of the empty prompt, enumerated with full forward passes:
   one batched pass per depth over every unfinished prefix of that depth (rows of one length,
@@ -165,8 +171,7 @@ def _exact_sequence_distribution(model, params, length, eos):
   probs, live = {}, {(): 1.0}  # finished sequences; unfinished prefixes
   for depth in range(length):
     prefixes = list(live)
-    logits = model.logits(params, {"decoder_input_tokens": jnp.array(
-        [[0, *prefix] for prefix in prefixes])})
+    logits = _logits(model, params, jnp.array([[0, *prefix] for prefix in prefixes]))
     p = np.asarray(jax.nn.softmax(logits[:, -1]), np.float64)
     grown = {}
     for row, prefix in enumerate(prefixes):
@@ -324,8 +329,8 @@ def test_empirical_acceptance_matches_one_minus_tvd():
       held += a + 1
   contexts = np.stack([np.pad(c, (0, new + 1 - len(c))) for c in contexts])
   ends = np.array([np.count_nonzero(c[1:]) for c in contexts])  # index of the last real token
-  t_logits = model.logits(tp, {"decoder_input_tokens": jnp.asarray(contexts)})
-  d_logits = model.logits(dp, {"decoder_input_tokens": jnp.asarray(contexts)})
+  t_logits = _logits(model, tp, jnp.asarray(contexts))
+  d_logits = _logits(model, dp, jnp.asarray(contexts))
   rows = np.arange(len(contexts))
   beta = np.asarray(expected_acceptance(t_logits[rows, ends], d_logits[rows, ends]))
   accepted = np.array(accepted, np.float64)
