@@ -106,14 +106,14 @@ def test_identical_draft_accepts_everything(temperature):
   np.testing.assert_array_equal(per_round.clip(0).sum(1), result.accepted)
 
 
-def test_alpha_counts_only_accepted_tokens_that_reach_the_output(temperature=1.0):
+def test_alpha_counts_only_accepted_tokens_that_reach_the_output():
   """An accepted EOS inside a block ends the row: the accepted draft tokens after it are not
   output and must not count in alpha (draft == target, so every draft token is accepted).
   Sampled only: the temperature decides how many tokens a round accepts (greedy and sampled
   acceptance are test_identical_draft_accepts_everything's), and the cut at EOS and the counts
   after it read that number the same way at either temperature."""
   target, tp, _, _ = _pair("decoder_only")
-  gamma, new = 4, 23
+  gamma, new, temperature = 4, 23, 1.0
   prompts = _prompts("decoder_only")
   run = lambda eos: speculative_decode(target, tp, target, tp, max_new_tokens=new, gamma=gamma,
                                        sampling=SamplingConfig(temperature, eos_id=eos),
