@@ -236,8 +236,9 @@ def test_a_rows_draft_calls_are_its_own_alone_and_in_a_batch(rule):
   own = np.where(proposed > 0, np.minimum(proposed + 1, gamma), 0).sum(1)
   np.testing.assert_array_equal(batch.draft_calls, own)
   for row in range(len(prompts)):
-    alone = run(prompts[row:row + 1])
+    # Alone: a batch of copies of the row, which stop together (the batch's program again).
+    alone = run(np.repeat(prompts[row:row + 1], len(prompts), axis=0))
     for field in ("tokens", "draft_calls", "drafted", "target_calls", "proposed_per_round",
                   "tested_per_round"):
-      np.testing.assert_array_equal(getattr(alone, field)[0], getattr(batch, field)[row],
-                                    f"{field} of row {row}")
+      np.testing.assert_array_equal(getattr(alone, field), np.repeat(
+          getattr(batch, field)[row:row + 1], len(prompts), axis=0), f"{field} of row {row}")

@@ -42,13 +42,13 @@ def test_head_parameters_have_logical_axes_and_leave_the_network_alone():
   shapes = jax.tree.map(lambda x: x.shape, model.param_shapes())
   assert jax.tree.map(lambda x: x.shape, params) == shapes
   batch = {"decoder_input_tokens": _prompts("decoder_only")["prompt_tokens"]}
-  logits, head = model.logits_with_acceptance(params, batch)
-  np.testing.assert_array_equal(logits, draft.logits(dp, batch))
+  # Each call one compiled program (called eagerly, each of their operations compiles alone).
+  logits, head = jax.jit(model.logits_with_acceptance)(params, batch)
+  np.testing.assert_array_equal(logits, jax.jit(draft.logits)(dp, batch))
   assert head.shape == batch["decoder_input_tokens"].shape
   # The incremental call gives the same head output as the teacher-forced one.
-  cache = model.init_cache(params, 4, 16)
-  step_logits, acceptance, _ = model.extend_with_acceptance(params, cache,
-                                                             batch["decoder_input_tokens"])
+  step_logits, acceptance, _ = jax.jit(lambda p, t: model.extend_with_acceptance(
+      p, model.init_cache(p, 4, 16), t))(params, batch["decoder_input_tokens"])
   np.testing.assert_allclose(acceptance, jax.nn.sigmoid(head), atol=1e-5)
   np.testing.assert_allclose(step_logits, logits, atol=1e-4)
   assert 0.05 < float(jnp.std(acceptance))  # the spread the engine tests rely on
@@ -260,12 +260,13 @@ def test_head_reads_the_last_hidden_state_of_the_rope_families(name):
   teacher-forced one, and the logits are the network's."""
   plain = Model.from_name(name, max_decode_length=32)
   model = Model(plain.config, acceptance_head=HEAD)
-  params = model.init(jax.random.PRNGKey(0))
+  # Each call one compiled program (called eagerly, each of their operations compiles alone).
+  params = jax.jit(model.init)(jax.random.PRNGKey(0))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 5), 2, plain.config.vocab_size)
-  logits, head = model.logits_with_acceptance(params, {"decoder_input_tokens": tokens})
+  logits, head = jax.jit(model.logits_with_acceptance)(params, {"decoder_input_tokens": tokens})
   np.testing.assert_array_equal(
-      logits, plain.logits({k: v for k, v in params.items() if k != "acceptance_head"},
-                           {"decoder_input_tokens": tokens}))
-  _, acceptance, _ = model.extend_with_acceptance(params, model.init_cache(params, 2, 16),
-                                                  tokens)
+      logits, jax.jit(plain.logits)({k: v for k, v in params.items() if k != "acceptance_head"},
+                                    {"decoder_input_tokens": tokens}))
+  _, acceptance, _ = jax.jit(lambda p, t: model.extend_with_acceptance(
+      p, model.init_cache(p, 2, 16), t))(params, tokens)
   np.testing.assert_allclose(acceptance, jax.nn.sigmoid(head), atol=1e-5)

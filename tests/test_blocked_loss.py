@@ -99,11 +99,12 @@ def test_projected_hidden_states_are_the_logits(name):
   params = model.init(jax.random.PRNGKey(0))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 5), 2, 96)
   batch = {"decoder_input_tokens": tokens, "encoder_input_tokens": tokens}
-  hidden = model.hidden_states(params, batch)
+  # Compiled programs (called eagerly, each operation compiles on its own for every kind).
+  hidden = jax.jit(model.hidden_states)(params, batch)
   assert hidden.shape == (2, 5, model.config.emb_dim)
-  np.testing.assert_array_equal(model.project(params, hidden), model.logits(params, batch))
-  np.testing.assert_array_equal(model.project(params, hidden[:, 1:3]),
-                                model.logits(params, batch)[:, 1:3])
+  project, logits = jax.jit(model.project), jax.jit(model.logits)(params, batch)
+  np.testing.assert_array_equal(project(params, hidden), logits)
+  np.testing.assert_array_equal(project(params, hidden[:, 1:3]), logits[:, 1:3])
 
 
 def _shapes(jaxpr) -> set:

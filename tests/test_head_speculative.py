@@ -82,10 +82,17 @@ def test_sampled_with_a_head_matches_target_distribution(draft_length):
     assert _goodness_of_fit_pvalue(sample(Lenience("lin", 0.3), 12), expected) < 1e-6
 
 
+# The reference's sequences padded to one width: one compiled program for every row.
+_WIDTH = 32
+
+
 @functools.partial(jax.jit, static_argnums=(0, 2))
-def _reference_first_logits(target, params, head, head_params, sequence, encoder_inputs):
-  """The head's first draft step after the committed decoder `sequence` (one row, [n]),
-  computed from scratch: the target's features over it, then the head over every position."""
+def _reference_first_logits(target, params, head, head_params, sequence, length,
+                            encoder_inputs):
+  """The head's first draft step after the committed decoder `sequence` ([_WIDTH], its first
+  `length` tokens real, padding after them), computed from scratch: the target's features
+  over it, then the head over every position. Attention is causal, so the padding after
+  position length - 1 changes nothing before it."""
   batch = {"decoder_input_tokens": sequence[None, :-1]}
   if encoder_inputs is not None:
     batch["encoder_input_tokens"] = encoder_inputs[None]
@@ -94,7 +101,7 @@ def _reference_first_logits(target, params, head, head_params, sequence, encoder
   cache = head.init_cache(head_params, 1, 64, encoded, mask)
   logits, _, _ = head.extend(head_params, cache, sequence[None, 1:], features,
                              from_target=True)
-  return logits[0, -1]
+  return logits[0, length - 2]
 
 
 _STATIC = ("max_new_tokens", "gamma", "sampling", "lenience", "draft_length", "max_length")
@@ -132,8 +139,11 @@ def _first_step_mismatch(kind, commit=None, rounds=3) -> float:
   for row in range(4):
     prompt = [0] if encoder is not None else [0] + [int(t) for t in tokens[row] if t]
     generated = np.asarray(state.out)[row, :int(state.generated[row])]
-    sequence = jnp.asarray(prompt + [int(t) for t in generated], jnp.int32)
-    reference = _reference_first_logits(target, params, head, head_params, sequence,
+    sequence = prompt + [int(t) for t in generated]
+    assert len(sequence) <= _WIDTH
+    padded = jnp.asarray(sequence + [0] * (_WIDTH - len(sequence)), jnp.int32)
+    reference = _reference_first_logits(target, params, head, head_params, padded,
+                                        len(sequence),
                                         None if encoder is None else encoder[row])
     worst = max(worst, float(jnp.max(jnp.abs(logits[row, 1] - reference))))
   return worst

@@ -72,8 +72,9 @@ def test_adaspec_selection_with_a_head_keeps_the_stated_fraction_per_step():
   objective = HeadDistillationObjective(
       target, head, DistillationConfig(lambda1=1.0, top_k_fraction=0.4), HeadTrainingConfig(3),
       reference=head)
-  _, metrics = objective.loss(head_params, {"target": params, "reference": reference_params},
-                              batch)
+  # One compiled program (called eagerly, each operation compiles on its own).
+  _, metrics = jax.jit(objective.loss)(head_params,
+                                       {"target": params, "reference": reference_params}, batch)
   weights = np.asarray(batch["decoder_loss_weights"])
   for s in range(3):
     valid = int(np.sum(weights[:, s + 1:]))  # step s scores positions t + s + 1
@@ -93,7 +94,8 @@ def test_on_policy_samples_are_the_heads_own_proposals(kind):
   sampled, source = jax.jit(objective.make_batch)(head_params, {"target": params}, batch,
                                                   jax.random.PRNGKey(5))
   assert int(source) == 1
-  teacher, head_logits, _ = objective.step_logits(head_params, {"target": params}, sampled)
+  teacher, head_logits, _ = jax.jit(objective.step_logits)(head_params, {"target": params},
+                                                           sampled)
   tokens, weights = np.asarray(sampled["decoder_target_tokens"]), np.asarray(
       sampled["decoder_loss_weights"])
   proposals = np.asarray(jnp.argmax(head_logits[0], -1))

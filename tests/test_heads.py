@@ -36,17 +36,20 @@ def test_hidden_states_leave_default_outputs_and_match_layers(kind):
   target = tiny_target(kind)
   params = target.init(jax.random.PRNGKey(0))
   batch, _ = _batch(kind)
-  logits, hidden, encoded = target.layer_features(params, batch, (0, 2))
-  np.testing.assert_array_equal(logits, target.logits(params, batch))
+  # Compiled programs (called eagerly, each operation compiles on its own for every kind).
+  logits, hidden, encoded = jax.jit(target.layer_features, static_argnums=2)(params, batch,
+                                                                             (0, 2))
+  np.testing.assert_array_equal(logits, jax.jit(target.logits)(params, batch))
   assert hidden.shape == (2, 6, 64) and (encoded is None) == (kind != "encoder_decoder")
   # Index 0 is the embedding output: the embedding rows of the input tokens.
   np.testing.assert_allclose(hidden[..., :32], params["token_embedder"]["embedding"][
       batch["decoder_input_tokens"]], rtol=1e-6)
   # Incremental scoring returns the same features, and no third output by default.
   cache = target.init_cache(params, 2, 16, batch.get("encoder_input_tokens"))
-  out = target.extend(params, cache, batch["decoder_input_tokens"])
+  extend = jax.jit(target.extend, static_argnums=3)
+  out = extend(params, cache, batch["decoder_input_tokens"])
   assert len(out) == 2
-  _, _, step_hidden = target.extend(params, cache, batch["decoder_input_tokens"], (0, 2))
+  _, _, step_hidden = extend(params, cache, batch["decoder_input_tokens"], (0, 2))
   np.testing.assert_allclose(step_hidden, hidden, atol=1e-5)
 
 
@@ -66,18 +69,22 @@ def test_unrolled_training_steps_equal_cached_drafting(kind):
   head = Head(HeadConfig(target.config, mlp_dim=48))
   head_params = head.init(jax.random.PRNGKey(1), params)
   batch, next_tokens = _batch(kind)
-  _, features, encoded = target.layer_features(params, batch, head.feature_layers)
+  # Compiled programs (called eagerly, each operation compiles on its own for every kind).
+  _, features, encoded = jax.jit(target.layer_features, static_argnums=2)(
+      params, batch, head.feature_layers)
   mask = None if encoded is None else batch["encoder_input_tokens"] > 0
-  unrolled = head.unroll(head_params, next_tokens, features, 3, encoded, mask)
+  unrolled = jax.jit(head.unroll, static_argnums=3)(head_params, next_tokens, features, 3,
+                                                    encoded, mask)
   assert unrolled.shape == (3, 2, 6, 97)
   cache = head.init_cache(head_params, 2, 16, encoded, mask)
-  logits, out, cache = head.extend(head_params, cache, next_tokens[:, :3], features[:, :3],
-                                   from_target=True)
+  extend = jax.jit(head.extend, static_argnames="from_target")
+  logits, out, cache = extend(head_params, cache, next_tokens[:, :3], features[:, :3],
+                              from_target=True)
   np.testing.assert_allclose(logits, unrolled[0, :, :3], atol=1e-4)
   own = out[:, 2:3]
   for step in (1, 2):
-    logits, own, cache = head.extend(head_params, cache, next_tokens[:, 2 + step:3 + step],
-                                     own, from_target=False)
+    logits, own, cache = extend(head_params, cache, next_tokens[:, 2 + step:3 + step], own,
+                                from_target=False)
     np.testing.assert_allclose(logits[:, 0], unrolled[step, :, 2], atol=1e-4)
 
 

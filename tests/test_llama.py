@@ -99,8 +99,9 @@ def test_grouped_query_attention_equals_full_attention_with_shared_heads():
     for name in ("key", "value"):
       attention[name]["kernel"] = jnp.repeat(attention[name]["kernel"], 2, axis=1)
   tokens = jnp.asarray(np.random.RandomState(0).randint(2, 97, (2, 7)))
-  np.testing.assert_allclose(grouped.logits(params, {"decoder_input_tokens": tokens}),
-                             full.logits(copied, {"decoder_input_tokens": tokens}),
+  # Compiled (called eagerly, each operation compiles on its own, here and below).
+  np.testing.assert_allclose(jax.jit(grouped.logits)(params, {"decoder_input_tokens": tokens}),
+                             jax.jit(full.logits)(copied, {"decoder_input_tokens": tokens}),
                              atol=1e-5, rtol=1e-5)
 
 
@@ -112,17 +113,19 @@ def test_cache_rows_of_different_lengths_and_rollback_are_exact():
   full = rng.randint(2, 97, (3, 12)).astype(np.int32)
   full[:, 0] = 0
   lengths = np.array([5, 2, 8])
-  reference = np.asarray(model.logits(params, {"decoder_input_tokens": jnp.asarray(full)}))
+  reference = np.asarray(jax.jit(model.logits)(params,
+                                               {"decoder_input_tokens": jnp.asarray(full)}))
   cache = model.init_cache(params, 3, 16)
   prompt = np.where(np.arange(8)[None] < lengths[:, None], full[:, :8], 0)
-  last, cache = model.prefill(params, cache, jnp.asarray(prompt), jnp.asarray(lengths))
+  last, cache = jax.jit(model.prefill)(params, cache, jnp.asarray(prompt), jnp.asarray(lengths))
   np.testing.assert_allclose(last, reference[np.arange(3), lengths - 1], atol=1e-5)
   # Three wrong tokens per row, scored, then rolled back and replaced by the right ones.
-  _, cache = model.extend(params, cache, jnp.full((3, 3), 7, jnp.int32))
+  extend = jax.jit(model.extend)
+  _, cache = extend(params, cache, jnp.full((3, 3), 7, jnp.int32))
   cache = cache.rollback(jnp.array([3, 3, 3]))
   rows = np.arange(3)[:, None]
   right = full[rows, lengths[:, None] + np.arange(3)[None]]
-  logits, cache = model.extend(params, cache, jnp.asarray(right))
+  logits, cache = extend(params, cache, jnp.asarray(right))
   np.testing.assert_allclose(logits, reference[rows, lengths[:, None] + np.arange(3)[None]],
                              atol=1e-5)
   np.testing.assert_array_equal(cache.positions, lengths + 3)
@@ -137,10 +140,10 @@ def test_remat_policies_keep_logits_and_gradients():
   def loss(model, p):
     return jnp.mean(jax.nn.log_softmax(model.logits(p, {"decoder_input_tokens": tokens}))[..., 3])
 
-  want = jax.grad(lambda p: loss(base, p))(params)
+  want = jax.jit(jax.grad(lambda p: loss(base, p)))(params)
   for policy in ("minimal", "full"):
     model = Model(_llama(remat_policy=policy))
-    got = jax.grad(lambda p: loss(model, p))(params)
+    got = jax.jit(jax.grad(lambda p: loss(model, p)))(params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), got, want)
 
 

@@ -125,7 +125,9 @@ def test_bf16_greedy_outputs_and_losses_are_close_to_fp32():
     for tag, (model, p) in runs.items():
       tokens = plain.decode(model, p, encoder_input_tokens=batch["encoder_input_tokens"],
                             max_new_tokens=8).tokens
-      loss = objectives.FinetuneObjective(model).loss(p, {}, batch)[0]
+      # One compiled program (called eagerly, each operation compiles on its own per dtype).
+      loss = jax.jit(lambda p, model=model: objectives.FinetuneObjective(model).loss(
+          p, {}, batch)[0])(p)
       out[tag] = (np.asarray(tokens), float(loss))
     for tag in ("bf16 activations", "bf16 parameters"):
       same_rows = np.mean(np.all(out[tag][0] == out["fp32"][0], axis=1))

@@ -31,6 +31,15 @@ def _model(name):
   return model, jax.jit(model.init)(jax.random.PRNGKey(0))
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled(name):
+  """(extend, score_block, write_block) of the model, each one compiled program per shape:
+  called eagerly, each of their operations compiles on its own, for every family."""
+  model, _ = _model(name)
+  return (jax.jit(model.extend, static_argnums=3), jax.jit(model.score_block, static_argnums=3),
+          jax.jit(model.write_block, static_argnums=2))
+
+
 def _tokens(model, shape, seed):
   return np.random.default_rng(seed).integers(2, model.config.vocab_size, shape).astype(np.int32)
 
@@ -42,28 +51,33 @@ def _prefilled(model, params):
     encoder = _tokens(model, (len(LENGTHS), 6), seed=1)
     encoder[0, 2:] = 0
     encoder[2, 4:] = 0
-  cache = model.init_cache(params, len(LENGTHS), MAX_LENGTH,
-                           None if encoder is None else jnp.asarray(encoder))
   prompts = _tokens(model, (len(LENGTHS), int(LENGTHS.max())), seed=2)
-  _, cache = model.prefill(params, cache, jnp.asarray(prompts), jnp.asarray(LENGTHS))
-  return cache
+
+  @jax.jit
+  def prefilled(params, encoder, prompts, lengths):
+    cache = model.init_cache(params, len(LENGTHS), MAX_LENGTH, encoder)
+    return model.prefill(params, cache, prompts, lengths)[1]
+
+  return prefilled(params, None if encoder is None else jnp.asarray(encoder),
+                   jnp.asarray(prompts), jnp.asarray(LENGTHS))
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_score_then_write_equals_extend(name):
   model, params = _model(name)
+  extend, score_block, write_block = _compiled(name)
   cache = _prefilled(model, params)
   block = jnp.asarray(_tokens(model, (len(LENGTHS), BLOCK), seed=3))
   layers = (0, model.config.num_decoder_layers)
-  written_logits, written, written_hidden = model.extend(params, cache, block, layers)
-  logits, entries, hidden = model.score_block(params, cache, block, layers)
+  written_logits, written, written_hidden = extend(params, cache, block, layers)
+  logits, entries, hidden = score_block(params, cache, block, layers)
   np.testing.assert_allclose(logits, written_logits, atol=ATOL, rtol=RTOL)
   np.testing.assert_allclose(hidden, written_hidden, atol=ATOL, rtol=RTOL)
   kv_heads = model.config.kv_heads
   assert [k.shape for k, _ in entries] == [
       (len(LENGTHS), BLOCK, kv_heads, model.config.head_dim)] * model.config.num_decoder_layers
   # Written, the entries are what extend writes at each row's slots, and the cache moves on.
-  stored = model.write_block(cache, entries, BLOCK)
+  stored = write_block(cache, entries, BLOCK)
   np.testing.assert_array_equal(stored.positions, written.positions)
   for (keys, values), (ref_keys, ref_values) in zip(stored.self_attention,
                                                    written.self_attention):
@@ -80,17 +94,18 @@ def test_a_partly_kept_block_reads_as_the_kept_tokens_alone(name):
   """write_block advancing by fewer than the block's width (the adaptive verification's padded
   block): the next call sees exactly the kept tokens, as after extending by those alone."""
   model, params = _model(name)
+  extend, score_block, write_block = _compiled(name)
   cache = _prefilled(model, params)
   block = jnp.asarray(_tokens(model, (len(LENGTHS), BLOCK), seed=4))
   kept, following = 2, jnp.asarray(_tokens(model, (len(LENGTHS), 3), seed=5))
-  _, entries = model.score_block(params, cache, block)
-  padded = model.write_block(cache, entries, kept)
-  _, reference = model.extend(params, cache, block[:, :kept])
+  _, entries = score_block(params, cache, block)
+  padded = write_block(cache, entries, kept)
+  _, reference = extend(params, cache, block[:, :kept])
   np.testing.assert_array_equal(padded.positions, LENGTHS + kept)
-  np.testing.assert_allclose(model.extend(params, padded, following)[0],
-                             model.extend(params, reference, following)[0], atol=ATOL, rtol=RTOL)
-  np.testing.assert_allclose(model.score_block(params, padded, following)[0],
-                             model.extend(params, reference, following)[0], atol=ATOL, rtol=RTOL)
+  np.testing.assert_allclose(extend(params, padded, following)[0],
+                             extend(params, reference, following)[0], atol=ATOL, rtol=RTOL)
+  np.testing.assert_allclose(score_block(params, padded, following)[0],
+                             extend(params, reference, following)[0], atol=ATOL, rtol=RTOL)
 
 
 def _cache_shaped_copies(draft_length):

@@ -43,10 +43,13 @@ ADAPTIVE = DraftLength("confidence", 0.05)
 COSTS = DraftLength("cost", costs=(1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0))
 
 
-# The fixed engine at gamma 1, 3 and 6 on both kinds; each adaptive rule at one gamma_max
-# (its logic is the same for both kinds: the confidence rule runs on both).
+# The fixed engine at the edge gammas 1 and 6 on both kinds (gamma 3, in between, is
+# test_capacity_check_is_exact's, greedy and exact on both kinds); each adaptive rule at one
+# gamma_max (its logic is the same for both kinds: the confidence rule runs on both). The
+# decoder-only programs at max_new_tokens 20, gamma 1 and 6 also serve the argument and
+# bad-input tests below (one compiled program per shape and setting).
 @pytest.mark.parametrize("kind, draft_length, gammas", [
-    ("encoder_decoder", DraftLength(), (1, 3, 6)), ("decoder_only", DraftLength(), (1, 3, 6)),
+    ("encoder_decoder", DraftLength(), (1, 6)), ("decoder_only", DraftLength(), (1, 6)),
     ("encoder_decoder", ADAPTIVE, (4,)), ("decoder_only", ADAPTIVE, (4,)),
     ("decoder_only", DraftLength("cumulative", 0.002), (4,)), ("decoder_only", COSTS, (6,))])
 def test_greedy_speculative_equals_greedy_target(kind, draft_length, gammas):
@@ -103,12 +106,14 @@ def test_identical_draft_accepts_everything(temperature):
   np.testing.assert_array_equal(per_round.clip(0).sum(1), result.accepted)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_alpha_counts_only_accepted_tokens_that_reach_the_output(temperature):
+def test_alpha_counts_only_accepted_tokens_that_reach_the_output():
   """An accepted EOS inside a block ends the row: the accepted draft tokens after it are not
-  output and must not count in alpha (draft == target, so every draft token is accepted)."""
+  output and must not count in alpha (draft == target, so every draft token is accepted).
+  Sampled only: the temperature decides how many tokens a round accepts (greedy and sampled
+  acceptance are test_identical_draft_accepts_everything's), and the cut at EOS and the counts
+  after it read that number the same way at either temperature."""
   target, tp, _, _ = _pair("decoder_only")
-  gamma, new = 4, 23
+  gamma, new, temperature = 4, 23, 1.0
   prompts = _prompts("decoder_only")
   run = lambda eos: speculative_decode(target, tp, target, tp, max_new_tokens=new, gamma=gamma,
                                        sampling=SamplingConfig(temperature, eos_id=eos),
@@ -152,6 +157,12 @@ def _peaked_decoder_pair(vocab=5, seed_target=0, seed_draft=1):
           sharpen(model.init(jax.random.PRNGKey(seed_draft)), 3.0))
 
 
+# Teacher-forced logits as one compiled program per model and shape (called eagerly, each
+# operation compiles on its own).
+_logits = jax.jit(lambda model, params, tokens: model.logits(
+    params, {"decoder_input_tokens": tokens}), static_argnums=0)
+
+
 def _exact_sequence_distribution(model, params, length, eos):
   """P(y) for every continuation of the empty prompt, enumerated with full forward passes:
   one batched pass per depth over every unfinished prefix of that depth (rows of one length,
@@ -160,8 +171,7 @@ def _exact_sequence_distribution(model, params, length, eos):
   probs, live = {}, {(): 1.0}  # finished sequences; unfinished prefixes
   for depth in range(length):
     prefixes = list(live)
-    logits = model.logits(params, {"decoder_input_tokens": jnp.array(
-        [[0, *prefix] for prefix in prefixes])})
+    logits = _logits(model, params, jnp.array([[0, *prefix] for prefix in prefixes]))
     p = np.asarray(jax.nn.softmax(logits[:, -1]), np.float64)
     grown = {}
     for row, prefix in enumerate(prefixes):
@@ -319,8 +329,8 @@ def test_empirical_acceptance_matches_one_minus_tvd():
       held += a + 1
   contexts = np.stack([np.pad(c, (0, new + 1 - len(c))) for c in contexts])
   ends = np.array([np.count_nonzero(c[1:]) for c in contexts])  # index of the last real token
-  t_logits = model.logits(tp, {"decoder_input_tokens": jnp.asarray(contexts)})
-  d_logits = model.logits(dp, {"decoder_input_tokens": jnp.asarray(contexts)})
+  t_logits = _logits(model, tp, jnp.asarray(contexts))
+  d_logits = _logits(model, dp, jnp.asarray(contexts))
   rows = np.arange(len(contexts))
   beta = np.asarray(expected_acceptance(t_logits[rows, ends], d_logits[rows, ends]))
   accepted = np.array(accepted, np.float64)
@@ -356,17 +366,22 @@ def test_bad_input_is_rejected_with_a_clear_message():
   with pytest.raises(ValueError, match="'cubic'"):
     Lenience("cubic", 0.5)
   # Greedy verification accepts only the target's argmax: a lossy lenience would be silently
-  # ignored, so it is refused; epsilon 1 (every kind lossless) is exact greedy decoding.
+  # ignored, so it is refused; epsilon 1 (every kind lossless) is exact greedy decoding. The
+  # greedy acceptance test reads no lenience, so the engine runs once (Lenience('lin', 1.0)
+  # is the default's program) and each kind's epsilon 1 passes the same check before it.
+  reference = decode(target, tp, max_new_tokens=20, **prompts)
   for kind in speculative.LENIENCE_FUNCTIONS:
     with pytest.raises(ValueError, match=rf"Lenience\('{kind}', epsilon=0.5\) at temperature 0"):
       speculative_decode(target, tp, draft, dp, max_new_tokens=5, gamma=2,
                          lenience=Lenience(kind, 0.5), **prompts)
-    speculative_decode(target, tp, draft, dp, max_new_tokens=5, gamma=2,
-                       lenience=Lenience(kind, 1.0), **prompts)
+    Lenience(kind, 1.0).check_temperature(0.0)
+  lossless = speculative_decode(target, tp, draft, dp, max_new_tokens=20, gamma=6,
+                                lenience=Lenience("lin", 1.0), **prompts)
+  np.testing.assert_array_equal(lossless.tokens, reference.tokens)
   other = Model(draft.config.replace(vocab_size=101))
   with pytest.raises(ValueError, match="vocab_size=101"):
-    speculative_decode(target, tp, other, other.init(jax.random.PRNGKey(0)), max_new_tokens=5,
-                       gamma=2, **prompts)
+    speculative_decode(target, tp, other, other.param_shapes(), max_new_tokens=5, gamma=2,
+                       **prompts)
   with pytest.raises(ValueError, match="max_length=64"):
     speculative_decode(target, tp, draft, dp, max_new_tokens=60, gamma=4, **prompts)
 
@@ -448,7 +463,7 @@ def test_decode_arguments_are_checked():
   target, tp, draft, dp = _pair("decoder_only")
   prompts = _prompts("decoder_only")
   run = lambda **kw: speculative_decode(target, tp, draft, dp, **{
-      "max_new_tokens": 5, "gamma": 2, **prompts, **kw})
+      "max_new_tokens": 20, "gamma": 6, **prompts, **kw})
   for bad in (0, -1):
     with pytest.raises(ValueError, match=f"max_new_tokens={bad} must be an integer >= 1"):
       run(max_new_tokens=bad)
@@ -461,9 +476,9 @@ def test_decode_arguments_are_checked():
   with pytest.raises(ValueError, match="max_length=0 must be an integer >= 1"):
     run(max_length=0)
   # NumPy integers are integers.
-  np_result = run(gamma=np.int64(3), max_new_tokens=np.int32(5), max_length=np.int64(64))
-  np.testing.assert_array_equal(np_result.tokens, run(gamma=3).tokens)
-  assert int(np_result.drafted[0]) % 3 == 0
+  np_result = run(gamma=np.int64(6), max_new_tokens=np.int32(20), max_length=np.int64(64))
+  np.testing.assert_array_equal(np_result.tokens, run().tokens)
+  assert int(np_result.drafted[0]) % 6 == 0 and np_result.tokens.shape == (4, 20)
 
 
 def test_sampling_needs_a_key_greedy_does_not():
@@ -473,8 +488,8 @@ def test_sampling_needs_a_key_greedy_does_not():
                                        r"rng=jax.random.PRNGKey\(seed\)"):
     speculative_decode(target, tp, draft, dp, max_new_tokens=5, gamma=2,
                        sampling=SamplingConfig(1.0), **prompts)
-  greedy = speculative_decode(target, tp, draft, dp, max_new_tokens=5, gamma=2, **prompts)
-  assert greedy.tokens.shape == (4, 5)
+  greedy = speculative_decode(target, tp, draft, dp, max_new_tokens=20, gamma=6, **prompts)
+  assert greedy.tokens.shape == (4, 20)
 
 
 def test_interior_prompt_padding_is_refused():
@@ -484,49 +499,48 @@ def test_interior_prompt_padding_is_refused():
     with pytest.raises(ValueError, match=r"prompt_tokens row 1 has padding \(id 0\) at "
                                          r"position 1 followed by a real id"):
       speculative_decode(target, tp, draft, dp, prompt_tokens=array, max_new_tokens=4, gamma=2)
-  ok = speculative_decode(target, tp, draft, dp, prompt_tokens=prompts[[0, 2]],
-                          max_new_tokens=4, gamma=2)
-  reference = decode(target, tp, prompt_tokens=jnp.asarray(prompts[[0, 2]]), max_new_tokens=4)
+  # Trailing padding is taken (rows 1 and 2 of _prompts), from NumPy as from JAX.
+  trailing = _prompts("decoder_only")["prompt_tokens"]
+  ok = speculative_decode(target, tp, draft, dp, prompt_tokens=np.asarray(trailing),
+                          max_new_tokens=20, gamma=6)
+  reference = decode(target, tp, prompt_tokens=trailing, max_new_tokens=20)
   np.testing.assert_array_equal(ok.tokens, reference.tokens)
+
+
+# One program per kind and gamma, shared by the two tests below.
+_start = jax.jit(speculative.speculative_start, static_argnums=(0, 2),
+                 static_argnames=("max_new_tokens", "gamma", "sampling", "max_length"))
+
+
+def _start_state(kind, gamma):
+  target, tp, draft, dp = _pair(kind)
+  prompts = _prompts(kind)
+  return _start(target, tp, draft, dp, prompts.get("encoder_input_tokens"),
+                prompts.get("prompt_tokens"), jax.random.PRNGKey(3), max_new_tokens=12,
+                gamma=gamma, sampling=SamplingConfig(temperature=1.0), max_length=64)
 
 
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
 def test_start_state_for_gamma_equals_the_start_at_that_gamma(kind):
-  # speed.py compiles one start per draft and resizes its state for every other gamma.
-  target, tp, draft, dp = _pair(kind)
-  prompts = _prompts(kind)
-  sampling = SamplingConfig(temperature=1.0)
-  source = prompts.get("encoder_input_tokens")
-  decoder_prompt = prompts.get("prompt_tokens")
-
-  def start(gamma):
-    return jax.jit(lambda tp, dp, rng: speculative.speculative_start(
-        target, tp, draft, dp, source, decoder_prompt, rng, max_new_tokens=12, gamma=gamma,
-        sampling=sampling, max_length=64))(tp, dp, jax.random.PRNGKey(3))
-
-  base = start(3)
+  """speed.py compiles one start per draft and resizes its state for every other gamma: the
+  resized state equals the start at that gamma leaf by leaf in value, shape, dtype and weak
+  type, so the rounds' program for that gamma reads it as it reads the start's (the same
+  program, the same inputs)."""
+  base = _start_state(kind, 3)
   for gamma in (1, 6):  # shrunk and grown (gamma 3 is the state itself)
     resized = speculative.start_state_for_gamma(base, gamma=gamma, max_new_tokens=12)
-    expected = start(gamma)
+    expected = _start_state(kind, gamma)
     assert resized.out.shape == (4, 12 + gamma + 1)
+    assert jax.tree.structure(resized) == jax.tree.structure(expected)
     jax.tree.map(np.testing.assert_array_equal, resized, expected)
-    # One program for both states (called eagerly, each call would trace its loop anew).
-    rounds = jax.jit(lambda tp, dp, state, gamma=gamma: speculative.speculative_rounds(
-        target, tp, draft, dp, state, max_new_tokens=12, gamma=gamma, sampling=sampling,
-        lenience=Lenience()))
-    np.testing.assert_array_equal(rounds(tp, dp, resized).tokens,
-                                  rounds(tp, dp, expected).tokens)
+    assert jax.tree.leaves(jax.tree.map(jax.typeof, resized)) == jax.tree.leaves(
+        jax.tree.map(jax.typeof, expected))
 
 
 def test_start_state_for_gamma_refuses_a_state_past_its_start():
-  target, tp, draft, dp = _pair("decoder_only")
-  prompt_tokens = _prompts("decoder_only")["prompt_tokens"]
-  state = jax.jit(lambda tp, dp: speculative.speculative_start(
-      target, tp, draft, dp, None, prompt_tokens,
-      jax.random.PRNGKey(0), max_new_tokens=8, gamma=2, sampling=SamplingConfig(),
-      max_length=64))(tp, dp)
+  state = _start_state("decoder_only", 3)
   with pytest.raises(ValueError, match="its round is 2"):
-    speculative.start_state_for_gamma(state.replace(round=jnp.int32(2)), gamma=3,
-                                      max_new_tokens=8)
+    speculative.start_state_for_gamma(state.replace(round=jnp.int32(2)), gamma=2,
+                                      max_new_tokens=12)
   with pytest.raises(ValueError, match="gamma"):
-    speculative.start_state_for_gamma(state, gamma=0, max_new_tokens=8)
+    speculative.start_state_for_gamma(state, gamma=0, max_new_tokens=12)
