@@ -41,8 +41,10 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
                           seed=3, timed_per_turn=1, budget_s=2.0)
   out = speed.measure_speed(target, target_params, {"a": (draft, draft_params)}, prompts,
                             plan, progress=False).to_json()
-  # A budget adds calls beyond the minimum one per repeat (a cycle here takes ~0.2 s).
-  assert out["protocol"]["budget_s"] == 2.0 and out["protocol"]["timed_per_repeat"] > 1
+  # How many calls the budget adds depends on the host's speed (a busy one may give only the
+  # minimum); the rule itself is tested on a fake clock below
+  # (test_interleaved_times_keep_calling_in_whole_rounds_within_the_budget).
+  assert out["protocol"]["budget_s"] == 2.0 and out["protocol"]["timed_per_repeat"] >= 1
   # (T = 1 rows: the main job's smoke test.)
   assert {(r["draft"], r["gamma"], r["temperature"]) for r in out["rows"]} == {
       ("a", 2, 0.0), ("a", 3, 0.0)}
