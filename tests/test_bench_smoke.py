@@ -41,10 +41,11 @@ NEEDS_MODULE = {"vs_transformers.py": "transformers", "vs_trl.py": "trl"}
 # Alone, as `python bench/<script>`: they set XLA's flags before JAX starts its backend (the
 # device count, the memory scheduler), which a shared process has started already.
 OWN_PROCESS = ("blocked_loss_memory.py", "memory_table.py")
-# The scripts that decode and time the smoke pair with random weights or a smoke run, in one
-# process: their models, decodes and timing programs are the same, so the scripts after the
-# first reuse what it traced and compiled. The other scripts (training, other libraries' stacks)
-# share the second process; pytest-xdist's two workers take one each.
+# The scripts that decode and time the smoke pair (random weights or a smoke run), in one
+# process: the scripts after the first reuse programs it compiled for the same models (their
+# eager initialisation among them) instead of compiling them in another process too. The other
+# scripts (training, other libraries' stacks) share the second process; pytest-xdist's two
+# workers take one each.
 DECODING = ("adaptive_gamma.py", "adaptive_price.py", "adaptive_priced.py",
             "calibrated_signal.py", "host_noise.py", "latency.py", "timing_budget.py",
             "verification_cost.py")
