@@ -4,7 +4,8 @@ runs it, and writes its JSON. A library change that breaks a script fails here.
 The scripts run in two processes (tests/bench_smoke_worker.py: each script's `main(argv)` in
 turn, as `python bench/<script>` loads it; a failing script does not stop the others, and the
 test names every one that failed), so that they share one interpreter start and one import
-of JAX instead of starting one each. The scripts that set XLA's flags before JAX starts
+of JAX instead of starting one each; those that decode the smoke pair (DECODING) share one of
+them, and with it the programs they compile. The scripts that set XLA's flags before JAX starts
 (OWN_PROCESS) run alone, as `python bench/<script>`; so do bench/speculative.py and
 bench/distill_throughput.py, through bench/device_smoke.sh.
 The scripts that need a finished run (timing_budget.py, teacher_cache_study.py) start from
@@ -40,7 +41,14 @@ NEEDS_MODULE = {"vs_transformers.py": "transformers", "vs_trl.py": "trl"}
 # Alone, as `python bench/<script>`: they set XLA's flags before JAX starts its backend (the
 # device count, the memory scheduler), which a shared process has started already.
 OWN_PROCESS = ("blocked_loss_memory.py", "memory_table.py")
-GROUPS = 2  # processes for the other scripts: pytest-xdist's two workers take one each
+# The scripts that decode and time the smoke pair (random weights or a smoke run), in one
+# process: the scripts after the first reuse programs it compiled for the same models (their
+# eager initialisation among them) instead of compiling them in another process too. The other
+# scripts (training, other libraries' stacks) share the second process; pytest-xdist's two
+# workers take one each.
+DECODING = ("adaptive_gamma.py", "adaptive_price.py", "adaptive_priced.py",
+            "calibrated_signal.py", "host_noise.py", "latency.py", "timing_budget.py",
+            "verification_cost.py")
 WORKER = ROOT / "tests" / "bench_smoke_worker.py"
 
 
@@ -70,6 +78,7 @@ def test_the_scan_finds_the_scripts():
     assert (ROOT / "bench" / script).exists() and script not in found
     path, name = test.split("::")
     assert f"def {name}(" in (ROOT / "tests" / path).read_text(), test
+  assert set(DECODING) <= set(found)  # a renamed script is not left out of its group
   grouped = [script for group in groups() for script in group]
   assert sorted(grouped) == found  # each script in one process
 
@@ -104,10 +113,11 @@ CHECKS = {"blocked_loss_memory.py": _check_blocked_loss_memory,
 
 
 def groups() -> list:
-  """The scripts by process: OWN_PROCESS each alone, the others in GROUPS processes."""
+  """The scripts by process: OWN_PROCESS each alone, DECODING in one, the others in one."""
   shared = [script for script in scripts() if script not in OWN_PROCESS]
-  return [tuple(shared[i::GROUPS]) for i in range(GROUPS)] + [(s,) for s in OWN_PROCESS
-                                                               if s in scripts()]
+  decoding = tuple(s for s in shared if s in DECODING)
+  return [decoding, tuple(s for s in shared if s not in decoding)] + [
+      (s,) for s in OWN_PROCESS if s in scripts()]
 
 
 def _argv(script: str, folder: pathlib.Path, source) -> list:

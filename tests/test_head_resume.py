@@ -58,9 +58,15 @@ def _losses(model_dir) -> list:
 def test_head_training_killed_with_sigkill_resumes_bit_identically(tmp_path):
   straight_dir, killed_dir = tmp_path / "straight", tmp_path / "killed"
   straight = _start(straight_dir)
-  killed = _start(killed_dir, "--slow")
+  killed = None
   try:
     deadline = time.monotonic() + DEADLINE_S
+    # The killed run starts once the straight one has a checkpoint: its programs are then in
+    # the run's compilation cache (conftest.py), read instead of compiled a second time.
+    while not _finalized_steps(straight_dir) and straight.poll() is None:
+      assert time.monotonic() < deadline, "no checkpoint was written in time"
+      time.sleep(0.02)
+    killed = _start(killed_dir, "--slow")
     while not _finalized_steps(killed_dir):
       assert killed.poll() is None, killed.communicate()[0][-4000:]
       assert time.monotonic() < deadline, "no checkpoint was written in time"
@@ -78,7 +84,7 @@ def test_head_training_killed_with_sigkill_resumes_bit_identically(tmp_path):
     straight_out = _finished(straight)
   finally:
     for proc in (straight, killed):
-      if proc.poll() is None:
+      if proc is not None and proc.poll() is None:
         proc.kill()
         proc.wait()
 
