@@ -1,11 +1,12 @@
-"""One process of tests/test_pipeline_mesh.py's two-process arm: the shortened main job
-(testing.PIPELINE) on a (4, 2) mesh, its vocab, target and raw draft already in RUN_DIR.
+"""A process of tests/test_pipeline_mesh.py's multi-device arms: the shortened main job
+(testing.PIPELINE) on a (4, 2) mesh, its first stages already in RUN_DIR (the job runs the
+others).
 
   python tests/pipeline_multihost_worker.py RUN_DIR SETTINGS_JSON [--coordinator_address=...
       --process_count=2 --process_index=I]
 
 The multi-host flags go through `multihost.initialize_from_flags`, the binaries' parser.
-Without them it is the one-process reference (run it with 8 CPU devices). Prints one line
+Without them it is the one-process 8-device arm (run it with 8 CPU devices). Prints one line
 `RESULT {json}`: testing.pipeline_outcome of the finished run, this process's index and the
 evaluation examples it read (`reads`).
 With WORKER_KILL_AT=<stage> in the environment, process 1 kills itself (SIGKILL) as that
