@@ -104,6 +104,7 @@ def _prompts(count: int) -> np.ndarray:
   return np.random.default_rng(0).integers(2, VOCAB, (count, 4)).astype(np.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_engine_counts_match_both_definitions(temperature):
   model, target, draft = _pair(noise=1.0)
@@ -139,6 +140,7 @@ def test_the_engine_counts_match_both_definitions(temperature):
       assert result.rejections[row] == earlier + 1
 
 
+@pytest.mark.slow
 def test_distillspec_alpha_counts_only_tests_at_output_positions():
   """With an EOS, a round can accept the EOS and test (and reject) draft tokens after it:
   those tests score contexts the output never has, so alpha_distillspec leaves them out.
@@ -160,6 +162,7 @@ def test_distillspec_alpha_counts_only_tests_at_output_positions():
   assert np.all(result.output_rejections <= result.target_calls)
 
 
+@pytest.mark.slow
 def test_an_identical_draft_is_never_rejected_though_the_length_limit_cuts_its_rate():
   model, target, _ = _pair(noise=0.0)
   gamma, new = 4, 13  # 12 tokens after the prefill's: two full rounds and one cut to 2
@@ -175,6 +178,7 @@ def test_an_identical_draft_is_never_rejected_though_the_length_limit_cuts_its_r
   assert out["mean_acceptance_length"] == pytest.approx(1 + (4 + 4 + 2) / 3)
 
 
+@pytest.mark.slow
 def test_distillspec_alpha_agrees_with_predicted_alpha_at_temperature_one():
   """Lossless sampling accepts a draft token with probability 1 - TVD(p, q) at its context,
   and the contexts it tests are target samples, so accepted / tests estimates the mean of
@@ -195,6 +199,7 @@ def test_distillspec_alpha_agrees_with_predicted_alpha_at_temperature_one():
     assert out["draft_acceptance_rate"] < predicted - 0.15, (gamma, out, predicted)
 
 
+@pytest.mark.slow
 def test_an_identical_draft_reads_one_at_every_position_through_eos_and_length_cuts():
   """Draft == target at T = 0: every test accepts, so every per-position acceptance is 1.0,
   though an EOS (a token some row drafts early) and the length limit (12 tokens after the
@@ -218,6 +223,7 @@ def test_an_identical_draft_reads_one_at_every_position_through_eos_and_length_c
   assert min(stats.acceptance_by_position(rounds, gamma)) < 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", [
     DraftLength("confidence", 0.6), DraftLength("cumulative", 0.4),
     DraftLength("cost", costs=(1.0, 1.1, 1.25, 1.45, 1.7), draft_cost=0.05)])

@@ -33,6 +33,7 @@ def _with_head(draft, draft_params, spread=20.0, seed=5):
   return model, params
 
 
+@pytest.mark.slow
 def test_head_parameters_have_logical_axes_and_leave_the_network_alone():
   target, tp, draft, dp = _pair("decoder_only")
   model, params = _with_head(draft, dp)
@@ -112,6 +113,7 @@ def _train_jointly(temperature, steps=150):
   return target, tp, draft, dp, batch(7, rows=64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_trained_head_is_better_calibrated_than_the_top_probability(temperature):
   target, tp, draft, dp, held_out = _train_jointly(temperature)
@@ -126,6 +128,7 @@ def test_trained_head_is_better_calibrated_than_the_top_probability(temperature)
 
 
 # Each rule on the head's signal; the confidence rule on both model kinds.
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, rules", [
     ("encoder_decoder", (DraftLength("confidence", 0.5, signal="acceptance_head"),)),
     ("decoder_only", (DraftLength("confidence", 0.5, signal="acceptance_head"),
@@ -146,6 +149,7 @@ def test_greedy_speculative_with_the_head_signal_equals_greedy_target(kind, rule
     assert rounds < proposed < 4 * rounds, (kind, rule.rule)  # the head stopped some rounds
 
 
+@pytest.mark.slow
 def test_head_signal_drives_the_rule_not_the_top_probability():
   """The same pair and threshold give other proposals with the head's signal than with the
   top probability (the signal reaches the rule)."""
@@ -159,6 +163,7 @@ def test_head_signal_drives_the_rule_not_the_top_probability():
   assert not np.array_equal(top.proposed_per_round, head.proposed_per_round)
 
 
+@pytest.mark.slow
 def test_sampled_speculative_with_the_head_signal_matches_target_distribution():
   model, tp, dp = _peaked_decoder_pair()
   draft, hp = _with_head(model, dp)
@@ -231,6 +236,7 @@ def test_calibration_bench_smoke(tmp_path):
     acceptance_calibration.parse(["--out", str(out), "--acceptance_weight", "-1"])
 
 
+@pytest.mark.slow
 def test_the_trainer_trains_and_checkpoints_the_head_with_the_draft(tmp_path):
   """The project's trainer: the head's loss is logged, its parameters are saved and restored
   (resume) with the draft's and the next step updates them."""
@@ -254,6 +260,7 @@ def test_the_trainer_trains_and_checkpoints_the_head_with_the_draft(tmp_path):
   assert not np.allclose(before, after)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_gemma3"])
 def test_head_reads_the_last_hidden_state_of_the_rope_families(name):
   """The head finds each family's final norm: its incremental output equals its

@@ -44,6 +44,7 @@ def _fixed_rounds(accepted, length: int, gamma: int) -> tuple:
   return rounds, length - 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gamma", [2, 4])
 def test_teacher_forced_acceptance_gives_the_engines_greedy_rounds(gamma):
   pair = _noisy_pair()

@@ -239,6 +239,7 @@ LATE_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("binary,flags,named", LATE_CASES, ids=[f"{b}-{f}" for b, f, _ in
                                                                 LATE_CASES])
 def test_late_bad_value_exits_1_before_model_dir_is_written(binary, flags, named, tmp_path,

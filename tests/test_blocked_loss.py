@@ -63,6 +63,7 @@ def _assert_close(blocked_result, whole_result):
     assert float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want)) < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("divergence", divergences.DIVERGENCES)
 def test_blocked_distillation_equals_unblocked(setup, divergence):
   """Value, metrics (TVD, predicted acceptance, AdaSPEC's selection) and gradient; blocks of 3
@@ -77,6 +78,7 @@ def test_blocked_distillation_equals_unblocked(setup, divergence):
   _assert_close(results[3], results[None])
 
 
+@pytest.mark.slow
 def test_blocked_cross_entropy_and_teacher_cache_equal_unblocked(setup):
   target, draft, params, batch = setup
   finetune = {size: _value_and_grad(D.FinetuneObjective(draft, loss_block_size=size), params,
@@ -92,6 +94,7 @@ def test_blocked_cross_entropy_and_teacher_cache_equal_unblocked(setup):
   _assert_close(binned[4], binned[None])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny_encoder_decoder", "tiny_decoder_only", "tiny_llama"])
 def test_projected_hidden_states_are_the_logits(name):
   """The seam every model kind offers the blocked loss: project(hidden_states) == logits."""

@@ -85,6 +85,7 @@ def decoder_sequences(model, batch, length, seed):
   return tokens
 
 
+@pytest.mark.slow
 def test_one_token_at_a_time(setup):
   model, params, fns, enc = setup
   length = 20
@@ -174,6 +175,7 @@ def test_prefill_rows_at_different_positions(setup):
   np.testing.assert_array_equal(cache.positions, lengths + 4)
 
 
+@pytest.mark.slow
 def test_encoder_padding_is_invisible():
   """Logits do not change when the encoder input gets extra padding columns."""
   model, params = model_and_params("tiny_encoder_decoder")

@@ -31,6 +31,7 @@ def chat(tmp_path_factory):
           "data_dir": hf_fixtures.write_chat(root)}
 
 
+@pytest.mark.slow
 def test_rendered_prompts_equal_transformers_apply_chat_template(chat, tmp_path):
   template = chat_lib.load_chat_template(chat["folder"])
   tokenizer = chat["tokenizer"]

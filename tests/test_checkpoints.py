@@ -22,6 +22,7 @@ def _equal(a, b):
   jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
 
 
+@pytest.mark.slow
 def test_round_trip_and_keep_last_n(tmp_path):
   _, params, opt_state = _state()
   ck = checkpoints.Checkpointer(str(tmp_path), save_every=2, keep=2)
@@ -119,6 +120,7 @@ def test_restore_without_shardings_gives_host_arrays_whatever_the_saved_devices(
   _equal(params, restored)
 
 
+@pytest.mark.slow
 def test_other_model_shape_is_a_clear_error(tmp_path):
   _, params, opt_state = _state(emb_dim=64)
   other_model, other_params, _ = _state(emb_dim=32)

@@ -69,6 +69,7 @@ def setup(request):
   return model, params, inputs, greedy
 
 
+@pytest.mark.slow
 def test_greedy_is_argmax_of_full_forward(setup):
   """Teacher-forcing the model on its own greedy output: each token is the argmax there."""
   model, params, inputs, (tokens, lengths) = setup
@@ -100,6 +101,7 @@ def test_greedy_is_deterministic(setup):
   np.testing.assert_array_equal(again_lengths, lengths)
 
 
+@pytest.mark.slow
 def test_greedy_stops_at_eos(setup):
   """Relabel a token the model emits as EOS: rows must stop right there, PAD after.
 
@@ -144,6 +146,7 @@ def test_all_rows_end_at_first_step(setup):
   np.testing.assert_array_equal(out[:, 1:], PAD_ID)
 
 
+@pytest.mark.slow
 def test_sampling_reproducible_per_key(setup):
   model, params, inputs, (greedy, _) = setup
   sampling = SamplingConfig(temperature=1.0, eos_id=-1)
@@ -238,6 +241,7 @@ def test_interior_prompt_padding_is_refused():
     plain.check_prompt_padding(np.array([[0, 5]]))
 
 
+@pytest.mark.slow
 def test_distillation_sampler_refuses_more_tokens_than_the_cache():
   from distillspec_jax.distill.objectives import sample_batch
   model, params = model_and_params("tiny_encoder_decoder")  # max_decode_length = 128

@@ -108,6 +108,7 @@ def test_samples_to_batch_decoder_only_places_sample_after_prompt():
     assert weights.sum() == length and weights[:n[row]].sum() == 0
 
 
+@pytest.mark.slow
 def test_on_policy_batch_is_drawn_from_the_draft():
   target, draft = _models()
   tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
@@ -138,6 +139,7 @@ def test_fixed_source_returns_the_fixed_batch():
   np.testing.assert_array_equal(out["decoder_target_tokens"], batch["decoder_target_tokens"])
 
 
+@pytest.mark.slow
 def test_loss_is_sequence_divergence_and_grads_only_reach_the_draft():
   target, draft = _models()
   tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
@@ -153,6 +155,7 @@ def test_loss_is_sequence_divergence_and_grads_only_reach_the_draft():
   assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(target_grads))
 
 
+@pytest.mark.slow
 def test_adaspec_k1_equals_plain_distillation():
   target, draft = _models()
   tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
@@ -225,6 +228,7 @@ def _tiny_setup():
   return target, draft, tp, dp, batch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("changes", NEW_OBJECTIVES)
 def test_each_new_objective_lowers_its_loss_on_a_tiny_pair(changes):
   target, draft, tp, dp, batch = _tiny_setup()
@@ -237,6 +241,7 @@ def test_each_new_objective_lowers_its_loss_on_a_tiny_pair(changes):
   assert np.isfinite(first) and float(loss(params)) < 0.95 * first, (first, loss(params))
 
 
+@pytest.mark.slow
 def test_block_acceptance_is_the_divergence_weighted_by_detached_reach_weights():
   from distillspec_jax.distill import block_acceptance
   target, draft, tp, dp, batch = _tiny_setup()
@@ -259,6 +264,7 @@ def test_block_acceptance_is_the_divergence_weighted_by_detached_reach_weights()
                jax.grad(manual)(dp))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("changes", NEW_OBJECTIVES)
 def test_adaspec_selection_composes_with_each_new_objective(changes):
   target, draft, tp, dp, batch = _tiny_setup()
@@ -273,6 +279,7 @@ def test_adaspec_selection_composes_with_each_new_objective(changes):
   assert float(half.loss(dp, frozen, batch)[0]) < float(plain.loss(dp, frozen, batch)[0])
 
 
+@pytest.mark.slow
 def test_the_cached_teacher_at_full_vocabulary_gives_the_live_new_objectives():
   from distillspec_jax.distill import teacher_cache
   target, draft, tp, dp, batch = _tiny_setup()

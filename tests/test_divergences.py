@@ -102,6 +102,7 @@ def test_jsd_half_is_symmetric_and_general_beta_is_not():
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_draft_gradient_matches_central_finite_differences(name):
   rng = np.random.default_rng(8)
@@ -144,6 +145,7 @@ def test_no_gradient_to_target(name):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_extreme_logits_are_finite(name):
   rng = np.random.default_rng(11)
@@ -166,6 +168,7 @@ def test_extreme_logits_values():
   np.testing.assert_allclose(divergences.token_divergence("tvd", t, d), [[1.0]], rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("how", ["vocab_mask", "neg_inf_logits"])
 def test_masked_vocabulary(name, how):
@@ -191,6 +194,7 @@ def test_masked_vocabulary(name, how):
   assert np.isfinite(float(value))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_partial_support_zero_probabilities(name):
   # p has zero mass on entries where q does not (and vice versa for some names
@@ -225,6 +229,7 @@ def test_partial_support_zero_probabilities(name):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_sequence_averaging(name):
   t, d = random_logits(16, (4, 6, 8)), random_logits(17, (4, 6, 8))
@@ -328,6 +333,7 @@ def test_bad_temperature_raises(kw, value):
     divergences.token_divergence("fkl", t, t, **{kw: value})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("which", ["target", "draft"])
 def test_nan_logits_propagate_not_read_as_zero_probability(name, which):

@@ -20,6 +20,7 @@ def _head(draft_ids=None, layers=(1, 2)):
   return target, params, head, head.init(jax.random.PRNGKey(1), params)
 
 
+@pytest.mark.slow
 def test_export_writes_exactly_the_documented_keys_and_fields(tmp_path):
   from safetensors.numpy import load_file
   target, params, head, head_params = _head(draft_ids=tuple(range(0, 97, 3)))
@@ -49,6 +50,7 @@ def test_export_writes_exactly_the_documented_keys_and_fields(tmp_path):
   assert eagle3.EMBEDDING_KEY in eagle3.to_tensors(head, head_params, params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft_ids", [None, tuple(range(96, 0, -2))])
 def test_export_round_trips_to_equal_logits(tmp_path, draft_ids):
   target, params, head, head_params = _head(draft_ids)

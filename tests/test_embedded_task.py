@@ -117,6 +117,7 @@ def test_token_lengths_fit_short_sequences(vocab):
   assert "####" in pieces
 
 
+@pytest.mark.slow
 def test_batches_and_seeded_shuffle(task_name):
   lengths = embedded.DEFAULT_SEQUENCE_LENGTHS
   first = [next(batches_lib.get_dataset(task_name, "train", lengths, batch_size=8, shuffle=True,

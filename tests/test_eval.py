@@ -184,6 +184,7 @@ def test_relative_latency_is_end_to_end():
   assert "0.800 [0.769, 0.833] | 1.25 | 1.60 |" in lossy.table_markdown(table, "accuracy")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lin", "sq", "exp"])
 def test_epsilon_one_equals_lossless_decoding_exactly(setup, kind):
   target = Model(model_config("tiny_encoder_decoder", vocab_size=256, max_decode_length=32))
@@ -301,6 +302,7 @@ def test_mixture_mean_is_the_mean_of_speed_numbers_too():
   assert mixed["alpha_distillspec"] == pytest.approx(0.5)
 
 
+@pytest.mark.slow
 def test_acceptance_by_position_and_predicted_alpha(setup):
   rates = stats.acceptance_by_position(np.array([[2, 0, -1], [1, 2, -1]]), 2)
   # Rounds accepting 2, 0, 1, 2: position 1 accepted in 3 of 4, position 2 in 2 of those 3.

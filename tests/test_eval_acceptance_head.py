@@ -19,6 +19,7 @@ setup = test_eval.setup  # tiny checkpoints and the embedded vocabulary (a modul
 _config = test_eval._config
 
 
+@pytest.mark.slow
 def test_a_draft_with_its_head_round_trips_through_the_eval_loader(tmp_path):
   target, tp, draft, dp = _pair("encoder_decoder")
   model, params = _with_head(draft, dp)

@@ -108,6 +108,7 @@ def test_one_process_reads_the_whole_split(whole):
   assert multihost.all_gather_objects({"a": [1]}) == [{"a": [1]}]
 
 
+@pytest.mark.slow
 def test_batched_quality_equals_one_batch():
   model = Model(model_config("tiny_encoder_decoder", num_decoder_layers=1, vocab_size=64,
                              max_decode_length=16))

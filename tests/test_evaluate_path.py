@@ -44,6 +44,7 @@ def pair():
           examples)
 
 
+@pytest.mark.slow
 def test_speculative_grid_rows(pair):
   target, target_params, draft, draft_params, examples = pair
   rows = [row.to_json() for row in evaluate_lib.speculative_grid(
@@ -65,6 +66,7 @@ def test_speculative_grid_rows(pair):
   assert min(r["alpha_proposed"] for r in rows if r["draft"] == "raw") < 1.0
 
 
+@pytest.mark.slow
 def test_batching_scorer_and_models_alone(pair):
   target, target_params, draft, draft_params, examples = pair
   grid = lambda scorer, batch_size: evaluate_lib.speculative_grid(

@@ -75,6 +75,7 @@ def _random_hf(family, fields, directory, seed=0):
   return torch, model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_logits_match_transformers_through_the_importer_and_the_cache(name, tmp_path):
   family, fields = FAMILIES[name]
@@ -134,6 +135,7 @@ def test_hf_to_ours_to_hf_keeps_the_tensors_and_the_logits(name, tmp_path):
   assert reread == config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["qwen3", "gemma3"])
 def test_greedy_speculative_decoding_of_a_pair_equals_the_target(kind):
   """Gemma's pair decodes 14 tokens after prompts of up to 6 with a 4-key window, so the
@@ -164,6 +166,7 @@ PUBLISHED = {"qwen3_0_6b": (None, 440), "qwen3_8b": (8200, 6950),
              "gemma3_12b": (1012 + 10759, 10759), "gemma3_27b": (1416 + 25600, 25600)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_preset_parameter_counts_equal_the_published_ones(name):
   torch, transformers = _transformers()
@@ -307,6 +310,7 @@ def test_convert_cli_round_trips_gemma_and_refuses_a_mismatched_preset(tmp_path,
   assert not os.path.exists(tmp_path / "wrong")
 
 
+@pytest.mark.slow
 def test_the_text_decoder_of_a_multimodal_gemma3_checkpoint_loads(tmp_path):
   """Gemma 3 4B-27B are published as Gemma3ForConditionalGeneration: the importer reads the
   text decoder (text_config; tensors under language_model.) and leaves the vision tower out;
@@ -343,6 +347,7 @@ def test_the_text_decoder_of_a_multimodal_gemma3_checkpoint_loads(tmp_path):
 # --- remat, bf16 and the mesh rules ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gemma3_remat_policies_keep_gradients_and_bf16_stays_close():
   """Remat changes what the backward pass keeps, never the values (the local/global layers
   and the sandwich norms included); bf16 activations (the sqrt(emb_dim) embedding scale
@@ -432,6 +437,7 @@ def test_published_config_json_values_give_the_presets(name):
   assert hf_llama.config_mismatches(PUBLISHED_CONFIGS[name], preset) == []
 
 
+@pytest.mark.slow
 def test_gemma3_export_generates_greedily_in_transformers_as_we_decode(tmp_path):
   """transformers' own incremental decoding (its sliding-window cache) of our export, past
   the 4-key window, gives our greedy tokens."""

@@ -35,6 +35,7 @@ def _prompts(count, vocab=512, length=6):
   return prompts
 
 
+@pytest.mark.slow
 def test_speed_rows_for_a_head_beside_a_draft_model(trio):
   target, target_params, draft, draft_params, head, head_params = trio
   prompts = _prompts(2)
@@ -77,6 +78,7 @@ def test_speed_rows_for_a_head_beside_a_draft_model(trio):
     assert row["timed_tau"] == pytest.approx(produced / calls)
 
 
+@pytest.mark.slow
 def test_predicted_alpha_of_a_head_is_its_first_draft_step_along_target_samples(trio):
   target, target_params, _, _, head, head_params = trio
   prompts = _prompts(3)

@@ -35,6 +35,7 @@ def _prompts(kind, vocab=97):
   return {key: jnp.asarray(tokens)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, draft_length, gammas", [
     ("encoder_decoder", DraftLength(), (1, 4)), ("decoder_only", DraftLength(), (3,)),
     ("llama", DraftLength(), (1, 4)), ("encoder_decoder", DraftLength("confidence", 0.05), (4,)),
@@ -59,6 +60,7 @@ def _peaked_head(model, params, scale=3.0, seed=3):
   return head, head_params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft_length", [DraftLength(), DraftLength("confidence", 0.5)])
 def test_sampled_with_a_head_matches_target_distribution(draft_length):
   model, params, _ = _peaked_decoder_pair()
@@ -149,6 +151,7 @@ def _first_step_mismatch(kind, commit=None, rounds=3) -> float:
   return worst
 
 
+@pytest.mark.slow
 def test_head_cache_is_rolled_back_per_row():
   """The head state after rounds of different acceptance per row drafts exactly as a head that
   read the committed sequence's target features from scratch; rolling every row back by the

@@ -47,6 +47,7 @@ def _train(objective, params, frozen, batch, steps=12):
   return losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("divergence", ["fkl", "rkl", "jsd", "tvd"])
 def test_each_divergence_lowers_the_head_loss(divergence):
   target, params, head, head_params, batch = _setup()
@@ -57,6 +58,7 @@ def test_each_divergence_lowers_the_head_loss(divergence):
   assert np.all(np.isfinite(losses)) and losses[-1] < 0.7 * losses[0]
 
 
+@pytest.mark.slow
 def test_training_with_a_reduced_draft_vocabulary_on_an_encoder_decoder():
   ids = tuple(range(2, VOCAB, 2)) + (1, 0)
   target, params, head, head_params, batch = _setup("encoder_decoder", draft_ids=ids)
@@ -83,6 +85,7 @@ def test_adaspec_selection_with_a_head_keeps_the_stated_fraction_per_step():
                                rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
 def test_on_policy_samples_are_the_heads_own_proposals(kind):
   """Greedy on-policy data: the first token is the target's, every later one the head's
@@ -126,6 +129,7 @@ def test_head_training_bad_input_names_the_value():
     HeadDistillationObjective(Model(wider), head)
 
 
+@pytest.mark.slow
 def test_head_training_resumes_bit_identically(tmp_path):
   """The trainer runs a head objective like any other: 2k steps straight equal k steps, all
   state dropped, then a restart from MODEL_DIR up to 2k (what a kill -9 leaves), bitwise;
@@ -175,6 +179,7 @@ def test_head_bench_smoke_runs_and_reports(tmp_path):
   assert report["per_call_s"]["head_1"]["median_s"] > 0
 
 
+@pytest.mark.slow
 def test_head_bench_projects_a_finished_reports_rows(tmp_path):
   """bench/head_draft.py --from_report: each draft row priced at its gamma is projected with
   the measured per-layer ratio (the target's calls scaled, the drafts' not); a draft the

@@ -31,6 +31,7 @@ def _batch(kind, length=6, seed=2):
   return batch, tokens[:, 1:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_hidden_states_leave_default_outputs_and_match_layers(kind):
   target = tiny_target(kind)
@@ -60,6 +61,7 @@ def test_default_feature_layers_are_low_middle_high():
   assert default_feature_layers(5) == (1, 3, 5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_unrolled_training_steps_equal_cached_drafting(kind):
   """Step j of the training-time test at position t is what drafting computes: target

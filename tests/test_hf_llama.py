@@ -65,6 +65,7 @@ def _random_hf(family, fields, directory, seed=0):
   return torch, model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_logits_match_transformers_through_the_importer(name, tmp_path):
   family, fields = FAMILIES[name]
@@ -89,6 +90,7 @@ def test_logits_match_transformers_through_the_importer(name, tmp_path):
   assert np.abs(off[0] - ref[0]).max() > 1e-2
 
 
+@pytest.mark.slow
 def test_export_loads_in_transformers_and_decodes_greedily_as_ours(tmp_path):
   torch, transformers = _transformers()
   model = Model.from_name("tiny_llama", vocab_size=VOCAB, max_decode_length=32)
@@ -228,6 +230,7 @@ def test_mismatched_shapes_name_the_tensor_and_the_field(tmp_path):
     hf_llama.params_from_hf(tensors, model.config)
 
 
+@pytest.mark.slow
 def test_distilled_draft_serves_as_assistant_model_of_its_target_in_transformers(tmp_path):
   """A draft distilled here (a few on-policy steps) and exported, used by transformers'
   assisted generation for the exported target: the target's greedy output, ours and theirs."""

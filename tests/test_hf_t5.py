@@ -47,6 +47,7 @@ def _inputs():
   return enc, dec
 
 
+@pytest.mark.slow
 def test_logits_match_transformers_teacher_forcing_and_cached():
   torch, hf_model, tensors = _random_hf_t5()
   config = hf_t5.config_from_hf(hf_model.config.to_dict(), dropout_rate=0.0,

@@ -48,6 +48,7 @@ def test_sentencepiece_keeps_t5_conventions(tmp_path):
   assert not vocabularies.is_tokenizer(vocab)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_task_prompts_and_batches_are_the_tokenizers_ids(folders, kind):
   from transformers import AutoTokenizer

@@ -54,6 +54,7 @@ def test_t5_kinds_refuse_llama_fields():
     model_config("tiny_encoder_decoder", rope_theta=500.0, use_qkv_bias=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,published", [("llama_3_2_1b", 1.24e9), ("llama_3_2_3b", 3.21e9),
                                             ("qwen2_5_0_5b", 0.49e9)])
 def test_published_shapes_have_the_published_parameter_counts(name, published):
@@ -87,6 +88,7 @@ def test_llama3_rope_scaling_keeps_high_stretches_low_frequencies():
 # --- the network and its cache ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_grouped_query_attention_equals_full_attention_with_shared_heads():
   """kv_heads = 2 of 4: query head h reads key/value head h // 2, i.e. the same model with 4
   key/value heads whose heads 2k and 2k + 1 are copies of head k."""
@@ -132,6 +134,7 @@ def test_cache_rows_of_different_lengths_and_rollback_are_exact():
   assert cache.self_attention[0][0].shape == (3 * 2, 8, 16)  # [batch * kv_heads, head_dim, len]
 
 
+@pytest.mark.slow
 def test_remat_policies_keep_logits_and_gradients():
   tokens = jnp.asarray(np.random.RandomState(3).randint(2, 97, (2, 6)))
   base = Model(_llama())
@@ -170,6 +173,7 @@ def _pair():
   return target, target.init(jax.random.PRNGKey(0)), draft, draft.init(jax.random.PRNGKey(1))
 
 
+@pytest.mark.slow
 def test_greedy_speculative_equals_greedy_target_for_rows_of_different_lengths():
   target, tp, draft, dp = _pair()
   tokens = np.array(jax.random.randint(jax.random.PRNGKey(7), (4, 6), 2, 97))
@@ -185,6 +189,7 @@ def test_greedy_speculative_equals_greedy_target_for_rows_of_different_lengths()
   assert 0.0 <= float(result.acceptance_rate) < 1.0  # a different draft: some rejections
 
 
+@pytest.mark.slow
 def test_sampled_speculative_matches_the_target_distribution():
   """χ² test of whole sampled sequences (3 tokens, vocabulary 5) against the exact target
   probabilities; lossy acceptance (epsilon 0.5) on the same models fails it."""
@@ -217,6 +222,7 @@ def test_sampled_speculative_matches_the_target_distribution():
 # --- training -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_distillation_steps_on_a_llama_pair(tmp_path):
   """On-policy GKD (draft samples) with AdaSPEC selection on a Llama pair: finite losses, every
   draft parameter moves."""

@@ -41,6 +41,7 @@ def batch_for(model, batch=2, input_len=7, target_len=6, seed=0):
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,expected", sorted(PUBLISHED_PARAMS.items()))
 def test_t5_1_1_parameter_counts(name, expected):
   model = Model.from_name(name)
@@ -104,6 +105,7 @@ def test_every_parameter_has_logical_axes(name, overrides):
       assert name_ in ALLOWED_AXES, f"{where}: axis {name_!r} not in {sorted(ALLOWED_AXES)}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny_encoder_decoder", "tiny_decoder_only"])
 def test_logits_shape_dtype_and_determinism(name):
   model, params = model_and_params(name)
@@ -131,6 +133,7 @@ def test_dropout_only_with_rng():
   assert not np.allclose(a, c)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny_encoder_decoder", "tiny_decoder_only"])
 def test_bfloat16_activations(name):
   """dtype is configurable: bf16 activations run, stay close to fp32, and really are bf16."""
@@ -166,6 +169,7 @@ def test_params_are_fp32_and_init_is_seeded():
   assert model.num_params() == sum(x.size for x in jax.tree.leaves(params))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_relative_position_bias_table_matches_t5_bucketing(bidirectional):
   """The clipped lookup table gives T5's bucket for every (query, key) pair, far beyond
@@ -188,6 +192,7 @@ def test_relative_position_bias_table_matches_t5_bucketing(bidirectional):
   assert int(jnp.max(jnp.abs(relative))) > 10 * max_distance
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("features, num_input_axes", [((6,), 1), ((2, 3), 1), ((5,), 2)])
 def test_dense_general_is_the_contraction_of_its_stored_kernel(features, num_input_axes):
   # DenseGeneral runs one flattened [rows, in] x [in, out] matmul (its backward pass is about

@@ -110,6 +110,7 @@ def test_two_processes_equal_one_process(tmp_path):
   assert json.loads((single / "rows_0.json").read_text()) == [[s, 0, 8] for s in range(STEPS)]
 
 
+@pytest.mark.slow
 def test_unreachable_coordinator_names_the_address():
   port = _free_port()  # nothing listens there
   with pytest.raises(multihost.MultihostError, match=f"localhost:{port}.*within "

@@ -9,6 +9,7 @@ from distillspec_jax.models.model import Model
 from distillspec_jax.decoding.speculative import speculative_decode
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
 @pytest.mark.parametrize("decoder", ["plain", "speculative"])
 def test_prompt_ids_outside_the_vocabulary_are_refused(kind, decoder):

@@ -5,6 +5,8 @@ import pathlib
 import re
 import tempfile
 
+import pytest
+
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -18,6 +20,7 @@ def test_the_readme_has_one_python_example():
   assert "speculative_decode(" in blocks[0] and "block_efficiency_stats(" in blocks[0]
 
 
+@pytest.mark.slow
 def test_the_readme_example_runs_and_reads_tau(tmp_path, monkeypatch):
   (code,) = python_blocks(README.read_text())
   monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the example's model_dir lands here

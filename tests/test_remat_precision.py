@@ -29,6 +29,7 @@ def _batch(vocab_size=64, rows=8, seed=1):
   return {k: jnp.asarray(v) for k, v in data.batch_at(0).items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny_encoder_decoder", "tiny_decoder_only"])
 def test_every_remat_policy_gives_the_same_loss_and_gradients(name):
   """With dropout on (the remat'd backward replays the same dropout masks)."""
@@ -107,6 +108,7 @@ def test_precision_config_sets_only_what_it_names_on_each_role():
     both.configure(config, "teacher")
 
 
+@pytest.mark.slow
 def test_bf16_greedy_outputs_and_losses_are_close_to_fp32():
   """Measured on the tiny pair (random init, 64 synthetic prompts, 8 greedy tokens): bf16
   activations gave the fp32 tokens in 60 / 64 rows (tiny_encoder_decoder) and 63 / 64
@@ -137,6 +139,7 @@ def test_bf16_greedy_outputs_and_losses_are_close_to_fp32():
     assert out["bf16 activations"][1] != out["fp32"][1]
 
 
+@pytest.mark.slow
 def test_bf16_frozen_target_halves_its_argument_bytes_exactly():
   from distillspec_jax.training import dry_run
   from distillspec_jax.training import partitioning

@@ -74,6 +74,7 @@ def _tail_pvalue(tokens, groups, group_probs):
   return stats.chisquare(counts[:3], group_probs[:3] * n / group_probs[:3].sum()).pvalue, counts
 
 
+@pytest.mark.slow
 def test_tiny_probabilities_are_drawn_at_their_rate_at_t5_vocabulary():
   probs, groups, group_probs = _tail_distribution()
   num_draws = 2_000_000  # expected: 244 draws of tiny tokens (standard deviation 15.6)
@@ -124,6 +125,7 @@ def test_support_edges_and_padding():
   np.testing.assert_array_equal(high, [3, 299, 0, 130, 6])
 
 
+@pytest.mark.slow
 def test_sample_tokens_is_deterministic_given_its_uniforms():
   logits = jax.random.normal(jax.random.PRNGKey(0), (4, T5_VOCAB))
   uniform = jax.random.uniform(jax.random.PRNGKey(1), (4, plain.UNIFORMS_PER_DRAW))

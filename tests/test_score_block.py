@@ -62,6 +62,7 @@ def _prefilled(model, params):
                    jnp.asarray(prompts), jnp.asarray(LENGTHS))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_score_then_write_equals_extend(name):
   model, params = _model(name)
@@ -89,6 +90,7 @@ def test_score_then_write_equals_extend(name):
                                  ref_values[rows, start:start + BLOCK], atol=ATOL, rtol=RTOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ("tiny_encoder_decoder", "tiny_gemma3"))
 def test_a_partly_kept_block_reads_as_the_kept_tokens_alone(name):
   """write_block advancing by fewer than the block's width (the adaptive verification's padded
@@ -129,6 +131,7 @@ def _cache_shaped_copies(draft_length):
           and re.search(r"= (\S+)\{", line).group(1) in shapes]
 
 
+@pytest.mark.slow
 def test_the_adaptive_verification_does_not_copy_the_target_cache():
   """A branch by width that wrote the cache made XLA copy all of it every round (four copies
   per branch on the demo pair); the fixed rule's program is the bar."""

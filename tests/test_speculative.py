@@ -48,6 +48,7 @@ COSTS = DraftLength("cost", costs=(1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0))
 # gamma_max (its logic is the same for both kinds: the confidence rule runs on both). The
 # decoder-only programs at max_new_tokens 20, gamma 1 and 6 also serve the argument and
 # bad-input tests below (one compiled program per shape and setting).
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, draft_length, gammas", [
     ("encoder_decoder", DraftLength(), (1, 6)), ("decoder_only", DraftLength(), (1, 6)),
     ("encoder_decoder", ADAPTIVE, (4,)), ("decoder_only", ADAPTIVE, (4,)),
@@ -78,6 +79,7 @@ def _recount_identical_draft(lengths, gamma):
   return (rounds - 1) * gamma + np.minimum(last, gamma), rounds, last
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_identical_draft_accepts_everything(temperature):
   """Draft == target accepts every draft token; the length limit (22 = 4 x 5 + 2 tokens after
@@ -106,6 +108,7 @@ def test_identical_draft_accepts_everything(temperature):
   np.testing.assert_array_equal(per_round.clip(0).sum(1), result.accepted)
 
 
+@pytest.mark.slow
 def test_alpha_counts_only_accepted_tokens_that_reach_the_output():
   """An accepted EOS inside a block ends the row: the accepted draft tokens after it are not
   output and must not count in alpha (draft == target, so every draft token is accepted).
@@ -212,6 +215,7 @@ def _sample_speculative(model, tp, dp, lenience, num_samples, length, gamma=2, s
   return [tuple(int(t) for t in row[:n]) for row, n in zip(tokens, lengths)]
 
 
+@pytest.mark.slow
 def test_sampled_speculative_matches_target_distribution_and_broken_variants_fail(monkeypatch):
   model, tp, dp = _peaked_decoder_pair()
   length, num_samples = 3, 20000
@@ -240,6 +244,7 @@ def test_sampled_speculative_matches_target_distribution_and_broken_variants_fai
   assert _goodness_of_fit_pvalue(broken, expected) < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", [DraftLength("confidence", 0.5),
                                   DraftLength("cumulative", 0.3),
                                   DraftLength("cost", costs=(1.0, 1.1, 1.2, 1.3),
@@ -265,6 +270,7 @@ def test_sampled_speculative_with_adaptive_draft_length_matches_target_distribut
   assert _goodness_of_fit_pvalue(samples, expected) > 1e-3
 
 
+@pytest.mark.slow
 def test_adaptive_rule_at_threshold_zero_is_the_fixed_engine():
   """Threshold 0 proposes gamma_max every round: the same tokens and counts as fixed gamma."""
   target, tp, draft, dp = _pair("decoder_only")
@@ -309,6 +315,7 @@ def test_adaptive_rule_bad_input_names_the_value():
                        draft_length="confidence", **prompts)
 
 
+@pytest.mark.slow
 def test_empirical_acceptance_matches_one_minus_tvd():
   """gamma = 1: each round's acceptance probability is 1 - TVD(p, q) at that round's context."""
   model, tp, dp = _peaked_decoder_pair(vocab=7, seed_target=2, seed_draft=3)
@@ -410,6 +417,7 @@ def _write_ends(fn):
   return out, [end for end, _ in _WRITE_ENDS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
 def test_capacity_check_is_exact(kind):
   """Exactly prompt width + max_new_tokens + gamma - 1 slots: enough (every write stays inside,
@@ -520,6 +528,7 @@ def _start_state(kind, gamma):
                 gamma=gamma, sampling=SamplingConfig(temperature=1.0), max_length=64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
 def test_start_state_for_gamma_equals_the_start_at_that_gamma(kind):
   """speed.py compiles one start per draft and resizes its state for every other gamma: the
@@ -537,6 +546,7 @@ def test_start_state_for_gamma_equals_the_start_at_that_gamma(kind):
         jax.tree.map(jax.typeof, expected))
 
 
+@pytest.mark.slow
 def test_start_state_for_gamma_refuses_a_state_past_its_start():
   state = _start_state("decoder_only", 3)
   with pytest.raises(ValueError, match="its round is 2"):

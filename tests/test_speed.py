@@ -34,6 +34,7 @@ def _prompts(count, vocab=512, length=6, seed=0):
   return prompts
 
 
+@pytest.mark.slow
 def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
   target, target_params, draft, draft_params = pair
   prompts = _prompts(3)
@@ -100,6 +101,7 @@ def test_measure_speed_rows_are_finite_and_match_per_prompt_decoding(pair):
     assert (greedy["rounds"], greedy["tokens"]) == (calls, tokens)
 
 
+@pytest.mark.slow
 def test_a_lenience_grid_is_timed_in_one_measurement_with_lossless_rules_shared(pair):
   target, target_params, draft, draft_params = pair
   prompts = _prompts(2)
@@ -394,6 +396,7 @@ def test_compared_speedups_decode_end_to_end_typical_and_the_spread_flag():
   assert not speed.compared_speedups(10, steady, 10, plain).speedup_unreliable
 
 
+@pytest.mark.slow
 def test_an_adaptive_draft_length_is_timed_beside_the_fixed_gammas(pair):
   from distillspec_jax.decoding.speculative import DraftLength
   target, target_params, draft, draft_params = pair

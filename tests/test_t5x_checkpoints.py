@@ -64,6 +64,7 @@ def _write_t5x_like_public(params, directory):
     f.write(serialization.msgpack_serialize({"version": 3, "optimizer": state}))
 
 
+@pytest.mark.slow
 def test_t5x_layout_imports_exactly(tmp_path):
   params = Model(TINY).init(jax.random.PRNGKey(0))
   ckpt = tmp_path / "model_dir" / "checkpoint_1000"

@@ -55,6 +55,7 @@ def _prompt(kind: str, batch: int = 1) -> dict:
   return {key: jnp.asarray(tokens)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_plain_decoding_makes_one_target_call_fewer_than_its_tokens(kind, temperature):
@@ -87,6 +88,7 @@ def test_plain_decoding_stops_calling_once_every_row_has_its_eos():
   assert calls == lengths.max() - 1, (lengths, calls)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_speculative_decoding_makes_one_target_call_per_round(temperature):
   target, _, params, draft, draft_params = _pair("decoder_only")

@@ -102,6 +102,7 @@ def test_tfds_lm1b_decoder_only_under_mock_data(vocab, tfds_names):
     batches_lib.get_dataset("lm1b_t", "train", {"inputs": 8, "targets": 24}, batch_size=2)
 
 
+@pytest.mark.slow
 def test_tfds_gsm8k_as_prefix_lm(vocab, tfds_names):
   with tfds.testing.mock_data(num_examples=4):
     batch = next(batches_lib.get_dataset("gsm8k_t", "test", {"inputs": 64, "targets": 32},
@@ -153,6 +154,7 @@ def data_dir(tmp_path):
   return d
 
 
+@pytest.mark.slow
 def test_register_file_tasks_and_read(vocab, data_dir):
   names = tasks.register_file_tasks(str(data_dir), vocabulary=vocab)
   assert names == ["gsm8k_files", "xsum_files", "cnn_dailymail_files", "wmt_en_de_files",
@@ -198,6 +200,7 @@ def test_cnndm_specbench_layout(vocab, tmp_path):
   assert got.target_texts == ["Dog sleeps."]
 
 
+@pytest.mark.slow
 def test_bbh_tasks_and_mixture(vocab, data_dir):
   names = tasks.register_bbh_tasks(str(data_dir / "bbh"), vocabulary=vocab)
   assert names == ["bbh_boolean_expressions", "bbh_date_understanding", "bbh"]

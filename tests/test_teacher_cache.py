@@ -71,6 +71,7 @@ def _dense_binned_and_grad(name, target_logits, draft_logits):
           [binned(k, draft_logits) for k in (VOCAB, 16, 4, 1)], grad)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", divergences.DIVERGENCES)
 def test_binned_equals_dense_at_full_vocab_and_bounds_it_below(name):
   kp, kq = jax.random.split(jax.random.PRNGKey(0))
@@ -117,6 +118,7 @@ def written(tmp_path_factory):
   return target, params, arrays, path
 
 
+@pytest.mark.slow
 def test_cached_run_at_full_vocab_gives_the_live_run_params(written, tmp_path):
   target, target_params, arrays, path = written
   _, draft = _models()

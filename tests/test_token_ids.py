@@ -68,6 +68,7 @@ def test_greedy_decode_equals_transformers(pair):
     assert np.all(np.asarray(result.tokens)[i, :int(result.lengths[i])] < vocab.vocab_size)
 
 
+@pytest.mark.slow
 def test_pair_with_more_rows_than_the_tokenizer_decodes_exactly(pair):
   vocab, _, target, tp, draft, dp = pair
   assert (target.config.vocab_size, draft.config.vocab_size, target.output_size) == (

@@ -89,6 +89,7 @@ def _logits(seed, shape):
   return jnp.asarray(2.0 * np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("normalization", token_selection.NORMALIZATIONS)
 @pytest.mark.parametrize("name", ["fkl", "rkl", "jsd", "tvd"])
 def test_dropped_tokens_get_exactly_zero_gradient(name, normalization):
@@ -111,6 +112,7 @@ def test_dropped_tokens_get_exactly_zero_gradient(name, normalization):
   assert np.all(per_token_grad_norm[keep > 0] > 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fkl", "rkl", "jsd", "tvd"])
 def test_k_one_equals_distillspec_loss(name):
   batch, length, vocab = 4, 6, 8

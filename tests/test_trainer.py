@@ -30,6 +30,7 @@ def _config(model_dir, steps, **kw):
   return trainer_lib.TrainConfig(model_dir=str(model_dir), train_steps=steps, **defaults)
 
 
+@pytest.mark.slow
 def test_resume_after_crash_matches_uninterrupted_run(tmp_path):
   """2k straight == k, drop everything, restart in the same MODEL_DIR up to 2k (bitwise)."""
   target, target_params, draft = _pair()
@@ -53,6 +54,7 @@ def test_resume_after_crash_matches_uninterrupted_run(tmp_path):
   assert [r["step"] for r in resumed.history if "loss" in r] == [4, 6]
 
 
+@pytest.mark.slow
 def test_finetune_lowers_cross_entropy_and_writes_metrics(tmp_path):
   model = Model.from_name("demo_draft", vocab_size=VOCAB)
   config = _config(tmp_path, 60, batch_size=8, optimizer="adamw", learning_rate=3e-3,
@@ -70,6 +72,7 @@ def test_finetune_lowers_cross_entropy_and_writes_metrics(tmp_path):
   assert calls == []  # eval_every == 0: never called
 
 
+@pytest.mark.slow
 def test_on_policy_distillation_lowers_tvd_and_raises_tau(tmp_path):
   target = Model.from_name("tiny_encoder_decoder", vocab_size=VOCAB)
   draft = Model.from_name("demo_draft", vocab_size=VOCAB)
@@ -100,6 +103,7 @@ def test_on_policy_distillation_lowers_tvd_and_raises_tau(tmp_path):
   assert after["eval/tau"] > before["tau"]
 
 
+@pytest.mark.slow
 def test_model_dir_with_another_models_checkpoint(tmp_path):
   small = Model.from_name("demo_draft", vocab_size=VOCAB)
   trainer_lib.finetune(_config(tmp_path, 3), small, trainer_lib.SyntheticData(4, vocab_size=VOCAB))
@@ -139,6 +143,7 @@ def test_initial_checkpoint_path_and_restore_hook(tmp_path):
                first.state.params, second.state.params)
 
 
+@pytest.mark.slow
 def test_decoder_only_mixture_with_adaspec_hook(tmp_path):
   """Decoder-only pair (prompts from prefix-LM batches), all sources, AdaSPEC k = 0.5."""
   target = Model.from_name("tiny_decoder_only", vocab_size=VOCAB)

@@ -40,6 +40,7 @@ def _records(model_dir):
 # --- item 2: a non-finite loss or gradient stops training --------------------------------------
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
   """Step 6's batch has an infinite loss weight: the run stops there, names the step, the
   source and what to check; checkpoint 4 stays and step 6 is never saved."""
@@ -68,6 +69,7 @@ def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_p
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(resumed.state.params))
 
 
+@pytest.mark.slow
 def test_nan_target_stops_distillation_naming_the_target_checkpoint(tmp_path):
   """A NaN target gave FKL 0.0 (read as zero probability) and trained on silently."""
   target = Model.from_name("demo_draft", vocab_size=VOCAB, emb_dim=32)
@@ -224,6 +226,7 @@ class _Crash(Exception):
   pass
 
 
+@pytest.mark.slow
 def test_resume_logs_each_step_once_and_keeps_the_earlier_eval_curve(tmp_path):
   """Run 8 steps straight; separately run, "crash" at step 7 (checkpoint 4, steps 5-6 and the
   step-6 evaluation logged after it), resume to 8: the log and the eval curve must equal the
