@@ -55,6 +55,8 @@ from distillspec_jax.models.model import Model
 from distillspec_jax.training import dry_run
 
 SYNTHETIC_TASK = "synthetic_reverse"
+# The synthetic task's two streams (make_data: another seed for any split but "train").
+SYNTHETIC_SPLITS = ("train", "validation")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +72,8 @@ class RunSpec:
     target / target_checkpoint_path: the frozen target of a distillation run.
     distillation_config: the recipe (gin/recipes/*.gin).
     split / eval_split / eval_batch_size / eval_gamma / eval_temperature: the data splits
-      and the speculative evaluation every EVAL_EVERY steps.
+      (the task's; the synthetic task's are SYNTHETIC_SPLITS) and the speculative
+      evaluation every EVAL_EVERY steps.
     precision: both models' activation dtype and remat policy and the frozen target's
       parameter dtype, cast after restoring (models.precision.PrecisionConfig, shared with
       the other binaries; gin: run.precision = @PrecisionConfig(), bound to ACTIVATION_DTYPE,
@@ -341,11 +344,11 @@ def check_task(spec: RunSpec) -> None:
   """Refuses an unknown MIXTURE_OR_TASK_NAME or split before MODEL_DIR is written (the
   registry's ValueError names the task and the registered ones)."""
   if spec.mixture_or_task_name == SYNTHETIC_TASK:
-    return
-  from distillspec_jax.data import batches as batches_lib
-  spec.data.register()
-  task = batches_lib.get_task(spec.mixture_or_task_name)
-  splits = sorted(task.splits)
+    splits = list(SYNTHETIC_SPLITS)
+  else:
+    from distillspec_jax.data import batches as batches_lib
+    spec.data.register()
+    splits = sorted(batches_lib.get_task(spec.mixture_or_task_name).splits)
   evaluates = spec.mode == "distill" and spec.train_config.eval_every
   for name in ("split", "eval_split") if evaluates else ("split",):
     if getattr(spec, name) not in splits:

@@ -234,6 +234,9 @@ LATE_CASES = [
     ("train", "--gin.MIXTURE_OR_TASK_NAME='no_such_task'", "'no_such_task' is not registered"),
     ("train", "--gin.MIXTURE_OR_TASK_NAME='embedded_arithmetic' --gin.run.split='dev'",
      "run.split='dev'"),
+    # The synthetic task read any split but "train" as its held-out stream.
+    ("train", "--gin.run.split='dev'", "run.split='dev'"),
+    ("train", "--gin.run.eval_split='test'", "run.eval_split='test'"),
     ("train", "--gin.MODEL_DIR='{file}'", "is a file, not a directory"),
     ("train", "--gin.MODEL_DIR='{file}/sub'", "is a file, not a directory"),
 ]
