@@ -95,6 +95,7 @@ def prepare(argv: Sequence[str]) -> PipelineConfig:
   pipeline_lib.job_mesh(pipeline, *pipeline_lib.models(
       pipeline, vocab=pipeline.model_vocab_size or pipeline.vocab_size))
   check_stages(pipeline)
+  pipeline_lib.check_task(pipeline)
   if multihost.is_primary():
     check_run_dir(pipeline.run_dir)
   return pipeline

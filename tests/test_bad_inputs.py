@@ -101,6 +101,8 @@ MAIN_CASES = [
     ("--gin.main_job.stages=()", "main_job.stages=() is not a non-empty tuple"),  # ran all
     ("--gin.main_job.pipeline=None", "main_job.pipeline=None is not a configuration"),
     ("--gin.SEED=-1", "seed=-1 must be an integer >= 0"),  # numpy's batch order: mid-run
+    # Refused only after the vocab stage had written MODEL_DIR/vocab.
+    ("--gin.MIXTURE_OR_TASK_NAME='no_such_task'", "'no_such_task' is not registered"),
 ]
 TRAIN_CASES = [
     ("--gin.TRAIN_STEPS=-1", "-1"),
