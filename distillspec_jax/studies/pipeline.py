@@ -219,22 +219,15 @@ def register_task(config: PipelineConfig, vocabulary=None):
 
 def check_task(config: PipelineConfig) -> None:
   """Refuses a MIXTURE_OR_TASK_NAME that no registration of this job provides (the registry's
-  ValueError names the registered ones), before the vocab stage writes MODEL_DIR/vocab. The
-  file and TFDS tasks are registered here with the user's tokenizer or T5's default
-  vocabulary path, read lazily (the vocab stage registers them so too before it trains one);
-  every stage registers them again with the job's vocabulary (register_task)."""
-  from distillspec_jax.data import batches as batches_lib
+  ValueError names the registered ones), before the vocab stage writes MODEL_DIR/vocab: the
+  task registered as the vocab stage first registers it (register_task with the user's
+  tokenizer, or with T5's default vocabulary path, read lazily); every stage registers it
+  again with the job's vocabulary. The embedded task needs no check (its name is fixed)."""
   from distillspec_jax.data import tasks, vocabularies
   if config.task == tasks.EMBEDDED_TASK_NAME:
     return
-  own = config.pair.vocabulary
-  vocabulary = own if own is not None else vocabularies.T5_DEFAULT_SPM_PATH
-  if config.data_dir:
-    tasks.register_file_tasks(config.data_dir, vocabulary=vocabulary,
-                              chat_template=own is not None and config.pair.chat_template)
-  elif own is not None:
-    tasks.register_tfds_tasks(vocabulary)
-  batches_lib.get_task(config.task)
+  own = config.pair.vocabulary is not None
+  register_task(config, vocabulary=None if own else vocabularies.T5_DEFAULT_SPM_PATH)
 
 
 def stage_vocab(config: PipelineConfig, stage: str) -> dict:
