@@ -16,6 +16,7 @@ family (`LlamaForCausalLM`, `Qwen2ForCausalLM` with q/k/v biases, `Qwen3ForCausa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -26,15 +27,44 @@ import numpy as np
 
 from distillspec_jax.core.validation import check_positive_int
 from distillspec_jax.interop import hf_llama
+from distillspec_jax.interop import importer
 from distillspec_jax.interop.importer import FORMATS, load_checkpoint, save_checkpoint
 from distillspec_jax.models.config import model_config
+from distillspec_jax.models.model import TokenIds
+from distillspec_jax.training import checkpoints
 
 # --- CLI --------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+  """argparse with the binaries' user-error status: exit 1 with the message (not 2)."""
+
+  def error(self, message):
+    self.print_usage(sys.stderr)
+    self.exit(1, f"{self.prog}: error: {message}\n")
+
+
+def _export_token_ids(args) -> Optional[dict]:
+  """bos/eos/pad ids for an hf export of our checkpoint with no tokenizer folder: those an
+  import kept in its `meta`; None where it was trained with our vocabulary's ids (or says
+  nothing). Raises ValueError for a model trained with other ids (a user's tokenizer), whose
+  export would otherwise say our ids (eos 1, a real token of that tokenizer)."""
+  meta = checkpoints.read_meta(args.input) or {}
+  if meta.get(importer.HF_TOKEN_IDS):
+    return dict(meta[importer.HF_TOKEN_IDS])
+  trained = meta.get("token_ids")
+  if trained is not None and trained != dataclasses.asdict(TokenIds()):
+    raise ValueError(
+        f"--input={args.input} was trained with a tokenizer other than ours (special ids "
+        f"{trained}), and no --tokenizer_dir is given, so the export would carry no tokenizer "
+        "and our ids (bos 0, eos 1, pad 0). Fix: pass --tokenizer_dir=<the folder of the "
+        "tokenizer it was trained with> (the target's Hugging Face folder).")
+  return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m distillspec_jax.convert",
-                                   description=__doc__.split("\n\n")[0])
+  parser = _Parser(prog="python -m distillspec_jax.convert",
+                   description=__doc__.split("\n\n")[0])
   parser.add_argument("--from", dest="source", choices=FORMATS, required=True)
   parser.add_argument("--to", dest="dest", choices=FORMATS, required=True)
   parser.add_argument("--input", required=True)
@@ -79,7 +109,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error(f"--input={args.input} (--from={args.source}) cannot be read: "
                  f"{' '.join(str(error).split())} Fix: check --from, and --model/--vocab_size "
                  "against the checkpoint (or leave --model out to infer the model from it).")
-  save_checkpoint(params, config, args.output, args.dest, source=source)
+  token_ids = None
+  if args.source == "hf" and args.dest == "ours" and config.is_rope_decoder:
+    token_ids = hf_llama.source_token_ids(args.input)
+  elif args.source == "ours" and args.dest == "hf" and source is None and config.is_rope_decoder:
+    try:
+      token_ids = _export_token_ids(args)
+    except ValueError as error:
+      parser.error(str(error))
+  save_checkpoint(params, config, args.output, args.dest, source=source, hf_token_ids=token_ids)
   count = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(params))
   print(json.dumps({"from": args.source, "to": args.dest, "output": args.output,
                     "kind": config.kind, "num_params": count}))

@@ -1,5 +1,6 @@
 """Conversion CLI between HF / T5X / our formats, and `load_initial_params` autodetection."""
 
+import dataclasses
 import json
 import os
 
@@ -12,7 +13,9 @@ from distillspec_jax.interop import importer
 from distillspec_jax.interop import hf_t5
 from distillspec_jax.interop import t5x as t5x_lib
 from distillspec_jax.models.config import TransformerConfig
-from distillspec_jax.models.model import Model
+from distillspec_jax.models.config_json import config_to_json
+from distillspec_jax.models.model import NO_TOKEN, Model, TokenIds
+from distillspec_jax.training import checkpoints
 
 
 TINY = TransformerConfig(kind="encoder_decoder", vocab_size=128, emb_dim=64, num_heads=4,
@@ -123,7 +126,7 @@ def test_cli_vocab_size_overrides_the_preset(tmp_path, capsys):
             "--model=tiny_encoder_decoder"]
   with pytest.raises(SystemExit) as exit_info:
     convert.main(common + [f"--output={tmp_path / 'refused'}"])
-  assert exit_info.value.code == 2
+  assert exit_info.value.code == 1
   err = capsys.readouterr().err
   assert "--input=" in err and "expected (512, 64), found (64, 64)" in err
   assert convert.main(common + ["--vocab_size=64", f"--output={tmp_path / 'ours'}"]) == 0
@@ -172,8 +175,33 @@ def test_a_tokenizer_dir_without_tokenizer_files_is_refused(tmp_path, capsys):
   with pytest.raises(SystemExit) as exit_info:
     convert.main(["--from=ours", "--to=hf", f"--input={tmp_path / 'ours'}",
                   f"--output={tmp_path / 'hf'}", f"--tokenizer_dir={tmp_path / 'data'}"])
-  assert exit_info.value.code == 2  # the convert CLI's usage-error status
+  assert exit_info.value.code == 1  # the binaries' user-error status
   err = capsys.readouterr().err
   assert f"--tokenizer_dir={tmp_path / 'data'} holds no tokenizer files" in err
   assert "pass the target's Hugging Face folder" in err
   assert not (tmp_path / "hf").exists()
+
+
+def test_an_export_without_a_tokenizer_keeps_the_trained_ids_or_is_refused(tmp_path, capsys):
+  """--from=ours --to=hf of a RoPE-kind model with no --tokenizer_dir: a checkpoint trained
+  with our vocabulary's ids (the trainer's `meta`) exports with them (bos 0, eos 1, pad 0);
+  one trained with a user's tokenizer (eos 299) is refused, exit 1, nothing written: its
+  export would say eos 1, a real token of that tokenizer."""
+  model = Model.from_name("tiny_llama")
+  params = jax.tree.map(np.asarray, model.init(jax.random.PRNGKey(0)))
+  stored = {"model_config": config_to_json(model.config), "objective": "fkl"}
+  ours = dataclasses.asdict(TokenIds())
+  theirs = dataclasses.asdict(TokenIds(eos_id=299, decoder_start_id=None, pad_id=NO_TOKEN))
+  for name, ids in (("ours", ours), ("theirs", theirs)):
+    checkpoints.save_params(str(tmp_path / name), params, dict(stored, token_ids=ids))
+  assert convert.main(["--from=ours", "--to=hf", f"--input={tmp_path / 'ours'}",
+                       f"--output={tmp_path / 'hf_ours'}"]) == 0
+  written = json.load(open(tmp_path / "hf_ours" / "config.json"))
+  assert (written["bos_token_id"], written["eos_token_id"], written["pad_token_id"]) == (0, 1, 0)
+  with pytest.raises(SystemExit) as exit_info:
+    convert.main(["--from=ours", "--to=hf", f"--input={tmp_path / 'theirs'}",
+                  f"--output={tmp_path / 'hf_theirs'}"])
+  assert exit_info.value.code == 1
+  err = capsys.readouterr().err
+  assert "'eos_id': 299" in err and "pass --tokenizer_dir=" in err
+  assert not (tmp_path / "hf_theirs").exists()

@@ -305,7 +305,7 @@ def test_convert_cli_round_trips_gemma_and_refuses_a_mismatched_preset(tmp_path,
     convert.main(["--from=hf", "--to=ours", f"--input={tmp_path / 'hf'}",
                   f"--output={tmp_path / 'wrong'}", "--model=tiny_qwen3",
                   f"--vocab_size={VOCAB}"])
-  assert exit_info.value.code == 2
+  assert exit_info.value.code == 1
   assert "kind='qwen3'" in capsys.readouterr().err
   assert not os.path.exists(tmp_path / "wrong")
 

@@ -172,6 +172,11 @@ def test_convert_cli_exports_a_preset_with_its_tokenizer(tmp_path, capsys):
       298, 299, None)  # the tokenizer's, not T5's 0 / 1 / 0
   assert convert.main(["--from=hf", "--to=ours", f"--input={tmp_path / 'hf'}",
                        f"--output={tmp_path / 'back'}"]) == 0
+  # The import kept the model's ids, so an export with no tokenizer folder still says them.
+  assert convert.main(["--from=ours", "--to=hf", f"--input={tmp_path / 'back'}",
+                       f"--output={tmp_path / 'hf_again'}"]) == 0
+  again = json.load(open(tmp_path / "hf_again" / "config.json"))
+  assert (again["bos_token_id"], again["eos_token_id"], again["pad_token_id"]) == (298, 299, None)
   fmt = importer.check_checkpoint(str(tmp_path / "hf"), model.config)
   assert fmt == "hf"
   with pytest.raises(ValueError, match="rope_theta=10000.0, the model 500000.0"):

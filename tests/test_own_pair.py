@@ -218,6 +218,13 @@ def test_main_job_from_a_pretrained_pair(own, jobs, kind):
     assert getattr(exported.config, key) == getattr(source, key), key
   assert transformers.AutoTokenizer.from_pretrained(job["export"])("Hi!")["input_ids"] == (
       tokenizer("Hi!")["input_ids"])
+  # Without --tokenizer_dir the export would say our ids (eos 1): refused, exit 1, naming it.
+  from distillspec_jax import convert
+  bare = os.path.join(os.path.dirname(job["export"]), "export_without_tokenizer")
+  with pytest.raises(SystemExit) as exit_info:
+    convert.main(["--from=ours", "--to=hf", f"--output={bare}",
+                  f"--input={os.path.join(run_dir, 'distill_supervised_kd')}"])
+  assert exit_info.value.code == 1 and not os.path.exists(bare)
 
 
 def _prompt_texts(own) -> list:

@@ -544,20 +544,29 @@ def _source_ids(source_dir: str, hf: Optional[dict]) -> dict:
   return {}
 
 
+def source_token_ids(path: str) -> dict:
+  """The bos/eos/pad ids of the Hugging Face checkpoint at `path` (a folder, or a
+  .safetensors file beside its config.json): its config.json's, else its tokenizer's."""
+  folder = path if os.path.isdir(path) else os.path.dirname(path)
+  return _source_ids(folder, hf_t5.read_hf_config(folder))
+
+
 def save_hf(params: Params, config: TransformerConfig, directory: str,
-            source: Optional[str] = None) -> None:
+            source: Optional[str] = None,
+            token_ids: Optional[Mapping[str, Any]] = None) -> None:
   """Writes config.json and model.safetensors (fp32, exact) into `directory`, plus the
   tokenizer files of the `source` folder (an HF checkpoint or a tokenizer folder): the
   special ids are its config.json's or else its tokenizer's, the context length (max_position_embeddings) the source
   config.json's when longer than ours (our max_decode_length is only a cache size), and
-  generation_config.json the source's or, without one, the special ids."""
+  generation_config.json the source's or, without one, the special ids. `token_ids`:
+  bos/eos/pad ids to write where `source` gives none (a checkpoint's own, kept by an import)."""
   from safetensors.numpy import save_file
   tensors = params_to_hf(params, config)
   _matched({k: v.shape for k, v in tensors.items()}, config)
   source_dir = None if source is None else (source if os.path.isdir(source)
                                             else os.path.dirname(source))
   source_hf = hf_t5.read_hf_config(source_dir) if source_dir else None
-  token_ids = _source_ids(source_dir, source_hf) if source_dir else None
+  token_ids = dict(token_ids or {}, **(_source_ids(source_dir, source_hf) if source_dir else {}))
   hf_config = config_to_hf(config, token_ids)
   if source_hf and int(source_hf.get("max_position_embeddings") or 0) > hf_config[
       "max_position_embeddings"]:

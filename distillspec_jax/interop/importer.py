@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import jax
 import numpy as np
@@ -51,10 +51,19 @@ FORMATS = ("hf", "t5x", "ours")
 # --- our format (delegates to distillspec_jax.training.checkpoints) ----------------------------------
 
 
-def save_ours(params: Params, path: str, config: Optional[TransformerConfig] = None) -> None:
+# The `meta` key holding a Hugging Face model's bos/eos/pad ids (its config.json's), written by
+# an import so that an export without a tokenizer folder keeps the model's own ids.
+HF_TOKEN_IDS = "hf_token_ids"
+
+
+def save_ours(params: Params, path: str, config: Optional[TransformerConfig] = None,
+              hf_token_ids: Optional[Mapping[str, Any]] = None) -> None:
   """Writes `params` in our orbax format, with the model configuration `config` beside them
-  (`meta`), so that the checkpoint alone rebuilds its model; `load_checkpoint` reads both."""
+  (`meta`), so that the checkpoint alone rebuilds its model; `load_checkpoint` reads both.
+  `hf_token_ids`: the source model's bos/eos/pad ids (its config.json's), kept in `meta`."""
   meta = None if config is None else {"model_config": config_to_json(config)}
+  if meta is not None and hf_token_ids:
+    meta[HF_TOKEN_IDS] = dict(hf_token_ids)
   checkpoints.save_params(path, jax.tree.map(np.asarray, params), meta)
 
 
@@ -480,14 +489,16 @@ def restore_any(path: str, abstract_params: Params) -> Params:
 
 
 def save_checkpoint(params: Params, config: TransformerConfig, path: str, fmt: str,
-                    source: Optional[str] = None) -> None:
+                    source: Optional[str] = None,
+                    hf_token_ids: Optional[Mapping[str, Any]] = None) -> None:
   """Writes `params` of `config` at `path` in `fmt`. `source`: for an hf export of a
   RoPE-kind model, a folder whose tokenizer files are copied along (an HF checkpoint's,
-  whose bos/eos/pad ids are kept)."""
+  whose bos/eos/pad ids are kept). `hf_token_ids`: the model's bos/eos/pad ids where no
+  `source` gives them (kept in our `meta`, or written to an hf export's config.json)."""
   if fmt == "ours":
-    save_ours(params, path, config)
+    save_ours(params, path, config, hf_token_ids)
   elif fmt == "hf" and config.is_rope_decoder:
-    hf_llama.save_hf(params, config, path, source)
+    hf_llama.save_hf(params, config, path, source, hf_token_ids)
   elif fmt == "hf":
     hf_t5.save_hf(params, config, path)
   elif fmt == "t5x":
