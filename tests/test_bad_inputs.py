@@ -6,6 +6,7 @@ in this process; two cases run as real subprocesses (`integration`) to prove the
 absence of a traceback where the interpreter exits.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -179,6 +180,22 @@ def test_bad_value_exits_1_naming_it_before_work_starts(binary, index, tmp_path,
   model_dir = tmp_path / "out"
   testing.assert_refused_before_work(cli, argv_of(model_dir) + flags.split(" "), named,
                                      model_dir, capsys)
+
+
+def test_a_malformed_data_file_is_refused_before_work_starts(tmp_path, capsys):
+  """A GSM8K line without "answer" in DATA_DIR: refused naming its file and line before the
+  vocab stage writes MODEL_DIR/vocab (it was refused only once that stage read the rows)."""
+  folder = tmp_path / "data" / "gsm8k"
+  folder.mkdir(parents=True)
+  good = json.dumps({"question": "1+1?", "answer": "2 #### 2"})
+  (folder / "train.jsonl").write_text(good + "\n" + json.dumps({"question": "2+2?"}) + "\n")
+  (folder / "test.jsonl").write_text(good + "\n")
+  model_dir = tmp_path / "out"
+  testing.assert_refused_before_work(
+      main_lib.cli, _main_argv(model_dir) + [
+          "--gin.MIXTURE_OR_TASK_NAME='gsm8k_files'",
+          f"--gin.PipelineConfig.data_dir='{tmp_path / 'data'}'"],
+      f"{folder / 'train.jsonl'}:2", model_dir, capsys)
 
 
 @pytest.mark.parametrize("flags,named", STUDY_CASES, ids=[c[0] for c in STUDY_CASES])

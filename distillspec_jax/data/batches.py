@@ -75,6 +75,17 @@ def _subtasks(task) -> List[seqio.Task]:
   return list(seqio.get_subtasks(task))
 
 
+def check_records(task_name: str) -> None:
+  """Reads every split of each function-backed source of the task once (a file task's JSONL
+  or text records, checked as they are read; nothing tokenized), so that a malformed line
+  (a GSM8K row without "answer", misaligned WMT files) is refused before a job writes
+  anything. TFDS sources are read only where a job reads them."""
+  for task in _subtasks(get_task(task_name)):
+    if isinstance(task.source, seqio.FunctionDataSource):
+      for split in task.source.splits:
+        task.source.get_dataset(split=split, shuffle=False)
+
+
 def _check_split(task, split: str) -> None:
   for t in _subtasks(task):
     if split not in t.splits:

@@ -222,12 +222,15 @@ def check_task(config: PipelineConfig) -> None:
   ValueError names the registered ones), before the vocab stage writes MODEL_DIR/vocab: the
   task registered as the vocab stage first registers it (register_task with the user's
   tokenizer, or with T5's default vocabulary path, read lazily); every stage registers it
-  again with the job's vocabulary. The embedded task needs no check (its name is fixed)."""
+  again with the job's vocabulary. A file task's records are read once, so that a malformed
+  line is refused here too. The embedded task needs no check (its name is fixed)."""
   from distillspec_jax.data import tasks, vocabularies
   if config.task == tasks.EMBEDDED_TASK_NAME:
     return
   own = config.pair.vocabulary is not None
   register_task(config, vocabulary=None if own else vocabularies.T5_DEFAULT_SPM_PATH)
+  from distillspec_jax.data import batches as batches_lib
+  batches_lib.check_records(config.task)
 
 
 def stage_vocab(config: PipelineConfig, stage: str) -> dict:
