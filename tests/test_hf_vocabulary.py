@@ -1,6 +1,7 @@
 """Hugging Face tokenizers as vocabularies: ids, special tokens and batches exactly as the
 tokenizer gives them; mismatches and bad files refused with the value named."""
 
+import json
 import os
 
 import pytest
@@ -92,6 +93,27 @@ def test_one_tokenizer_at_two_paths_is_the_same_vocabulary(folders, tmp_path):
   assert vocabularies.check_same_vocabulary(folders["llama"], copy)
   assert vocabularies.check_same_vocabulary(
       folders["llama"], os.path.join(folders["llama"], "tokenizer.json"))
+
+
+def test_a_base_and_an_instruct_tokenizer_are_one_vocabulary(folders, tmp_path):
+  """One tokenizer.json with another EOS in tokenizer_config.json (a base model beside its
+  instruct version): the ids mean the same tokens, so the pair is accepted, and the first
+  vocabulary's EOS is the one used; another token mapping is still refused (below)."""
+  instruct = hf_fixtures.save_tokenizer(str(tmp_path / "instruct"), "llama")
+  config_file = os.path.join(instruct, "tokenizer_config.json")
+  with open(config_file) as f:
+    config = json.load(f)
+  base = vocabularies.as_vocabulary(folders["llama"])
+  other_eos = next(token for token, index in sorted(base.tokenizer.get_vocab().items(),
+                                                    key=lambda item: item[1])
+                   if index != base.eos_id and index > 3)
+  config["eos_token"] = other_eos
+  with open(config_file, "w") as f:
+    json.dump(config, f)
+  changed = vocabularies.as_vocabulary(instruct)
+  assert changed.eos_id != base.eos_id and changed != base
+  assert vocabularies.check_same_vocabulary(base, changed)
+  assert vocabularies.check_same_vocabulary(folders["llama"], instruct)
 
 
 def test_two_tokenizers_of_one_size_are_refused(folders, tmp_path):

@@ -24,6 +24,7 @@ Draft and target models must share one vocabulary; check it with
 from __future__ import annotations
 
 import io
+import logging
 import os
 import sys
 import tempfile
@@ -235,11 +236,18 @@ def check_same_vocabulary(a: VocabLike, b: VocabLike) -> bool:
     if not (is_tokenizer(va) and is_tokenizer(vb)):
       raise ValueError(f"Draft and target vocabularies differ in type: {_describe(va)} vs "
                        f"{_describe(vb)}. Use the same tokenizer for both models.")
-    if va != vb:
+    if va != vb and va.identity()["tokenizer"] != vb.identity()["tokenizer"]:
       raise ValueError(
           f"Draft and target tokenizers differ: {va.tokenizer_file} and {vb.tokenizer_file} "
           f"({_tokenizer_difference(va, vb)}). Speculative decoding and distillation compare "
           "the models token by token: give both the same tokenizer (the target's).")
+    if va != vb:
+      # One token <-> id mapping with other special ids (a base model beside its instruct
+      # version: EOS <|endoftext|> vs <|im_end|>): ids mean the same tokens, and the job
+      # tokenizes and stops with `a`'s ids only.
+      logging.warning("%s and %s tokenize alike but differ in %s; %s's special ids are used.",
+                   va.tokenizer_file, vb.tokenizer_file, _tokenizer_difference(va, vb),
+                   va.tokenizer_file)
     return True
   pa = getattr(va, "sentencepiece_model_file", None)
   pb = getattr(vb, "sentencepiece_model_file", None)
