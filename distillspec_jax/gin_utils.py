@@ -64,6 +64,30 @@ def model_by_name(name: str, **overrides) -> Model:
   return Model(config_lib.model_config(name, **overrides))
 
 
+def model_from_checkpoint(path: str) -> Model:
+  """A `Model` of the configuration a checkpoint carries (a Hugging Face folder's
+  config.json, or the one stored with our checkpoint), so that a user's pretrained model
+  needs no preset whose fields must be made to match it.
+
+  gin: `run.target = @target/model_from_checkpoint()` and
+  `target/model_from_checkpoint.path = %TARGET_CHECKPOINT_PATH`.
+  """
+  from distillspec_jax.interop import importer  # opens checkpoints: only where bound
+  if not isinstance(path, str) or not path:
+    raise GinConfigError(f"model_from_checkpoint.path={path!r} is not a checkpoint path; bind "
+                         "it, e.g. target/model_from_checkpoint.path = %TARGET_CHECKPOINT_PATH.")
+  try:
+    config = importer.open_checkpoint(path).config
+  except ValueError as error:
+    raise GinConfigError(f"model_from_checkpoint.path={path!r}: {error}") from None
+  if config is None:
+    raise GinConfigError(
+        f"model_from_checkpoint.path={path!r} does not carry its model's configuration (no "
+        "config.json, no stored model config, shapes that do not say everything); name its "
+        "preset instead: @model_by_name() with model_by_name.name = '<preset>'.")
+  return Model(config)
+
+
 _REGISTERED: dict = {}
 
 
@@ -84,8 +108,8 @@ def configurable(name: str) -> Callable:
 
 def register_configurables() -> None:
   """Registers the library constructors every binary's gin files may use."""
-  register(model_by_name, TrainConfig, DistillationConfig, SyntheticData, TaskSource,
-           dry_run=dry_run_settings)
+  register(model_by_name, model_from_checkpoint, TrainConfig, DistillationConfig,
+           SyntheticData, TaskSource, dry_run=dry_run_settings)
 
 
 def _split(values: Sequence[str]) -> list[str]:

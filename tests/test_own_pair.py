@@ -485,10 +485,9 @@ def test_train_binary_distils_on_a_file_task_with_the_models_tokenizer(own, tmp_
   target = hf_fixtures.save_model(str(tmp_path / "target"), "llama", tokenizer, vocab_size=336,
                                   hidden_size=128, intermediate_size=1024, head_dim=32,
                                   num_attention_heads=4, num_key_value_heads=2)
-  preset = "llama_demo_target/model_by_name"
-  flags = [f"--gin.{preset}.{k}={v}" for k, v in (
-      ("vocab_size", 336), ("rope_theta", 500000.0), ("rope_scaling", "'llama3'"),
-      ("rope_scaling_factor", 8.0), ("rope_original_max_length", 64))]
+  # The target's model from its own config.json (model_from_checkpoint), no preset to match.
+  flags = ["--gin.run.target=@target/model_from_checkpoint()",
+           f"--gin.target/model_from_checkpoint.path='{target}'"]
   data_dir = own["data_dir"]
   command = [sys.executable, "-m", "distillspec_jax.train",
              "--gin_file=gin/runs/distill_llama_demo.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
@@ -502,13 +501,21 @@ def test_train_binary_distils_on_a_file_task_with_the_models_tokenizer(own, tmp_
   done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
   assert done.returncode == 0, done.stderr[-3000:]
   assert json.loads(done.stdout.strip().splitlines()[-1])["loss"] > 0
-  # The preset's RoPE left at the default: refused before MODEL_DIR is written (through the
-  # binary's command line in this process; the run above is the process).
+  # The gin file's preset instead (its RoPE and vocabulary are not the checkpoint's):
+  # refused before MODEL_DIR is written (through the binary's command line in this process;
+  # the run above is the process); so is a checkpoint path that carries no config.
   from distillspec_jax import train as train_lib
-  bad = [c for c in command[3:] if "rope_theta" not in c and "MODEL_DIR" not in c]
+  bad = [c for c in command[3:] if c not in flags and "MODEL_DIR" not in c] + [
+      "--gin.llama_demo_target/model_by_name.vocab_size=336"]
   code, err = _cli(train_lib.cli, bad + [f"--gin.MODEL_DIR='{tmp_path / 'bad'}'"], capsys)
-  assert code == 1 and "rope_theta" in err and "Traceback" not in err
+  assert code == 1 and "rope_theta" in err and "Traceback" not in err, err
   assert not os.path.exists(tmp_path / "bad")
+  (tmp_path / "empty").mkdir()
+  code, err = _cli(train_lib.cli, bad + [
+      flags[0], f"--gin.target/model_from_checkpoint.path='{tmp_path / 'empty'}'",
+      f"--gin.MODEL_DIR='{tmp_path / 'bad'}'"], capsys)
+  assert code == 1 and f"model_from_checkpoint.path='{tmp_path / 'empty'}'" in err, err
+  assert "Traceback" not in err and not os.path.exists(tmp_path / "bad")
 
 
 def test_train_binary_distils_on_chat_conversations(tmp_path, capsys):
