@@ -580,9 +580,9 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
   state, start_step = _start_state(config, model, checkpointer, state_shardings, init_key,
                                    restore_fn, init_params)
   frozen_params = _placed_frozen_params(frozen_params, frozen_shardings)
-  # The special ids the model was trained with, so that an export knows them (convert.py).
-  meta = {"model_config": config_to_json(model.config), "objective": objective.name,
-          "token_ids": dataclasses.asdict(model.tokens)}
+  meta = {"model_config": config_to_json(model.config), "objective": objective.name}
+  if hasattr(model, "tokens"):  # a Model (not a head): the special ids an export needs
+    meta["token_ids"] = dataclasses.asdict(model.tokens)
   shard = multihost.data_shard(mesh, config.batch_size)
   batches = as_batch_iterator(data, start_step, shard)
   log = _LoopLog(config, objective, checkpointer, data_name, start_step)
