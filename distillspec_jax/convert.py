@@ -101,6 +101,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       config = model_config(args.model, **overrides)
   except ValueError as error:
     parser.error(str(error))
+  if "://" not in args.input and not os.path.exists(args.input):
+    parser.error(f"--input={args.input} does not exist; pass the checkpoint's folder (or file).")
   if os.path.exists(args.output) and (not os.path.isdir(args.output) or os.listdir(args.output)):
     parser.error(f"--output={args.output} exists and is not empty; choose a new path.")
   try:

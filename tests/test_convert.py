@@ -205,3 +205,15 @@ def test_an_export_without_a_tokenizer_keeps_the_trained_ids_or_is_refused(tmp_p
   err = capsys.readouterr().err
   assert "'eos_id': 299" in err and "pass --tokenizer_dir=" in err
   assert not (tmp_path / "hf_theirs").exists()
+
+
+def test_a_missing_input_is_named_before_anything_is_read(tmp_path, capsys):
+  """--input that does not exist: exit 1 naming it (it read as '<input>/config.json not
+  found: pass a model config', which sent a user to --model)."""
+  missing = tmp_path / "no_such_checkpoint"
+  with pytest.raises(SystemExit) as exit_info:
+    convert.main(["--from=hf", "--to=ours", f"--input={missing}",
+                  f"--output={tmp_path / 'out'}"])
+  assert exit_info.value.code == 1
+  assert f"--input={missing} does not exist" in capsys.readouterr().err
+  assert not (tmp_path / "out").exists()
