@@ -23,6 +23,7 @@ Draft and target models must share one vocabulary; check it with
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -222,6 +223,12 @@ def _describe(vocab: seqio.Vocabulary) -> str:
   return f"{type(vocab).__name__}({path!r}, extra_ids={getattr(vocab, 'extra_ids', '?')})"
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+  """A job checks its inputs more than once; a user reads each warning once."""
+  logging.warning(message)
+
+
 def check_same_vocabulary(a: VocabLike, b: VocabLike) -> bool:
   """Raises ValueError unless `a` and `b` are the same vocabulary; returns True.
 
@@ -245,9 +252,8 @@ def check_same_vocabulary(a: VocabLike, b: VocabLike) -> bool:
       # One token <-> id mapping with other special ids (a base model beside its instruct
       # version: EOS <|endoftext|> vs <|im_end|>): ids mean the same tokens, and the job
       # tokenizes and stops with `a`'s ids only.
-      logging.warning("%s and %s tokenize alike but differ in %s; %s's special ids are used.",
-                   va.tokenizer_file, vb.tokenizer_file, _tokenizer_difference(va, vb),
-                   va.tokenizer_file)
+      _warn_once(f"{va.tokenizer_file} and {vb.tokenizer_file} tokenize alike but differ in "
+                 f"{_tokenizer_difference(va, vb)}; {va.tokenizer_file}'s special ids are used.")
     return True
   pa = getattr(va, "sentencepiece_model_file", None)
   pb = getattr(vb, "sentencepiece_model_file", None)
