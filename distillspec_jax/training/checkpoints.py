@@ -4,7 +4,7 @@ Layout of MODEL_DIR (one orbax step directory per save):
 
     MODEL_DIR/<step>/params      draft (or fine-tuned) parameters   (StandardSave)
     MODEL_DIR/<step>/opt_state   optimizer state                     (StandardSave)
-    MODEL_DIR/<step>/meta        {"step", "model_config", ...}       (JsonSave)
+    MODEL_DIR/<step>/meta        {"step", "model_config", "token_ids", ...}  (JsonSave)
 
 Atomicity: orbax (0.12.8) writes every save into `<step>.orbax-checkpoint-tmp` (older
 versions added `-<timestamp>`) and renames it to `<step>` only once all items are written
