@@ -74,8 +74,10 @@ def model_from_checkpoint(path: str) -> Model:
   """
   from distillspec_jax.interop import importer  # opens checkpoints: only where bound
   if not isinstance(path, str) or not path:
-    raise GinConfigError(f"model_from_checkpoint.path={path!r} is not a checkpoint path; bind "
-                         "it, e.g. target/model_from_checkpoint.path = %TARGET_CHECKPOINT_PATH.")
+    raise GinConfigError(
+        f"model_from_checkpoint.path={path!r} is not a checkpoint path: the model is built from "
+        "its checkpoint, so give one (gin/runs/distill_own_pair.gin: "
+        "--gin.TARGET_CHECKPOINT_PATH=\"'<folder>'\" and --gin.INITIAL_CHECKPOINT_PATH=...).")
   try:
     config = importer.open_checkpoint(path).config
   except ValueError as error:

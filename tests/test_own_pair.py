@@ -481,38 +481,40 @@ def test_a_pretrained_pair_without_vocabulary_is_refused_before_work(own, tmp_pa
 
 def test_train_binary_distils_on_a_file_task_with_the_models_tokenizer(own, tmp_path,
                                                                       capsys):
+  """gin/runs/distill_own_pair.gin: target and draft built from their own config.json
+  (model_from_checkpoint), no preset to match; a preset that does not describe the
+  checkpoint, and a path that carries no configuration, are refused before MODEL_DIR."""
   tokenizer = hf_fixtures.fast_tokenizer("llama")
   target = hf_fixtures.save_model(str(tmp_path / "target"), "llama", tokenizer, vocab_size=336,
                                   hidden_size=128, intermediate_size=1024, head_dim=32,
                                   num_attention_heads=4, num_key_value_heads=2)
-  # The target's model from its own config.json (model_from_checkpoint), no preset to match.
-  flags = ["--gin.run.target=@target/model_from_checkpoint()",
-           f"--gin.target/model_from_checkpoint.path='{target}'"]
+  draft = hf_fixtures.save_model(str(tmp_path / "draft"), "llama", tokenizer, vocab_size=320,
+                                 seed=1, num_hidden_layers=1)
   data_dir = own["data_dir"]
+  common = ["--gin.TRAIN_STEPS=2", "--gin.EVAL_EVERY=0", "--gin.BATCH_SIZE=2",
+            "--gin.TASK_FEATURE_LENGTHS={'inputs': 160, 'targets': 16}",
+            f"--gin.TARGET_CHECKPOINT_PATH='{target}'", f"--gin.DATA_DIR='{data_dir}'",
+            f"--gin.VOCABULARY='{target}'", "--gin.DistillationConfig.max_new_tokens=8",
+            "--gin.TrainConfig.warmup_steps=1"]
   command = [sys.executable, "-m", "distillspec_jax.train",
-             "--gin_file=gin/runs/distill_llama_demo.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
-             "--gin.TRAIN_STEPS=2", "--gin.EVAL_EVERY=0", "--gin.BATCH_SIZE=2",
-             "--gin.MIXTURE_OR_TASK_NAME='gsm8k_files'",
-             "--gin.TASK_FEATURE_LENGTHS={'inputs': 160, 'targets': 16}",
-             f"--gin.TARGET_CHECKPOINT_PATH='{target}'", f"--gin.DATA_DIR='{data_dir}'",
-             f"--gin.VOCABULARY='{target}'", "--gin.llama_demo_draft/model_by_name.vocab_size=320",
-             "--gin.DistillationConfig.max_new_tokens=8", *flags]
+             "--gin_file=gin/runs/distill_own_pair.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
+             f"--gin.INITIAL_CHECKPOINT_PATH='{draft}'", *common]
   env = {**os.environ, "PYTHONPATH": REPO}
   done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
   assert done.returncode == 0, done.stderr[-3000:]
   assert json.loads(done.stdout.strip().splitlines()[-1])["loss"] > 0
-  # The gin file's preset instead (its RoPE and vocabulary are not the checkpoint's):
-  # refused before MODEL_DIR is written (through the binary's command line in this process;
-  # the run above is the process); so is a checkpoint path that carries no config.
+  # A preset instead (its RoPE is not the checkpoint's): refused before MODEL_DIR is written
+  # (through the binary's command line in this process; the run above is the process).
   from distillspec_jax import train as train_lib
-  bad = [c for c in command[3:] if c not in flags and "MODEL_DIR" not in c] + [
-      "--gin.llama_demo_target/model_by_name.vocab_size=336"]
+  bad = ["--gin_file=gin/runs/distill_llama_demo.gin", "--gin.MIXTURE_OR_TASK_NAME='gsm8k_files'",
+         "--gin.llama_demo_target/model_by_name.vocab_size=336",
+         "--gin.llama_demo_draft/model_by_name.vocab_size=320", *common]
   code, err = _cli(train_lib.cli, bad + [f"--gin.MODEL_DIR='{tmp_path / 'bad'}'"], capsys)
   assert code == 1 and "rope_theta" in err and "Traceback" not in err, err
   assert not os.path.exists(tmp_path / "bad")
   (tmp_path / "empty").mkdir()
-  code, err = _cli(train_lib.cli, bad + [
-      flags[0], f"--gin.target/model_from_checkpoint.path='{tmp_path / 'empty'}'",
+  code, err = _cli(train_lib.cli, command[3:4] + common + [
+      f"--gin.INITIAL_CHECKPOINT_PATH='{tmp_path / 'empty'}'",
       f"--gin.MODEL_DIR='{tmp_path / 'bad'}'"], capsys)
   assert code == 1 and f"model_from_checkpoint.path='{tmp_path / 'empty'}'" in err, err
   assert "Traceback" not in err and not os.path.exists(tmp_path / "bad")
