@@ -203,16 +203,17 @@ def train_sentencepiece(texts: Iterable[str], out_path: Union[str, os.PathLike],
   return out_path
 
 
-def _tokenizer_difference(a, b) -> str:
-  ia, ib = a.identity(), b.identity()
-  for key in ("bos", "eos", "prefix", "suffix"):
-    if ia[key] != ib[key]:
-      return f"{key}: {ia[key]} vs {ib[key]}"
+def _tokenizer_difference(a, b, ia: dict, ib: dict) -> str:
+  """The first difference of two tokenizers' identities (`identity()`: ia of a, ib of b):
+  the definitions' (what refuses a pair) before the special ids' (what only warns)."""
   ta, tb = ia["tokenizer"], ib["tokenizer"]
   for key in sorted(set(ta) | set(tb)):
     if ta.get(key) != tb.get(key):
       sizes = f"; sizes {a.vocab_size} vs {b.vocab_size}" if key == "model" else ""
       return f"their {key!r} entries differ{sizes}"
+  for key in ("bos", "eos", "prefix", "suffix"):
+    if ia[key] != ib[key]:
+      return f"{key}: {ia[key]} vs {ib[key]}"
   return "their definitions differ"
 
 
@@ -243,17 +244,22 @@ def check_same_vocabulary(a: VocabLike, b: VocabLike) -> bool:
     if not (is_tokenizer(va) and is_tokenizer(vb)):
       raise ValueError(f"Draft and target vocabularies differ in type: {_describe(va)} vs "
                        f"{_describe(vb)}. Use the same tokenizer for both models.")
-    if va != vb and va.identity()["tokenizer"] != vb.identity()["tokenizer"]:
+    if va.tokenizer_file == vb.tokenizer_file:
+      return True
+    # Each identity() serialises the whole tokenizer: computed once per side.
+    ia, ib = va.identity(), vb.identity()
+    if ia["tokenizer"] != ib["tokenizer"]:
       raise ValueError(
           f"Draft and target tokenizers differ: {va.tokenizer_file} and {vb.tokenizer_file} "
-          f"({_tokenizer_difference(va, vb)}). Speculative decoding and distillation compare "
-          "the models token by token: give both the same tokenizer (the target's).")
-    if va != vb:
+          f"({_tokenizer_difference(va, vb, ia, ib)}). Speculative decoding and distillation "
+          "compare the models token by token: give both the same tokenizer (the target's).")
+    if ia != ib:
       # One token <-> id mapping with other special ids (a base model beside its instruct
       # version: EOS <|endoftext|> vs <|im_end|>): ids mean the same tokens, and the job
       # tokenizes and stops with `a`'s ids only.
       _warn_once(f"{va.tokenizer_file} and {vb.tokenizer_file} tokenize alike but differ in "
-                 f"{_tokenizer_difference(va, vb)}; {va.tokenizer_file}'s special ids are used.")
+                 f"{_tokenizer_difference(va, vb, ia, ib)}; {va.tokenizer_file}'s special ids "
+                 "are used.")
     return True
   pa = getattr(va, "sentencepiece_model_file", None)
   pb = getattr(vb, "sentencepiece_model_file", None)
