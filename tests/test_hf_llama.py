@@ -153,6 +153,36 @@ def test_round_trips_are_exact_and_tokenizer_files_pass_through(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, again, jax.tree.map(np.asarray, params))
 
 
+def test_a_whole_save_over_a_sharded_one_loads_the_whole_file_as_transformers_does(tmp_path):
+  """save_pretrained of a model in one file into a folder that held a sharded save leaves the
+  old model.safetensors.index.json behind (and deletes its shards); transformers then reads
+  model.safetensors. So does the importer: neither the stale index's missing shards nor, when
+  they survive (copied back here), their old weights."""
+  import shutil
+  torch, transformers = _transformers()
+  folder = tmp_path / "hf"
+  _, old = _random_hf("llama", FAMILIES["llama_linear_rope_tied"][1], folder, seed=0)
+  old.save_pretrained(folder, max_shard_size="50KB")
+  shards = sorted(f for f in os.listdir(folder) if f.startswith("model-"))
+  assert len(shards) > 1 and (folder / "model.safetensors.index.json").exists()
+  for name in shards:
+    shutil.copyfile(folder / name, tmp_path / name)
+  _, new = _random_hf("llama", FAMILIES["llama_linear_rope_tied"][1], folder, seed=1)
+  assert (folder / "model.safetensors").exists()
+  assert (folder / "model.safetensors.index.json").exists()  # stale, as transformers leaves it
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+  ref = hf_logits(torch, reloaded)
+  np.testing.assert_array_equal(ref, hf_logits(torch, new))
+  for shards_back in (False, True):
+    if shards_back:
+      for name in shards:
+        shutil.copyfile(tmp_path / name, folder / name)
+    params, config = importer.load_checkpoint(str(folder))
+    ours = np.asarray(Model(config).logits(params, {"decoder_input_tokens": jnp.asarray(TOKENS)}))
+    check_real_positions(ours, ref)
+    importer.check_checkpoint(str(folder), config)
+
+
 @pytest.mark.integration
 def test_convert_cli_exports_a_preset_with_its_tokenizer(tmp_path, capsys):
   model = Model.from_name("tiny_llama")

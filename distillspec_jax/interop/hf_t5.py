@@ -362,20 +362,23 @@ def _read_safetensors(file: str) -> dict[str, np.ndarray]:
 
 def _safetensors_files(path: str) -> list[str]:
   """The safetensors files of an HF checkpoint: the file itself, a directory's
-  `model.safetensors`, or the shards its `model.safetensors.index.json` lists."""
+  `model.safetensors`, or else the shards its `model.safetensors.index.json` lists.
+
+  The single file comes first, as in transformers' from_pretrained: save_pretrained of a
+  whole model into a folder that held a sharded save leaves the old index behind."""
   refuse_pickle(path)
   if os.path.isfile(path):
     if not path.endswith(".safetensors"):
       raise ValueError(f"{path} is not a .safetensors file.")
     return [path]
+  single = os.path.join(path, SAFETENSORS_NAME)
+  if os.path.exists(single):
+    return [single]
   index = os.path.join(path, SAFETENSORS_INDEX_NAME)
   if os.path.exists(index):
     with open(index) as f:
       shards = sorted(set(json.load(f)["weight_map"].values()))
     return [os.path.join(path, shard) for shard in shards]
-  single = os.path.join(path, SAFETENSORS_NAME)
-  if os.path.exists(single):
-    return [single]
   raise FileNotFoundError(f"No {SAFETENSORS_NAME} or {SAFETENSORS_INDEX_NAME} in {path}.")
 
 
