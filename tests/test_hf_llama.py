@@ -248,6 +248,40 @@ def test_other_architectures_and_unsupported_options_are_refused(tmp_path):
     importer.load_checkpoint(str(tmp_path / "hf"), Model.from_name("tiny_decoder_only").config)
 
 
+@pytest.mark.parametrize("context", ["max_position_embeddings", "top_level"])
+def test_llama3_rope_without_its_original_context_is_read_as_transformers_reads_it(tmp_path,
+                                                                                     context):
+  """A 'llama3' rope_scaling without original_max_position_embeddings: transformers takes
+  config.json's top-level original_max_position_embeddings, else max_position_embeddings (the
+  logits here equal its); a top-level value beside another in rope_scaling (transformers 4
+  and 5 read different ones) and a scaling without its factor are refused by name."""
+  torch, transformers = _transformers()
+  _random_hf("llama", FAMILIES["llama_llama3_rope_untied"][1], tmp_path / "hf")
+  hf = json.load(open(tmp_path / "hf" / "config.json"))
+  scaling = {k: v for k, v in LLAMA3_ROPE.items() if k != "original_max_position_embeddings"}
+  hf.pop("rope_parameters")
+  hf.update(rope_theta=500.0, rope_scaling=scaling, max_position_embeddings=256)
+  if context == "top_level":
+    hf["original_max_position_embeddings"] = 16
+  _write_config(tmp_path / "hf", hf)
+  reference = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+  params, config = importer.load_checkpoint(str(tmp_path / "hf"))
+  assert config.rope_original_max_length == (16 if context == "top_level" else 256)
+  ours = np.asarray(Model(config).logits(params, {"decoder_input_tokens": jnp.asarray(TOKENS)}))
+  check_real_positions(ours, hf_logits(torch, reference))
+
+  _write_config(tmp_path / "hf", dict(hf, original_max_position_embeddings=16,
+                                      rope_scaling=dict(LLAMA3_ROPE)))
+  with pytest.raises(ValueError, match=r"original_max_position_embeddings=16.*"
+                                       r"original_max_position_embeddings=64"):
+    importer.load_checkpoint(str(tmp_path / "hf"))
+  for key in ("factor", "low_freq_factor"):
+    _write_config(tmp_path / "hf", dict(hf, rope_scaling={k: v for k, v in LLAMA3_ROPE.items()
+                                                          if k != key}))
+    with pytest.raises(ValueError, match=f"rope_type='llama3' without {key}"):
+      importer.load_checkpoint(str(tmp_path / "hf"))
+
+
 def test_mismatched_shapes_name_the_tensor_and_the_field(tmp_path):
   model = Model.from_name("tiny_llama")
   importer.save_checkpoint(model.init(jax.random.PRNGKey(0)), model.config,

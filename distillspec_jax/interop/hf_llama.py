@@ -152,18 +152,29 @@ def _rope_from_hf(hf: Mapping[str, Any], default_theta: float = 10000.0) -> dict
     spellings.append(("rope_parameters", dict(hf["rope_parameters"])))
   if not spellings:
     spellings.append(("defaults", {"rope_theta": default_theta}))
-  parsed = [(where, _rope_fields(where, values, default_theta)) for where, values in spellings]
+  parsed = [(where, _rope_fields(where, values, default_theta, hf))
+            for where, values in spellings]
   if len(parsed) == 2 and parsed[0][1] != parsed[1][1]:
     raise ValueError(f"config.json's {parsed[0][0]} gives {parsed[0][1]} but its "
                      f"{parsed[1][0]} gives {parsed[1][1]}; keep one spelling of RoPE.")
   return parsed[0][1]
 
 
-def _rope_fields(where: str, values: Mapping[str, Any], default_theta: float = 10000.0) -> dict:
+# The keys a scaled RoPE must give (transformers fails on their absence too).
+_SCALING_KEYS = {"linear": ("factor",),
+                 "llama3": ("factor", "low_freq_factor", "high_freq_factor")}
+
+
+def _rope_fields(where: str, values: Mapping[str, Any], default_theta: float = 10000.0,
+                 hf: Mapping[str, Any] = None) -> dict:
   rope_type = values.get("rope_type", values.get("type", "default"))
   if rope_type not in _ROPE_TYPES:
     raise ValueError(f"config.json's {where} has rope_type={rope_type!r}, which this network "
                      f"does not implement; supported: {sorted(_ROPE_TYPES)}.")
+  for key in _SCALING_KEYS.get(rope_type, ()):
+    if values.get(key) is None:
+      raise ValueError(f"config.json's {where} has rope_type={rope_type!r} without {key}; add "
+                       f"it (the model's published config.json has it).")
   fields = {"rope_theta": float(values.get("rope_theta", default_theta)),
             "rope_scaling": _ROPE_TYPES[rope_type]}
   if rope_type in ("linear", "llama3"):
@@ -171,8 +182,27 @@ def _rope_fields(where: str, values: Mapping[str, Any], default_theta: float = 1
   if rope_type == "llama3":
     fields.update(rope_low_freq_factor=float(values["low_freq_factor"]),
                   rope_high_freq_factor=float(values["high_freq_factor"]),
-                  rope_original_max_length=int(values["original_max_position_embeddings"]))
+                  rope_original_max_length=_original_context(where, values, hf or {}))
   return fields
+
+
+def _original_context(where: str, values: Mapping[str, Any], hf: Mapping[str, Any]) -> int:
+  """The original context of 'llama3' scaling as transformers 5 reads it: config.json's
+  top-level original_max_position_embeddings, else the scaling's own, else
+  max_position_embeddings. A top-level value beside another in the scaling is refused:
+  transformers 4 reads the scaling's, 5 the top-level one."""
+  top = hf.get("original_max_position_embeddings")
+  own = values.get("original_max_position_embeddings")
+  if top is not None and own is not None and int(top) != int(own):
+    raise ValueError(f"config.json says original_max_position_embeddings={top} at its top "
+                     f"level but original_max_position_embeddings={own} in its {where} "
+                     "(transformers 4 reads the second, 5 the first); keep the one the model "
+                     "was trained with.")
+  for value in (top, own, hf.get("max_position_embeddings")):
+    if value is not None:
+      return int(value)
+  raise ValueError(f"config.json's {where} has rope_type='llama3' without "
+                   "original_max_position_embeddings (nor max_position_embeddings); add it.")
 
 
 def _gemma_rope_from_hf(hf: Mapping[str, Any]) -> dict:
@@ -188,6 +218,8 @@ def _gemma_rope_from_hf(hf: Mapping[str, Any]) -> dict:
                        "(only the global layers are scaled).")
     local_theta = float(local.get("rope_theta", local_theta))
     hf = dict(hf, rope_parameters=per_type["full_attention"])
+  # Gemma's RoPE is per layer type in transformers 5, which then reads no top-level context.
+  hf = {k: v for k, v in hf.items() if k != "original_max_position_embeddings"}
   fields = _rope_from_hf(hf, default_theta=_GEMMA_DEFAULTS["rope_theta"])
   return dict(fields, rope_local_theta=local_theta)
 
