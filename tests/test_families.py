@@ -154,6 +154,39 @@ def test_greedy_speculative_decoding_of_a_pair_equals_the_target(kind):
   assert 0.0 <= float(result.acceptance_rate) < 1.0  # another draft: some rejections
 
 
+def test_a_pair_of_two_decoder_only_families_decodes_and_distils():
+  """A Qwen3 target with a Qwen2-style draft (kind 'llama', q/k/v biases) or a Gemma 3 one,
+  sharing one vocabulary: greedy speculative decoding gives the target's greedy output and the
+  distillation loss has a finite gradient. An encoder-decoder beside a decoder-only model is
+  refused, naming both."""
+  from distillspec_jax.distill import objectives
+  from distillspec_jax.training.trainer import SyntheticData
+  target = Model(MODEL_CONFIGS["tiny_qwen3"].replace(vocab_size=VOCAB, max_decode_length=32))
+  tp = target.init(jax.random.PRNGKey(0))
+  tokens = np.array(jax.random.randint(jax.random.PRNGKey(7), (3, 6), 2, VOCAB))
+  tokens[1, 3:] = 0
+  prompts = {"prompt_tokens": jnp.asarray(tokens)}
+  reference = decode(target, tp, max_new_tokens=10, **prompts)
+  batch = SyntheticData(2, input_length=3, target_length=4, vocab_size=VOCAB,
+                        decoder_only=True).batch_at(0)
+  for name, changes in (("tiny_llama", dict(use_qkv_bias=True)), ("tiny_gemma3", {})):
+    draft = Model(MODEL_CONFIGS[name].replace(vocab_size=VOCAB, max_decode_length=32,
+                                              **changes))
+    dp = draft.init(jax.random.PRNGKey(1))
+    result = speculative_decode(target, tp, draft, dp, max_new_tokens=10, gamma=3, **prompts)
+    np.testing.assert_array_equal(result.tokens, reference.tokens)
+    np.testing.assert_array_equal(result.lengths, reference.lengths)
+    objective = objectives.DistillationObjective(target, draft)
+    grads, _ = jax.grad(objective.loss, has_aux=True)(dp, {"target": tp}, batch)
+    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+  t5 = Model.from_name("tiny_encoder_decoder", vocab_size=VOCAB)
+  with pytest.raises(ValueError, match="target is encoder_decoder but the draft is qwen3"):
+    objectives.DistillationObjective(t5, target)
+  with pytest.raises(ValueError, match="target is qwen3 but the draft is encoder_decoder"):
+    speculative_decode(target, tp, t5, t5.init(jax.random.PRNGKey(2)), max_new_tokens=4,
+                       gamma=2, **prompts)
+
+
 # Published counts, in millions: total and non-embedding (the input embedding, counted once
 # when tied). Sources: the Qwen3 model cards (Qwen/Qwen3-0.6B: 0.6B, non-embedding 0.44B;
 # Qwen/Qwen3-8B: 8.2B, non-embedding 6.95B), the Gemma 3 270M model card (170M embedding,

@@ -84,7 +84,8 @@ from distillspec_jax.decoding.plain import (UNIFORMS_PER_DRAW, SamplingConfig, c
                                       sample_tokens)
 from distillspec_jax.models.cache import DecodingCache
 from distillspec_jax.models.head import Head
-from distillspec_jax.models.model import Model, check_same_tokens, decoder_prompt
+from distillspec_jax.models.model import (Model, check_same_layout, check_same_tokens,
+                                          decoder_prompt)
 
 Array = jax.Array
 
@@ -371,9 +372,7 @@ def _validate(target: Model, draft: Model, gamma: int, lenience: Lenience,
     draft.check_target(target)
   else:
     check_same_tokens(target, draft)
-  if target.config.kind != draft.config.kind:
-    raise ValueError(f"The target is {target.config.kind} but the draft is {draft.config.kind}; "
-                     "pair models of the same kind.")
+    check_same_layout(target, draft)
   if not isinstance(lenience, Lenience):
     raise TypeError(f"lenience must be a Lenience, got {lenience!r}.")
   return gamma

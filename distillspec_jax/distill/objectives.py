@@ -40,7 +40,7 @@ from distillspec_jax.distill import blocked
 from distillspec_jax.distill import divergences
 from distillspec_jax.distill import token_selection
 from distillspec_jax.core import validation
-from distillspec_jax.models.model import Model, TokenIds, check_same_tokens
+from distillspec_jax.models.model import Model, TokenIds, check_same_layout, check_same_tokens
 
 Array = jax.Array
 Params = Any
@@ -379,9 +379,7 @@ class DistillationObjective:
 
   def __post_init__(self):
     check_same_tokens(self.target, self.draft)
-    if self.target.config.kind != self.draft.config.kind:
-      raise ValueError(f"The target is {self.target.config.kind} but the draft is "
-                       f"{self.draft.config.kind}; distil between models of the same kind.")
+    check_same_layout(self.target, self.draft)
     if (self.reference is None) != (self.config.top_k_fraction is None):
       raise ValueError("AdaSPEC token selection needs both a reference model and "
                        "top_k_fraction; set both (reference = a FKL-distilled copy of the draft) "

@@ -432,6 +432,19 @@ def decoder_prompt(model: Model, prompt_tokens: Optional[Array], batch_size: int
   return jnp.concatenate([start, prompt_tokens], axis=1), lengths + 1
 
 
+def check_same_layout(target: Model, draft: Model,
+                      roles: tuple[str, str] = ("target", "draft")) -> None:
+  """Refuses an encoder-decoder paired with a decoder-only model (they read a prompt
+  differently). Decoder-only kinds pair with each other (a Qwen3 target, a Qwen2 draft: kinds
+  'qwen3' and 'llama') when their tokens agree (`check_same_tokens`)."""
+  first, second = roles
+  if target.is_encoder_decoder != draft.is_encoder_decoder:
+    raise ValueError(
+        f"The {first} is {target.config.kind} but the {second} is {draft.config.kind}: an "
+        "encoder-decoder reads the prompt with its encoder, a decoder-only model as its first "
+        f"tokens; pair two encoder-decoders or two decoder-only models.")
+
+
 def check_same_tokens(target: Model, draft: Model,
                       roles: tuple[str, str] = ("target", "draft")) -> None:
   """Refuses a pair whose distributions cannot be compared token by token.
