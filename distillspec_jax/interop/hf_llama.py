@@ -166,7 +166,7 @@ _SCALING_KEYS = {"linear": ("factor",),
 
 
 def _rope_fields(where: str, values: Mapping[str, Any], default_theta: float = 10000.0,
-                 hf: Mapping[str, Any] = None) -> dict:
+                 hf: Optional[Mapping[str, Any]] = None) -> dict:
   rope_type = values.get("rope_type", values.get("type", "default"))
   if rope_type not in _ROPE_TYPES:
     raise ValueError(f"config.json's {where} has rope_type={rope_type!r}, which this network "
