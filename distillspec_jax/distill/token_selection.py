@@ -151,7 +151,9 @@ def select_tokens(
   per sequence.  n_keep = ``num_tokens_to_keep(n_valid, k)``; the threshold is
   the n_keep-th largest valid margin and every valid token with margin >=
   threshold is kept, so ties at the threshold may keep a few extra tokens.
-  Padding (token_mask == 0) is never kept.  Works under jit with k static or
+  Padding (token_mask == 0) is never kept. A valid token whose margin is NaN (a NaN in its
+  target, draft or reference logits) is always kept, so the NaN reaches the loss instead of
+  being dropped as "not in the top k" and leaving a finite loss without it.  Works under jit with k static or
   traced (sort-based, no data-dependent shapes).
 
   Args:
@@ -170,7 +172,8 @@ def select_tokens(
   # Padding sorts last (as -inf) so the n_keep-th entry is always a valid margin.
   descending = -jnp.sort(-jnp.where(valid, margin, -jnp.inf).reshape(-1))
   threshold = descending[jnp.maximum(num_keep - 1, 0)]
-  keep = valid & (margin >= threshold) & (num_keep > 0)
+  # NaN >= threshold is False: a NaN margin is kept explicitly so that it propagates.
+  keep = valid & ((margin >= threshold) | jnp.isnan(margin)) & (num_keep > 0)
   return keep.astype(jnp.float32)
 
 
