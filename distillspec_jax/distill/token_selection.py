@@ -71,20 +71,32 @@ def token_margin(
     draft_logits: jax.Array,
     reference_logits: jax.Array,
     *,
-    temperature=1.0,
+    temperature=None,
+    target_temperature=1.0,
+    draft_temperature=1.0,
     vocab_mask: Optional[jax.Array] = None,
 ) -> jax.Array:
   """AdaSPEC margin dL = FKL(p || q_draft) - FKL(p || q_ref) per token.
 
+  The forward KLs are the distillation loss's: the target at T_p, the draft and the
+  reference (a copy of the draft) at T_q, so that the selection ranks tokens by the loss
+  as trained.
+
   Args:
     target_logits, draft_logits, reference_logits: [batch, length, vocab].
-    temperature: applied to all three models (> 0).
+    temperature: if given, one temperature (> 0) for all three models (overrides the two
+      below).
+    target_temperature: T_p (> 0) of the target.
+    draft_temperature: T_q (> 0) of the draft and of the reference.
     vocab_mask: optional [vocab] bool, True = real vocabulary entry.
 
   Returns:
     [batch, length] margin, gradient-stopped (selection is not differentiated).
   """
-  kwargs = dict(target_temperature=temperature, draft_temperature=temperature, vocab_mask=vocab_mask)
+  if temperature is not None:
+    target_temperature = draft_temperature = temperature
+  kwargs = dict(target_temperature=target_temperature, draft_temperature=draft_temperature,
+                vocab_mask=vocab_mask)
   draft_loss = divergences.token_divergence("fkl", target_logits, draft_logits, **kwargs)
   reference_loss = divergences.token_divergence("fkl", target_logits, reference_logits, **kwargs)
   return jax.lax.stop_gradient(draft_loss - reference_loss)
