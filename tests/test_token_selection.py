@@ -296,3 +296,12 @@ def test_nan_target_logit_makes_the_selective_loss_nan(normalization):
   # Padding stays out even where its margin is NaN.
   padded = np.array([[1, 1, 0, 1, 1]], np.float32)
   assert float(token_selection.select_tokens(margin, padded, 0.4)[0, 2]) == 0.0
+
+
+@pytest.mark.parametrize("normalization", ["sequence_mean", "batch_valid_tokens", "kept"])
+def test_a_nan_loss_weight_makes_the_selective_loss_nan(normalization):
+  losses = jnp.array([[1.0, 2.0, 3.0, 4.0]])
+  weights = jnp.array([[1.0, jnp.nan, 1.0, 1.0]])
+  keep = token_selection.select_tokens(jnp.array([[0.1, 0.9, 0.2, 0.3]]), weights, 1.0)
+  assert float(keep[0, 1]) == 1.0
+  assert np.isnan(float(token_selection.selective_loss(losses, keep, weights, normalization)))

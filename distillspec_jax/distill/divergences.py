@@ -258,11 +258,19 @@ def divergence_from_log_probs(name: str, log_p: jax.Array, log_q: jax.Array,
   return _tvd_from_log_probs(log_p, log_q)
 
 
+def weighted_positions(token_mask: jax.Array) -> jax.Array:
+  """Where a loss weight counts: > 0, or NaN (a NaN weight is not padding; it must reach the
+  loss as NaN, where `w > 0` alone would read it as 0)."""
+  token_mask = jnp.asarray(token_mask)
+  return (token_mask > 0) | jnp.isnan(token_mask)
+
+
 def masked_sequence_mean(token_values: jax.Array, token_mask: jax.Array) -> jax.Array:
   """Weighted mean over the length axis: sum_t w_t v_t / sum_t w_t.
 
   Rows whose weights sum to 0 give exactly 0 (not NaN), with zero gradient.
-  Values at zero-weight positions are ignored even if they are inf/NaN.
+  Values at zero-weight positions are ignored even if they are inf/NaN. A NaN weight makes
+  its row NaN (it is no padding).
 
   Args:
     token_values: [batch, length] per-token values.
@@ -272,10 +280,10 @@ def masked_sequence_mean(token_values: jax.Array, token_mask: jax.Array) -> jax.
     [batch] per-sequence mean.
   """
   token_mask = jnp.asarray(token_mask, token_values.dtype)
-  weighted = jnp.where(token_mask > 0, token_values * token_mask, 0.0)
+  weighted = jnp.where(weighted_positions(token_mask), token_values * token_mask, 0.0)
   numerator = jnp.sum(weighted, axis=-1)
   denominator = jnp.sum(token_mask, axis=-1)
-  has_tokens = denominator > 0
+  has_tokens = ~(denominator <= 0)  # True for NaN: it propagates
   safe_denominator = jnp.where(has_tokens, denominator, 1.0)
   return jnp.where(has_tokens, numerator / safe_denominator, 0.0)
 

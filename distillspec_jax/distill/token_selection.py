@@ -178,7 +178,7 @@ def select_tokens(
   """
   _validate_top_k_fraction(top_k_fraction)
   margin = jax.lax.stop_gradient(margin)
-  valid = jnp.asarray(token_mask) > 0
+  valid = divergences.weighted_positions(token_mask)  # a NaN weight is valid: it propagates
   num_keep = num_tokens_to_keep(jnp.sum(valid), top_k_fraction)
 
   # Padding sorts last (as -inf) so the n_keep-th entry is always a valid margin.
@@ -213,7 +213,7 @@ def selective_loss(
   * "kept": sum_{b,t} s w L / sum_{b,t} s w, the mean over kept tokens of the
     whole batch.
 
-  Each returns 0 (not NaN) when its denominator is 0.  The first two agree
+  Each returns 0 (not NaN) when its denominator is 0, and NaN when a weight is NaN.  The first two agree
   when all rows have the same number of valid tokens.
 
   Args:
@@ -239,9 +239,10 @@ def selective_loss(
   token_mask = jnp.asarray(token_mask, token_losses.dtype)
   kept_weights = jnp.where(kept, token_mask, 0.0)
   if normalization == "batch_valid_tokens":
-    total_valid = jnp.sum(jnp.where(token_mask > 0, token_mask, 0.0))
-    kept_sum = jnp.sum(jnp.where(kept_weights > 0, kept_losses * kept_weights, 0.0))
-    has_valid = total_valid > 0
+    total_valid = jnp.sum(jnp.where(divergences.weighted_positions(token_mask), token_mask, 0.0))
+    kept_sum = jnp.sum(jnp.where(divergences.weighted_positions(kept_weights),
+                                 kept_losses * kept_weights, 0.0))
+    has_valid = ~(total_valid <= 0)  # True for NaN: it propagates
     return jnp.where(has_valid, kept_sum / jnp.where(has_valid, total_valid, 1.0), 0.0)
   return _safe_mean(kept_losses, kept_weights)
 
@@ -249,8 +250,8 @@ def selective_loss(
 def _safe_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
   """sum(w v) / sum(w) over all entries, 0 (not NaN) when sum(w) == 0."""
   total_weight = jnp.sum(weights)
-  weighted = jnp.sum(jnp.where(weights > 0, values * weights, 0.0))
-  has_weight = total_weight > 0
+  weighted = jnp.sum(jnp.where(divergences.weighted_positions(weights), values * weights, 0.0))
+  has_weight = ~(total_weight <= 0)  # True for NaN: it propagates
   return jnp.where(has_weight, weighted / jnp.where(has_weight, total_weight, 1.0), 0.0)
 
 
@@ -272,7 +273,7 @@ def selection_stats(
     tokens; 0 when the set is empty).
   """
   margin = jax.lax.stop_gradient(jnp.asarray(margin, jnp.float32))
-  valid = jnp.asarray(token_mask) > 0
+  valid = divergences.weighted_positions(token_mask)
   kept = valid & (jnp.asarray(keep_mask) > 0)
   dropped = valid & ~kept
   return {
