@@ -442,3 +442,20 @@ def test_a_nan_loss_weight_propagates_not_read_as_padding():
   assert np.isnan(only_nan).all()
   logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 5))
   assert np.isnan(float(divergences.sequence_divergence("fkl", logits, logits[::-1], weights)))
+
+
+@pytest.mark.parametrize("target_vocab", [1, 5])
+def test_logits_of_different_vocabulary_sizes_are_refused(target_vocab):
+  # A target with one vocabulary entry broadcast against the draft's six: every divergence
+  # came out a number (expected_acceptance -1.5, outside [0, 1]); 5 against 6 failed inside
+  # jnp with a broadcasting message that names neither model.
+  draft = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 6))
+  target = jnp.zeros((2, 3, target_vocab))
+  for name in divergences.DIVERGENCES:
+    with pytest.raises(ValueError, match=f"vocabulary of {target_vocab} .* draft's 6"):
+      divergences.token_divergence(name, target, draft)
+  with pytest.raises(ValueError, match=f"vocabulary of {target_vocab} .* draft's 6"):
+    divergences.expected_acceptance(target, draft)
+  with pytest.raises(ValueError, match=f"vocabulary of {target_vocab} .* draft's 6"):
+    divergences.expected_acceptance(jax.nn.softmax(target), jax.nn.softmax(draft),
+                                    from_logits=False)

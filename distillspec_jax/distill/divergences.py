@@ -82,6 +82,16 @@ def validate_lk_schedule(s, eta) -> None:
                      "alpha) falls as acceptance rises (0 keeps lambda = s).")
 
 
+def _check_same_vocabulary(target, draft) -> None:
+  """Refuses target and draft distributions over vocabularies of different sizes (the last
+  axis): broadcasting one of size 1 against the other would give a number, not a divergence."""
+  target_vocab, draft_vocab = jnp.shape(target)[-1], jnp.shape(draft)[-1]
+  if target_vocab != draft_vocab:
+    raise ValueError(f"The target's logits have a vocabulary of {target_vocab} entries but the "
+                     f"draft's {draft_vocab}: a divergence compares distributions over one "
+                     "vocabulary; pair models with the same vocabulary size.")
+
+
 def _validate_temperature(temperature, which: str) -> None:
   if _is_static_number(temperature) and not float(temperature) > 0.0:
     raise ValueError(f"{which} must be > 0; got {temperature!r}.")
@@ -232,6 +242,7 @@ def token_divergence(
   validate_lk_schedule(lk_s, lk_eta)
   _validate_temperature(target_temperature, "target_temperature")
   _validate_temperature(draft_temperature, "draft_temperature")
+  _check_same_vocabulary(target_logits, draft_logits)
 
   # The target is a fixed teacher: distillation must never update it.
   target_logits = jax.lax.stop_gradient(target_logits)
@@ -358,6 +369,7 @@ def expected_acceptance(
   Returns:
     [...] acceptance probability in [0, 1].
   """
+  _check_same_vocabulary(target, draft)
   if from_logits:
     _validate_temperature(target_temperature, "target_temperature")
     _validate_temperature(draft_temperature, "draft_temperature")
