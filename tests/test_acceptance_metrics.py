@@ -248,3 +248,15 @@ def test_a_rows_draft_calls_are_its_own_alone_and_in_a_batch(rule):
                   "tested_per_round"):
       np.testing.assert_array_equal(getattr(alone, field), np.repeat(
           getattr(batch, field)[row:row + 1], len(prompts), axis=0), f"{field} of row {row}")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_predicted_alpha_of_a_nan_target_is_nan(temperature):
+  # Greedy, the per-token acceptance compared argmaxes, and argmax of a NaN row is an index:
+  # a target with NaN logits read as a predicted alpha in [0, 1].
+  model, target, draft = _pair(noise=0.5)
+  kernel = target["decoder"]["logits_dense"]["kernel"]
+  target["decoder"]["logits_dense"]["kernel"] = kernel.at[0, 3].set(jnp.nan)
+  prompts = _prompts(4)
+  samples = np.random.default_rng(1).integers(2, VOCAB, (4, 6)).astype(np.int32)
+  assert np.isnan(predicted_alpha(model, target, model, draft, prompts, samples, temperature))

@@ -72,6 +72,22 @@ def test_labels_and_cross_entropy_on_a_hand_computed_case():
   np.testing.assert_allclose(loss, expected[0], rtol=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_nan_logit_makes_its_label_and_the_ece_nan(temperature):
+  # The greedy label compared argmaxes, and argmax of a row holding NaN is an index: the NaN
+  # became a 0/1 outcome, and the head's loss and the calibration's ECE numbers.
+  target = jnp.log(jnp.array([[[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.5, 0.4, 0.1]]]))
+  draft = jnp.log(jnp.array([[[0.5, 0.1, 0.4], [0.7, 0.2, 0.1], [0.3, 0.3, 0.4]]]))
+  target = target.at[0, 0, 1].set(jnp.nan)
+  draft = draft.at[0, 1, 2].set(jnp.nan)
+  labels = np.asarray(acceptance_signal.acceptance_labels(target, draft, temperature))
+  assert np.isnan(labels[0, :2]).all() and np.isfinite(labels[0, 2])
+  loss, _ = acceptance_signal.acceptance_loss(jnp.zeros((1, 3)), labels, jnp.ones((1, 3)))
+  assert np.isnan(float(loss))
+  table = calibration.reliability(np.full((1, 3), 0.5), labels)
+  assert np.isnan(table.ece)
+
+
 def test_reliability_on_a_hand_computed_case():
   signal = [0.05, 0.15, 0.12, 0.95, 0.5]
   outcome = [0.0, 1.0, 0.0, 1.0, 1.0]

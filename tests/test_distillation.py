@@ -8,6 +8,7 @@ import testing
 
 from distillspec_jax.distill import objectives
 from distillspec_jax.distill import divergences
+from distillspec_jax.distill import token_selection
 from distillspec_jax.models.model import Model
 from distillspec_jax.training.trainer import SyntheticData
 
@@ -306,3 +307,24 @@ def test_bad_new_objective_settings_name_the_value(kwargs, needle):
   with pytest.raises(ValueError) as error:
     objectives.DistillationConfig(**kwargs)
   assert needle in str(error.value)
+
+
+def test_adaspec_margin_reads_the_configured_temperatures():
+  # The margin ranks tokens by how far the draft's loss is above the reference's: the loss as
+  # trained, at the config's T_p and T_q, not at temperature 1.
+  target, draft, tp, dp, batch = _tiny_setup()
+  rp = draft.init(jax.random.PRNGKey(2))
+  temperatures = dict(target_temperature=2.0, draft_temperature=0.5)
+  objective = objectives.DistillationObjective(target, draft, objectives.DistillationConfig(
+      top_k_fraction=0.5, **temperatures), reference=draft)
+  _, metrics = objective.loss(dp, {"target": tp, "reference": rp}, batch)
+  target_logits = target.logits(tp, batch)
+  margin = (divergences.token_divergence("fkl", target_logits, draft.logits(dp, batch),
+                                         **temperatures)
+            - divergences.token_divergence("fkl", target_logits, draft.logits(rp, batch),
+                                           **temperatures))
+  weights = batch["decoder_loss_weights"]
+  keep = token_selection.select_tokens(margin, weights, 0.5)
+  expected = token_selection.selection_stats(margin, keep, weights)
+  for name in ("mean_margin_kept", "mean_margin_dropped"):
+    np.testing.assert_allclose(metrics[name], expected[name], rtol=1e-4, atol=1e-6)

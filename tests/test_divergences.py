@@ -429,3 +429,33 @@ def test_bad_lk_schedule_names_the_value(kwargs, needle):
     with pytest.raises(ValueError) as error:
       call()
     assert needle in str(error.value)
+
+
+def test_a_nan_loss_weight_propagates_not_read_as_padding():
+  # A NaN weight is neither padding (0) nor a weight: `w > 0` and `sum(w) > 0` are False for
+  # NaN, which turned the row's mean into a finite number over its other tokens, or into 0.
+  values = jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+  weights = jnp.array([[1.0, jnp.nan, 1.0], [1.0, 1.0, 0.0]])
+  per_row = np.asarray(divergences.masked_sequence_mean(values, weights))
+  assert np.isnan(per_row[0]) and per_row[1] == 4.5
+  only_nan = np.asarray(divergences.masked_sequence_mean(values[:1], jnp.array([[0.0, jnp.nan, 0.0]])))
+  assert np.isnan(only_nan).all()
+  logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 5))
+  assert np.isnan(float(divergences.sequence_divergence("fkl", logits, logits[::-1], weights)))
+
+
+@pytest.mark.parametrize("target_vocab", [1, 5])
+def test_logits_of_different_vocabulary_sizes_are_refused(target_vocab):
+  # A target with one vocabulary entry broadcast against the draft's six: every divergence
+  # came out a number (expected_acceptance -1.5, outside [0, 1]); 5 against 6 failed inside
+  # jnp with a broadcasting message that names neither model.
+  draft = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 6))
+  target = jnp.zeros((2, 3, target_vocab))
+  for name in divergences.DIVERGENCES:
+    with pytest.raises(ValueError, match=f"vocabulary of {target_vocab} .* draft's 6"):
+      divergences.token_divergence(name, target, draft)
+  with pytest.raises(ValueError, match=f"vocabulary of {target_vocab} .* draft's 6"):
+    divergences.expected_acceptance(target, draft)
+  with pytest.raises(ValueError, match=f"vocabulary of {target_vocab} .* draft's 6"):
+    divergences.expected_acceptance(jax.nn.softmax(target), jax.nn.softmax(draft),
+                                    from_logits=False)

@@ -276,3 +276,32 @@ def test_bad_k_raises(k):
 def test_bad_normalization_raises():
   with pytest.raises(ValueError, match="'mean'.*'sequence_mean'.*'batch_valid_tokens'.*'kept'.*'all'"):
     token_selection.selective_loss(np.zeros((1, 3)), np.ones((1, 3)), np.ones((1, 3)), "mean")
+
+
+@pytest.mark.parametrize("normalization", ["sequence_mean", "batch_valid_tokens", "kept"])
+def test_nan_target_logit_makes_the_selective_loss_nan(normalization):
+  # A NaN in one position's target logits makes that position's margin NaN. Selection must
+  # not drop it as "not in the top k" (NaN >= threshold is False), which would hand the
+  # trainer a finite loss with the bad position silently left out.
+  key = jax.random.split(jax.random.PRNGKey(0), 3)
+  target, draft, reference = (jax.random.normal(k, (1, 5, 7)) for k in key)
+  target = target.at[0, 2, 3].set(jnp.nan)
+  mask = np.ones((1, 5), np.float32)
+  margin = token_selection.token_margin(target, draft, reference)
+  assert np.isnan(margin[0, 2]) and np.isfinite(np.delete(np.asarray(margin[0]), 2)).all()
+  keep = token_selection.select_tokens(margin, mask, 0.4)
+  assert float(keep[0, 2]) == 1.0
+  losses = divergences.token_divergence("fkl", target, draft)
+  assert np.isnan(float(token_selection.selective_loss(losses, keep, mask, normalization)))
+  # Padding stays out even where its margin is NaN.
+  padded = np.array([[1, 1, 0, 1, 1]], np.float32)
+  assert float(token_selection.select_tokens(margin, padded, 0.4)[0, 2]) == 0.0
+
+
+@pytest.mark.parametrize("normalization", ["sequence_mean", "batch_valid_tokens", "kept"])
+def test_a_nan_loss_weight_makes_the_selective_loss_nan(normalization):
+  losses = jnp.array([[1.0, 2.0, 3.0, 4.0]])
+  weights = jnp.array([[1.0, jnp.nan, 1.0, 1.0]])
+  keep = token_selection.select_tokens(jnp.array([[0.1, 0.9, 0.2, 0.3]]), weights, 1.0)
+  assert float(keep[0, 1]) == 1.0
+  assert np.isnan(float(token_selection.selective_loss(losses, keep, weights, normalization)))

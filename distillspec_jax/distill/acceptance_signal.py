@@ -5,7 +5,8 @@ or target samples alike) the head predicts, before the draft's next token is dra
 probability that the target accepts it:
 
   greedy (temperature 0): 1 when the draft's argmax equals the target's, else 0 (a hard
-    label; greedy verification accepts exactly the target's argmax).
+    label; greedy verification accepts exactly the target's argmax). A NaN in either
+    model's logits at a position makes its label NaN (as the sampled label's sum does).
   sampled (temperature T > 0): alpha = sum_v min(p_v, q_v) at temperature T, a soft label:
     the expectation over the draft's token y ~ q of min(1, p(y) / q(y)), the acceptance
     probability of speculative sampling (Leviathan et al. 2023). The soft label is the
@@ -31,8 +32,10 @@ def acceptance_labels(target_logits: Array, draft_logits: Array, temperature: fl
   target_logits = jax.lax.stop_gradient(target_logits)
   draft_logits = jax.lax.stop_gradient(draft_logits)
   if temperature == 0.0:
-    agree = jnp.argmax(target_logits, -1) == jnp.argmax(draft_logits, -1)
-    return agree.astype(jnp.float32)
+    agree = (jnp.argmax(target_logits, -1) == jnp.argmax(draft_logits, -1)).astype(jnp.float32)
+    # argmax of a row holding NaN is an index: keep the NaN instead of a 0/1 label.
+    bad = jnp.isnan(target_logits).any(-1) | jnp.isnan(draft_logits).any(-1)
+    return jnp.where(bad, jnp.nan, agree)
   p = probabilities(target_logits, temperature)
   q = probabilities(draft_logits, temperature)
   return jnp.sum(jnp.minimum(p, q), axis=-1)

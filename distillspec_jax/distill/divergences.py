@@ -82,6 +82,16 @@ def validate_lk_schedule(s, eta) -> None:
                      "alpha) falls as acceptance rises (0 keeps lambda = s).")
 
 
+def _check_same_vocabulary(target, draft) -> None:
+  """Refuses target and draft distributions over vocabularies of different sizes (the last
+  axis): broadcasting one of size 1 against the other would give a number, not a divergence."""
+  target_vocab, draft_vocab = jnp.shape(target)[-1], jnp.shape(draft)[-1]
+  if target_vocab != draft_vocab:
+    raise ValueError(f"The target's logits have a vocabulary of {target_vocab} entries but the "
+                     f"draft's {draft_vocab}: a divergence compares distributions over one "
+                     "vocabulary; pair models with the same vocabulary size.")
+
+
 def _validate_temperature(temperature, which: str) -> None:
   if _is_static_number(temperature) and not float(temperature) > 0.0:
     raise ValueError(f"{which} must be > 0; got {temperature!r}.")
@@ -232,6 +242,7 @@ def token_divergence(
   validate_lk_schedule(lk_s, lk_eta)
   _validate_temperature(target_temperature, "target_temperature")
   _validate_temperature(draft_temperature, "draft_temperature")
+  _check_same_vocabulary(target_logits, draft_logits)
 
   # The target is a fixed teacher: distillation must never update it.
   target_logits = jax.lax.stop_gradient(target_logits)
@@ -258,11 +269,19 @@ def divergence_from_log_probs(name: str, log_p: jax.Array, log_q: jax.Array,
   return _tvd_from_log_probs(log_p, log_q)
 
 
+def weighted_positions(token_mask: jax.Array) -> jax.Array:
+  """Where a loss weight counts: > 0, or NaN (a NaN weight is not padding; it must reach the
+  loss as NaN, where `w > 0` alone would read it as 0)."""
+  token_mask = jnp.asarray(token_mask)
+  return (token_mask > 0) | jnp.isnan(token_mask)
+
+
 def masked_sequence_mean(token_values: jax.Array, token_mask: jax.Array) -> jax.Array:
   """Weighted mean over the length axis: sum_t w_t v_t / sum_t w_t.
 
   Rows whose weights sum to 0 give exactly 0 (not NaN), with zero gradient.
-  Values at zero-weight positions are ignored even if they are inf/NaN.
+  Values at zero-weight positions are ignored even if they are inf/NaN. A NaN weight makes
+  its row NaN (it is no padding).
 
   Args:
     token_values: [batch, length] per-token values.
@@ -272,10 +291,10 @@ def masked_sequence_mean(token_values: jax.Array, token_mask: jax.Array) -> jax.
     [batch] per-sequence mean.
   """
   token_mask = jnp.asarray(token_mask, token_values.dtype)
-  weighted = jnp.where(token_mask > 0, token_values * token_mask, 0.0)
+  weighted = jnp.where(weighted_positions(token_mask), token_values * token_mask, 0.0)
   numerator = jnp.sum(weighted, axis=-1)
   denominator = jnp.sum(token_mask, axis=-1)
-  has_tokens = denominator > 0
+  has_tokens = ~(denominator <= 0)  # True for NaN: it propagates
   safe_denominator = jnp.where(has_tokens, denominator, 1.0)
   return jnp.where(has_tokens, numerator / safe_denominator, 0.0)
 
@@ -350,6 +369,7 @@ def expected_acceptance(
   Returns:
     [...] acceptance probability in [0, 1].
   """
+  _check_same_vocabulary(target, draft)
   if from_logits:
     _validate_temperature(target_temperature, "target_temperature")
     _validate_temperature(draft_temperature, "draft_temperature")

@@ -201,7 +201,9 @@ class HeadDistillationObjective:
       if reference is None:
         loss_s = jnp.mean(divergences.masked_sequence_mean(per_token, weights_s))
       else:
-        margin = token_selection.token_margin(teacher_s, head_logits[s], reference[s])
+        margin = token_selection.token_margin(
+            teacher_s, head_logits[s], reference[s],
+            target_temperature=c.target_temperature, draft_temperature=c.draft_temperature)
         keep = token_selection.select_tokens(margin, weights_s, c.top_k_fraction)
         loss_s = token_selection.selective_loss(per_token, keep, weights_s,
                                                 c.selection_normalization)

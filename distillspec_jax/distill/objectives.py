@@ -452,8 +452,9 @@ class DistillationObjective:
       if self.reference is not None:
         reference_logits = jax.lax.stop_gradient(
             self.reference.project(frozen["reference"], block["reference"]))
-        out["margin"] = token_selection.token_margin(target_logits, draft_logits,
-                                                     reference_logits)
+        out["margin"] = token_selection.token_margin(
+            target_logits, draft_logits, reference_logits,
+            target_temperature=c.target_temperature, draft_temperature=c.draft_temperature)
       return out
 
     size = blocked.resolve_block_size(c.loss_block_size, weights.shape[1],

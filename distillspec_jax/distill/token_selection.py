@@ -71,20 +71,32 @@ def token_margin(
     draft_logits: jax.Array,
     reference_logits: jax.Array,
     *,
-    temperature=1.0,
+    temperature=None,
+    target_temperature=1.0,
+    draft_temperature=1.0,
     vocab_mask: Optional[jax.Array] = None,
 ) -> jax.Array:
   """AdaSPEC margin dL = FKL(p || q_draft) - FKL(p || q_ref) per token.
 
+  The forward KLs are the distillation loss's: the target at T_p, the draft and the
+  reference (a copy of the draft) at T_q, so that the selection ranks tokens by the loss
+  as trained.
+
   Args:
     target_logits, draft_logits, reference_logits: [batch, length, vocab].
-    temperature: applied to all three models (> 0).
+    temperature: if given, one temperature (> 0) for all three models (overrides the two
+      below).
+    target_temperature: T_p (> 0) of the target.
+    draft_temperature: T_q (> 0) of the draft and of the reference.
     vocab_mask: optional [vocab] bool, True = real vocabulary entry.
 
   Returns:
     [batch, length] margin, gradient-stopped (selection is not differentiated).
   """
-  kwargs = dict(target_temperature=temperature, draft_temperature=temperature, vocab_mask=vocab_mask)
+  if temperature is not None:
+    target_temperature = draft_temperature = temperature
+  kwargs = dict(target_temperature=target_temperature, draft_temperature=draft_temperature,
+                vocab_mask=vocab_mask)
   draft_loss = divergences.token_divergence("fkl", target_logits, draft_logits, **kwargs)
   reference_loss = divergences.token_divergence("fkl", target_logits, reference_logits, **kwargs)
   return jax.lax.stop_gradient(draft_loss - reference_loss)
@@ -151,7 +163,9 @@ def select_tokens(
   per sequence.  n_keep = ``num_tokens_to_keep(n_valid, k)``; the threshold is
   the n_keep-th largest valid margin and every valid token with margin >=
   threshold is kept, so ties at the threshold may keep a few extra tokens.
-  Padding (token_mask == 0) is never kept.  Works under jit with k static or
+  Padding (token_mask == 0) is never kept. A valid token whose margin is NaN (a NaN in its
+  target, draft or reference logits) is always kept, so the NaN reaches the loss instead of
+  being dropped as "not in the top k" and leaving a finite loss without it.  Works under jit with k static or
   traced (sort-based, no data-dependent shapes).
 
   Args:
@@ -164,13 +178,14 @@ def select_tokens(
   """
   _validate_top_k_fraction(top_k_fraction)
   margin = jax.lax.stop_gradient(margin)
-  valid = jnp.asarray(token_mask) > 0
+  valid = divergences.weighted_positions(token_mask)  # a NaN weight is valid: it propagates
   num_keep = num_tokens_to_keep(jnp.sum(valid), top_k_fraction)
 
   # Padding sorts last (as -inf) so the n_keep-th entry is always a valid margin.
   descending = -jnp.sort(-jnp.where(valid, margin, -jnp.inf).reshape(-1))
   threshold = descending[jnp.maximum(num_keep - 1, 0)]
-  keep = valid & (margin >= threshold) & (num_keep > 0)
+  # NaN >= threshold is False: a NaN margin is kept explicitly so that it propagates.
+  keep = valid & ((margin >= threshold) | jnp.isnan(margin)) & (num_keep > 0)
   return keep.astype(jnp.float32)
 
 
@@ -198,7 +213,7 @@ def selective_loss(
   * "kept": sum_{b,t} s w L / sum_{b,t} s w, the mean over kept tokens of the
     whole batch.
 
-  Each returns 0 (not NaN) when its denominator is 0.  The first two agree
+  Each returns 0 (not NaN) when its denominator is 0, and NaN when a weight is NaN.  The first two agree
   when all rows have the same number of valid tokens.
 
   Args:
@@ -224,9 +239,10 @@ def selective_loss(
   token_mask = jnp.asarray(token_mask, token_losses.dtype)
   kept_weights = jnp.where(kept, token_mask, 0.0)
   if normalization == "batch_valid_tokens":
-    total_valid = jnp.sum(jnp.where(token_mask > 0, token_mask, 0.0))
-    kept_sum = jnp.sum(jnp.where(kept_weights > 0, kept_losses * kept_weights, 0.0))
-    has_valid = total_valid > 0
+    total_valid = jnp.sum(jnp.where(divergences.weighted_positions(token_mask), token_mask, 0.0))
+    kept_sum = jnp.sum(jnp.where(divergences.weighted_positions(kept_weights),
+                                 kept_losses * kept_weights, 0.0))
+    has_valid = ~(total_valid <= 0)  # True for NaN: it propagates
     return jnp.where(has_valid, kept_sum / jnp.where(has_valid, total_valid, 1.0), 0.0)
   return _safe_mean(kept_losses, kept_weights)
 
@@ -234,8 +250,8 @@ def selective_loss(
 def _safe_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
   """sum(w v) / sum(w) over all entries, 0 (not NaN) when sum(w) == 0."""
   total_weight = jnp.sum(weights)
-  weighted = jnp.sum(jnp.where(weights > 0, values * weights, 0.0))
-  has_weight = total_weight > 0
+  weighted = jnp.sum(jnp.where(divergences.weighted_positions(weights), values * weights, 0.0))
+  has_weight = ~(total_weight <= 0)  # True for NaN: it propagates
   return jnp.where(has_weight, weighted / jnp.where(has_weight, total_weight, 1.0), 0.0)
 
 
@@ -257,7 +273,7 @@ def selection_stats(
     tokens; 0 when the set is empty).
   """
   margin = jax.lax.stop_gradient(jnp.asarray(margin, jnp.float32))
-  valid = jnp.asarray(token_mask) > 0
+  valid = divergences.weighted_positions(token_mask)
   kept = valid & (jnp.asarray(keep_mask) > 0)
   dropped = valid & ~kept
   return {

@@ -27,6 +27,7 @@ import numpy as np
 
 from distillspec_jax.core.records import JsonRecord, flattened
 from distillspec_jax.decoding.plain import SamplingConfig, decode, default_rng, prompt_inputs
+from distillspec_jax.distill.acceptance_signal import acceptance_labels
 from distillspec_jax.distill.divergences import cross_entropy, expected_acceptance
 from distillspec_jax.models.head import Head
 from distillspec_jax.models.model import Model
@@ -211,7 +212,7 @@ def _token_acceptance(target: Model, target_params, draft: Model, draft_params, 
   target_logits = target.logits(target_params, batch)
   draft_logits = draft.logits(draft_params, batch)
   if temperature == 0.0:  # greedy: a draft token is accepted iff it is the target's argmax
-    return (jnp.argmax(target_logits, -1) == jnp.argmax(draft_logits, -1)).astype(jnp.float32)
+    return acceptance_labels(target_logits, draft_logits, 0.0)  # NaN where a logit is NaN
   return expected_acceptance(target_logits, draft_logits, target_temperature=temperature,
                              draft_temperature=temperature)
 
@@ -231,8 +232,7 @@ def _head_token_acceptance(target: Model, target_params, head: Head, head_params
   draft_logits = head.to_target_logits(head_logits)[:, :-1]
   target_logits = target_logits[:, 1:]
   if temperature == 0.0:
-    acceptance = (jnp.argmax(target_logits, -1) == jnp.argmax(draft_logits, -1))
-    acceptance = acceptance.astype(jnp.float32)
+    acceptance = acceptance_labels(target_logits, draft_logits, 0.0)  # NaN where a logit is NaN
   else:
     acceptance = expected_acceptance(target_logits, draft_logits,
                                      target_temperature=temperature,
