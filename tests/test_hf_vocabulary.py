@@ -154,3 +154,24 @@ def test_ids_past_the_tokenizer_decode_to_nothing(folders):
   vocab = vocabularies.as_vocabulary(folders["qwen2"])
   ids = list(vocab.encode(TEXT))
   assert vocab.decode(ids + [vocab.vocab_size + 3]) == TEXT
+
+
+def test_ids_past_the_rows_are_cut_only_when_they_are_unused_special_tokens(tmp_path):
+  """Gemma 3's layout: a special token added past the models' embedding rows. The ids are cut
+  to the rows (train binary: TaskSource.tokens_for) when every id past them is an added
+  special token other than BOS, EOS and pad; rows that leave out BOS or EOS are refused naming
+  them (before: token_ids took no rows, the vocabulary's size was the models' output width)."""
+  from distillspec_jax.data.task_source import TaskSource
+  tokenizer = hf_fixtures.fast_tokenizer("llama")  # ... 298 BOS, 299 EOS (no pad)
+  tokenizer.add_special_tokens({"additional_special_tokens": ["<image_soft_token>"]})
+  folder = str(tmp_path / "tok")
+  tokenizer.save_pretrained(folder)
+  assert vocabularies.token_ids(folder, rows=300).num_tokens == 300
+  assert vocabularies.token_ids(folder, rows=301).num_tokens == 301
+  assert TaskSource(vocabulary=folder).tokens_for(300) == TokenIds(
+      eos_id=299, decoder_start_id=None, pad_id=NO_TOKEN, num_tokens=300)
+  with pytest.raises(ValueError, match=r"VOCABULARY='.*tok' does not fit the models: .*has 301 "
+                                       r"ids but the models only 298 embedding rows: ids "
+                                       r"298..300 have no row, among them the tokenizer's BOS "
+                                       r"298 '<\|begin_of_text\|>', EOS 299 '<\|end_of_text\|>'"):
+    TaskSource(vocabulary=folder).tokens_for(298)
