@@ -21,7 +21,7 @@ import seqio
 import tensorflow as tf
 
 from distillspec_jax.data.tokenizer_files import (CONFIG_FILES, TOKENIZER_FILE, added_around,
-                                                  load_tokenizer, special_ids)
+                                                  listed_eos_ids, load_tokenizer, special_ids)
 
 
 class HFTokenizerVocabulary(seqio.Vocabulary):
@@ -38,6 +38,8 @@ class HFTokenizerVocabulary(seqio.Vocabulary):
           f"No EOS token for {self.tokenizer_file!r}: none of {list(CONFIG_FILES)} in "
           f"{self.folder!r} names one. Pass the model folder saved by save_pretrained.")
     self._bos, self._eos, self._pad = ids["bos"], ids["eos"], ids["pad"]
+    # The other end-of-sequence ids the model's configs list: decoding does not stop at them.
+    self.other_eos_ids = tuple(i for i in listed_eos_ids(self.folder) if i != self._eos)
     self.prompt_prefix, self.prompt_suffix = added_around(self.tokenizer)
 
   # Special ids: from the files, any of BOS and pad may be absent (None).

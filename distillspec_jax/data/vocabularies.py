@@ -155,11 +155,28 @@ def token_ids(vocab: VocabLike, rows: Optional[int] = None) -> TokenIds:
   vocab = as_vocabulary(vocab)
   if not is_tokenizer(vocab):
     return TokenIds()
+  _warn_other_eos(vocab)
   num_tokens = int(vocab.vocab_size)
   if rows is not None:
     num_tokens = vocab.ids_for_rows(int(rows))
   return TokenIds(eos_id=int(vocab.eos_id), decoder_start_id=None, pad_id=NO_TOKEN,
                   num_tokens=num_tokens)
+
+
+def _warn_other_eos(vocab) -> None:
+  """Decoding stops at one EOS id: a tokenizer folder whose configs list others (an instruct
+  model's turn end beside its EOS) is named in a warning, once a run."""
+  if not vocab.other_eos_ids:
+    return
+  name = vocab.tokenizer.id_to_token
+  others = ", ".join(f"{i} {name(i)!r}" for i in vocab.other_eos_ids)
+  _warn_once(f"{vocab.folder}'s config.json / generation_config.json list end-of-sequence ids "
+             f"that do not stop decoding here: {others}. Decoding, tau and quality stop only "
+             f"at EOS {vocab.eos_id} {name(vocab.eos_id)!r} (tokenizer_config.json's "
+             "eos_token, else the first id listed); outputs run past the others. To stop at "
+             "another (an instruct model's turn end), pass as VOCABULARY a copy of the "
+             "tokenizer folder whose tokenizer_config.json eos_token is that token "
+             "(docs/own_pair.md).")
 
 
 def check_examples(vocab: VocabLike, examples, num_tokens: Optional[int], task: str) -> None:
