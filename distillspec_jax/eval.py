@@ -190,7 +190,6 @@ class EvalConfig:
 
   def check_inputs(self) -> None:
     """Refuses, before work starts, input paths that do not exist or hold no checkpoint."""
-    num_tokens = None
     if self.vocabulary is not None:
       check_path(self.vocabulary, "VOCABULARY", kind="any",
                  fix="pass the checkpoints' tokenizer: a Hugging Face model folder, its "
@@ -204,7 +203,6 @@ class EvalConfig:
       if self.chat_template:
         from distillspec_jax.data.chat_template import template_of
         template_of(vocab)
-      num_tokens = vocabularies.token_ids(vocab).num_tokens
     else:
       vocab = None
     importer.check_checkpoint_tokenizers(
@@ -228,7 +226,7 @@ class EvalConfig:
                        f"{self.draft_checkpoint_path!r} holds no {HEAD_CONFIG_FILE}: point it "
                        "at a head's folder (the main job's distill_head_<recipe>), or set "
                        "DRAFT_KIND='model'.")
-    self._check_decode_capacity(self._check_presets(num_tokens))
+    self._check_decode_capacity(self._check_presets(vocab))
 
   def _check_decode_capacity(self, target: TransformerConfig) -> None:
     """max_decode_length, when set, holds the longest request of the grid: a decoder-only
@@ -242,11 +240,11 @@ class EvalConfig:
                           prompt=prompt, new_tokens=self.new_tokens,
                           gamma=max(self.grid.gammas), or_else=" (or None: sized from the prompts)")
 
-  def _check_presets(self, num_tokens: Optional[int] = None) -> TransformerConfig:
+  def _check_presets(self, vocab=None) -> TransformerConfig:
     """A preset named beside a checkpoint is checked against it (shapes, and RoPE, norm and
     the other stored settings) without reading a weight: a mismatch is refused here, before
     MODEL_DIR exists, not when the weights load. A checkpoint named by no preset is checked
-    as it describes itself (importer.check_own_checkpoint; `num_tokens`: VOCABULARY's size).
+    as it describes itself (importer.check_own_checkpoint; `vocab`: VOCABULARY's, or None).
     Returns the target's model (its preset's, else its checkpoint's)."""
     roles = [("TARGET", self.target_checkpoint_path, self.target_model, "target_model")]
     if self.draft_kind == "model":  # a head's shapes come from its folder
@@ -255,7 +253,7 @@ class EvalConfig:
     for role, path, preset, field in roles:
       if preset is None:
         models.append(importer.check_own_checkpoint(path, f"{role}_CHECKPOINT_PATH",
-                                                    f"EvalConfig.{field}", num_tokens))
+                                                    f"EvalConfig.{field}", vocab))
         continue
       models.append(model_config(preset))
       try:
@@ -404,6 +402,17 @@ def load_draft(config: EvalConfig, target: Model, capacity: Optional[int]) -> tu
   return head, importer.restore_any(config.draft_checkpoint_path, abstract)
 
 
+def _fewest_rows(config: EvalConfig) -> int:
+  """The smallest embedding row count of the pair's models (a head's are its target's): a
+  tokenizer with more ids is cut to it (vocabularies.token_ids)."""
+  roles = [(config.target_checkpoint_path, config.target_model, "TARGET_CHECKPOINT_PATH")]
+  if config.draft_kind == "model":
+    roles.append((config.draft_checkpoint_path, config.draft_model, "DRAFT_CHECKPOINT_PATH"))
+  return min((model_config(preset) if preset else importer.stored_config(
+      importer.open_checkpoint(path), path, macro, "EvalConfig")).vocab_size
+             for path, preset, macro in roles)
+
+
 def _load_pair(config: EvalConfig, tokens: TokenIds) -> tuple:
   """(target, target params, draft, draft params), the models with the vocabulary's special
   ids `tokens` (a preset already checked against its checkpoint by `check_inputs`), checked as
@@ -548,7 +557,7 @@ def evaluate(config: EvalConfig) -> dict:
   names = task_names(config.mixture_or_task_name)
   splits = {name: eval_split(name, config.split) for name in names}
   vocabulary = batches.get_vocabulary(names[0])
-  tokens = vocabularies.token_ids(vocabulary)
+  tokens = vocabularies.token_ids(vocabulary, rows=_fewest_rows(config))
   target, target_params, draft, draft_params = _load_pair(config, tokens)
   # Each process reads only the rows it hands to the decoders (process 0 also the timed
   # first prompts); every process gets every row's texts and lengths.
@@ -558,13 +567,16 @@ def evaluate(config: EvalConfig) -> dict:
       mesh=mesh, batch_size=config.batch_size, leading=config.speed.examples,
       on_long_prompt="truncate") for name in names}
   examples = {name: value[0] for name, value in read.items()}
+  for name in names:
+    vocabularies.check_examples(vocabulary, examples[name], tokens.num_tokens, name)
   width = max(e.prompts.shape[1] for e in examples.values())
   capacity = decode_capacity(config, target.config, draft.config, width)
   target = Model(target.config.replace(max_decode_length=capacity), tokens)
   draft = (Head(draft.config.replace(target=target.config)) if isinstance(draft, Head)
            else Model(draft.config.replace(max_decode_length=capacity), tokens,
                       acceptance_head=draft.acceptance_head))
-  if vocabulary.vocab_size > target.config.vocab_size:
+  if (not vocabularies.is_tokenizer(vocabulary)
+      and vocabulary.vocab_size > target.config.vocab_size):
     raise ValueError(f"The task's vocabulary has {vocabulary.vocab_size} pieces but the models "
                      f"have vocab_size={target.config.vocab_size}; pass the checkpoints' "
                      "SentencePiece model as --gin.VOCABULARY=<path.model>.")

@@ -126,9 +126,12 @@ class RunSpec:
     data.check((("INITIAL_CHECKPOINT_PATH", self.train_config.initial_checkpoint_path or None),
                 ("TARGET_CHECKPOINT_PATH", self.target_checkpoint_path)))
     object.__setattr__(self, "data", data)
-    object.__setattr__(self, "model", self.model.with_tokens(data.tokens))
+    # A tokenizer with more ids than the smallest embedding is cut to its rows (token_ids).
+    rows = min(m.config.vocab_size for m in (self.model, self.target) if m is not None)
+    tokens = data.tokens_for(rows)
+    object.__setattr__(self, "model", self.model.with_tokens(tokens))
     if self.target is not None:
-      object.__setattr__(self, "target", self.target.with_tokens(data.tokens))
+      object.__setattr__(self, "target", self.target.with_tokens(tokens))
     if self.mode == "distill":
       if self.target is None:
         raise gin_utils.GinConfigError("Distillation needs run.target "

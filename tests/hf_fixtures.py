@@ -60,7 +60,8 @@ def fast_tokenizer(kind: str = "llama", vocab_size: int = 300, sentences=SENTENC
 
 
 def model_config(kind: str, tokenizer, vocab_size=None, max_positions: int = 4096, **sizes):
-  """A tiny transformers config of `kind` with the tokenizer's special ids."""
+  """A tiny transformers config of `kind` ("llama", "qwen2" or "qwen3") with the tokenizer's
+  special ids."""
   import transformers
   common = dict(vocab_size=vocab_size or len(tokenizer), hidden_size=32, intermediate_size=64,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -73,6 +74,9 @@ def model_config(kind: str, tokenizer, vocab_size=None, max_positions: int = 409
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
         **common)
+  if kind == "qwen3":
+    return transformers.Qwen3Config(rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                    **dict(dict(head_dim=8), **common))
   return transformers.Qwen2Config(rope_theta=1000000.0, rms_norm_eps=1e-6, **common)
 
 

@@ -154,3 +154,57 @@ def test_ids_past_the_tokenizer_decode_to_nothing(folders):
   vocab = vocabularies.as_vocabulary(folders["qwen2"])
   ids = list(vocab.encode(TEXT))
   assert vocab.decode(ids + [vocab.vocab_size + 3]) == TEXT
+
+
+def test_ids_past_the_rows_are_cut_only_when_they_are_unused_special_tokens(tmp_path):
+  """Gemma 3's layout: a special token added past the models' embedding rows. The ids are cut
+  to the rows (train binary: TaskSource.tokens_for) when every id past them is an added
+  special token other than BOS, EOS and pad; rows that leave out BOS or EOS are refused naming
+  them (before: token_ids took no rows, the vocabulary's size was the models' output width)."""
+  from distillspec_jax.data.task_source import TaskSource
+  tokenizer = hf_fixtures.fast_tokenizer("llama")  # ... 298 BOS, 299 EOS (no pad)
+  tokenizer.add_special_tokens({"additional_special_tokens": ["<image_soft_token>"]})
+  folder = str(tmp_path / "tok")
+  tokenizer.save_pretrained(folder)
+  assert vocabularies.token_ids(folder, rows=300).num_tokens == 300
+  assert vocabularies.token_ids(folder, rows=301).num_tokens == 301
+  assert TaskSource(vocabulary=folder).tokens_for(300) == TokenIds(
+      eos_id=299, decoder_start_id=None, pad_id=NO_TOKEN, num_tokens=300)
+  with pytest.raises(ValueError, match=r"VOCABULARY='.*tok' does not fit the models: .*has 301 "
+                                       r"ids but the models only 298 embedding rows: ids "
+                                       r"298..300 have no row, among them the tokenizer's BOS "
+                                       r"298 '<\|begin_of_text\|>', EOS 299 '<\|end_of_text\|>'"):
+    TaskSource(vocabulary=folder).tokens_for(298)
+
+
+def test_several_end_of_sequence_ids_warn_once_naming_the_one_that_stops(tmp_path, caplog):
+  """An instruct model's generation_config.json lists several EOS ids (Gemma 3 IT: [1, 106]
+  beside tokenizer_config's <eos>): decoding stops at the one EOS only, so the job warns once
+  naming the ids that do not stop it and the one that does (before: nothing was said, and
+  tau and outputs ran past the turn end silently)."""
+  import logging
+  tokenizer = hf_fixtures.fast_tokenizer("qwen2")  # EOS <|endoftext|> 297, <|im_end|> 299
+  folder = str(tmp_path / "instruct")
+  tokenizer.save_pretrained(folder)
+  with open(os.path.join(folder, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": [299, 297]}, f)
+  with caplog.at_level(logging.WARNING):
+    assert vocabularies.token_ids(folder).eos_id == 297
+    vocabularies.token_ids(folder)
+  warned = [r.getMessage() for r in caplog.records if "do not stop decoding" in r.getMessage()]
+  assert len(warned) == 1, caplog.text
+  assert ("299 '<|im_end|>'" in warned[0] and "only at EOS 297 '<|endoftext|>'" in warned[0]
+          and "eos_token" in warned[0]), warned[0]
+  # The documented choice: tokenizer_config.json's eos_token names the id that stops.
+  with open(os.path.join(folder, "tokenizer_config.json")) as f:
+    config = json.load(f)
+  with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+    json.dump(dict(config, eos_token="<|im_end|>"), f)
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    assert vocabularies.token_ids(folder).eos_id == 299
+  assert "297 '<|endoftext|>'. Decoding, tau and quality stop only at EOS 299" in caplog.text
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):  # one EOS listed: nothing to say
+    vocabularies.token_ids(hf_fixtures.save_tokenizer(str(tmp_path / "base"), "qwen2"))
+  assert "do not stop decoding" not in caplog.text

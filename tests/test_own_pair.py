@@ -394,8 +394,8 @@ def test_a_folder_that_does_not_describe_its_model_is_refused_before_work(own, t
                                                num_hidden_layers=1)
   named = {"no_config": r"has no config.json beside its safetensors.*put the config.json",
            "wrong_rows": r"its config.json and its safetensors disagree.*embed_tokens",
-           "few_rows": rf"has {len(tokenizer) - 10} embedding rows but VOCABULARY has "
-                       rf"{len(tokenizer)} tokens"}
+           "few_rows": rf"does not fit VOCABULARY: .*has {len(tokenizer)} ids but the models "
+                       rf"only {len(tokenizer) - 10} embedding rows"}
   for name, folder in folders.items():
     match = rf"DRAFT_CHECKPOINT_PATH='{folder}'.*{named[name]}"
     with pytest.raises(ValueError, match=match):
@@ -601,3 +601,51 @@ def test_each_mismatch_exits_1_naming_it_before_any_work(own, tmp_path, capsys):
     model_dir = tmp_path / f"out_{index}"
     testing.assert_refused_before_work(clis[binary], flags + [f"--gin.MODEL_DIR='{model_dir}'"],
                                        named, model_dir, capsys)
+
+
+def test_a_special_token_past_the_models_rows_is_cut_and_refused_in_an_example(own, tmp_path):
+  """Gemma 3's layout (270M / 1B: config.json vocab_size 262144, its tokenizer's added
+  special token <image_soft_token> at id 262144) on a tiny Qwen3 pair: the eval binary runs
+  with logits over the rows only (before: refused, 'has 300 embedding rows but VOCABULARY has
+  301 tokens'), the main job's checks pass; an example whose text spells the token is refused
+  naming the id, the token and the example; rows that leave out EOS/pad or an ordinary token
+  stay refused, naming them."""
+  from distillspec_jax.data import vocabularies
+  tokenizer = hf_fixtures.fast_tokenizer("qwen2")
+  rows = len(tokenizer)
+  tokenizer.add_special_tokens({"additional_special_tokens": ["<image_soft_token>"]})
+  assert len(tokenizer) == rows + 1
+  target = hf_fixtures.save_model(str(tmp_path / "target"), "qwen3", tokenizer,
+                                  vocab_size=rows, initializer_range=0.1)
+  draft = hf_fixtures.save_model(str(tmp_path / "draft"), "qwen3", tokenizer, vocab_size=rows,
+                                 seed=1, num_hidden_layers=1)
+  pair = dict(target_checkpoint_path=target, draft_checkpoint_path=draft, vocabulary=target)
+  metrics = eval_lib.evaluate(_config(own, "qwen2", tmp_path / "run", **pair))
+  (row,) = metrics["rows"]
+  assert 1.0 <= row["tau"] <= 3.0
+  assert vocabularies.token_ids(target, rows=rows).num_tokens == rows
+  from distillspec_jax.studies.pair_source import PairSource
+  _job(own, "qwen2", tmp_path / "job", target_checkpoint_path=target,
+       draft_checkpoint_path=draft, pair=PairSource(vocabulary=target)).check_inputs()
+  spelled = tmp_path / "spelled"
+  hf_fixtures.write_gsm8k(spelled, "So {i}!\n#### {i}", list(hf_fixtures.SENTENCES[:3])
+                          + ["How many <image_soft_token> are there?"])
+  with pytest.raises(ValueError, match=rf"Example 3 of task 'gsm8k_files' \(prompt .Q: How many "
+                                       rf"<image_soft_token>.*encodes to id {rows} "
+                                       r"\('<image_soft_token>'\), past the"):
+    eval_lib.evaluate(_config(own, "qwen2", tmp_path / "run_spelled",
+                              data_dir=str(spelled / "data"), **pair))
+  cases = {rows - 3: rf"EOS/pad {rows - 3} '<\|endoftext\|>'",  # Qwen2's EOS is its pad
+           rows - 4: rf"1 of them are not added special tokens .*: {rows - 4} "}
+  for few, named in cases.items():
+    folder = hf_fixtures.save_model(str(tmp_path / f"rows_{few}"), "qwen3", tokenizer,
+                                    vocab_size=few, num_hidden_layers=1)
+    match = (rf"DRAFT_CHECKPOINT_PATH='{folder}' does not fit VOCABULARY: .*has {rows + 1} "
+             rf"ids but the models only {few} embedding rows.*{named}")
+    with pytest.raises(ValueError, match=match):
+      _config(own, "qwen2", tmp_path / "refused", target_checkpoint_path=target,
+              draft_checkpoint_path=folder, vocabulary=target).check_inputs()
+    with pytest.raises(ValueError, match=match):
+      _job(own, "qwen2", tmp_path / "refused_job", target_checkpoint_path=target,
+           draft_checkpoint_path=folder, pair=PairSource(vocabulary=target)).check_inputs()
+  assert not os.path.exists(tmp_path / "refused") and not os.path.exists(tmp_path / "refused_job")

@@ -21,7 +21,7 @@ import seqio
 import tensorflow as tf
 
 from distillspec_jax.data.tokenizer_files import (CONFIG_FILES, TOKENIZER_FILE, added_around,
-                                                  load_tokenizer, special_ids)
+                                                  listed_eos_ids, load_tokenizer, special_ids)
 
 
 class HFTokenizerVocabulary(seqio.Vocabulary):
@@ -38,6 +38,8 @@ class HFTokenizerVocabulary(seqio.Vocabulary):
           f"No EOS token for {self.tokenizer_file!r}: none of {list(CONFIG_FILES)} in "
           f"{self.folder!r} names one. Pass the model folder saved by save_pretrained.")
     self._bos, self._eos, self._pad = ids["bos"], ids["eos"], ids["pad"]
+    # The other end-of-sequence ids the model's configs list: decoding does not stop at them.
+    self.other_eos_ids = tuple(i for i in listed_eos_ids(self.folder) if i != self._eos)
     self.prompt_prefix, self.prompt_suffix = added_around(self.tokenizer)
 
   # Special ids: from the files, any of BOS and pad may be absent (None).
@@ -67,6 +69,50 @@ class HFTokenizerVocabulary(seqio.Vocabulary):
   @property
   def _base_vocab_size(self) -> int:
     return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+
+  def ids_for_rows(self, rows: int) -> int:
+    """How many ids models whose embeddings have `rows` rows use: all the tokenizer's when
+    `rows` holds them, else `rows` when every id at or past it is an added special token
+    other than BOS, EOS and pad (text encodes to one only where it spells that token: Gemma
+    3's `<image_soft_token>` at 262144 beside 262144 rows); else a ValueError saying which
+    ids lie past the rows and why they cannot be cut."""
+    size = self._base_vocab_size
+    if rows >= size:
+      return size
+    added = self.tokenizer.get_added_tokens_decoder()
+    roles = {}
+    for name, i in (("BOS", self._bos), ("EOS", self._eos), ("pad", self._pad)):
+      if i is not None:
+        roles[i] = f"{roles[i]}/{name}" if i in roles else name
+    past = range(rows, size)
+    ordinary = [i for i in past if i not in added or not added[i].special]
+    special = [i for i in past if i in roles]
+    where = (f"{self.tokenizer_file!r} has {size} ids but the models only {rows} embedding "
+             f"rows: ids {rows}..{size - 1} have no row")
+    if ordinary:
+      shown = ", ".join(f"{i} {self.tokenizer.id_to_token(i)!r}" for i in ordinary[:5])
+      raise ValueError(f"{where}, and {len(ordinary)} of them are not added special tokens "
+                       f"(ordinary text encodes to them): {shown}"
+                       f"{', ...' if len(ordinary) > 5 else ''}; use the model trained with "
+                       "that tokenizer (vocab_size >= its size) or that model's tokenizer.")
+    if special:
+      shown = ", ".join(f"{roles[i]} {i} {self.tokenizer.id_to_token(i)!r}" for i in special)
+      raise ValueError(f"{where}, among them the tokenizer's {shown}, which every example "
+                       "or decode uses; use the model trained with that tokenizer "
+                       "(vocab_size >= its size) or that model's tokenizer.")
+    return rows
+
+  def check_encoded(self, ids, num_tokens: int, example: str) -> None:
+    """Refuses the encoded `ids` of `example` (what it is and its text) when one lies at or
+    past `num_tokens` (the ids the models use: `ids_for_rows`), naming the id and its token,
+    rather than letting the models index past their embeddings."""
+    ids = np.asarray(ids).reshape(-1)
+    bad = ids[ids >= num_tokens]
+    if bad.size:
+      token = self.tokenizer.id_to_token(int(bad[0]))
+      raise ValueError(f"{example} encodes to id {int(bad[0])} ({token!r}), past the "
+                       f"{num_tokens} ids the models have embedding rows for: the text spells "
+                       f"the special token {token!r}; remove it from the data.")
 
   def _encode(self, s: str) -> Sequence[int]:
     return self.tokenizer.encode(s, add_special_tokens=False).ids

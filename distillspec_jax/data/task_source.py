@@ -68,4 +68,16 @@ class TaskSource:
   @property
   def tokens(self) -> TokenIds:
     """The models' special ids: VOCABULARY's, T5's without one."""
-    return TokenIds() if self.vocabulary is None else vocabularies.token_ids(self.vocabulary)
+    return self.tokens_for(None)
+
+  def tokens_for(self, rows: Optional[int]) -> TokenIds:
+    """The special ids of models whose smallest embedding has `rows` rows (None: unknown): a
+    tokenizer with more ids is cut to them (vocabularies.token_ids: a ValueError naming the
+    ids past the rows when they cannot be cut)."""
+    if self.vocabulary is None:
+      return TokenIds()
+    try:
+      return vocabularies.token_ids(self.vocabulary, rows)
+    except ValueError as error:
+      raise ValueError(f"VOCABULARY={self.vocabulary!r} does not fit the models: {error}"
+                       ) from None

@@ -94,6 +94,20 @@ def special_ids(tokenizer, folder: str) -> Dict[str, Optional[int]]:
   return out
 
 
+def listed_eos_ids(folder: str) -> Tuple[int, ...]:
+  """Every end-of-sequence id config.json and generation_config.json list (an instruct
+  model's several: Gemma 3 IT's [1, 106], Llama 3 Instruct's [128001, 128008, 128009]), in
+  order, each once. Decoding stops at one EOS (`special_ids`'); the others are named in a
+  warning (vocabularies.token_ids)."""
+  out = []
+  for name in CONFIG_FILES[1:]:
+    value = read_json(os.path.join(folder, name)).get("eos_token_id")
+    for item in value if isinstance(value, list) else [value]:
+      if isinstance(item, int) and not isinstance(item, bool) and item not in out:
+        out.append(int(item))
+  return tuple(out)
+
+
 def added_around(tokenizer) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
   """(prefix, suffix): the ids the tokenizer's post-processor puts around one text."""
   sample = "a b"

@@ -143,15 +143,54 @@ def is_tokenizer(vocab: seqio.Vocabulary) -> bool:
   return _instance(vocab, "distillspec_jax.data.hf_vocabulary", "HFTokenizerVocabulary")
 
 
-def token_ids(vocab: VocabLike) -> TokenIds:
+def token_ids(vocab: VocabLike, rows: Optional[int] = None) -> TokenIds:
   """The models' TokenIds for `vocab`: T5's for SentencePiece vocabularies; for a tokenizer
   its EOS, no start id (prompts begin as the tokenizer encodes them), padding marked by
-  NO_TOKEN (0 is a real token), and its size (embedding rows past it are never output)."""
+  NO_TOKEN (0 is a real token), and its size (embedding rows past it are never output).
+
+  rows: the smallest embedding row count of the models that take these ids (None: not
+  known). A tokenizer with more ids is cut to `rows` (logits and sampling over the rows only)
+  when every id past them is an added special token other than BOS, EOS and pad; otherwise a
+  ValueError says which ids lie past the rows (`HFTokenizerVocabulary.ids_for_rows`)."""
   vocab = as_vocabulary(vocab)
   if not is_tokenizer(vocab):
     return TokenIds()
+  _warn_other_eos(vocab)
+  num_tokens = int(vocab.vocab_size)
+  if rows is not None:
+    num_tokens = vocab.ids_for_rows(int(rows))
   return TokenIds(eos_id=int(vocab.eos_id), decoder_start_id=None, pad_id=NO_TOKEN,
-                  num_tokens=int(vocab.vocab_size))
+                  num_tokens=num_tokens)
+
+
+def _warn_other_eos(vocab) -> None:
+  """Decoding stops at one EOS id: a tokenizer folder whose configs list others (an instruct
+  model's turn end beside its EOS) is named in a warning, once a run."""
+  if not vocab.other_eos_ids:
+    return
+  name = vocab.tokenizer.id_to_token
+  others = ", ".join(f"{i} {name(i)!r}" for i in vocab.other_eos_ids)
+  _warn_once(f"{vocab.folder}'s config.json / generation_config.json list end-of-sequence ids "
+             f"that do not stop decoding here: {others}. Decoding, tau and quality stop only "
+             f"at EOS {vocab.eos_id} {name(vocab.eos_id)!r} (tokenizer_config.json's "
+             "eos_token, else the first id listed); outputs run past the others. To stop at "
+             "another (an instruct model's turn end), pass as VOCABULARY a copy of the "
+             "tokenizer folder whose tokenizer_config.json eos_token is that token "
+             "(docs/own_pair.md).")
+
+
+def check_examples(vocab: VocabLike, examples, num_tokens: Optional[int], task: str) -> None:
+  """Refuses an evaluation example (batches.Examples of `task`) whose prompt or reference
+  encodes to an id at or past `num_tokens` (a tokenizer cut to the models' rows: token_ids),
+  naming the id, its token and the example; nothing to check otherwise."""
+  vocab = as_vocabulary(vocab)
+  if num_tokens is None or not is_tokenizer(vocab) or num_tokens >= vocab.vocab_size:
+    return
+  for field, texts in (("prompts", examples.prompt_texts), ("targets", examples.target_texts)):
+    rows = getattr(examples, field)
+    for i in range(len(rows)):
+      vocab.check_encoded(rows[i], num_tokens, f"Example {i} of task {task!r} ({field[:-1]} "
+                                               f"{texts[i][:200]!r})")
 
 
 def pad_value(vocab: VocabLike) -> int:

@@ -381,12 +381,14 @@ def stored_config(opened: "OpenedCheckpoint", path: str, macro: str,
 
 
 def check_own_checkpoint(path: str, macro: str, preset_field: str,
-                         num_tokens: Optional[int] = None) -> TransformerConfig:
+                         vocab=None) -> TransformerConfig:
   """The model of a checkpoint named by no preset (its config.json or stored configuration),
   checked before work, every error naming `macro` and the path: the checkpoint says its whole
   model (else the fix is its config.json or a preset in `preset_field`), an HF folder's
   tensors are the ones its config.json describes (headers only), and the model has an
-  embedding row for each of the tokenizer's `num_tokens` ids (None: not checked)."""
+  embedding row for each id of the job's vocabulary `vocab` (None: not checked) that text
+  encodes to (a tokenizer's ids past the rows must all be added special tokens other than BOS,
+  EOS and pad: vocabularies.token_ids)."""
   try:
     opened = open_checkpoint(path)
   except ValueError as error:
@@ -399,11 +401,11 @@ def check_own_checkpoint(path: str, macro: str, preset_field: str,
       raise ValueError(f"{macro}={path!r}: its config.json and its safetensors disagree: "
                        f"{error} Re-save the model with save_pretrained (or fix config.json)."
                        ) from None
-  if num_tokens is not None and config.vocab_size < num_tokens:
-    raise ValueError(f"{macro}={path!r} has {config.vocab_size} embedding rows but VOCABULARY "
-                     f"has {num_tokens} tokens: the models need a row for every token id; use "
-                     "the model trained with that tokenizer (vocab_size >= its size) or that "
-                     "model's tokenizer.")
+  if vocab is not None and vocabularies.is_tokenizer(vocab):
+    try:
+      vocabularies.token_ids(vocab, rows=config.vocab_size)
+    except ValueError as error:
+      raise ValueError(f"{macro}={path!r} does not fit VOCABULARY: {error}") from None
   return config
 
 

@@ -58,12 +58,17 @@ class PairSource:
   @property
   def tokens(self) -> TokenIds:
     """The models' special ids: the vocabulary's (T5's without one)."""
-    return TokenIds() if self.vocabulary is None else _token_ids(self.vocabulary)
+    return self.tokens_for(None)
+
+  def tokens_for(self, rows: Optional[int]) -> TokenIds:
+    """The special ids of models whose smallest embedding has `rows` rows (None: unknown): a
+    tokenizer with more ids is cut to them (vocabularies.token_ids)."""
+    return TokenIds() if self.vocabulary is None else _token_ids(self.vocabulary, rows)
 
 
 @functools.lru_cache(maxsize=8)
-def _token_ids(path: str) -> TokenIds:
-  return vocabularies.token_ids(path)
+def _token_ids(path: str, rows: Optional[int] = None) -> TokenIds:
+  return vocabularies.token_ids(path, rows)
 
 
 @functools.lru_cache(maxsize=16)
@@ -125,7 +130,7 @@ def check_pair_inputs(pair: PairSource, roles: dict, train_vocabulary: bool) -> 
       continue
     if preset is None:
       importer.check_own_checkpoint(path, macro, f"PipelineConfig.{role}_model",
-                                    None if pair.vocabulary is None else pair.tokens.num_tokens)
+                                    None if pair.vocabulary is None else vocab)
       continue
     stored = _opened(macro, path).config
     if stored is None:

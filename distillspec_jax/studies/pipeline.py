@@ -307,9 +307,10 @@ def models(config: PipelineConfig, vocab: Optional[int] = None) -> tuple:
   with the vocabulary's special ids."""
   presets = [config.target_model, config.draft_model]
   vocab = vocab or (vocab_size(config) if any(presets) else None)
-  return tuple(Model(pair_source.role_config(path, preset, vocab, config.model_overrides(role),
-                                             macro), config.pair.tokens)
-               for role, (macro, path, preset) in config.roles.items())
+  configs = [pair_source.role_config(path, preset, vocab, config.model_overrides(role), macro)
+             for role, (macro, path, preset) in config.roles.items()]
+  tokens = config.pair.tokens_for(min(c.vocab_size for c in configs))
+  return tuple(Model(c, tokens) for c in configs)
 
 
 def job_mesh(config: PipelineConfig, target: Model, draft: Model):
@@ -416,13 +417,18 @@ def _heldout_examples(config: PipelineConfig, num_examples: int, split: str,
   on a `mesh` spanning processes each reads only the rows of every `batch_size` it holds
   (placement None without a mesh)."""
   from distillspec_jax.data import batches as batches_lib
+  from distillspec_jax.data import vocabularies
   from distillspec_jax.evaluation import examples as examples_lib
   register_task(config)
   task = task or config.task
   split = split if split in batches_lib.get_task(task).splits else "test"
-  return examples_lib.read_examples(
+  examples, place = examples_lib.read_examples(
       task, split, config.task_feature_lengths, num_examples=num_examples, mesh=mesh,
       batch_size=batch_size, on_long_prompt="truncate", lm_prompt_length=config.lm_prompt_length)
+  if config.pair.vocabulary is not None:  # ids past the models' rows (a cut tokenizer)
+    vocabularies.check_examples(batches_lib.get_vocabulary(task), examples,
+                                models(config)[0].tokens.num_tokens, task)
+  return examples, place
 
 
 

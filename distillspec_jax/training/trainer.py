@@ -588,7 +588,8 @@ def train(config: TrainConfig, objective, data: Any, *, frozen_params: Optional[
   log = _LoopLog(config, objective, checkpointer, data_name, start_step)
   try:
     for step in range(start_step, config.train_steps):
-      batch = _step_batch(next(batches), step, config, shard, mesh, model.config.vocab_size,
+      batch = _step_batch(next(batches), step, config, shard, mesh,
+                          getattr(model, "output_size", model.config.vocab_size),
                           data_name)
       state, metrics = step_fn(state, batch, jax.random.fold_in(step_base_key, step),
                                frozen_params)
