@@ -119,8 +119,12 @@ class RunSpec:
     check_positive_int(self.eval_batch_size, "run.eval_batch_size")
     check_positive_int(self.eval_gamma, "run.eval_gamma")
     check_real(self.eval_temperature, "run.eval_temperature", minimum=0.0)
+    # Every length the data needs is given: none is defaulted (the synthetic task and an
+    # encoder-decoder read 'inputs'; every run reads 'targets').
+    needs_inputs = self.model.is_encoder_decoder or self.mixture_or_task_name == SYNTHETIC_TASK
     object.__setattr__(self, "task_feature_lengths", check_feature_lengths(
-        dict(self.task_feature_lengths or {}), "TASK_FEATURE_LENGTHS"))
+        self.task_feature_lengths, "TASK_FEATURE_LENGTHS",
+        required=("inputs", "targets") if needs_inputs else ("targets",)))
     # DATA_DIR and VOCABULARY: both models take the vocabulary's special ids.
     data = self.data or TaskSource()
     data.check((("INITIAL_CHECKPOINT_PATH", self.train_config.initial_checkpoint_path or None),

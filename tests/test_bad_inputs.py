@@ -133,6 +133,10 @@ TRAIN_CASES = [
     ("--gin.TASK_FEATURE_LENGTHS={'inputs':0,'targets':8}", "['inputs']=0"),
     ("--gin.TASK_FEATURE_LENGTHS={'inputz':8,'targets':8}", "['inputz']"),
     ("--gin.TrainConfig.seed=-1", "TrainConfig.seed=-1 must be an integer >= 0"),
+    # Held-out cases: no lengths, or a missing one, trained silently at 8 tokens each.
+    ("--gin.TASK_FEATURE_LENGTHS=None", "TASK_FEATURE_LENGTHS=None is not a mapping"),
+    ("--gin.TASK_FEATURE_LENGTHS={}", "TASK_FEATURE_LENGTHS={} lacks ['inputs', 'targets']"),
+    ("--gin.TASK_FEATURE_LENGTHS={'targets':8}", "lacks ['inputs']"),
 ]
 
 # The objectives study (a RecipeGridConfig through the main binary): issue 50's list.
