@@ -104,6 +104,14 @@ MAIN_CASES = [
     ("--gin.SEED=-1", "seed=-1 must be an integer >= 0"),  # numpy's batch order: mid-run
     # Refused only after the vocab stage had written MODEL_DIR/vocab.
     ("--gin.MIXTURE_OR_TASK_NAME='no_such_task'", "'no_such_task' is not registered"),
+    # A recipe listed twice gave the job two distill_<recipe> stages of one folder (the
+    # unknown stage keeps the old code, which accepted it, from running the job).
+    ("--gin.RECIPES=('gkd','gkd') --gin.PipelineConfig.recipe_steps={} "
+     "--gin.PipelineConfig.teacher_cache_recipes=() --gin.main_job.stages=('none',)",
+     "recipes (RECIPES)=('gkd', 'gkd') lists 'gkd' twice"),
+    ("--gin.PipelineConfig.teacher_cache_recipes=('supervised_kd','supervised_kd') "
+     "--gin.main_job.stages=('none',)",
+     "teacher_cache_recipes=('supervised_kd', 'supervised_kd') lists 'supervised_kd' twice"),
 ]
 TRAIN_CASES = [
     ("--gin.TRAIN_STEPS=-1", "-1"),
