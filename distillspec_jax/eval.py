@@ -118,6 +118,9 @@ class EvalConfig:
       (models.precision.PrecisionConfig, shared with the other binaries; gin:
       EvalConfig.precision = @PrecisionConfig(), PrecisionConfig.target_param_dtype =
       %TARGET_PARAM_DTYPE; None = as stored).
+    lm_prompt_length: for a task without 'inputs' (a language-modelling task such as
+      lm1b_files), the first this many target tokens of each held-out row are the prompt and
+      the rest its reference (None: such a task is refused before work starts).
     draft_kind: 'model' (a separate draft model) or 'head' (DRAFT_KIND): a draft head
       (models/head.py) whose folder (the main job's distill_head_<recipe>) holds head.json
       beside its parameters; it drafts from the target's hidden states.
@@ -146,6 +149,7 @@ class EvalConfig:
   mesh: MeshConfig = MeshConfig()
   precision: PrecisionConfig = PrecisionConfig()
   draft_kind: Literal["model", "head"] = "model"
+  lm_prompt_length: Optional[int] = None
 
   def __post_init__(self):
     for name, macro, example in (
@@ -172,6 +176,8 @@ class EvalConfig:
     check_int(self.seed, "seed (SEED)", 0)  # one seed rule in every binary
     if self.max_decode_length is not None:
       check_positive_int(self.max_decode_length, "max_decode_length")
+    if self.lm_prompt_length is not None:
+      check_positive_int(self.lm_prompt_length, "EvalConfig.lm_prompt_length")
     if self.max_new_tokens is None:
       check_positive_int(self.task_feature_lengths.get("targets"),
                          "TASK_FEATURE_LENGTHS['targets'] (the decoding budget when "
@@ -556,7 +562,7 @@ def evaluate(config: EvalConfig) -> dict:
   read = {name: examples_lib.read_examples(
       name, splits[name], config.task_feature_lengths, num_examples=config.eval_examples,
       mesh=mesh, batch_size=config.batch_size, leading=config.speed.examples,
-      on_long_prompt="truncate") for name in names}
+      on_long_prompt="truncate", lm_prompt_length=config.lm_prompt_length) for name in names}
   examples = {name: value[0] for name, value in read.items()}
   width = max(e.prompts.shape[1] for e in examples.values())
   capacity = decode_capacity(config, target.config, draft.config, width)
@@ -638,10 +644,19 @@ def prepare(argv: Sequence[str]) -> EvalConfig:
 
 def check_tasks(config: EvalConfig) -> None:
   """Registers the run's tasks and refuses an unknown task or split (the registry's
-  ValueError names it and the registered ones) before MODEL_DIR is written."""
+  ValueError names it and the registered ones), or a task without prompts ('inputs') and no
+  EvalConfig.lm_prompt_length, before MODEL_DIR is written."""
+  from distillspec_jax.data import batches
   register_tasks(config)
   for name in task_names(config.mixture_or_task_name):
     eval_split(name, config.split)
+    if ("inputs" not in batches.get_task(name).output_features
+        and config.lm_prompt_length is None):
+      raise ValueError(
+          f"MIXTURE_OR_TASK_NAME={config.mixture_or_task_name!r}: task {name!r} has no "
+          "'inputs' (a language-modelling task), so its held-out rows hold no prompt; set "
+          "--gin.EvalConfig.lm_prompt_length=K to prompt with each row's first K target "
+          "tokens (the rest is the reference).")
 
 
 def run(config: EvalConfig) -> int:

@@ -290,3 +290,26 @@ def test_late_bad_value_exits_1_before_model_dir_is_written(binary, flags, named
   testing.assert_refused_before_work(cli, argv + flags.format(file=afile).split(" "), named,
                                      model_dir, capsys)
   assert afile.read_text() == "kept"
+
+
+@pytest.mark.slow
+def test_eval_of_a_task_without_inputs_needs_lm_prompt_length(tmp_path, capsys, checkpoints_dir):
+  """lm1b_files (text lines, 'targets' only) through the eval binary: refused before MODEL_DIR
+  is written, naming the task and EvalConfig.lm_prompt_length. It was refused by the example
+  reader only after MODEL_DIR/config.gin and inferences/ were written, naming an
+  `lm_prompt_length` the binary had no setting for."""
+  data = tmp_path / "data"
+  (data / "lm1b").mkdir(parents=True)
+  (data / "lm1b" / "test.txt").write_text("the cat sat on the mat .\na dog ran .\n")
+  model_dir = tmp_path / "out"
+  argv = _eval_argv(model_dir) + [
+      f"--gin.TARGET_CHECKPOINT_PATH='{checkpoints_dir / 'target'}'",
+      f"--gin.DRAFT_CHECKPOINT_PATH='{checkpoints_dir / 'draft'}'",
+      f"--gin.DATA_DIR='{data}'", "--gin.MIXTURE_OR_TASK_NAME='lm1b_files'"]
+  testing.assert_refused_before_work(
+      eval_lib.cli, argv, "task 'lm1b_files' has no 'inputs' (a language-modelling task), so "
+      "its held-out rows hold no prompt; set --gin.EvalConfig.lm_prompt_length=K", model_dir,
+      capsys)
+  testing.assert_refused_before_work(
+      eval_lib.cli, argv + ["--gin.EvalConfig.lm_prompt_length=0"],
+      "EvalConfig.lm_prompt_length=0 must be an integer >= 1", model_dir, capsys)
