@@ -48,7 +48,8 @@ from distillspec_jax.training import trainer
 from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.interop import importer
 from distillspec_jax.core.validation import (check_feature_lengths, check_field_types,
-                                             check_output_dir, check_positive_int, check_real)
+                                             check_output_dir, check_positive_int, check_real,
+                                             is_remote)
 from distillspec_jax.models import precision
 from distillspec_jax.models.precision import PrecisionConfig
 from distillspec_jax.models.model import Model
@@ -288,6 +289,7 @@ def main(argv: Sequence[str]) -> trainer.TrainResult:
   check_checkpoint_paths(spec)
   check_task(spec)
   check_output_dir(spec.train_config.model_dir, "MODEL_DIR")
+  check_resume(spec)
   print(f"distillspec_jax.train: {spec.mode} of {spec.model.config.kind} model "
         f"({spec.model.num_params():,} params) for {spec.train_config.train_steps} steps "
         f"in {spec.train_config.model_dir}; devices: {jax.devices()}", flush=True)
@@ -412,6 +414,28 @@ def check_checkpoint_paths(spec: RunSpec) -> None:
           "MODEL_DIR or <step> directory, a T5X checkpoint_<step> directory or MODEL_DIR, a "
           "Hugging Face folder with config.json + model.safetensors), or configure "
           f"{binding} as the model that wrote it.") from None
+
+
+def check_resume(spec: RunSpec) -> None:
+  """A MODEL_DIR holding checkpoints is resumed from its latest: one of another model shape is
+  refused here, from stored shapes (no weight read), before config.gin is overwritten (the
+  trainer refuses it at its restore, after the refused run's configuration had replaced the
+  one of the run that wrote them)."""
+  model_dir = spec.train_config.model_dir
+  if is_remote(model_dir):
+    return
+  try:
+    params_dir, step_dir = checkpoints.params_dir_of(model_dir)
+  except FileNotFoundError:
+    return  # nothing to resume
+  lines = checkpoints.shape_mismatches(spec.model.param_shapes(),
+                                       checkpoints.params_metadata(params_dir))
+  if lines:
+    raise gin_utils.GinConfigError(
+        f"MODEL_DIR={model_dir!r} holds checkpoints of another model, which this run would "
+        f"resume from ({step_dir}); first mismatching parameters (checkpoint vs run.model): "
+        + "; ".join(lines) + ". Fix: pass a fresh --gin.MODEL_DIR for this model (or delete "
+        "the old checkpoints), or configure run.model as the model that wrote them.")
 
 
 def _config_path(model_dir: str) -> str:

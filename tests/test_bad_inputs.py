@@ -313,3 +313,33 @@ def test_eval_of_a_task_without_inputs_needs_lm_prompt_length(tmp_path, capsys, 
   testing.assert_refused_before_work(
       eval_lib.cli, argv + ["--gin.EvalConfig.lm_prompt_length=0"],
       "EvalConfig.lm_prompt_length=0 must be an integer >= 1", model_dir, capsys)
+
+
+def test_train_rerun_of_another_model_in_a_model_dir_is_refused_before_config_gin(tmp_path,
+                                                                                  capsys):
+  """The train binary rerun in a MODEL_DIR whose checkpoints hold another model shape (here
+  vocabulary 128 against finetune_tiny.gin's 64): exit 1 naming MODEL_DIR and the mismatch,
+  and MODEL_DIR as it was. The trainer refused it only at its restore, after the refused
+  configuration had replaced the config.gin of the run that wrote the checkpoints."""
+  import gin
+  import jax
+  from distillspec_jax.models.config import model_config
+  from distillspec_jax.models.model import Model
+  from distillspec_jax.training import checkpoints
+  model_dir = tmp_path / "out"
+  other = Model(model_config("tiny_encoder_decoder", vocab_size=128))
+  checkpoints.save_params(str(model_dir / "4"), other.init(jax.random.PRNGKey(0)))
+  (model_dir / "config.gin").write_text("# the run that wrote step 4\n")
+  before = sorted(os.listdir(model_dir))
+  gin.clear_config()
+  try:
+    code = train_lib.cli(["--gin_file=gin/runs/finetune_tiny.gin", f"--gin.MODEL_DIR='{model_dir}'",
+                          "--gin.TRAIN_STEPS=6"])
+  finally:
+    gin.clear_config()
+  err = capsys.readouterr().err
+  assert code == 1, err[-2000:]
+  assert err.startswith("Error: ") and "Traceback" not in err, err[-2000:]
+  assert f"MODEL_DIR='{model_dir}'" in err and "token_embedder/embedding" in err, err[-2000:]
+  assert sorted(os.listdir(model_dir)) == before
+  assert (model_dir / "config.gin").read_text() == "# the run that wrote step 4\n"
