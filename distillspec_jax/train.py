@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from typing import Literal, Mapping, Optional, Sequence, Union
 
@@ -289,10 +290,14 @@ def main(argv: Sequence[str]) -> trainer.TrainResult:
   check_checkpoint_paths(spec)
   check_task(spec)
   check_output_dir(spec.train_config.model_dir, "MODEL_DIR")
-  check_resume(spec)
+  resumed = check_resume(spec)
   print(f"distillspec_jax.train: {spec.mode} of {spec.model.config.kind} model "
         f"({spec.model.num_params():,} params) for {spec.train_config.train_steps} steps "
         f"in {spec.train_config.model_dir}; devices: {jax.devices()}", flush=True)
+  if resumed is not None:
+    print(f"Resuming from MODEL_DIR's checkpoint at step {resumed} of "
+          f"{spec.train_config.train_steps}" + (": already trained, nothing to do."
+          if resumed == spec.train_config.train_steps else "."), flush=True)
   if multihost.is_primary():
     with open(_config_path(spec.train_config.model_dir), "w") as f:
       f.write(gin.config_str())
@@ -416,18 +421,19 @@ def check_checkpoint_paths(spec: RunSpec) -> None:
           f"{binding} as the model that wrote it.") from None
 
 
-def check_resume(spec: RunSpec) -> None:
-  """A MODEL_DIR holding checkpoints is resumed from its latest: one of another model shape is
-  refused here, from stored shapes (no weight read), before config.gin is overwritten (the
-  trainer refuses it at its restore, after the refused run's configuration had replaced the
-  one of the run that wrote them)."""
+def check_resume(spec: RunSpec) -> Optional[int]:
+  """The step a MODEL_DIR holding checkpoints is resumed from (its latest), else None. One of
+  another model shape is refused here, from stored shapes (no weight read), before config.gin
+  is overwritten (the trainer refuses it at its restore, after the refused run's
+  configuration had replaced the one of the run that wrote them); so is one past TRAIN_STEPS
+  (the run trained nothing and ended, status 0, with the later step's model)."""
   model_dir = spec.train_config.model_dir
   if is_remote(model_dir):
-    return
+    return None
   try:
     params_dir, step_dir = checkpoints.params_dir_of(model_dir)
   except FileNotFoundError:
-    return  # nothing to resume
+    return None  # nothing to resume
   lines = checkpoints.shape_mismatches(spec.model.param_shapes(),
                                        checkpoints.params_metadata(params_dir))
   if lines:
@@ -436,10 +442,16 @@ def check_resume(spec: RunSpec) -> None:
         f"resume from ({step_dir}); first mismatching parameters (checkpoint vs run.model): "
         + "; ".join(lines) + ". Fix: pass a fresh --gin.MODEL_DIR for this model (or delete "
         "the old checkpoints), or configure run.model as the model that wrote them.")
+  step, train_steps = int(os.path.basename(step_dir)), spec.train_config.train_steps
+  if step > train_steps:
+    raise gin_utils.GinConfigError(
+        f"MODEL_DIR={model_dir!r} holds a checkpoint at step {step}, past TRAIN_STEPS="
+        f"{train_steps}: the run would train nothing and end with the step-{step} model. Fix: "
+        f"pass --gin.TRAIN_STEPS={step} or more to resume it, or a fresh --gin.MODEL_DIR.")
+  return step
 
 
 def _config_path(model_dir: str) -> str:
-  import os
   os.makedirs(model_dir, exist_ok=True)
   return os.path.join(model_dir, "config.gin")
 

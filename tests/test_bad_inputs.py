@@ -343,3 +343,35 @@ def test_train_rerun_of_another_model_in_a_model_dir_is_refused_before_config_gi
   assert f"MODEL_DIR='{model_dir}'" in err and "token_embedder/embedding" in err, err[-2000:]
   assert sorted(os.listdir(model_dir)) == before
   assert (model_dir / "config.gin").read_text() == "# the run that wrote step 4\n"
+
+
+@pytest.mark.slow
+def test_train_rerun_with_train_steps_below_model_dirs_checkpoint_is_refused(tmp_path, capsys):
+  """finetune_tiny.gin trained to step 4, then rerun in its MODEL_DIR with TRAIN_STEPS=2:
+  exit 1 naming the step and the fix, MODEL_DIR as it was (the run trained nothing and
+  exited 0 with the step-4 model, saying nothing); rerun with TRAIN_STEPS=4 it says that
+  there is nothing to train."""
+  import gin
+  model_dir = tmp_path / "out"
+
+  def run(steps):
+    gin.clear_config()
+    try:
+      return train_lib.cli(["--gin_file=gin/runs/finetune_tiny.gin",
+                            f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}",
+                            "--gin.SAVE_EVERY=4", "--gin.TrainConfig.progress_bar=False"])
+    finally:
+      gin.clear_config()
+
+  assert run(4) == 0
+  capsys.readouterr()
+  before = {name: os.path.getmtime(model_dir / name) for name in os.listdir(model_dir)}
+  code = run(2)
+  err = capsys.readouterr().err
+  assert code == 1, err[-2000:]
+  assert err.startswith("Error: ") and "Traceback" not in err, err[-2000:]
+  assert "holds a checkpoint at step 4, past TRAIN_STEPS=2" in err, err[-2000:]
+  assert "--gin.TRAIN_STEPS=4 or more" in err, err[-2000:]
+  assert {name: os.path.getmtime(model_dir / name) for name in os.listdir(model_dir)} == before
+  assert run(4) == 0
+  assert "step 4 of 4: already trained, nothing to do." in capsys.readouterr().out
