@@ -522,12 +522,16 @@ def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
                             for row in rows_by_task[name]]
 
 
-def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict) -> None:
-  """metrics.json, inferences/<task>.jsonl, the TensorBoard scalars, the lossy trade-off."""
+def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict,
+                   config_gin: Optional[str] = None) -> None:
+  """inferences/<task>.jsonl, config.gin (`config_gin`, the binary's), metrics.json, the
+  TensorBoard scalars, the lossy trade-off: all once the evaluation is done, so that an
+  interrupted rerun leaves a finished run's files as they were."""
   for name, lines in lines_by_task.items():
-    with open(os.path.join(config.model_dir, "inferences", f"{name}.jsonl"), "w") as f:
-      for line in lines:
-        f.write(json.dumps(line) + "\n")
+    write_text_atomic(os.path.join(config.model_dir, "inferences", f"{name}.jsonl"),
+                      "".join(json.dumps(line) + "\n" for line in lines))
+  if config_gin is not None:
+    write_text_atomic(os.path.join(config.model_dir, "config.gin"), config_gin)
   write_text_atomic(os.path.join(config.model_dir, "metrics.json"),
                     json.dumps(metrics, indent=1) + "\n")  # rows keep the interface's order
   writer = metrics_log.summary_writer(os.path.join(config.model_dir, "tensorboard"))
@@ -538,8 +542,9 @@ def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict) -> No
     lossy.write_tradeoff(metrics, config.model_dir)
 
 
-def evaluate(config: EvalConfig) -> dict:
-  """Runs the evaluation and writes every output; returns the metrics.json object."""
+def evaluate(config: EvalConfig, config_gin: Optional[str] = None) -> dict:
+  """Runs the evaluation and writes every output (with `config_gin`, the binary's
+  configuration, as config.gin); returns the metrics.json object."""
   from tqdm.auto import tqdm
   from distillspec_jax.data import batches
   from distillspec_jax.data import vocabularies
@@ -593,7 +598,7 @@ def evaluate(config: EvalConfig) -> dict:
     alone_by_task[config.mixture_or_task_name] = mixture_alone
   metrics = {"rows": [row.to_json() for row in rows], "target_alone": alone_by_task}
   if primary:
-    _write_outputs(config, metrics, lines_by_task)
+    _write_outputs(config, metrics, lines_by_task, config_gin)
   multihost.barrier("eval_outputs_written")
   return metrics
 
@@ -661,10 +666,8 @@ def check_tasks(config: EvalConfig) -> None:
 
 def run(config: EvalConfig) -> int:
   os.makedirs(config.model_dir, exist_ok=True)
-  if multihost.is_primary():  # process 0 is the one writer
-    with open(os.path.join(config.model_dir, "config.gin"), "w") as f:
-      f.write(gin.config_str())
-  metrics = evaluate(config)
+  # config.gin is written with the outputs (process 0, the one writer), when they are done.
+  metrics = evaluate(config, config_gin=gin.config_str())
   if multihost.is_primary():
     print(lossy.rows_markdown(metrics), flush=True)
     print(f"Wrote {os.path.join(config.model_dir, 'metrics.json')}")

@@ -375,3 +375,32 @@ def test_train_rerun_with_train_steps_below_model_dirs_checkpoint_is_refused(tmp
   assert {name: os.path.getmtime(model_dir / name) for name in os.listdir(model_dir)} == before
   assert run(4) == 0
   assert "step 4 of 4: already trained, nothing to do." in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_an_interrupted_eval_rerun_leaves_the_finished_runs_files(tmp_path, checkpoints_dir,
+                                                                   monkeypatch):
+  """Ctrl-C during an eval binary's run in the MODEL_DIR of a finished one (here while the
+  checkpoints load): its config.gin and metrics.json are left as they were. The binary wrote
+  the new config.gin first, so it described a run that never finished, beside the old
+  metrics.json."""
+  import gin
+  model_dir = tmp_path / "out"
+  model_dir.mkdir()
+  (model_dir / "config.gin").write_text("# the finished run\n")
+  (model_dir / "metrics.json").write_text('{"rows": [], "target_alone": {}}\n')
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(eval_lib, "_load_pair", interrupted)
+  gin.clear_config()
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      eval_lib.cli(_eval_argv(model_dir) + [
+          f"--gin.TARGET_CHECKPOINT_PATH='{checkpoints_dir / 'target'}'",
+          f"--gin.DRAFT_CHECKPOINT_PATH='{checkpoints_dir / 'draft'}'"])
+  finally:
+    gin.clear_config()
+  assert (model_dir / "config.gin").read_text() == "# the finished run\n"
+  assert (model_dir / "metrics.json").read_text() == '{"rows": [], "target_alone": {}}\n'
