@@ -54,6 +54,8 @@ EVAL_CASES = [
     ("--gin.TASK_FEATURE_LENGTHS={'inputz':40,'targets':44}", "['inputz']"),
     ("--gin.evaluate_job.config=None", "evaluate_job.config=None is not a configuration"),
     ("--gin.SEED=-1", "seed (SEED)=-1 must be an integer >= 0"),
+    # Held-out cases: an empty --gin_file (an unset shell variable) was dropped silently.
+    ("--gin_file=", "--gin_file= names no gin file"),
 ]
 MAIN_CASES = [
     ("--gin.SpeedConfig.calls='3'", "SpeedConfig.calls='3'"),
@@ -112,6 +114,8 @@ MAIN_CASES = [
     ("--gin.PipelineConfig.teacher_cache_recipes=('supervised_kd','supervised_kd') "
      "--gin.main_job.stages=('none',)",
      "teacher_cache_recipes=('supervised_kd', 'supervised_kd') lists 'supervised_kd' twice"),
+    # An empty --gin_file (an unset shell variable) was dropped silently: the job ran.
+    ("--gin_file= --gin.main_job.stages=('none',)", "--gin_file= names no gin file"),
 ]
 TRAIN_CASES = [
     ("--gin.TRAIN_STEPS=-1", "-1"),
@@ -141,6 +145,7 @@ TRAIN_CASES = [
     ("--gin.TASK_FEATURE_LENGTHS={'inputs':0,'targets':8}", "['inputs']=0"),
     ("--gin.TASK_FEATURE_LENGTHS={'inputz':8,'targets':8}", "['inputz']"),
     ("--gin.TrainConfig.seed=-1", "TrainConfig.seed=-1 must be an integer >= 0"),
+    ("--gin_file=", "--gin_file= names no gin file"),
     # Held-out cases: no lengths, or a missing one, trained silently at 8 tokens each.
     ("--gin.TASK_FEATURE_LENGTHS=None", "TASK_FEATURE_LENGTHS=None is not a mapping"),
     ("--gin.TASK_FEATURE_LENGTHS={}", "TASK_FEATURE_LENGTHS={} lacks ['inputs', 'targets']"),
