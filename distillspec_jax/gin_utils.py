@@ -198,7 +198,7 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str],
       raise GinConfigError(
           f"Bad gin binding {binding!r}: {error}\nBindings look like --gin.MACRO=VALUE or "
           "--gin.Configurable.parameter=VALUE; strings need quotes when they contain spaces. "
-          "Configurables: TrainConfig, DistillationConfig, model_by_name, run, SyntheticData.") from error
+          f"Configurables: {', '.join(sorted(_REGISTERED, key=str.lower))}.") from error
   check_macros()
 
 

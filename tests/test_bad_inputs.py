@@ -56,6 +56,8 @@ EVAL_CASES = [
     ("--gin.SEED=-1", "seed (SEED)=-1 must be an integer >= 0"),
     # Held-out cases: an empty --gin_file (an unset shell variable) was dropped silently.
     ("--gin_file=", "--gin_file= names no gin file"),
+    # A bad binding's message listed the train binary's configurables, not EvalConfig.
+    ("--gin.=3", "EvalConfig"),
 ]
 MAIN_CASES = [
     ("--gin.SpeedConfig.calls='3'", "SpeedConfig.calls='3'"),
