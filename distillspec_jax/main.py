@@ -94,8 +94,8 @@ def prepare(argv: Sequence[str]) -> PipelineConfig:
   # at model_vocab_size, else vocab_size).
   pipeline_lib.job_mesh(pipeline, *pipeline_lib.models(
       pipeline, vocab=pipeline.model_vocab_size or pipeline.vocab_size))
-  check_stages(pipeline)
   pipeline_lib.check_task(pipeline)
+  check_stages(pipeline)
   if multihost.is_primary():
     check_run_dir(pipeline.run_dir)
   return pipeline

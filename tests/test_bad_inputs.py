@@ -118,6 +118,10 @@ MAIN_CASES = [
      "teacher_cache_recipes=('supervised_kd', 'supervised_kd') lists 'supervised_kd' twice"),
     # An empty --gin_file (an unset shell variable) was dropped silently: the job ran.
     ("--gin_file= --gin.main_job.stages=('none',)", "--gin_file= names no gin file"),
+    # More examples than the split holds: cut silently to the split's 50,000.
+    ("--gin.TRAIN_EXAMPLES=50001 --gin.main_job.stages=('none',)",
+     "TRAIN_EXAMPLES (PipelineConfig.train_examples)=50001 exceeds the 50,000 examples of task "
+     "'embedded_arithmetic''s train split"),
 ]
 TRAIN_CASES = [
     ("--gin.TRAIN_STEPS=-1", "-1"),
