@@ -122,6 +122,9 @@ MAIN_CASES = [
     ("--gin.TRAIN_EXAMPLES=50001 --gin.main_job.stages=('none',)",
      "TRAIN_EXAMPLES (PipelineConfig.train_examples)=50001 exceeds the 50,000 examples of task "
      "'embedded_arithmetic''s train split"),
+    # A top-k wider than the vocabulary: refused by the teacher_cache stage, after two others.
+    ("--gin.PipelineConfig.teacher_cache_k=100000 --gin.main_job.stages=('none',)",
+     "teacher_cache_k=100000 exceeds the vocabulary size 256"),
 ]
 TRAIN_CASES = [
     ("--gin.TRAIN_STEPS=-1", "-1"),
