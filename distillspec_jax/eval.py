@@ -118,6 +118,9 @@ class EvalConfig:
       (models.precision.PrecisionConfig, shared with the other binaries; gin:
       EvalConfig.precision = @PrecisionConfig(), PrecisionConfig.target_param_dtype =
       %TARGET_PARAM_DTYPE; None = as stored).
+    lm_prompt_length: for a task without 'inputs' (a language-modelling task such as
+      lm1b_files), the first this many target tokens of each held-out row are the prompt and
+      the rest its reference (None: such a task is refused before work starts).
     draft_kind: 'model' (a separate draft model) or 'head' (DRAFT_KIND): a draft head
       (models/head.py) whose folder (the main job's distill_head_<recipe>) holds head.json
       beside its parameters; it drafts from the target's hidden states.
@@ -146,6 +149,7 @@ class EvalConfig:
   mesh: MeshConfig = MeshConfig()
   precision: PrecisionConfig = PrecisionConfig()
   draft_kind: Literal["model", "head"] = "model"
+  lm_prompt_length: Optional[int] = None
 
   def __post_init__(self):
     for name, macro, example in (
@@ -172,6 +176,8 @@ class EvalConfig:
     check_int(self.seed, "seed (SEED)", 0)  # one seed rule in every binary
     if self.max_decode_length is not None:
       check_positive_int(self.max_decode_length, "max_decode_length")
+    if self.lm_prompt_length is not None:
+      check_positive_int(self.lm_prompt_length, "EvalConfig.lm_prompt_length")
     if self.max_new_tokens is None:
       check_positive_int(self.task_feature_lengths.get("targets"),
                          "TASK_FEATURE_LENGTHS['targets'] (the decoding budget when "
@@ -525,12 +531,16 @@ def _add_timings(config: EvalConfig, names: list, examples: dict, capacity: int,
                             for row in rows_by_task[name]]
 
 
-def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict) -> None:
-  """metrics.json, inferences/<task>.jsonl, the TensorBoard scalars, the lossy trade-off."""
+def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict,
+                   config_gin: Optional[str] = None) -> None:
+  """inferences/<task>.jsonl, config.gin (`config_gin`, the binary's), metrics.json, the
+  TensorBoard scalars, the lossy trade-off: all once the evaluation is done, so that an
+  interrupted rerun leaves a finished run's files as they were."""
   for name, lines in lines_by_task.items():
-    with open(os.path.join(config.model_dir, "inferences", f"{name}.jsonl"), "w") as f:
-      for line in lines:
-        f.write(json.dumps(line) + "\n")
+    write_text_atomic(os.path.join(config.model_dir, "inferences", f"{name}.jsonl"),
+                      "".join(json.dumps(line) + "\n" for line in lines))
+  if config_gin is not None:
+    write_text_atomic(os.path.join(config.model_dir, "config.gin"), config_gin)
   write_text_atomic(os.path.join(config.model_dir, "metrics.json"),
                     json.dumps(metrics, indent=1) + "\n")  # rows keep the interface's order
   writer = metrics_log.summary_writer(os.path.join(config.model_dir, "tensorboard"))
@@ -541,8 +551,9 @@ def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict) -> No
     lossy.write_tradeoff(metrics, config.model_dir)
 
 
-def evaluate(config: EvalConfig) -> dict:
-  """Runs the evaluation and writes every output; returns the metrics.json object."""
+def evaluate(config: EvalConfig, config_gin: Optional[str] = None) -> dict:
+  """Runs the evaluation and writes every output (with `config_gin`, the binary's
+  configuration, as config.gin); returns the metrics.json object."""
   from tqdm.auto import tqdm
   from distillspec_jax.data import batches
   from distillspec_jax.data import vocabularies
@@ -565,7 +576,7 @@ def evaluate(config: EvalConfig) -> dict:
   read = {name: examples_lib.read_examples(
       name, splits[name], config.task_feature_lengths, num_examples=config.eval_examples,
       mesh=mesh, batch_size=config.batch_size, leading=config.speed.examples,
-      on_long_prompt="truncate") for name in names}
+      on_long_prompt="truncate", lm_prompt_length=config.lm_prompt_length) for name in names}
   examples = {name: value[0] for name, value in read.items()}
   for name in names:
     vocabularies.check_examples(vocabulary, examples[name], tokens.num_tokens, name)
@@ -599,7 +610,7 @@ def evaluate(config: EvalConfig) -> dict:
     alone_by_task[config.mixture_or_task_name] = mixture_alone
   metrics = {"rows": [row.to_json() for row in rows], "target_alone": alone_by_task}
   if primary:
-    _write_outputs(config, metrics, lines_by_task)
+    _write_outputs(config, metrics, lines_by_task, config_gin)
   multihost.barrier("eval_outputs_written")
   return metrics
 
@@ -650,18 +661,25 @@ def prepare(argv: Sequence[str]) -> EvalConfig:
 
 def check_tasks(config: EvalConfig) -> None:
   """Registers the run's tasks and refuses an unknown task or split (the registry's
-  ValueError names it and the registered ones) before MODEL_DIR is written."""
+  ValueError names it and the registered ones), or a task without prompts ('inputs') and no
+  EvalConfig.lm_prompt_length, before MODEL_DIR is written."""
+  from distillspec_jax.data import batches
   register_tasks(config)
   for name in task_names(config.mixture_or_task_name):
     eval_split(name, config.split)
+    if ("inputs" not in batches.get_task(name).output_features
+        and config.lm_prompt_length is None):
+      raise ValueError(
+          f"MIXTURE_OR_TASK_NAME={config.mixture_or_task_name!r}: task {name!r} has no "
+          "'inputs' (a language-modelling task), so its held-out rows hold no prompt; set "
+          "--gin.EvalConfig.lm_prompt_length=K to prompt with each row's first K target "
+          "tokens (the rest is the reference).")
 
 
 def run(config: EvalConfig) -> int:
   os.makedirs(config.model_dir, exist_ok=True)
-  if multihost.is_primary():  # process 0 is the one writer
-    with open(os.path.join(config.model_dir, "config.gin"), "w") as f:
-      f.write(gin.config_str())
-  metrics = evaluate(config)
+  # config.gin is written with the outputs (process 0, the one writer), when they are done.
+  metrics = evaluate(config, config_gin=gin.config_str())
   if multihost.is_primary():
     print(lossy.rows_markdown(metrics), flush=True)
     print(f"Wrote {os.path.join(config.model_dir, 'metrics.json')}")

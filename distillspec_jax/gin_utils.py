@@ -157,6 +157,10 @@ def parse_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], l
         raise GinConfigError(f"{name} needs a value, e.g. {name}=VALUE.")
       value, i = args[i + 1], i + 1
     if name == "--gin_file":
+      if not value.strip(" ,"):
+        raise GinConfigError(
+            f"{arg!r}: --gin_file= names no gin file (an empty value, e.g. an unset shell "
+            "variable); pass --gin_file=gin/runs/<run>.gin, or drop the flag.")
       files.extend(_split([value]))
     elif name == "--gin_search_paths":
       paths.extend(_split([value]))
@@ -194,7 +198,7 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str],
       raise GinConfigError(
           f"Bad gin binding {binding!r}: {error}\nBindings look like --gin.MACRO=VALUE or "
           "--gin.Configurable.parameter=VALUE; strings need quotes when they contain spaces. "
-          "Configurables: TrainConfig, DistillationConfig, model_by_name, run, SyntheticData.") from error
+          f"Configurables: {', '.join(sorted(_REGISTERED, key=str.lower))}.") from error
   check_macros()
 
 

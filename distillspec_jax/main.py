@@ -92,10 +92,14 @@ def prepare(argv: Sequence[str]) -> PipelineConfig:
   pipeline.check_inputs()
   # The mesh against the devices, the batch and both models (before the vocabulary exists:
   # at model_vocab_size, else vocab_size).
-  pipeline_lib.job_mesh(pipeline, *pipeline_lib.models(
-      pipeline, vocab=pipeline.model_vocab_size or pipeline.vocab_size))
-  check_stages(pipeline)
+  target, draft = pipeline_lib.models(
+      pipeline, vocab=pipeline.model_vocab_size or pipeline.vocab_size)
+  pipeline_lib.job_mesh(pipeline, target, draft)
+  if pipeline.teacher_cache_k is not None:  # refused by the teacher_cache stage, after two more
+    from distillspec_jax.distill import teacher_cache
+    teacher_cache.check_k(pipeline.teacher_cache_k, target.config.vocab_size)
   pipeline_lib.check_task(pipeline)
+  check_stages(pipeline)
   if multihost.is_primary():
     check_run_dir(pipeline.run_dir)
   return pipeline

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from typing import Literal, Mapping, Optional, Sequence, Union
 
@@ -48,7 +49,8 @@ from distillspec_jax.training import trainer
 from distillspec_jax.distill.objectives import DistillationConfig
 from distillspec_jax.interop import importer
 from distillspec_jax.core.validation import (check_feature_lengths, check_field_types,
-                                             check_output_dir, check_positive_int, check_real)
+                                             check_output_dir, check_positive_int, check_real,
+                                             is_remote)
 from distillspec_jax.models import precision
 from distillspec_jax.models.precision import PrecisionConfig
 from distillspec_jax.models.model import Model
@@ -119,8 +121,12 @@ class RunSpec:
     check_positive_int(self.eval_batch_size, "run.eval_batch_size")
     check_positive_int(self.eval_gamma, "run.eval_gamma")
     check_real(self.eval_temperature, "run.eval_temperature", minimum=0.0)
+    # Every length the data needs is given: none is defaulted (the synthetic task and an
+    # encoder-decoder read 'inputs'; every run reads 'targets').
+    needs_inputs = self.model.is_encoder_decoder or self.mixture_or_task_name == SYNTHETIC_TASK
     object.__setattr__(self, "task_feature_lengths", check_feature_lengths(
-        dict(self.task_feature_lengths or {}), "TASK_FEATURE_LENGTHS"))
+        self.task_feature_lengths, "TASK_FEATURE_LENGTHS",
+        required=("inputs", "targets") if needs_inputs else ("targets",)))
     # DATA_DIR and VOCABULARY: both models take the vocabulary's special ids.
     data = self.data or TaskSource()
     data.check((("INITIAL_CHECKPOINT_PATH", self.train_config.initial_checkpoint_path or None),
@@ -287,9 +293,14 @@ def main(argv: Sequence[str]) -> trainer.TrainResult:
   check_checkpoint_paths(spec)
   check_task(spec)
   check_output_dir(spec.train_config.model_dir, "MODEL_DIR")
+  resumed = check_resume(spec)
   print(f"distillspec_jax.train: {spec.mode} of {spec.model.config.kind} model "
         f"({spec.model.num_params():,} params) for {spec.train_config.train_steps} steps "
         f"in {spec.train_config.model_dir}; devices: {jax.devices()}", flush=True)
+  if resumed is not None:
+    print(f"Resuming from MODEL_DIR's checkpoint at step {resumed} of "
+          f"{spec.train_config.train_steps}" + (": already trained, nothing to do."
+          if resumed == spec.train_config.train_steps else "."), flush=True)
   if multihost.is_primary():
     with open(_config_path(spec.train_config.model_dir), "w") as f:
       f.write(gin.config_str())
@@ -413,8 +424,37 @@ def check_checkpoint_paths(spec: RunSpec) -> None:
           f"{binding} as the model that wrote it.") from None
 
 
+def check_resume(spec: RunSpec) -> Optional[int]:
+  """The step a MODEL_DIR holding checkpoints is resumed from (its latest), else None. One of
+  another model shape is refused here, from stored shapes (no weight read), before config.gin
+  is overwritten (the trainer refuses it at its restore, after the refused run's
+  configuration had replaced the one of the run that wrote them); so is one past TRAIN_STEPS
+  (the run trained nothing and ended, status 0, with the later step's model)."""
+  model_dir = spec.train_config.model_dir
+  if is_remote(model_dir):
+    return None
+  try:
+    params_dir, step_dir = checkpoints.params_dir_of(model_dir)
+  except FileNotFoundError:
+    return None  # nothing to resume
+  lines = checkpoints.shape_mismatches(spec.model.param_shapes(),
+                                       checkpoints.params_metadata(params_dir))
+  if lines:
+    raise gin_utils.GinConfigError(
+        f"MODEL_DIR={model_dir!r} holds checkpoints of another model, which this run would "
+        f"resume from ({step_dir}); first mismatching parameters (checkpoint vs run.model): "
+        + "; ".join(lines) + ". Fix: pass a fresh --gin.MODEL_DIR for this model (or delete "
+        "the old checkpoints), or configure run.model as the model that wrote them.")
+  step, train_steps = int(os.path.basename(step_dir)), spec.train_config.train_steps
+  if step > train_steps:
+    raise gin_utils.GinConfigError(
+        f"MODEL_DIR={model_dir!r} holds a checkpoint at step {step}, past TRAIN_STEPS="
+        f"{train_steps}: the run would train nothing and end with the step-{step} model. Fix: "
+        f"pass --gin.TRAIN_STEPS={step} or more to resume it, or a fresh --gin.MODEL_DIR.")
+  return step
+
+
 def _config_path(model_dir: str) -> str:
-  import os
   os.makedirs(model_dir, exist_ok=True)
   return os.path.join(model_dir, "config.gin")
 

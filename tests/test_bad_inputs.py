@@ -54,6 +54,10 @@ EVAL_CASES = [
     ("--gin.TASK_FEATURE_LENGTHS={'inputz':40,'targets':44}", "['inputz']"),
     ("--gin.evaluate_job.config=None", "evaluate_job.config=None is not a configuration"),
     ("--gin.SEED=-1", "seed (SEED)=-1 must be an integer >= 0"),
+    # Held-out cases: an empty --gin_file (an unset shell variable) was dropped silently.
+    ("--gin_file=", "--gin_file= names no gin file"),
+    # A bad binding's message listed the train binary's configurables, not EvalConfig.
+    ("--gin.=3", "EvalConfig"),
 ]
 MAIN_CASES = [
     ("--gin.SpeedConfig.calls='3'", "SpeedConfig.calls='3'"),
@@ -104,6 +108,23 @@ MAIN_CASES = [
     ("--gin.SEED=-1", "seed=-1 must be an integer >= 0"),  # numpy's batch order: mid-run
     # Refused only after the vocab stage had written MODEL_DIR/vocab.
     ("--gin.MIXTURE_OR_TASK_NAME='no_such_task'", "'no_such_task' is not registered"),
+    # A recipe listed twice gave the job two distill_<recipe> stages of one folder (the
+    # unknown stage keeps the old code, which accepted it, from running the job).
+    ("--gin.RECIPES=('gkd','gkd') --gin.PipelineConfig.recipe_steps={} "
+     "--gin.PipelineConfig.teacher_cache_recipes=() --gin.main_job.stages=('none',)",
+     "recipes (RECIPES)=('gkd', 'gkd') lists 'gkd' twice"),
+    ("--gin.PipelineConfig.teacher_cache_recipes=('supervised_kd','supervised_kd') "
+     "--gin.main_job.stages=('none',)",
+     "teacher_cache_recipes=('supervised_kd', 'supervised_kd') lists 'supervised_kd' twice"),
+    # An empty --gin_file (an unset shell variable) was dropped silently: the job ran.
+    ("--gin_file= --gin.main_job.stages=('none',)", "--gin_file= names no gin file"),
+    # More examples than the split holds: cut silently to the split's 50,000.
+    ("--gin.TRAIN_EXAMPLES=50001 --gin.main_job.stages=('none',)",
+     "TRAIN_EXAMPLES (PipelineConfig.train_examples)=50001 exceeds the 50,000 examples of task "
+     "'embedded_arithmetic''s train split"),
+    # A top-k wider than the vocabulary: refused by the teacher_cache stage, after two others.
+    ("--gin.PipelineConfig.teacher_cache_k=100000 --gin.main_job.stages=('none',)",
+     "teacher_cache_k=100000 exceeds the vocabulary size 256"),
 ]
 TRAIN_CASES = [
     ("--gin.TRAIN_STEPS=-1", "-1"),
@@ -133,6 +154,11 @@ TRAIN_CASES = [
     ("--gin.TASK_FEATURE_LENGTHS={'inputs':0,'targets':8}", "['inputs']=0"),
     ("--gin.TASK_FEATURE_LENGTHS={'inputz':8,'targets':8}", "['inputz']"),
     ("--gin.TrainConfig.seed=-1", "TrainConfig.seed=-1 must be an integer >= 0"),
+    ("--gin_file=", "--gin_file= names no gin file"),
+    # Held-out cases: no lengths, or a missing one, trained silently at 8 tokens each.
+    ("--gin.TASK_FEATURE_LENGTHS=None", "TASK_FEATURE_LENGTHS=None is not a mapping"),
+    ("--gin.TASK_FEATURE_LENGTHS={}", "TASK_FEATURE_LENGTHS={} lacks ['inputs', 'targets']"),
+    ("--gin.TASK_FEATURE_LENGTHS={'targets':8}", "lacks ['inputs']"),
 ]
 
 # The objectives study (a RecipeGridConfig through the main binary): issue 50's list.
@@ -278,3 +304,117 @@ def test_late_bad_value_exits_1_before_model_dir_is_written(binary, flags, named
   testing.assert_refused_before_work(cli, argv + flags.format(file=afile).split(" "), named,
                                      model_dir, capsys)
   assert afile.read_text() == "kept"
+
+
+@pytest.mark.slow
+def test_eval_of_a_task_without_inputs_needs_lm_prompt_length(tmp_path, capsys, checkpoints_dir):
+  """lm1b_files (text lines, 'targets' only) through the eval binary: refused before MODEL_DIR
+  is written, naming the task and EvalConfig.lm_prompt_length. It was refused by the example
+  reader only after MODEL_DIR/config.gin and inferences/ were written, naming an
+  `lm_prompt_length` the binary had no setting for."""
+  data = tmp_path / "data"
+  (data / "lm1b").mkdir(parents=True)
+  (data / "lm1b" / "test.txt").write_text("the cat sat on the mat .\na dog ran .\n")
+  model_dir = tmp_path / "out"
+  argv = _eval_argv(model_dir) + [
+      f"--gin.TARGET_CHECKPOINT_PATH='{checkpoints_dir / 'target'}'",
+      f"--gin.DRAFT_CHECKPOINT_PATH='{checkpoints_dir / 'draft'}'",
+      f"--gin.DATA_DIR='{data}'", "--gin.MIXTURE_OR_TASK_NAME='lm1b_files'"]
+  testing.assert_refused_before_work(
+      eval_lib.cli, argv, "task 'lm1b_files' has no 'inputs' (a language-modelling task), so "
+      "its held-out rows hold no prompt; set --gin.EvalConfig.lm_prompt_length=K", model_dir,
+      capsys)
+  testing.assert_refused_before_work(
+      eval_lib.cli, argv + ["--gin.EvalConfig.lm_prompt_length=0"],
+      "EvalConfig.lm_prompt_length=0 must be an integer >= 1", model_dir, capsys)
+
+
+def test_train_rerun_of_another_model_in_a_model_dir_is_refused_before_config_gin(tmp_path,
+                                                                                  capsys):
+  """The train binary rerun in a MODEL_DIR whose checkpoints hold another model shape (here
+  vocabulary 128 against finetune_tiny.gin's 64): exit 1 naming MODEL_DIR and the mismatch,
+  and MODEL_DIR as it was. The trainer refused it only at its restore, after the refused
+  configuration had replaced the config.gin of the run that wrote the checkpoints."""
+  import gin
+  import jax
+  from distillspec_jax.models.config import model_config
+  from distillspec_jax.models.model import Model
+  from distillspec_jax.training import checkpoints
+  model_dir = tmp_path / "out"
+  other = Model(model_config("tiny_encoder_decoder", vocab_size=128))
+  checkpoints.save_params(str(model_dir / "4"), other.init(jax.random.PRNGKey(0)))
+  (model_dir / "config.gin").write_text("# the run that wrote step 4\n")
+  before = sorted(os.listdir(model_dir))
+  gin.clear_config()
+  try:
+    code = train_lib.cli(["--gin_file=gin/runs/finetune_tiny.gin", f"--gin.MODEL_DIR='{model_dir}'",
+                          "--gin.TRAIN_STEPS=6"])
+  finally:
+    gin.clear_config()
+  err = capsys.readouterr().err
+  assert code == 1, err[-2000:]
+  assert err.startswith("Error: ") and "Traceback" not in err, err[-2000:]
+  assert f"MODEL_DIR='{model_dir}'" in err and "token_embedder/embedding" in err, err[-2000:]
+  assert sorted(os.listdir(model_dir)) == before
+  assert (model_dir / "config.gin").read_text() == "# the run that wrote step 4\n"
+
+
+@pytest.mark.slow
+def test_train_rerun_with_train_steps_below_model_dirs_checkpoint_is_refused(tmp_path, capsys):
+  """finetune_tiny.gin trained to step 4, then rerun in its MODEL_DIR with TRAIN_STEPS=2:
+  exit 1 naming the step and the fix, MODEL_DIR as it was (the run trained nothing and
+  exited 0 with the step-4 model, saying nothing); rerun with TRAIN_STEPS=4 it says that
+  there is nothing to train."""
+  import gin
+  model_dir = tmp_path / "out"
+
+  def run(steps):
+    gin.clear_config()
+    try:
+      return train_lib.cli(["--gin_file=gin/runs/finetune_tiny.gin",
+                            f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}",
+                            "--gin.SAVE_EVERY=4", "--gin.TrainConfig.progress_bar=False"])
+    finally:
+      gin.clear_config()
+
+  assert run(4) == 0
+  capsys.readouterr()
+  before = {name: os.path.getmtime(model_dir / name) for name in os.listdir(model_dir)}
+  code = run(2)
+  err = capsys.readouterr().err
+  assert code == 1, err[-2000:]
+  assert err.startswith("Error: ") and "Traceback" not in err, err[-2000:]
+  assert "holds a checkpoint at step 4, past TRAIN_STEPS=2" in err, err[-2000:]
+  assert "--gin.TRAIN_STEPS=4 or more" in err, err[-2000:]
+  assert {name: os.path.getmtime(model_dir / name) for name in os.listdir(model_dir)} == before
+  assert run(4) == 0
+  assert "step 4 of 4: already trained, nothing to do." in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_an_interrupted_eval_rerun_leaves_the_finished_runs_files(tmp_path, checkpoints_dir,
+                                                                   monkeypatch):
+  """Ctrl-C during an eval binary's run in the MODEL_DIR of a finished one (here while the
+  checkpoints load): its config.gin and metrics.json are left as they were. The binary wrote
+  the new config.gin first, so it described a run that never finished, beside the old
+  metrics.json."""
+  import gin
+  model_dir = tmp_path / "out"
+  model_dir.mkdir()
+  (model_dir / "config.gin").write_text("# the finished run\n")
+  (model_dir / "metrics.json").write_text('{"rows": [], "target_alone": {}}\n')
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(eval_lib, "_load_pair", interrupted)
+  gin.clear_config()
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      eval_lib.cli(_eval_argv(model_dir) + [
+          f"--gin.TARGET_CHECKPOINT_PATH='{checkpoints_dir / 'target'}'",
+          f"--gin.DRAFT_CHECKPOINT_PATH='{checkpoints_dir / 'draft'}'"])
+  finally:
+    gin.clear_config()
+  assert (model_dir / "config.gin").read_text() == "# the finished run\n"
+  assert (model_dir / "metrics.json").read_text() == '{"rows": [], "target_alone": {}}\n'

@@ -226,11 +226,30 @@ def check_task(config: PipelineConfig) -> None:
   line is refused here too. The embedded task needs no check (its name is fixed)."""
   from distillspec_jax.data import tasks, vocabularies
   if config.task == tasks.EMBEDDED_TASK_NAME:
+    from distillspec_jax.data.tasks import embedded
+    check_train_examples(config, embedded.DEFAULT_NUM_EXAMPLES["train"])
     return
   own = config.pair.vocabulary is not None
   register_task(config, vocabulary=None if own else vocabularies.T5_DEFAULT_SPM_PATH)
   from distillspec_jax.data import batches as batches_lib
   batches_lib.check_records(config.task)
+  try:
+    total = batches_lib.get_task(config.task).num_input_examples("train")
+  except Exception:  # pylint: disable=broad-except  # a size the source does not know
+    total = None
+  check_train_examples(config, total)
+
+
+def check_train_examples(config: PipelineConfig, available: Optional[int]) -> None:
+  """Refuses a TRAIN_EXAMPLES (PipelineConfig.train_examples) above the `available` examples
+  of the task's train split (None: not known before reading it; the vocab stage then refuses
+  it): it was cut silently to the split's size."""
+  if (config.in_memory_data and config.train_examples and available
+      and config.train_examples > available):
+    raise ValueError(
+        f"TRAIN_EXAMPLES (PipelineConfig.train_examples)={config.train_examples} exceeds the "
+        f"{available:,} examples of task {config.task!r}'s train split; pass at most "
+        f"{available} (or None for the whole split).")
 
 
 def stage_vocab(config: PipelineConfig, stage: str) -> dict:
@@ -270,6 +289,7 @@ def stage_vocab(config: PipelineConfig, stage: str) -> dict:
     if config.train_examples and count >= config.train_examples:
       break
   arrays = {k: np.concatenate(v)[:config.train_examples] for k, v in arrays.items()}
+  check_train_examples(config, len(arrays["decoder_target_tokens"]))
   if len(arrays["decoder_target_tokens"]) < config.batch_size:
     raise ValueError(f"The train split has {len(arrays['decoder_target_tokens'])} examples, "
                      f"fewer than batch_size={config.batch_size}; lower BATCH_SIZE.")

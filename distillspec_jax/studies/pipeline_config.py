@@ -8,7 +8,8 @@ import logging
 import os
 from typing import Literal, Optional, Union
 
-from distillspec_jax.core.validation import (check_decode_capacity, check_feature_lengths,
+from distillspec_jax.core.validation import (check_decode_capacity, check_distinct,
+                                             check_feature_lengths,
                                              check_field_types, check_int, check_path,
                                              check_positive_int, check_real)
 from distillspec_jax.distill import blocked
@@ -274,6 +275,7 @@ class PipelineConfig:
     if not self.recipes:
       raise ValueError(f"recipes=() is empty; name at least one of {sorted(RECIPES)} (e.g. "
                        "--gin.RECIPES=\"('supervised_kd',)\").")
+    check_distinct(self.recipes, "recipes (RECIPES)")  # one distill_<recipe> stage each
     for recipe, steps in (self.recipe_steps or {}).items():
       if recipe not in self.recipes:
         raise ValueError(f"recipe_steps names {recipe!r}, which is not in "
@@ -287,6 +289,7 @@ class PipelineConfig:
     if self.teacher_cache_k is not None:
       from distillspec_jax.distill import teacher_cache
       check_positive_int(self.teacher_cache_k, "teacher_cache_k")
+      check_distinct(self.cached_recipes, "teacher_cache_recipes")
       for recipe in self.cached_recipes:
         if recipe not in self.recipes:
           raise ValueError(f"teacher_cache_recipes names {recipe!r}, which is not in "
