@@ -16,7 +16,6 @@ family (`LlamaForCausalLM`, `Qwen2ForCausalLM` with q/k/v biases, `Qwen3ForCausa
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -53,7 +52,8 @@ def _export_token_ids(args) -> Optional[dict]:
   if meta.get(importer.HF_TOKEN_IDS):
     return dict(meta[importer.HF_TOKEN_IDS])
   trained = meta.get("token_ids")
-  if trained is not None and trained != dataclasses.asdict(TokenIds()):
+  # TokenIds.from_json: meta written before a field existed (stop_ids) reads its default.
+  if trained is not None and TokenIds.from_json(trained) != TokenIds():
     raise ValueError(
         f"--input={args.input} was trained with a tokenizer other than ours (special ids "
         f"{trained}), and no --tokenizer_dir is given, so the export would carry no tokenizer "

@@ -134,3 +134,24 @@ def test_other_model_shape_is_a_clear_error(tmp_path):
   assert message.count("\n  ") <= 5  # only the first few mismatches
   with pytest.raises(ValueError, match="another model shape"):
     checkpoints.restore_params(str(tmp_path), checkpoints.abstract_like(other_params))
+
+
+@pytest.mark.slow
+def test_token_ids_with_stop_ids_round_trip_through_the_meta(tmp_path):
+  """The trainer stores the model's TokenIds in the meta (dataclasses.asdict): the stop ids
+  come back (as a JSON list; TokenIds.from_json makes the tuple), and meta written before
+  the field existed reads as no stop ids (convert.py's check: T5's ids, not a tokenizer's)."""
+  import dataclasses
+  from distillspec_jax.models.model import NO_TOKEN, TokenIds
+  _, params, opt_state = _state()
+  tokens = TokenIds(eos_id=7, decoder_start_id=None, pad_id=NO_TOKEN, num_tokens=60,
+                    stop_ids=(9, 11))
+  older = {k: v for k, v in dataclasses.asdict(TokenIds()).items() if k != "stop_ids"}
+  ck = checkpoints.Checkpointer(str(tmp_path / "new"))
+  ck.save(1, params, opt_state, {"token_ids": dataclasses.asdict(tokens)}, force=True)
+  ck.wait()
+  assert TokenIds.from_json(checkpoints.read_meta(str(tmp_path / "new"))["token_ids"]) == tokens
+  ck = checkpoints.Checkpointer(str(tmp_path / "old"))
+  ck.save(1, params, opt_state, {"token_ids": older}, force=True)
+  ck.wait()
+  assert TokenIds.from_json(checkpoints.read_meta(str(tmp_path / "old"))["token_ids"]) == TokenIds()

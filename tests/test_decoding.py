@@ -264,3 +264,31 @@ def test_the_default_key_stays_concrete_when_first_made_inside_a_trace():
   key = plain.default_rng()
   assert not isinstance(key, jax.core.Tracer)
   np.testing.assert_array_equal(key, jax.random.PRNGKey(0))
+
+
+@pytest.mark.slow
+def test_greedy_stops_at_a_stop_id(setup):
+  """A further stop id (TokenIds.stop_ids: an instruct model's turn end beside its EOS) ends
+  a row like EOS: the row is the never-stopping row cut after the first stop id or EOS, the
+  stop id kept, PAD after; the same rows as decoding with that id as the one EOS."""
+  from distillspec_jax.models.model import TokenIds
+  model, params, inputs, (tokens, _) = setup
+  def first(row, ids):
+    hits = np.flatnonzero(np.isin(row, ids))
+    return hits[0] if hits.size else MAX_NEW
+  candidates = [t for t in np.unique(tokens[:, 1:MAX_NEW - 1])
+                if t not in (PAD_ID, EOS_ID) and len({first(r, [t]) for r in tokens}) > 1]
+  assert candidates, "the greedy outputs are too uniform to pick a stop id"
+  stop = int(candidates[0])
+  stopping = model.with_tokens(TokenIds(stop_ids=(stop,)))
+  out, lengths = run(stopping, params, inputs)
+  for b in range(4):
+    n = min(first(tokens[b], [stop, EOS_ID]) + 1, MAX_NEW)
+    assert lengths[b] == n, f"row {b}: length {lengths[b]}, expected {n}"
+    np.testing.assert_array_equal(out[b, :n], tokens[b, :n], err_msg=f"row {b}")
+    np.testing.assert_array_equal(out[b, n:], PAD_ID, err_msg=f"row {b}: tokens after the stop")
+  assert lengths.min() < MAX_NEW and stop in out
+  if EOS_ID not in tokens:  # the stop id alone ends these rows: as an EOS of that id does
+    as_eos, as_eos_lengths = run(model, params, inputs, sampling=SamplingConfig(eos_id=stop))
+    np.testing.assert_array_equal(as_eos, out)
+    np.testing.assert_array_equal(as_eos_lengths, lengths)

@@ -175,3 +175,22 @@ def test_head_pair_refusals_name_the_value():
   other = tiny_target("decoder_only")
   with pytest.raises(ValueError, match="built for a llama target"):
     speculative.check_pair(other, head)
+
+
+@pytest.mark.slow
+def test_greedy_with_a_head_and_a_stop_id_equals_greedy_target():
+  """The target's further stop id (TokenIds.stop_ids) ends a row of the head's rounds as in
+  plain decoding: a stop id the target emits is kept, the row padded after it."""
+  from distillspec_jax.models.model import TokenIds
+  from test_speculative import _first_stop_candidate
+  target, params, head, head_params = _pair("decoder_only")
+  prompts = _prompts("decoder_only")
+  free = decode(target, params, max_new_tokens=16, sampling=SamplingConfig(eos_id=-1), **prompts)
+  stop, row, position = _first_stop_candidate(free.tokens, lambda i: i < 12)
+  stopping = target.with_tokens(TokenIds(stop_ids=(stop,)))
+  reference = decode(stopping, params, max_new_tokens=16, **prompts)
+  assert int(reference.lengths[row]) == position + 1
+  result = speculative_decode(stopping, params, head, head_params, max_new_tokens=16, gamma=3,
+                              **prompts)
+  np.testing.assert_array_equal(result.tokens, reference.tokens)
+  np.testing.assert_array_equal(result.lengths, reference.lengths)

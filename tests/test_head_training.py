@@ -207,3 +207,35 @@ def test_head_bench_projects_a_finished_reports_rows(tmp_path):
   assert row["cost_model_speedup"] == pytest.approx(3.0 * 1e-4 / (2e-4 + draft_cost))
   assert row["projected_speedup_32_layers"] == pytest.approx(
       3.0 * 1e-4 * scale / (2e-4 * scale + draft_cost))
+
+
+@pytest.mark.slow
+def test_on_policy_head_samples_end_at_the_targets_stop_ids():
+  """The head's on-policy samples end at the target's EOS or any of its stop ids
+  (TokenIds.stop_ids), as the target's own samples (plain decoding) do: the samples with a
+  stop id are the never-stopping samples cut after its first occurrence (before: at id 1
+  alone, whatever the target's ids)."""
+  from distillspec_jax.distill.head_objectives import sample_head_batch
+  from distillspec_jax.distill.objectives import training_features
+  from distillspec_jax.models.model import TokenIds
+  target, params, head, head_params, batch = _setup()
+  fixed = training_features(batch, target)
+  sample = jax.jit(lambda model, eos_id: sample_head_batch(
+      model, params, head, head_params, fixed, jax.random.PRNGKey(5), max_new_tokens=6,
+      temperature=0.0, eos_id=eos_id), static_argnums=(0, 1))
+  free = sample(target, -1)
+  tokens, weights = (np.asarray(free[k]) for k in ("decoder_target_tokens",
+                                                   "decoder_loss_weights"))
+  samples = [tokens[r][weights[r] > 0] for r in range(len(tokens))]
+  stop = next(int(t) for s in samples for i, t in enumerate(s[1:-1], 1)
+              if t not in s[:i] and 1 not in s[:i + 1])
+  stopped = sample(target.with_tokens(TokenIds(stop_ids=(stop,))), None)
+  cut = 0
+  for r, s in enumerate(samples):
+    ends = np.flatnonzero(np.isin(s, [1, stop]))
+    n = ends[0] + 1 if ends.size else len(s)
+    cut += n < len(s)
+    kept = np.asarray(stopped["decoder_target_tokens"])[r][
+        np.asarray(stopped["decoder_loss_weights"])[r] > 0]
+    np.testing.assert_array_equal(kept, s[:n], err_msg=f"row {r}")
+  assert cut >= 1

@@ -334,3 +334,23 @@ def test_distilled_draft_serves_as_assistant_model_of_its_target_in_transformers
       assisted = hf_target.generate(prompt, assistant_model=hf_draft, **kwargs)[0, n:].tolist()
     assert assisted == plain
     assert np.asarray(ours.tokens[row, :int(ours.lengths[row])]).tolist() == plain
+
+
+def test_several_end_of_sequence_ids_reach_the_exports_generation_config(tmp_path):
+  """A source whose config.json names one EOS (299) and generation_config.json several
+  ([299, 297]: Qwen Instruct's layout) gives the list as eos_token_id (what an import keeps);
+  an export given those ids and no source writes the list to generation_config.json."""
+  import hf_fixtures
+  folder = hf_fixtures.save_tokenizer(str(tmp_path / "tok"), "qwen2")
+  with open(os.path.join(folder, "config.json"), "w") as f:
+    json.dump({"bos_token_id": None, "eos_token_id": 299, "pad_token_id": 297}, f)
+  with open(os.path.join(folder, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": [299, 297]}, f)
+  ids = hf_llama.source_token_ids(folder)
+  assert ids["eos_token_id"] == [299, 297]
+  model = Model.from_name("tiny_llama")
+  hf_llama.save_hf(model.init(jax.random.PRNGKey(0)), model.config, str(tmp_path / "hf"),
+                   token_ids=ids)
+  generation = json.load(open(tmp_path / "hf" / "generation_config.json"))
+  assert generation["eos_token_id"] == [299, 297]
+  assert json.load(open(tmp_path / "hf" / "config.json"))["eos_token_id"] == [299, 297]

@@ -177,34 +177,31 @@ def test_ids_past_the_rows_are_cut_only_when_they_are_unused_special_tokens(tmp_
     TaskSource(vocabulary=folder).tokens_for(298)
 
 
-def test_several_end_of_sequence_ids_warn_once_naming_the_one_that_stops(tmp_path, caplog):
+def test_several_end_of_sequence_ids_all_stop_decoding(tmp_path, caplog):
   """An instruct model's generation_config.json lists several EOS ids (Gemma 3 IT: [1, 106]
-  beside tokenizer_config's <eos>): decoding stops at the one EOS only, so the job warns once
-  naming the ids that do not stop it and the one that does (before: nothing was said, and
-  tau and outputs ran past the turn end silently)."""
+  beside tokenizer_config's <eos>): every one stops decoding. tokenizer_config.json's
+  eos_token stays the EOS (padding, targets); the others are TokenIds.stop_ids, and the job
+  says once which ids stop (before: decoding stopped at the one EOS only)."""
   import logging
   tokenizer = hf_fixtures.fast_tokenizer("qwen2")  # EOS <|endoftext|> 297, <|im_end|> 299
   folder = str(tmp_path / "instruct")
   tokenizer.save_pretrained(folder)
   with open(os.path.join(folder, "generation_config.json"), "w") as f:
     json.dump({"eos_token_id": [299, 297]}, f)
-  with caplog.at_level(logging.WARNING):
-    assert vocabularies.token_ids(folder).eos_id == 297
+  with caplog.at_level(logging.INFO):
+    tokens = vocabularies.token_ids(folder)
     vocabularies.token_ids(folder)
-  warned = [r.getMessage() for r in caplog.records if "do not stop decoding" in r.getMessage()]
-  assert len(warned) == 1, caplog.text
-  assert ("299 '<|im_end|>'" in warned[0] and "only at EOS 297 '<|endoftext|>'" in warned[0]
-          and "eos_token" in warned[0]), warned[0]
-  # The documented choice: tokenizer_config.json's eos_token names the id that stops.
+  assert (tokens.eos_id, tokens.stop_ids, tokens.end_ids) == (297, (299,), (297, 299))
+  said = [r.getMessage() for r in caplog.records if "stops decoding" in r.getMessage()]
+  assert len(said) == 1, caplog.text
+  assert "297 '<|endoftext|>'" in said[0] and "299 '<|im_end|>'" in said[0], said[0]
+  # tokenizer_config.json's eos_token names the EOS; the others still stop.
   with open(os.path.join(folder, "tokenizer_config.json")) as f:
     config = json.load(f)
   with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
     json.dump(dict(config, eos_token="<|im_end|>"), f)
-  caplog.clear()
-  with caplog.at_level(logging.WARNING):
-    assert vocabularies.token_ids(folder).eos_id == 299
-  assert "297 '<|endoftext|>'. Decoding, tau and quality stop only at EOS 299" in caplog.text
-  caplog.clear()
-  with caplog.at_level(logging.WARNING):  # one EOS listed: nothing to say
-    vocabularies.token_ids(hf_fixtures.save_tokenizer(str(tmp_path / "base"), "qwen2"))
-  assert "do not stop decoding" not in caplog.text
+  tokens = vocabularies.token_ids(folder)
+  assert (tokens.eos_id, tokens.stop_ids) == (299, (297,))
+  # One EOS listed: no stop ids.
+  base = vocabularies.token_ids(hf_fixtures.save_tokenizer(str(tmp_path / "base"), "qwen2"))
+  assert base.stop_ids == ()

@@ -12,7 +12,7 @@ from distillspec_jax.decoding import speculative
 from distillspec_jax.models.config import TransformerConfig
 from distillspec_jax.decoding.plain import SamplingConfig, decode
 from distillspec_jax.distill.divergences import expected_acceptance
-from distillspec_jax.models.model import Model
+from distillspec_jax.models.model import EOS_ID, Model, TokenIds
 from distillspec_jax.decoding.speculative import (DraftLength, Lenience, acceptance_probability,
                                                   speculative_decode)
 
@@ -144,6 +144,84 @@ def test_alpha_counts_only_accepted_tokens_that_reach_the_output():
   assert np.all(np.asarray(result.accepted) <= np.asarray(result.produced))
 
 
+
+def _first_stop_candidate(free, ok):
+  """A token that first appears in some row of `free` (outputs decoded with no stop) at a
+  position i >= 1 with ok(i), before any EOS of that row: (token, row, i)."""
+  for row, tokens in enumerate(np.asarray(free)):
+    for i in range(1, len(tokens)):
+      t = int(tokens[i])
+      if EOS_ID in tokens[:i + 1]:
+        break
+      if t != 0 and t not in tokens[:i] and ok(i):
+        return t, row, i
+  raise AssertionError("no token to make a stop id")
+
+
+_RESULT_FIELDS = ("tokens", "lengths", "target_calls", "draft_calls", "drafted", "accepted",
+                  "accepted_proposed", "produced", "rejections", "output_rejections",
+                  "accepted_per_round", "proposed_per_round", "tested_per_round")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["encoder_decoder", "decoder_only"])
+def test_greedy_speculative_with_stop_ids_equals_greedy_target(kind):
+  """A model's further stop ids (TokenIds.stop_ids: an instruct model's turn end) end a row
+  like its EOS in the rounds too: greedy speculative decoding with a stop id equals plain
+  greedy decoding with it, with the tiny draft and with the target as its own draft, whose
+  rounds accept every draft token, so the stop id is accepted mid-round and the accepted
+  draft tokens after it are cut."""
+  target, tp, draft, dp = _pair(kind)
+  prompts = _prompts(kind)
+  gamma, new = 3, 20
+  free = decode(target, tp, max_new_tokens=new, sampling=SamplingConfig(eos_id=-1), **prompts)
+  # First at a draft position of the identical draft's rounds (gamma + 1 tokens a round after
+  # the prefill's) with another draft token after it in the round.
+  stop, row, position = _first_stop_candidate(
+      free.tokens, lambda i: (i - 1) % (gamma + 1) < gamma - 1 and i < new - gamma)
+  tokens = TokenIds(stop_ids=(stop,))
+  stopping = target.with_tokens(tokens)
+  reference = decode(stopping, tp, max_new_tokens=new, **prompts)
+  assert int(reference.lengths[row]) == position + 1
+  assert int(reference.tokens[row, position]) == stop
+  np.testing.assert_array_equal(np.asarray(reference.tokens)[row, position + 1:], 0)
+  for name, d, p in (("tiny draft", draft.with_tokens(tokens), dp), ("identical", stopping, tp)):
+    result = speculative_decode(stopping, tp, d, p, max_new_tokens=new, gamma=gamma, **prompts)
+    np.testing.assert_array_equal(result.tokens, reference.tokens, err_msg=name)
+    np.testing.assert_array_equal(result.lengths, reference.lengths, err_msg=name)
+  # The identical draft's last round of `row` accepted the stop id and tokens after it.
+  assert int(result.accepted[row]) < int(result.accepted_proposed[row])
+  assert int(result.produced[row]) == position
+
+
+@pytest.mark.slow
+def test_statistics_of_a_row_cut_by_a_stop_id_equal_those_of_the_row_cut_by_eos():
+  """The rounds count a cut at a stop id as the cut at EOS: a model whose EOS is 1 and stop
+  id s decodes (sampled, same key) exactly as the model whose EOS is s and stop id 1, every
+  count and per-round statistic included (accepted and tested per round, tau)."""
+  from distillspec_jax.decoding.stats import block_efficiency_stats
+  target, tp, draft, dp = _pair("decoder_only")
+  prompts, gamma, new = _prompts("decoder_only"), 4, 23
+  sampling = SamplingConfig(1.0)
+  run = lambda tokens, d, p: speculative_decode(
+      target.with_tokens(tokens), tp, d.with_tokens(tokens), p, max_new_tokens=new,
+      gamma=gamma, sampling=sampling, rng=jax.random.PRNGKey(4), **prompts)
+  for d, p in ((draft, dp), (target, tp)):
+    free = speculative_decode(target, tp, d, p, max_new_tokens=new, gamma=gamma,
+                              sampling=SamplingConfig(1.0, eos_id=-1),
+                              rng=jax.random.PRNGKey(4), **prompts)
+    # For the identical draft (every round gamma + 1 tokens): inside a round, drafts after it.
+    stop, row, position = _first_stop_candidate(
+        free.tokens, lambda i: i < new - gamma and (d is draft or (i - 1) % (gamma + 1) < gamma - 1))
+    by_stop = run(TokenIds(eos_id=EOS_ID, stop_ids=(stop,)), d, p)
+    by_eos = run(TokenIds(eos_id=stop, stop_ids=(EOS_ID,)), d, p)
+    assert int(by_stop.lengths[row]) == position + 1
+    for name in _RESULT_FIELDS:
+      np.testing.assert_array_equal(getattr(by_stop, name), getattr(by_eos, name), err_msg=name)
+    assert block_efficiency_stats(by_stop) == block_efficiency_stats(by_eos)
+  # The identical draft: the stop id's round was cut (accepted drafts after it not counted).
+  assert int(by_stop.accepted[row]) < int(by_stop.accepted_proposed[row])
+
 def _peaked_decoder_pair(vocab=5, seed_target=0, seed_draft=1):
   """Tiny decoder-only models whose next-token distributions are far from uniform and differ."""
   config = TransformerConfig(kind="decoder_only", vocab_size=vocab, emb_dim=16, num_heads=2,
@@ -169,8 +247,10 @@ _logits = jax.jit(lambda model, params, tokens: model.logits(
 def _exact_sequence_distribution(model, params, length, eos):
   """P(y) for every continuation of the empty prompt, enumerated with full forward passes:
   one batched pass per depth over every unfinished prefix of that depth (rows of one length,
-  no padding, so each row's logits are its own sequence's)."""
+  no padding, so each row's logits are its own sequence's). eos: the id, or the ids, that
+  end a sequence."""
   vocab = model.config.vocab_size
+  ends = {eos} if isinstance(eos, int) else set(eos)
   probs, live = {}, {(): 1.0}  # finished sequences; unfinished prefixes
   for depth in range(length):
     prefixes = list(live)
@@ -179,7 +259,7 @@ def _exact_sequence_distribution(model, params, length, eos):
     grown = {}
     for row, prefix in enumerate(prefixes):
       for token in range(vocab):  # generated 0s are ordinary tokens; lengths delimit outputs
-        ended = token == eos or depth == length - 1
+        ended = token in ends or depth == length - 1
         (probs if ended else grown)[prefix + (token,)] = live[prefix] * p[row, token]
     live = grown
   return probs
@@ -206,10 +286,11 @@ def _goodness_of_fit_pvalue(samples, expected):
   return stats.chisquare(observed_cells, np.array(expected_cells) * n / sum(expected_cells)).pvalue
 
 
-def _sample_speculative(model, tp, dp, lenience, num_samples, length, gamma=2, seed=11):
+def _sample_speculative(model, tp, dp, lenience, num_samples, length, gamma=2, seed=11,
+                        eos_id=1):
   result = speculative_decode(model, tp, model, dp, prompt_tokens=jnp.zeros((num_samples, 1), jnp.int32),
                               max_new_tokens=length, gamma=gamma,
-                              sampling=SamplingConfig(1.0, eos_id=1), lenience=lenience,
+                              sampling=SamplingConfig(1.0, eos_id=eos_id), lenience=lenience,
                               rng=jax.random.PRNGKey(seed))
   tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
   return [tuple(int(t) for t in row[:n]) for row, n in zip(tokens, lengths)]
@@ -243,6 +324,22 @@ def test_sampled_speculative_matches_target_distribution_and_broken_variants_fai
   engine.clear_cache()
   assert _goodness_of_fit_pvalue(broken, expected) < 1e-6
 
+
+
+@pytest.mark.slow
+def test_sampled_speculative_with_a_stop_id_matches_target_distribution():
+  """With a stop id (3) beside EOS (1), the sampled output distribution is the target's
+  stopping at either; the same samples do not fit the distribution stopping at EOS alone."""
+  model, tp, dp = _peaked_decoder_pair()
+  stopping = model.with_tokens(TokenIds(stop_ids=(3,)))
+  length, num_samples = 3, 20000
+  expected = _exact_sequence_distribution(model, tp, length, eos=(1, 3))
+  samples = _sample_speculative(stopping, tp, dp, Lenience(), num_samples, length,
+                                eos_id=None)
+  assert any(len(s) < length and s[-1] == 3 for s in samples)
+  assert _goodness_of_fit_pvalue(samples, expected) > 1e-3
+  assert _goodness_of_fit_pvalue(
+      samples, _exact_sequence_distribution(model, tp, length, eos=1)) < 1e-6
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rule", [DraftLength("confidence", 0.5),

@@ -2,6 +2,8 @@
 (no T5 start id 0 before them, id 0 a real token), the model's own EOS, and embedding rows past
 the tokenizer never output; T5's conventions unchanged where no tokenizer is given."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -128,3 +130,55 @@ def test_on_policy_batches_keep_the_tokenizers_layout(pair):
   assert rebuilt["decoder_target_tokens"].tolist() == batch["decoder_target_tokens"].tolist()
   assert rebuilt["decoder_input_tokens"][0, :4].tolist() == [5, 0, 7, 9]
   assert rebuilt["decoder_loss_weights"].tolist() == [[0, 0, 1, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("stop_ids, match", [
+    ((5, 5), r"stop_ids=\(5, 5\).*5 twice"),
+    ((1,), r"stop_ids=\(1,\).*1 is eos_id"),
+    ((0,), r"stop_ids=\(0,\).*0 is the pad id"),
+    ((-3,), r"stop_ids=\(-3,\).*-3 is negative"),
+    ((300,), r"stop_ids=\(300,\).*300 is past num_tokens=300"),
+    ((True,), r"stop_ids=\(True,\).*True is not an int"),
+    (("7",), r"stop_ids=\('7',\).*'7' is not an int"),
+    ([7], r"stop_ids=\[7\] must be a tuple")])
+def test_bad_stop_ids_are_refused_naming_the_value(stop_ids, match):
+  num_tokens = 300 if 300 in stop_ids else None
+  with pytest.raises((TypeError, ValueError), match=match):
+    TokenIds(stop_ids=stop_ids, num_tokens=num_tokens)
+
+
+def test_stop_ids_past_the_models_rows_are_refused_and_ends_row_reads_every_stop():
+  model = Model.from_name("demo_draft")
+  rows = model.config.vocab_size
+  with pytest.raises(ValueError, match=f"stop id {rows} .*{rows} embedding rows"):
+    model.with_tokens(TokenIds(stop_ids=(rows,)))
+  stopping = model.with_tokens(TokenIds(stop_ids=(7, 9)))
+  assert stopping.tokens.end_ids == (1, 7, 9)
+  ends = stopping.ends_row(jnp.array([[0, 1, 7, 8, 9]]))
+  assert np.asarray(ends).tolist() == [[False, True, True, False, True]]
+  assert np.asarray(model.ends_row(jnp.array([1, 7]))).tolist() == [True, False]
+  # A JSON round trip of the checkpoint meta (lists), and older meta without the field.
+  import json
+  meta = json.loads(json.dumps(dataclasses.asdict(stopping.tokens)))
+  assert TokenIds.from_json(meta) == stopping.tokens
+  older = {k: v for k, v in meta.items() if k != "stop_ids"}
+  assert TokenIds.from_json(older) == TokenIds(stop_ids=())
+
+
+@pytest.mark.slow
+def test_eval_texts_are_cut_at_a_stop_id(pair):
+  """The quality texts (evaluation/quality.py) end at a stop id as at EOS: greedy predictions
+  of a model with a stop id are the texts of the tokens before it."""
+  from distillspec_jax.evaluation import quality
+  vocab, _, target, tp, _, _ = pair
+  prompts, _ = _prompts(vocab)
+  free = plain.decode(target, tp, prompt_tokens=prompts, max_new_tokens=8, max_length=64,
+                      sampling=plain.SamplingConfig(eos_id=-1))
+  row = np.asarray(free.tokens)[0]
+  eos = target.tokens.eos_id
+  stop = int(next(t for i, t in enumerate(row)
+                  if i >= 1 and t != eos and t not in row[:i] and eos not in row[:i]))
+  position = int(np.flatnonzero(row == stop)[0])
+  stopping = target.with_tokens(dataclasses.replace(target.tokens, stop_ids=(stop,)))
+  texts = quality.greedy_predictions(stopping, tp, prompts, 8, vocab.decode)
+  assert texts[0] == vocab.decode(row[:position].tolist())

@@ -38,7 +38,8 @@ class HFTokenizerVocabulary(seqio.Vocabulary):
           f"No EOS token for {self.tokenizer_file!r}: none of {list(CONFIG_FILES)} in "
           f"{self.folder!r} names one. Pass the model folder saved by save_pretrained.")
     self._bos, self._eos, self._pad = ids["bos"], ids["eos"], ids["pad"]
-    # The other end-of-sequence ids the model's configs list: decoding does not stop at them.
+    # The other end-of-sequence ids the model's configs list: decoding stops at them too
+    # (vocabularies.token_ids: TokenIds.stop_ids).
     self.other_eos_ids = tuple(i for i in listed_eos_ids(self.folder) if i != self._eos)
     self.prompt_prefix, self.prompt_suffix = added_around(self.tokenizer)
 

@@ -97,8 +97,8 @@ def special_ids(tokenizer, folder: str) -> Dict[str, Optional[int]]:
 def listed_eos_ids(folder: str) -> Tuple[int, ...]:
   """Every end-of-sequence id config.json and generation_config.json list (an instruct
   model's several: Gemma 3 IT's [1, 106], Llama 3 Instruct's [128001, 128008, 128009]), in
-  order, each once. Decoding stops at one EOS (`special_ids`'); the others are named in a
-  warning (vocabularies.token_ids)."""
+  order, each once. `special_ids`' EOS is the one of targets and padding; decoding stops at
+  every one (vocabularies.token_ids: TokenIds.stop_ids)."""
   out = []
   for name in CONFIG_FILES[1:]:
     value = read_json(os.path.join(folder, name)).get("eos_token_id")

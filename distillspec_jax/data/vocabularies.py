@@ -145,7 +145,8 @@ def is_tokenizer(vocab: seqio.Vocabulary) -> bool:
 
 def token_ids(vocab: VocabLike, rows: Optional[int] = None) -> TokenIds:
   """The models' TokenIds for `vocab`: T5's for SentencePiece vocabularies; for a tokenizer
-  its EOS, no start id (prompts begin as the tokenizer encodes them), padding marked by
+  its EOS, as stop ids the other end-of-sequence ids its config.json / generation_config.json
+  list (an instruct model's turn end: decoding stops at each), no start id (prompts begin as the tokenizer encodes them), padding marked by
   NO_TOKEN (0 is a real token), and its size (embedding rows past it are never output).
 
   rows: the smallest embedding row count of the models that take these ids (None: not
@@ -155,28 +156,26 @@ def token_ids(vocab: VocabLike, rows: Optional[int] = None) -> TokenIds:
   vocab = as_vocabulary(vocab)
   if not is_tokenizer(vocab):
     return TokenIds()
-  _warn_other_eos(vocab)
   num_tokens = int(vocab.vocab_size)
   if rows is not None:
     num_tokens = vocab.ids_for_rows(int(rows))
+  _say_stop_ids(vocab)
   return TokenIds(eos_id=int(vocab.eos_id), decoder_start_id=None, pad_id=NO_TOKEN,
-                  num_tokens=num_tokens)
+                  num_tokens=num_tokens, stop_ids=tuple(vocab.other_eos_ids))
 
 
-def _warn_other_eos(vocab) -> None:
-  """Decoding stops at one EOS id: a tokenizer folder whose configs list others (an instruct
-  model's turn end beside its EOS) is named in a warning, once a run."""
+def _say_stop_ids(vocab) -> None:
+  """A tokenizer folder whose configs list end-of-sequence ids besides its EOS (an instruct
+  model's turn end: Gemma 3 IT [1, 106], Llama 3 Instruct [128001, 128008, 128009]): every
+  one stops decoding (TokenIds.stop_ids); said once a run, naming them."""
   if not vocab.other_eos_ids:
     return
   name = vocab.tokenizer.id_to_token
-  others = ", ".join(f"{i} {name(i)!r}" for i in vocab.other_eos_ids)
-  _warn_once(f"{vocab.folder}'s config.json / generation_config.json list end-of-sequence ids "
-             f"that do not stop decoding here: {others}. Decoding, tau and quality stop only "
-             f"at EOS {vocab.eos_id} {name(vocab.eos_id)!r} (tokenizer_config.json's "
-             "eos_token, else the first id listed); outputs run past the others. To stop at "
-             "another (an instruct model's turn end), pass as VOCABULARY a copy of the "
-             "tokenizer folder whose tokenizer_config.json eos_token is that token "
-             "(docs/own_pair.md).")
+  ids = ", ".join(f"{i} {name(i)!r}" for i in (vocab.eos_id,) + tuple(vocab.other_eos_ids))
+  _info_once(f"{vocab.folder}'s config.json / generation_config.json list several "
+             f"end-of-sequence ids; each stops decoding (and ends tau's rows and the quality "
+             f"texts): {ids}. EOS {vocab.eos_id} (tokenizer_config.json's eos_token, else the "
+             "first id listed) is the one of training targets and padding.")
 
 
 def check_examples(vocab: VocabLike, examples, num_tokens: Optional[int], task: str) -> None:
@@ -261,6 +260,11 @@ def _describe(vocab: seqio.Vocabulary) -> str:
     return repr(vocab)
   path = getattr(vocab, "sentencepiece_model_file", None)
   return f"{type(vocab).__name__}({path!r}, extra_ids={getattr(vocab, 'extra_ids', '?')})"
+
+
+@functools.lru_cache(maxsize=None)
+def _info_once(message: str) -> None:
+  logging.info(message)
 
 
 @functools.lru_cache(maxsize=None)

@@ -22,7 +22,7 @@ import numpy as np
 
 from distillspec_jax.core.validation import check_field_types, check_positive_int, check_real
 from distillspec_jax.models.config import check_token_ids
-from distillspec_jax.models.model import PAD_ID, Model, decoder_prompt
+from distillspec_jax.models.model import PAD_ID, Model, decoder_prompt, ends_row
 
 Array = jax.Array
 
@@ -130,13 +130,21 @@ def check_prompts(model: Model, encoder_input_tokens, prompt_tokens) -> None:
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   """How the next token is chosen. temperature == 0 is greedy (argmax). eos_id: the id that
-  ends a row; None: the model's own (`Model.tokens.eos_id`); -1: none (fixed lengths)."""
+  ends a row; None: the model's own (`Model.tokens.eos_id` and its further stop ids,
+  `TokenIds.stop_ids`); another id: that one alone; -1: none (fixed lengths)."""
 
   temperature: float = 0.0
   eos_id: Optional[int] = None
 
-  def eos_for(self, model: Model) -> int:
-    return model.tokens.eos_id if self.eos_id is None else self.eos_id
+  def end_ids(self, model: Model) -> tuple:
+    """The ids that end a row of `model` (static): `Model.ends_row`'s, or this eos_id."""
+    if self.eos_id is None:
+      return model.tokens.end_ids
+    return () if self.eos_id == -1 else (self.eos_id,)
+
+  def ends_row(self, model: Model, tokens):
+    """Whether each of `tokens` ends a row of `model` under this sampling (`end_ids`)."""
+    return ends_row(tokens, self.end_ids(model))
 
   def __post_init__(self):
     check_field_types(self)
@@ -210,8 +218,8 @@ def sample_tokens(logits: Array, rng: Array, temperature: float,
 
 @flax.struct.dataclass
 class DecodeResult:
-  """tokens: [batch, max_new_tokens], EOS included, the model's pad id (T5: 0) after it;
-  lengths: [batch]."""
+  """tokens: [batch, max_new_tokens], EOS (or the stop id that ended the row) included, the
+  model's pad id (T5: 0) after it; lengths: [batch]."""
 
   tokens: Array
   lengths: Array
@@ -305,8 +313,8 @@ def decode_start(model: Model, params, encoder_input_tokens=None, prompt_tokens=
 
 def decode_steps(model: Model, params, logits, cache, rng, *, max_new_tokens: int,
                  sampling: SamplingConfig) -> DecodeResult:
-  """Samples from `logits: [batch, vocab]` and extends `cache` until every row has its EOS or
-  `max_new_tokens` tokens.
+  """Samples from `logits: [batch, vocab]` and extends `cache` until every row has its EOS (or
+  a stop id: `SamplingConfig.end_ids`) or `max_new_tokens` tokens.
 
   L new tokens take L - 1 target calls after the setup: the first token comes from the
   prefill's logits, and a token is fed to the model only when another one will be sampled
@@ -321,7 +329,7 @@ def decode_steps(model: Model, params, logits, cache, rng, *, max_new_tokens: in
     token = jnp.where(done, model.tokens.pad_id, token)
     out = out.at[:, step].set(token)
     lengths = lengths + (~done).astype(jnp.int32)
-    return token, out, done | (token == sampling.eos_for(model)), lengths
+    return token, out, done | sampling.ends_row(model, token), lengths
 
   out = jnp.full((batch_size, max_new_tokens), model.tokens.pad_id, jnp.int32)
   token, out, done, lengths = emit(0, logits, out, jnp.zeros((batch_size,), bool),

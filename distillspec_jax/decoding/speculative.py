@@ -19,6 +19,10 @@ before `previous, pending`. The draft's first step feeds [previous, pending] (re
 `previous` where it was already cached gives identical keys/values), so a fully accepted block
 never needs an extra draft call to catch up on its last token.
 
+EOS below means every id that ends a row: the target's EOS and its further stop ids
+(`TokenIds.stop_ids`, `SamplingConfig.end_ids`); an accepted stop id cuts a round, and counts
+in the statistics, exactly as an accepted EOS does.
+
 Statistics (per row, counted only while the row is unfinished; the first generated token comes
 from the prompt's prefill in both plain and speculative decoding and is not counted):
   target_calls: verification calls.   draft_calls: the row's own draft forward calls (gamma
@@ -535,7 +539,7 @@ def speculative_start(target, target_params, draft, draft_params, encoder_input_
       accepted_proposed=zeros, rejections=zeros, output_rejections=zeros, drafted=zeros,
       draft_calls=zeros,
       previous=previous, pending=pending,
-      done=(pending == sampling.eos_for(target)) | (max_new_tokens <= 1), round=jnp.int32(0),
+      done=sampling.ends_row(target, pending) | (max_new_tokens <= 1), round=jnp.int32(0),
       target_cache=target_cache, draft_cache=draft_cache, out=out,
       accepted_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32),
       proposed_per_round=jnp.full((batch, max_new_tokens), -1, jnp.int32),
@@ -751,10 +755,11 @@ def _verify_proposals(target: Model, target_params, target_cache, block: Array,
 
 
 def _round_output(state: SpeculativeState, block: Array, num_accepted: Array,
-                  next_token: Array, *, max_new_tokens: int, gamma: int, eos: int):
+                  next_token: Array, *, max_new_tokens: int, gamma: int, ends_row):
   """What a round appends: (out with the round's tokens written, produced [batch] tokens
   appended (0 for finished rows), first_eos [batch]: the offset of the first EOS among the
-  round's tokens, gamma + 1 where there is none).
+  round's tokens, gamma + 1 where there is none). `ends_row(tokens)`: which tokens end a row
+  (the EOS and any stop id, `SamplingConfig.ends_row`); each counts as the EOS here.
 
   block: [batch, gamma + 1] = [pending, draft tokens]; num_accepted, next_token: [batch]
   from `verify_block`.
@@ -766,7 +771,7 @@ def _round_output(state: SpeculativeState, block: Array, num_accepted: Array,
   new_tokens = jnp.where(offsets < num_accepted[:, None], jnp.roll(block, -1, axis=1),
                          next_token[:, None])
   # Keep tokens up to the first EOS and within the length budget.
-  is_eos = (new_tokens == eos) & (offsets <= num_accepted[:, None])
+  is_eos = ends_row(new_tokens) & (offsets <= num_accepted[:, None])
   first_eos = accepted_prefix_length(~is_eos)
   produced = jnp.minimum(jnp.minimum(num_accepted, first_eos) + 1,
                          max_new_tokens - state.generated) * active
@@ -876,7 +881,7 @@ def _round(target, target_params, draft, draft_params, state: SpeculativeState, 
   block, num_accepted, drafted = verified.block, verified.num_accepted, verified.draft
   out, produced, first_eos = _round_output(state, block, num_accepted, verified.next_token,
                                            max_new_tokens=max_new_tokens, gamma=gamma,
-                                           eos=sampling.eos_for(target))
+                                           ends_row=functools.partial(sampling.ends_row, target))
   # Accepted draft tokens that reach the output: all n, unless EOS or the length limit cut
   # the round at produced <= n tokens, all of them draft tokens.
   kept = jnp.minimum(num_accepted, produced)

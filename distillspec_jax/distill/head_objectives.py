@@ -38,7 +38,7 @@ from distillspec_jax.distill.objectives import (DistillationConfig, mixed_batch,
                                                 prompt_tokens_from_batch, sample_batch,
                                                 samples_to_batch, training_features)
 from distillspec_jax.models.head import Head, check_unroll_steps
-from distillspec_jax.models.model import EOS_ID, Model, decoder_prompt
+from distillspec_jax.models.model import Model, decoder_prompt
 
 Array = jax.Array
 Params = Any
@@ -87,12 +87,15 @@ def _shift_left(x: Array, steps: int) -> Array:
 
 def sample_head_batch(target: Model, target_params, head: Head, head_params, batch: dict,
                       rng: Array, *, max_new_tokens: int, temperature: float,
-                      eos_id: int = EOS_ID) -> dict:
+                      eos_id: Optional[int] = None) -> dict:
   """On-policy sequences for a head, as a training batch: the first token from the target
   (as in serving), each next one from the head's first draft step over the target's features
   of the prefix; the target scores each token as it is appended.
 
   batch: the fixed batch the prompts come from (`training_features` keys).
+  eos_id: as `plain.SamplingConfig`'s: None, a sample ends at the target's EOS or any of its
+    stop ids (`TokenIds.end_ids`, as the target's own samples do); an id: at that id; -1:
+    never.
   Returns `samples_to_batch`'s teacher-forced batch of the same width.
   """
   max_new_tokens = validation.check_positive_int(max_new_tokens, "max_new_tokens")
@@ -121,7 +124,7 @@ def sample_head_batch(target: Model, target_params, head: Head, head_params, bat
   rngs = jax.random.split(loop_rng, max_new_tokens - 1)
   _, tokens = jax.lax.scan(step, (target_cache, state), rngs)
   tokens = jnp.concatenate([first[:, None], tokens.T], axis=1)
-  is_eos = tokens == eos_id
+  is_eos = plain.SamplingConfig(eos_id=eos_id).ends_row(target, tokens)
   lengths = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1) + 1, max_new_tokens)
   tokens = jnp.where(jnp.arange(max_new_tokens)[None] < lengths[:, None], tokens, 0)
   return samples_to_batch(tokens, lengths.astype(jnp.int32), batch, target, prompts)

@@ -174,7 +174,7 @@ def greedy_predictions(model: Model, params, prompts: np.ndarray, max_new_tokens
     result = _fetched(decode(model, params, max_new_tokens=max_new_tokens, rng=rng,
                              **_placed(prompt_inputs(model, chunk), place)), place)
     predictions += _texts(np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real],
-                          detokenize, model.tokens.eos_id)
+                          detokenize, model)
   return predictions
 
 
@@ -305,8 +305,11 @@ def _fetched(result, place):
   return jax.device_get(result) if place is None else place.gather(result)
 
 
-def _texts(tokens, lengths, detokenize, eos_id: int) -> list:
-  return [detokenize([int(t) for t in row[:n] if t != eos_id]) for row, n in
+def _texts(tokens, lengths, detokenize, model: Model) -> list:
+  """Each row's text: its `lengths` tokens less the EOS or stop id that ended it
+  (`Model.ends_row`: `TokenIds.end_ids`)."""
+  ends = set(model.tokens.end_ids)
+  return [detokenize([int(t) for t in row[:n] if int(t) not in ends]) for row, n in
           zip(np.asarray(tokens), np.asarray(lengths))]
 
 
@@ -345,7 +348,7 @@ def target_alone(target: Model, target_params, draft: Model, draft_params, examp
                              sampling=sampling, rng=_key(jax.random.fold_in(key, index), place),
                              **_placed(prompt_inputs(target, chunk), place)), place)
     tokens, lengths = np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real]
-    predictions += _texts(tokens, lengths, detokenize, target.tokens.eos_id)
+    predictions += _texts(tokens, lengths, detokenize, target)
     if place is None:
       acceptance.append(predicted_alpha(target, target_params, draft, draft_params,
                                         chunk[:real], tokens, temperature))
@@ -385,7 +388,7 @@ def speculative_run(target: Model, target_params, draft: Model, draft_params,
     result = _fetched(result, place)
     tokens, lengths = np.asarray(result.tokens)[:real], np.asarray(result.lengths)[:real]
     if detokenize is not None:
-      predictions += _texts(tokens, lengths, detokenize, target.tokens.eos_id)
+      predictions += _texts(tokens, lengths, detokenize, target)
     per_round = np.asarray(result.accepted_per_round)[:real]
     rounds += [[int(n) for n in row if n >= 0] for row in per_round]
     tests += [[int(k) for k in row if k >= 0]

@@ -971,7 +971,8 @@ class TimingPlan:
     draft_lengths: the draft length rules to time (speculative.DraftLength) in the same
       cycles: the fixed rule at every gamma, an adaptive one at the largest gamma (its
       gamma_max).
-    eos_id: None = the sampling default (EOS stops a row); -1 disables EOS (fixed lengths).
+    eos_id: None = the sampling default (EOS and the model's stop ids stop a row); -1
+      disables them (fixed lengths).
     seed: prompt i of every decoder samples with fold_in(PRNGKey(seed), i).
     repeats: timing repeats (>= 1); medians and ranges are over them.
     timed_per_turn: timed calls of each function per repeat, at least; a repeat's time sums

@@ -565,15 +565,25 @@ def load_hf(path: str, config: Optional[TransformerConfig] = None):
 
 def _source_ids(source_dir: str, hf: Optional[dict]) -> dict:
   """bos/eos/pad ids for an export next to the `source_dir` tokenizer: the source model's
-  config.json's, else the tokenizer's own (tokenizer_config.json); none: ours."""
+  config.json's, else the tokenizer's own (tokenizer_config.json); none: ours. Where the
+  folder's config.json / generation_config.json list several end-of-sequence ids (an instruct
+  model's: TokenIds.stop_ids), eos_token_id is that list, the one EOS first."""
   if hf:
-    return {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf}
-  if os.path.isfile(os.path.join(source_dir, tokenizer_files.TOKENIZER_FILE)):
+    ids = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in hf}
+  elif os.path.isfile(os.path.join(source_dir, tokenizer_files.TOKENIZER_FILE)):
     from distillspec_jax.data import hf_vocabulary  # seqio and TF: only for an export
     vocab = hf_vocabulary.load_hf_vocabulary(source_dir)
-    return {"bos_token_id": vocab.bos_id, "eos_token_id": vocab.eos_id,
-            "pad_token_id": vocab.pad_token_id}
-  return {}
+    ids = {"bos_token_id": vocab.bos_id, "eos_token_id": vocab.eos_id,
+           "pad_token_id": vocab.pad_token_id}
+  else:
+    return {}
+  listed = tokenizer_files.listed_eos_ids(source_dir)
+  if len(listed) > 1:
+    first = ids.get("eos_token_id")
+    first = first[0] if isinstance(first, list) and first else first
+    head = [first] if isinstance(first, int) and first in listed else []
+    ids["eos_token_id"] = head + [i for i in listed if i not in head]
+  return ids
 
 
 def source_token_ids(path: str) -> dict:

@@ -46,19 +46,24 @@ NO_TOKEN = -1
 class TokenIds:
   """The ids decoding relies on, from the model's vocabulary (the defaults are T5's).
 
-  eos_id: ends a row's output.
+  eos_id: ends a row's output; also the EOS of training targets and of padding rows.
   decoder_start_id: put before every decoder prompt; None (a Hugging Face tokenizer): the
     prompt is used as the tokenizer encoded it (its own BOS, if any).
   pad_id: the value right-padding token rows (prompts `[batch, P]`, decoded outputs); 0 for
     T5 (its real pad), NO_TOKEN where 0 is a real token, so that no id is read as padding.
   num_tokens: the tokenizer's size when the embedding has more rows (rows past it are never
     sampled: logits are cut to `num_tokens`); None: every row is a token.
+  stop_ids: further ids that end a row's output exactly as `eos_id` does, in every decoder
+    (an instruct model's turn end: the other end-of-sequence ids its config.json /
+    generation_config.json list); a tuple of distinct ints in [0, num_tokens), none of them
+    eos_id or pad_id. `end_ids` is eos_id followed by them; `Model.ends_row` tests them.
   """
 
   eos_id: int = EOS_ID
   decoder_start_id: Optional[int] = DECODER_START_ID
   pad_id: int = PAD_ID
   num_tokens: Optional[int] = None
+  stop_ids: tuple = ()
 
   def __post_init__(self):
     for name in ("eos_id", "decoder_start_id", "pad_id", "num_tokens"):
@@ -68,6 +73,55 @@ class TokenIds:
     if self.num_tokens is not None and self.num_tokens <= self.eos_id:
       raise ValueError(f"TokenIds.num_tokens={self.num_tokens} must exceed eos_id="
                        f"{self.eos_id}.")
+    self._check_stop_ids()
+
+  def _check_stop_ids(self) -> None:
+    stops = self.stop_ids
+    what = f"TokenIds.stop_ids={stops!r}"
+    if not isinstance(stops, tuple):
+      raise TypeError(f"{what} must be a tuple of ints (the further ids that end a row).")
+    for i, value in enumerate(stops):
+      if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what}: {value!r} is not an int.")
+      problem = None
+      if value < 0:
+        problem = f"{value} is negative"
+      elif value == self.eos_id:
+        problem = f"{value} is eos_id, which ends a row already"
+      elif value == self.pad_id:
+        problem = f"{value} is the pad id (every padded position would read as a stop)"
+      elif self.num_tokens is not None and value >= self.num_tokens:
+        problem = f"{value} is past num_tokens={self.num_tokens} (never output)"
+      elif value in stops[:i]:
+        problem = f"it lists {value} twice"
+      if problem:
+        raise ValueError(f"{what}: {problem}. Pass distinct token ids of the vocabulary "
+                         "other than eos_id and the pad id.")
+    if any(not isinstance(v, int) for v in stops):  # NumPy ints: plain ones, for hashing/JSON
+      object.__setattr__(self, "stop_ids", tuple(int(v) for v in stops))
+
+  @property
+  def end_ids(self) -> tuple:
+    """Every id that ends a row: eos_id, then the stop ids."""
+    return (self.eos_id,) + self.stop_ids
+
+  @classmethod
+  def from_json(cls, values: dict) -> "TokenIds":
+    """TokenIds from `dataclasses.asdict` read back from JSON (a checkpoint's meta): lists
+    become tuples; a field the meta lacks (older meta: stop_ids) takes its default."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()
+              if k in known}
+    return cls(**values)
+
+
+def ends_row(tokens, end_ids: tuple):
+  """Whether each of `tokens` is one of `end_ids` (a static tuple; empty: never)."""
+  tokens = jnp.asarray(tokens)
+  out = jnp.zeros(tokens.shape, bool)
+  for end in end_ids:
+    out = out | (tokens == end)
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,9 +151,19 @@ class Model:
       raise ValueError(
           f"The vocabulary has {t.num_tokens} tokens but the model only {self.config.vocab_size} "
           "embedding rows; use a model with vocab_size >= the tokenizer's size.")
+    for stop in t.stop_ids:
+      if stop >= self.config.vocab_size:
+        raise ValueError(f"TokenIds.stop_ids={t.stop_ids!r}: stop id {stop} is past the "
+                         f"model's {self.config.vocab_size} embedding rows (never output).")
 
   def with_tokens(self, tokens: TokenIds) -> "Model":
     return dataclasses.replace(self, tokens=tokens)
+
+  def ends_row(self, tokens):
+    """Whether each of `tokens` (any shape, traced or not) ends a row: the EOS or any stop id
+    (`TokenIds.end_ids`). The one test every decoder, the speculative rounds' cut and the
+    quality texts apply."""
+    return ends_row(tokens, self.tokens.end_ids)
 
   @property
   def output_size(self) -> int:
