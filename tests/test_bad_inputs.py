@@ -54,6 +54,11 @@ EVAL_CASES = [
     ("--gin.TASK_FEATURE_LENGTHS={'inputz':40,'targets':44}", "['inputz']"),
     ("--gin.evaluate_job.config=None", "evaluate_job.config=None is not a configuration"),
     ("--gin.SEED=-1", "seed (SEED)=-1 must be an integer >= 0"),
+    # A budget running no verification round: tau and the rates came out 0.0 and 1.0.
+    ("--gin.EvalConfig.max_new_tokens=1", "pass max_new_tokens >= 2 (one round needs a token"),
+    ("--gin.TASK_FEATURE_LENGTHS={'inputs':40,'targets':1}",
+     "TASK_FEATURE_LENGTHS['targets'] (the decoding budget when EvalConfig.max_new_tokens is "
+     "None)=1 runs no verification round"),
 ]
 MAIN_CASES = [
     ("--gin.SpeedConfig.calls='3'", "SpeedConfig.calls='3'"),
@@ -104,6 +109,9 @@ MAIN_CASES = [
     ("--gin.SEED=-1", "seed=-1 must be an integer >= 0"),  # numpy's batch order: mid-run
     # Refused only after the vocab stage had written MODEL_DIR/vocab.
     ("--gin.MIXTURE_OR_TASK_NAME='no_such_task'", "'no_such_task' is not registered"),
+    # A budget running no verification round: tau and the rates came out 0.0 and 1.0.
+    ("--gin.PipelineConfig.max_new_tokens=1", "PipelineConfig.max_new_tokens=1 runs no "
+     "verification round"),
 ]
 TRAIN_CASES = [
     ("--gin.TRAIN_STEPS=-1", "-1"),
