@@ -49,7 +49,8 @@ from distillspec_jax import gin_utils
 from distillspec_jax.core.files import write_text_atomic
 from distillspec_jax.core.validation import (check_decode_capacity, check_feature_lengths,
                                              check_field_types, check_int, check_output_dir,
-                                             check_path, check_positive_int)
+                                             check_path, check_positive_int,
+                                             check_speculative_budget)
 from distillspec_jax.decoding.speculative import DraftLength, check_pair
 from distillspec_jax.evaluation import evaluate as evaluate_lib
 from distillspec_jax.evaluation import examples as examples_lib
@@ -182,6 +183,10 @@ class EvalConfig:
       check_positive_int(self.task_feature_lengths.get("targets"),
                          "TASK_FEATURE_LENGTHS['targets'] (the decoding budget when "
                          "EvalConfig.max_new_tokens is None)")
+    check_speculative_budget(
+        self.new_tokens, "EvalConfig.max_new_tokens" if self.max_new_tokens is not None else
+        "TASK_FEATURE_LENGTHS['targets'] (the decoding budget when EvalConfig.max_new_tokens "
+        "is None)")
     self.speed.check_prompts(self.eval_examples, "EvalConfig")
     if self.draft_kind == "head" and self.draft_model is not None:
       raise ValueError(f"EvalConfig.draft_model={self.draft_model!r} names a draft model preset "

@@ -260,3 +260,33 @@ def test_predicted_alpha_of_a_nan_target_is_nan(temperature):
   prompts = _prompts(4)
   samples = np.random.default_rng(1).integers(2, VOCAB, (4, 6)).astype(np.int32)
   assert np.isnan(predicted_alpha(model, target, model, draft, prompts, samples, temperature))
+
+
+def test_statistics_of_no_round_or_no_draft_are_undefined_not_a_number():
+  """Every row's first token EOS (no target call, nothing drafted): tau, the rates and the
+  mean acceptance length are None; they were 0.0, 0.0 and 1.0 (clamped denominators)."""
+  none = stats.block_statistics(produced=[0, 0], target_calls=[0, 0], accepted=[0, 0],
+                                drafted=[0, 0], accepted_proposed=[0, 0],
+                                output_rejections=[0, 0])
+  for key in ("tau", "tau_stderr", "mean_acceptance_length", "draft_acceptance_rate", "alpha",
+              "alpha_proposed", "alpha_distillspec"):
+    assert none[key] is None, (key, none[key])
+  # A round that proposed nothing (an adaptive rule): tau is defined, the rates are not.
+  undrafted = stats.block_statistics([2], [1], [0], [0], accepted_proposed=[0])
+  assert undrafted["tau"] == 2.0 and undrafted["mean_acceptance_length"] == 1.0
+  assert undrafted["draft_acceptance_rate"] is None and undrafted["alpha_proposed"] is None
+
+
+def test_a_result_with_no_round_has_nan_tau_and_rates_not_a_clamped_number():
+  """SpeculativeResult.block_efficiency / acceptance_rate / proposed_acceptance_rate divided
+  by max(count, 1): 0.0 where no target call ran and nothing was drafted. Undefined is NaN."""
+  from distillspec_jax.decoding.speculative import SpeculativeResult
+  zeros = jnp.zeros((2,), jnp.int32)
+  none = -jnp.ones((2, 1), jnp.int32)
+  result = SpeculativeResult(
+      tokens=jnp.ones((2, 1), jnp.int32), lengths=jnp.ones((2,), jnp.int32),
+      target_calls=zeros, draft_calls=zeros, drafted=zeros, accepted=zeros,
+      accepted_proposed=zeros, produced=zeros, accepted_per_round=none, rejections=zeros,
+      proposed_per_round=none, output_rejections=zeros, tested_per_round=none)
+  for name in ("block_efficiency", "acceptance_rate", "proposed_acceptance_rate"):
+    assert np.isnan(float(getattr(result, name))), name

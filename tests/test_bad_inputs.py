@@ -58,6 +58,11 @@ EVAL_CASES = [
     ("--gin_file=", "--gin_file= names no gin file"),
     # A bad binding's message listed the train binary's configurables, not EvalConfig.
     ("--gin.=3", "EvalConfig"),
+    # A budget running no verification round: tau and the rates came out 0.0 and 1.0.
+    ("--gin.EvalConfig.max_new_tokens=1", "pass max_new_tokens >= 2 (one round needs a token"),
+    ("--gin.TASK_FEATURE_LENGTHS={'inputs':40,'targets':1}",
+     "TASK_FEATURE_LENGTHS['targets'] (the decoding budget when EvalConfig.max_new_tokens is "
+     "None)=1 runs no verification round"),
 ]
 MAIN_CASES = [
     ("--gin.SpeedConfig.calls='3'", "SpeedConfig.calls='3'"),
@@ -125,6 +130,9 @@ MAIN_CASES = [
     # A top-k wider than the vocabulary: refused by the teacher_cache stage, after two others.
     ("--gin.PipelineConfig.teacher_cache_k=100000 --gin.main_job.stages=('none',)",
      "teacher_cache_k=100000 exceeds the vocabulary size 256"),
+    # A budget running no verification round: tau and the rates came out 0.0 and 1.0.
+    ("--gin.PipelineConfig.max_new_tokens=1", "PipelineConfig.max_new_tokens=1 runs no "
+     "verification round"),
 ]
 TRAIN_CASES = [
     ("--gin.TRAIN_STEPS=-1", "-1"),

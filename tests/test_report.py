@@ -151,3 +151,20 @@ def test_grid_point_keeps_the_stop_signal():
   assert GridPoint.from_json(old) == top
   row = _row("draft", 1.0, 5, 3.0, 1.2)
   assert row["signal"] == "top_probability"  # every evaluation row carries it
+
+
+def test_report_of_a_draft_with_no_verification_round_reads_na(tmp_path):
+  """A raw draft whose rows all ended at once (no target call): its tau is None, the tau gain
+  over it None (it divided by tau) and the Markdown reads n/a."""
+  config = PipelineConfig(run_dir=str(tmp_path),
+                          grid=DecodingGrid(gammas=(3,), temperatures=(0.0,)))
+  evaluation = _evaluation(config)
+  for row in evaluation["speculative"]:
+    if row["draft"] == "draft_raw":
+      row.update(tau=None, tau_stderr=None, mean_acceptance_length=None,
+                 draft_acceptance_rate=None, alpha_proposed=None, alpha_distillspec=None)
+  report = report_lib.build_report(config, evaluation, {}, {})
+  assert all(r["tau_gain"] is None for r in report["paired_rows"])
+  assert report["paired_rows"][0]["tau_raw"] is None
+  markdown = report_lib.render_markdown(config, report)
+  assert "| 0 | 3 | raw | n/a |" in markdown

@@ -417,3 +417,29 @@ def test_an_adaptive_draft_length_is_timed_beside_the_fixed_gammas(pair):
   with pytest.raises(ValueError, match="draft_lengths has 'confidence'"):
     speed.TimingPlan(gammas=(3,), temperatures=(0.0,), max_new_tokens=8,
                      draft_lengths=("confidence",))
+
+
+def test_a_timed_configuration_with_no_verification_round_has_no_tau_or_cost_model(
+    monkeypatch):
+  """Every timed prompt's first token EOS: no target call, so the cost model predicted 0
+  seconds (tokens / 0 raised ZeroDivisionError) and timed_tau read 0.0 (a clamped
+  denominator); both are None."""
+  from distillspec_jax.decoding.speculative import Lenience
+  monkeypatch.setattr(speed, "_decoder_times", lambda *a: {"decode": [1.0], "setup": [0.1]})
+  monkeypatch.setattr(speed, "compared_speedups", lambda *a: None)
+  monkeypatch.setattr(speed, "_call_overhead", lambda *a: 0.0)
+  zero = [0, 0]
+  key = speed.speculative_key("d", 3, 0.0, Lenience())
+  runs = {key: {"lengths": [1, 1], "target_calls": zero, "produced": zero, "drafted": zero,
+                "draft_calls": zero}}
+  timing = {"windows": {("setup_speculative", 0.0, "d"): [0.1]}}
+  cost = {"d:draft_step_1": 1e-3, "d:draft_step_2": 1e-3, "verification_3": 2e-3}
+  plain = speed.PlainSpeed(
+      tokens=2, seconds=1.0, seconds_range=[1.0, 1.0], decode_seconds=1.0,
+      typical_decode_seconds=1.0, tokens_per_s=2.0, setup_s=0.1,
+      cost_model_decode_seconds=1e-3, call_overhead_s=0.0)
+  [row] = speed._speculative_rows(runs, timing, cost, {None: ["d"]}, 0.0, plain, gammas=(3,),
+                                  leniences=(Lenience(),))
+  assert row.figures.timed_tau is None and row.rounds == 0
+  assert row.figures.cost_model_speedup is None
+  assert row.figures.cost_model_end_to_end_speedup is None

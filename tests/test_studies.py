@@ -373,3 +373,12 @@ def test_verdicts_pair_the_runs_of_each_seed():
              for r in runs]  # differences +0.10, -0.10, +0.11
   (answer,) = recipe_grid.rules(cells, 5, runs=flipped)
   assert answer["rule1"]["verdict"] == "within noise"
+
+
+def test_a_cells_tau_over_seeds_refuses_an_undefined_tau():
+  """A run whose evaluation ran no target call has tau None (decoding/stats.py); the mean over
+  seeds read it as NaN (np.asarray(..., float64)) and the cell reported tau nan."""
+  with pytest.raises(ValueError, match=r"taus=\[None, 2.0\].*no verification round"):
+    recipe_grid.over_seeds([None, 2.0], [0.1, 0.1])
+  with pytest.raises(ValueError, match="tau_stderr"):
+    recipe_grid.over_seeds([2.0], [None])

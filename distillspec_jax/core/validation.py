@@ -324,3 +324,17 @@ def check_decode_capacity(capacity: int, name: str, *, prompt: int, new_tokens: 
         f"can need (1 + the prompt's {prompt} (TASK_FEATURE_LENGTHS['inputs']) + "
         f"{new_tokens} new tokens + gamma - 1 = {gamma - 1}); set --gin.{name}={needed} or "
         f"more{or_else}, or lower the prompt length or max_new_tokens.")
+
+
+def check_speculative_budget(value, name: str) -> int:
+  """`value`, the decoding budget (new tokens per row) of a speculative grid, as an int >= 2,
+  or a ValueError naming it and the fix. The prefill gives a row its first new token; a
+  verification round needs a second one, so a budget of 1 runs no round and leaves tau and
+  the acceptance rates undefined."""
+  check_positive_int(value, name)
+  if value < 2:
+    raise ValueError(
+        f"{name}={value} runs no verification round: the prefill gives the only new token, so "
+        "tau and the acceptance rates are undefined; pass max_new_tokens >= 2 (one round "
+        "needs a token after the prefill's).")
+  return int(value)

@@ -334,20 +334,23 @@ class SpeculativeResult:
   output_rejections: Array
   tested_per_round: Array
 
+  # Each ratio is NaN where its denominator is 0 (no target call ran: every row ended at its
+  # first token; nothing drafted): undefined, not a clamped 0.0 (stats.py's are None there).
+
   @property
   def block_efficiency(self) -> Array:
     """tau = tokens produced by verification rounds / target verification calls."""
-    return jnp.sum(self.produced) / jnp.maximum(jnp.sum(self.target_calls), 1)
+    return jnp.sum(self.produced) / jnp.sum(self.target_calls)
 
   @property
   def acceptance_rate(self) -> Array:
     """alpha = accepted draft tokens that reach the output / drafted tokens."""
-    return jnp.sum(self.accepted) / jnp.maximum(jnp.sum(self.drafted), 1)
+    return jnp.sum(self.accepted) / jnp.sum(self.drafted)
 
   @property
   def proposed_acceptance_rate(self) -> Array:
     """Accepted draft tokens, including those EOS or the length limit cut off / drafted."""
-    return jnp.sum(self.accepted_proposed) / jnp.maximum(jnp.sum(self.drafted), 1)
+    return jnp.sum(self.accepted_proposed) / jnp.sum(self.drafted)
 
 
 def check_pair(target: Model, draft: Model) -> None:

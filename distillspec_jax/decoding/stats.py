@@ -29,6 +29,10 @@ and with the serving engines (vLLM, llama.cpp, SGLang):
   `draft_acceptance_rate_by_position` (vLLM's per-position rate: the fraction of all rounds
   accepting position i; these sum to mean_acceptance_length - 1).
 
+No denominator is clamped: a statistic whose denominator is 0 is None (undefined), e.g. tau
+and mean_acceptance_length when no target call ran (every row's first token EOS), the rates
+when nothing was drafted.
+
 "accepted" counts the accepted draft tokens that reach the output (an accepted EOS ends the
 row and the length limit cuts the last round); "accepted by the test" counts them before that
 cut (speculative.py's `accepted_proposed`, behind alpha_proposed = accepted by the test /
@@ -61,17 +65,21 @@ def block_statistics(produced, target_calls, accepted, drafted,
 
   Returns tau, tau_stderr, mean_acceptance_length, draft_acceptance_rate and alpha (the
   same); with `accepted_proposed`, alpha_proposed (accepted by the test / drafted); with
-  `output_rejections` (speculative.py's), alpha_distillspec (None when no test ran)."""
+  `output_rejections` (speculative.py's), alpha_distillspec (None when no test ran).
+  Undefined statistics are None, never a clamped number: tau, tau_stderr and
+  mean_acceptance_length when no target call ran (every row ended at its first token: EOS, or
+  a budget of one new token), the acceptance rates when nothing was drafted."""
   produced, calls = np.asarray(produced, np.int64), np.asarray(target_calls, np.int64)
   accepted, drafted = np.asarray(accepted, np.int64), np.asarray(drafted, np.int64)
-  rate = float(accepted.sum() / max(drafted.sum(), 1))
-  stats = {"tau": float(produced.sum() / max(calls.sum(), 1)),
-           "tau_stderr": ratio_stderr(produced, calls),
-           "mean_acceptance_length": 1.0 + float(accepted.sum() / max(calls.sum(), 1)),
+  rounds, proposals = int(calls.sum()), int(drafted.sum())
+  rate = float(accepted.sum() / proposals) if proposals else None
+  stats = {"tau": float(produced.sum() / rounds) if rounds else None,
+           "tau_stderr": ratio_stderr(produced, calls) if rounds else None,
+           "mean_acceptance_length": 1.0 + float(accepted.sum() / rounds) if rounds else None,
            "draft_acceptance_rate": rate, "alpha": rate}
   if accepted_proposed is not None:
     proposed = np.asarray(accepted_proposed, np.int64)
-    stats["alpha_proposed"] = float(proposed.sum() / max(drafted.sum(), 1))
+    stats["alpha_proposed"] = float(proposed.sum() / proposals) if proposals else None
   if output_rejections is not None:
     tests = accepted.sum() + np.asarray(output_rejections, np.int64).sum()
     stats["alpha_distillspec"] = float(accepted.sum() / tests) if tests else None

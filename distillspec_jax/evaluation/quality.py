@@ -47,9 +47,10 @@ class Acceptance(JsonRecord):
 
   Attributes:
     tau: block efficiency, tokens per target call; tau_stderr: its standard error over
-      prompts.
-    mean_acceptance_length: 1 + accepted / rounds (vLLM, llama.cpp).
-    draft_acceptance_rate: accepted / drafted (vLLM).
+      prompts. Both None when no target call ran (every row ended at its first token).
+    mean_acceptance_length: 1 + accepted / rounds (vLLM, llama.cpp); None without a round.
+    draft_acceptance_rate: accepted / drafted (vLLM); None when nothing was drafted (and
+      alpha_proposed).
     alpha_proposed: accepted by the test (before EOS or the length limit cut) / drafted.
     alpha_distillspec: accepted / acceptance tests run (DistillSpec's alpha; None when no
       test ran).
@@ -57,8 +58,8 @@ class Acceptance(JsonRecord):
     draft_acceptance_rate_by_position: the fraction of all rounds accepting position i.
   """
 
-  tau: float
-  tau_stderr: float
+  tau: Optional[float]
+  tau_stderr: Optional[float]
   mean_acceptance_length: Optional[float] = None
   draft_acceptance_rate: Optional[float] = None
   alpha_proposed: Optional[float] = None

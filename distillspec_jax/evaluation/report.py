@@ -52,7 +52,8 @@ def _paired_row(task, recipe, raw: EvaluationRow, distilled: EvaluationRow) -> d
              recipe=recipe)
   for kind, source in (("raw", raw), ("distilled", distilled)):
     row.update({f"{key}_{kind}": value for key, value in _measured(source).items()})
-  row["tau_gain"] = distilled.acceptance.tau / raw.acceptance.tau - 1.0
+  taus = (distilled.acceptance.tau, raw.acceptance.tau)  # None: no target call ran
+  row["tau_gain"] = None if None in taus else taus[0] / taus[1] - 1.0
   row["delta_speedup"] = distilled.speed.speedups.speedup - raw.speed.speedups.speedup
   return row
 
@@ -251,6 +252,21 @@ def _number(value, digits: int = 3) -> str:
   return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _tau(tau, stderr) -> str:
+  """tau ± its standard error, or n/a where no target call ran (decoding/stats.py: None)."""
+  return "n/a" if tau is None else f"{tau:.2f} ± {_number(stderr, 2)}"
+
+
+def _times(value) -> str:
+  """A cost model's speedup, or n/a where it has none (an adaptive rule, no target call)."""
+  return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _plotted(values: list) -> list:
+  """`values` for a plot: an undefined statistic (None) a gap, not a point."""
+  return [float("nan") if v is None else v for v in values]
+
+
 # What each speed figure includes, one line each (the report's results section).
 FIGURE_LINES = (
     "- decoding phase: the rounds (speculative) or steps (plain) after each prompt's setup, "
@@ -276,10 +292,11 @@ def _paired_table(report: dict) -> list:
                       for kind in ("raw", "distilled"))
     lines.append(
         f"| {r['temperature']:g} | {r['gamma']} | {r['recipe']} | "
-        f"{r['tau_raw']:.2f} ± {r['tau_stderr_raw']:.2f} | "
-        f"{r['tau_distilled']:.2f} ± {r['tau_stderr_distilled']:.2f} | {r['tau_gain']:+.1%} | "
-        f"{raw} ({r['cost_model_speedup_raw']:.2f}x) | "
-        f"{distilled} ({r['cost_model_speedup_distilled']:.2f}x) | "
+        f"{_tau(r['tau_raw'], r['tau_stderr_raw'])} | "
+        f"{_tau(r['tau_distilled'], r['tau_stderr_distilled'])} | "
+        f"{'n/a' if r['tau_gain'] is None else format(r['tau_gain'], '+.1%')} | "
+        f"{raw} ({_times(r['cost_model_speedup_raw'])}) | "
+        f"{distilled} ({_times(r['cost_model_speedup_distilled'])}) | "
         f"{r['delta_speedup']:+.2f}x |")
   return lines
 
@@ -295,7 +312,7 @@ def _request_table(report: dict) -> list:
         f"| {r['temperature']:g} | {r['gamma']} | {r['draft']} | "
         f"{_speed(r['speedup'], r['speedup_range'], r['speedup_unreliable'])} | "
         f"{_speed(r['end_to_end_speedup'], r['end_to_end_speedup_range'])} "
-        f"({r['cost_model_end_to_end_speedup']:.2f}x) | "
+        f"({_times(r['cost_model_end_to_end_speedup'])}) | "
         f"{_speed(r['typical_end_to_end_speedup'], r['typical_end_to_end_speedup_range'])}"
         f" | {_range(interval) or '-'} | {1e3 * r['setup_s']:.2f} |")
   return lines
@@ -314,7 +331,7 @@ def _acceptance_table(report: dict) -> list:
     positions = r["acceptance_by_position"]
     positions = " ".join(_number(v, 2) for v in positions) if positions else "-"
     lines.append(f"| {r['temperature']:g} | {r['gamma']} | {r['draft']} | "
-                 f"{r['tau']:.2f} ± {r['tau_stderr']:.2f} | "
+                 f"{_tau(r['tau'], r['tau_stderr'])} | "
                  f"{_number(r['alpha_distillspec'])} | "
                  f"{_number(r['draft_acceptance_rate'])} | "
                  f"{_number(r['mean_acceptance_length'], 2)} | {positions} |")
@@ -340,7 +357,7 @@ def _adaptive_table(report: dict) -> list:
                                 else "")
     lines.append(
         f"| {r['temperature']:g} | {r['draft']} | {rule} | {r['signal']} | {r['gamma']} | "
-        f"{r['tau']:.2f} ± {r['tau_stderr']:.2f} | {_number(r['draft_acceptance_rate'])} | "
+        f"{_tau(r['tau'], r['tau_stderr'])} | {_number(r['draft_acceptance_rate'])} | "
         f"{_speed(r['end_to_end_speedup'], r['end_to_end_speedup_range'])} | "
         f"{r['best_fixed_gamma'] if r['best_fixed_gamma'] is not None else '-'} | "
         f"{best} |")
@@ -426,7 +443,7 @@ def plot(config, report: dict, curves: dict, out_dir: str) -> list:
   paths = []
   fig, ax = plt.subplots(figsize=(6, 4))
   for recipe, curve in curves.items():
-    ax.errorbar([p["step"] for p in curve], [p["tau"] for p in curve],
+    ax.errorbar([p["step"] for p in curve], _plotted([p["tau"] for p in curve]),
                 yerr=[p.get("tau_stderr") or 0.0 for p in curve], marker="o", capsize=3,
                 label=recipe)
   ax.set_xlabel("distillation step")
@@ -455,8 +472,9 @@ def plot(config, report: dict, curves: dict, out_dir: str) -> list:
                                                    r[f"speedup_range_{kind}"])
                                         for r in mine])),
                         marker="o", capsize=3, label=label)
-      tau_ax.errorbar(gammas, [r[f"tau_{kind}"] for r in mine],
-                      yerr=[r[f"tau_stderr_{kind}"] for r in mine], marker="o", capsize=3,
+      tau_ax.errorbar(gammas, _plotted([r[f"tau_{kind}"] for r in mine]),
+                      yerr=_plotted([r[f"tau_stderr_{kind}"] for r in mine]), marker="o",
+                      capsize=3,
                       label=label)
     speed_ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     speed_ax.set_ylabel("measured speedup over plain decoding")

@@ -522,11 +522,13 @@ class SpeedFigures(JsonRecord):
   Attributes:
     speedups: the measured Speedups.
     cost_model_speedup / cost_model_end_to_end_speedup: both figures predicted from per-call
-      costs timed in the same cycles (None for an adaptive draft length rule).
+      costs timed in the same cycles (None for an adaptive draft length rule, and where no
+      target call ran).
     tokens_per_s / plain_tokens_per_s: decoding-phase rates, speculative and plain.
     setup_s: the speculative setup's median seconds (all timed prompts).
     call_overhead_s: the fastest whole call less its windows (dispatch, fixed work).
-    timed_tau: tau over the timed prompts (an evaluation's `tau` is over all its prompts).
+    timed_tau: tau over the timed prompts (an evaluation's `tau` is over all its prompts);
+      None when no target call ran (and then no cost model either).
   """
 
   speedups: Speedups = flattened(Speedups)
@@ -536,7 +538,7 @@ class SpeedFigures(JsonRecord):
   plain_tokens_per_s: float = 0.0
   setup_s: float = 0.0
   call_overhead_s: float = 0.0
-  timed_tau: float = 0.0
+  timed_tau: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -939,16 +941,18 @@ def _speculative_rows(runs: dict, timing: dict, cost: dict, model_of: dict, temp
       spec_decode = times["decode"]
       first = cost[f"{names[0]}:draft_step_{first_call_width(draft, gamma)}"]
       predicted = rounds * (first + (gamma - 1) * draft_one + cost[f"verification_{gamma}"])
-      model = lambda value: None if rule.adaptive else value
+      # No cost model for an adaptive rule, nor without a round (it predicts 0 seconds).
+      model = lambda value: None if rule.adaptive or not rounds else value()
       figures = SpeedFigures(
           speedups=compared_speedups(tokens, times, plain_tokens, plain_times),
-          cost_model_speedup=model((tokens / predicted) / (plain_tokens / predicted_plain)),
-          cost_model_end_to_end_speedup=model((tokens / (setup_spec + predicted)) / (
+          cost_model_speedup=model(
+              lambda: (tokens / predicted) / (plain_tokens / predicted_plain)),
+          cost_model_end_to_end_speedup=model(lambda: (tokens / (setup_spec + predicted)) / (
               plain_tokens / (plain.setup_s + predicted_plain))),
           tokens_per_s=tokens / statistics.median(spec_decode),
           plain_tokens_per_s=plain_tokens / statistics.median(plain_times["decode"]),
           setup_s=setup_spec, call_overhead_s=_call_overhead(timing, key),
-          timed_tau=float(np.sum(result["produced"])) / max(rounds, 1))
+          timed_tau=float(np.sum(result["produced"])) / rounds if rounds else None)
       rows.append(SpeedRow(
           draft=name, point=GridPoint.of(gamma, temperature, lenience, rule), figures=figures,
           drafted=int(np.sum(result["drafted"])),

@@ -368,7 +368,8 @@ def render_markdown(config: GardenConfig, report: dict) -> str:
            "[min, max] | tau ± s.e. | Pareto |", "|---|---|---|---|---|---|---|"]
   for p in report["points"]:
     low, high = p["relative_latency_range"]
-    tau = f"{p['tau']:.2f} ± {p['tau_stderr']:.2f}" if "tau" in p else "-"
+    tau = ("-" if "tau" not in p else "n/a" if p["tau"] is None  # n/a: no target call ran
+           else f"{p['tau']:.2f} ± {p['tau_stderr']:.2f}")
     lines.append(f"| {p['strategy']} | {p['target']} ({p['target_model']}) | "
                  f"{p['draft'] or '-'} | {p['quality']:.2f} | {p['relative_latency']:.3f} "
                  f"[{low:.3f}, {high:.3f}] | {tau} | {'yes' if p['pareto'] else ''} |")

@@ -11,7 +11,8 @@ from typing import Literal, Optional, Union
 from distillspec_jax.core.validation import (check_decode_capacity, check_distinct,
                                              check_feature_lengths,
                                              check_field_types, check_int, check_path,
-                                             check_positive_int, check_real)
+                                             check_positive_int, check_real,
+                                             check_speculative_budget)
 from distillspec_jax.distill import blocked
 from distillspec_jax.distill.head_objectives import HeadTrainingConfig
 from distillspec_jax.distill.objectives import RECIPES, DistillationConfig
@@ -264,6 +265,7 @@ class PipelineConfig:
     for name in ("target_steps", "draft_steps", "distill_steps", "batch_size", "eval_examples",
                  "max_new_tokens", "vocab_size", "lm_prompt_length"):
       check_positive_int(getattr(self, name), name)
+    check_speculative_budget(self.max_new_tokens, f"{type(self).__name__}.max_new_tokens")
     for name in ("decay_steps", "save_every", "model_vocab_size", "max_decode_length",
                  "train_examples", "eval_batch_size"):
       if getattr(self, name) is not None:

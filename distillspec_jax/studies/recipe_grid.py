@@ -372,7 +372,13 @@ def over_seeds(taus, prompt_stderrs) -> dict:
   """A cell's tau over its seeds' runs: the mean, its standard error over seeds (None for one
   seed), the standard error over prompts (the mean of the runs': the runs share the prompts,
   so it does not shrink with more seeds) and `tau_stderr`, the two combined as independent
-  (the verdicts' error)."""
+  (the verdicts' error). Refuses an undefined tau or standard error (None: a run whose
+  evaluation ran no target call), which numpy would read as NaN."""
+  for name, values in (("taus", taus), ("tau_stderr", prompt_stderrs)):
+    if any(v is None for v in values):
+      raise ValueError(f"{name}={list(values)} holds None: a run's evaluation ran no "
+                       "verification round (every prompt's first token was EOS), so its tau "
+                       "is undefined; check the task's prompts and targets, then rerun.")
   taus = np.asarray(taus, np.float64)
   seeds = float(np.std(taus, ddof=1) / np.sqrt(len(taus))) if len(taus) > 1 else None
   prompts = float(np.mean(prompt_stderrs))

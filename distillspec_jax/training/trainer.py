@@ -521,7 +521,8 @@ class _LoopLog:
   def evaluate(self, eval_fn: EvalFn, params, done: int) -> None:
     """Writes `eval_fn(params, done)`'s results as an "eval/" record."""
     self.check_finite()
-    results = {f"eval/{k}": float(v) for k, v in jax.device_get(eval_fn(params, done)).items()}
+    results = {f"eval/{k}": None if v is None else float(v)  # None: undefined (no round ran)
+               for k, v in jax.device_get(eval_fn(params, done)).items()}
     record = dict(step=done, **results)
     self.history.append(record)
     self.writer.write(record)
