@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sys
 from typing import Literal, Optional, Sequence
@@ -509,7 +510,8 @@ def _evaluate_task(config: EvalConfig, name: str, examples, pair: tuple,
         draft_length=config.grid.draft_length,
         on_done=bar.update, **common):
       rows.append(evaluate_lib.EvaluationRow.of(name, run,
-                                                predicted_alpha=alone.predicted_alpha))
+                                                predicted_alpha=alone.predicted_alpha,
+                                                num_examples=len(examples)))
       lines += [dict(decoder="speculative", **run.point.to_json(), input=i, reference=r,
                      prediction=p, accepted_per_round=a)
                 for (i, r), p, a in zip(texts, run.predictions, run.accepted_per_round)]
@@ -556,6 +558,18 @@ def _write_outputs(config: EvalConfig, metrics: dict, lines_by_task: dict,
     lossy.write_tradeoff(metrics, config.model_dir)
 
 
+def check_example_counts(config: EvalConfig, examples: dict, splits: dict) -> None:
+  """Warns, naming the task and both counts, for each task whose split holds fewer than
+  EVAL_EXAMPLES examples: it is evaluated on all it has (a mixture's tasks may differ in
+  size: each gives up to EVAL_EXAMPLES), and metrics.json's rows record how many
+  (EvaluationRow.num_examples)."""
+  for name, read in examples.items():
+    if len(read) < config.eval_examples:
+      logging.warning("Task %r: EVAL_EXAMPLES=%d requested, but its %r split has %d examples; "
+                      "evaluating those %d (metrics.json's rows record num_examples).", name,
+                      config.eval_examples, splits[name], len(read), len(read))
+
+
 def evaluate(config: EvalConfig, config_gin: Optional[str] = None) -> dict:
   """Runs the evaluation and writes every output (with `config_gin`, the binary's
   configuration, as config.gin); returns the metrics.json object."""
@@ -583,6 +597,7 @@ def evaluate(config: EvalConfig, config_gin: Optional[str] = None) -> dict:
       mesh=mesh, batch_size=config.batch_size, leading=config.speed.examples,
       on_long_prompt="truncate", lm_prompt_length=config.lm_prompt_length) for name in names}
   examples = {name: value[0] for name, value in read.items()}
+  check_example_counts(config, examples, splits)
   for name in names:
     vocabularies.check_examples(vocabulary, examples[name], tokens.num_tokens, name)
   width = max(e.prompts.shape[1] for e in examples.values())

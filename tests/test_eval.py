@@ -265,6 +265,27 @@ def test_bbh_mixture_reads_public_layout_and_reports_the_mean_of_its_tasks(setup
     assert alone["bbh"][metric] == pytest.approx(np.mean([alone[t][metric] for t in tasks]))
 
 
+@pytest.mark.integration
+def test_eval_examples_above_a_tasks_split_are_recorded_and_warned(setup, tmp_path, caplog):
+  # EVAL_EXAMPLES=4 over file tasks of 3 and 2 examples: each is evaluated on all it has
+  # (not refused: a mixture gives up to N per task), with a WARNING naming the task and both
+  # counts, and metrics.json's rows record how many (the mixture's: the sum).
+  bbh = _bbh_dir(tmp_path / "bbh")
+  config = _config(setup, tmp_path / "run", mixture_or_task_name="bbh", bbh_dir=bbh,
+                   grid=dict(gammas=(2,), temperatures=(0.0,)), speed=dict(examples=0))
+  caplog.set_level("WARNING")
+  eval_lib.evaluate(config)
+  rows = json.load(open(tmp_path / "run" / "metrics.json"))["rows"]
+  counts = {"bbh_boolean_expressions": 3, "bbh_date_understanding": 2, "bbh": 5}
+  assert {r["task"]: r["num_examples"] for r in rows} == counts
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"
+              and "EVAL_EXAMPLES" in r.getMessage()]
+  for task, count in list(counts.items())[:2]:
+    assert any(repr(task) in w and "EVAL_EXAMPLES=4" in w and f"has {count} examples" in w
+               for w in warnings), warnings
+  assert len(warnings) == 2
+
+
 def _metrics_row(**fields) -> dict:
   """A metrics.json row: every EvaluationRow key, null where `fields` does not set it."""
   return dict(dict.fromkeys(evaluate.EvaluationRow.json_keys()), draft="draft", **fields)

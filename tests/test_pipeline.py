@@ -185,6 +185,63 @@ def test_deleting_one_stage_reruns_it_and_only_what_depends_on_it(tmp_path):
   assert calls == ["report"] and not (tmp_path / "demo" / "report" / "extra.txt").exists()
 
 
+def test_rerun_with_changed_training_setting_restarts_that_stage_and_its_dependents(
+    tmp_path, caplog):
+  # The same MODEL_DIR run again with another setting: a stage whose recorded settings (its
+  # marker's) differ is stale, and so is what depends on it; evaluation settings reuse the
+  # trained stages. The bookkeeping alone, with recording stage functions.
+  config = _smoke_config(tmp_path / "demo")
+  calls = []
+  run_pipeline(config, _recording_stages(calls))
+  marker = json.load(open(os.path.join(config.stage_dir("target"), pipeline.DONE)))
+  assert marker["settings"]["target_steps"] == 2 and "grid" not in marker["settings"]
+  calls.clear()
+  caplog.set_level("INFO")
+  longer = dataclasses.replace(config, target_steps=3)
+  outcome = run_pipeline(longer, _recording_stages(calls))
+  assert calls == ["target"] + list(config.distill_stages) + ["evaluate", "report"]
+  assert outcome["vocab"] == outcome["draft_raw"] == "skipped"
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert any("Stage target" in w and "target_steps: 2 -> 3" in w and "start over" in w
+             for w in warnings), warnings
+  # The draft model's own stage and what depends on it; the target is reused.
+  calls.clear()
+  run_pipeline(dataclasses.replace(longer, draft_steps=3, distill_learning_rate=5e-4),
+               _recording_stages(calls))
+  assert calls == ["draft_raw"] + list(config.distill_stages) + ["evaluate", "report"]
+  # Only the evaluation's settings: every trained stage is reused.
+  calls.clear()
+  caplog.clear()
+  evaluation = dataclasses.replace(longer, draft_steps=3, distill_learning_rate=5e-4,
+                                   eval_examples=3, grid=DecodingGrid(gammas=(3,),
+                                                                      temperatures=(0.5,)))
+  outcome = run_pipeline(evaluation, _recording_stages(calls))
+  assert calls == ["evaluate", "report"]
+  assert all(outcome[s] == "skipped" for s in config.stages[:-2])
+  assert any("eval_examples: 4 -> 3" in r.getMessage() for r in caplog.records
+             if r.levelname == "WARNING")
+
+
+def test_marker_without_recorded_settings_is_reused_and_says_so(tmp_path, caplog):
+  # Markers written before markers recorded settings: skipped as before, with one INFO line
+  # each.
+  config = _smoke_config(tmp_path / "demo")
+  run_pipeline(config, _recording_stages([]))
+  for stage in config.stages:
+    path = os.path.join(config.stage_dir(stage), pipeline.DONE)
+    mtime, marker = os.path.getmtime(path), json.load(open(path))
+    del marker["settings"]
+    with open(path, "w") as f:
+      json.dump(marker, f)
+    os.utime(path, (mtime, mtime))
+  caplog.set_level("INFO")
+  calls = []
+  outcome = run_pipeline(dataclasses.replace(config, target_steps=3), _recording_stages(calls))
+  assert calls == [] and set(outcome.values()) == {"skipped"}
+  notes = [r.getMessage() for r in caplog.records if "cannot be compared" in r.getMessage()]
+  assert [n.split(":")[0] for n in notes] == [f"Stage {s}" for s in config.stages], notes
+
+
 def test_required_stages_follow_dependencies(tmp_path):
   config = _smoke_config(tmp_path)
   assert required_stages(config, ("distill_gkd",)) == ("vocab", "target", "draft_raw",

@@ -189,6 +189,9 @@ class EvaluationRow(JsonRecord):
     predicted_alpha: the draft's 1 - TVD along the target's own samples (the eval binary;
       None in the main job).
     speed: speed.SpeedFigures of the timed prompts (None: not timed; every key null).
+    num_examples: the prompts evaluated (the eval binary: the task's, which is fewer than
+      EVAL_EXAMPLES when its split is smaller; a mixture's row: the sum over its tasks;
+      None: not recorded, as in the main job and a metrics.json written before it was).
   """
 
   task: str
@@ -198,16 +201,17 @@ class EvaluationRow(JsonRecord):
   quality: Optional[dict] = None
   predicted_alpha: Optional[float] = None
   speed: Optional[SpeedFigures] = flattened(SpeedFigures, default=None)
+  num_examples: Optional[int] = None
 
   @classmethod
   def of(cls, task: str, run: QualityRow, speed: Optional[SpeedFigures] = None,
-         predicted_alpha: Optional[float] = None, draft: Optional[str] = None
-         ) -> "EvaluationRow":
+         predicted_alpha: Optional[float] = None, draft: Optional[str] = None,
+         num_examples: Optional[int] = None) -> "EvaluationRow":
     """The row of a speculative_grid QualityRow and its timing (`draft`: a name for the
-    report, default the run's)."""
+    report, default the run's; `num_examples`: the prompts it evaluated)."""
     return cls(task=task, draft=run.draft if draft is None else draft, point=run.point,
                quality=run.quality, acceptance=run.acceptance,
-               predicted_alpha=predicted_alpha, speed=speed)
+               predicted_alpha=predicted_alpha, speed=speed, num_examples=num_examples)
 
   def scalars(self) -> dict:
     """{name: number} of every scalar quantity that is set (TensorBoard's tags), the task's
@@ -259,6 +263,8 @@ def mixture_mean(name: str, rows_by_task: Mapping[str, Sequence[EvaluationRow]],
                         for m in metric_names},
                predicted_alpha=_mean(r.predicted_alpha for r in group))
     row.update({k: _mean_field([j[k] for j in as_json]) for k in measured})
+    counts = [r.num_examples for r in group]
+    row["num_examples"] = None if None in counts else int(sum(counts))
     se = [r.acceptance.tau_stderr for r in group]
     row["tau_stderr"] = float(np.sqrt(np.sum(np.square(se)))) / len(se)
     rows.append(EvaluationRow.from_json(row))

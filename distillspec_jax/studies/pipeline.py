@@ -15,10 +15,13 @@ Stages (each writes `<run_dir>/<stage>/` and a `DONE.json` marker last, atomical
                    speculative engine
   report           report.md, report.json and the PNG plots
 
-A stage whose marker exists and is newer than its inputs' markers is skipped; a stage that was
-interrupted resumes from its checkpoints; a stage whose inputs changed starts over. So running
-the job twice reuses everything, and deleting one stage's folder reruns that stage and what
-depends on it.
+A stage whose marker exists and is newer than its inputs' markers, and whose recorded settings
+(`stage_settings`: the PipelineConfig fields that stage reads, kept in its marker) equal the
+current ones, is skipped; a stage that was interrupted resumes from its checkpoints; a stage
+whose inputs or settings changed starts over (and so do the stages that depend on it). So
+running the job twice reuses everything, changing TARGET_STEPS reruns the target and what
+depends on it, changing only the evaluation's settings reruns only evaluate and report, and
+deleting one stage's folder reruns that stage and what depends on it.
 """
 
 from __future__ import annotations
@@ -68,8 +71,97 @@ def _marker(config: PipelineConfig, stage: str) -> str:
   return os.path.join(config.stage_dir(stage), DONE)
 
 
+# The key of a marker's recorded settings (stage_settings).
+SETTINGS_KEY = "settings"
+# Fields that change where or how a stage runs, not what it computes: never compared (a run
+# moved to another folder or mesh, or run without a progress bar, reuses its stages).
+UNCOMPARED_FIELDS = ("run_dir", "progress_bar", "mesh", "save_every")
+# What every stage reads: the task's data and the vocabulary.
+_DATA_FIELDS = ("task", "task_feature_lengths", "data_dir", "train_vocabulary", "vocab_size",
+                "train_examples", "in_memory_data", "lm_prompt_length", "pair")
+# What every training stage reads besides: the models' shapes and the optimiser.
+_TRAINING_FIELDS = _DATA_FIELDS + ("batch_size", "optimizer", "warmup_steps", "decay_steps",
+                                   "seed", "precision", "loss_block_size", "model_vocab_size",
+                                   "max_decode_length")
+_ROLE_FIELDS = {"target": ("target_model", "target_checkpoint_path"),
+                "draft": ("draft_model", "draft_checkpoint_path")}
+
+
+def _jsonable(value):
+  """`value` as JSON values (dataclasses as {field: value}, tuples as lists), so that it
+  compares equal to itself read back from a marker."""
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+  if isinstance(value, dict):
+    return {str(k): _jsonable(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_jsonable(v) for v in value]
+  if value is None or isinstance(value, (bool, int, float, str)):
+    return value
+  return repr(value)
+
+
+def stage_settings(config: PipelineConfig, stage: str) -> Optional[dict]:
+  """{name: JSON value} of the settings `stage` reads (PipelineConfig fields, and a few values
+  derived from them: a recipe's steps, a head's unroll depth), recorded in its marker and
+  compared on a rerun (stage_status). Conservative: a field a stage might read is in. The
+  evaluation's settings (grid, eval_examples, speed, eval_batch_size, eval_task) belong to
+  evaluate and report only, but for a distillation with an acceptance head, whose stage
+  measures the head's calibration on eval_examples rows. None for a study's own config (its
+  stages are its own; nothing recorded or compared)."""
+  if hasattr(config, "stage_functions"):
+    return None
+  names, derived = (), {}
+  if stage == "vocab":
+    names = _DATA_FIELDS
+  elif stage == "target":
+    names = _TRAINING_FIELDS + _ROLE_FIELDS["target"] + (
+        "target_steps", "learning_rate", "target_learning_rate")
+  elif stage == "draft_raw":
+    names = _TRAINING_FIELDS + _ROLE_FIELDS["draft"] + ("draft_steps", "learning_rate")
+  elif stage == "teacher_cache":
+    names = _TRAINING_FIELDS + _ROLE_FIELDS["target"] + ("teacher_cache_k",)
+  elif stage.startswith(HEAD_STAGE_PREFIX):
+    names = _TRAINING_FIELDS + _ROLE_FIELDS["target"] + _ROLE_FIELDS["draft"] + (
+        "head", "divergence", "max_new_tokens", "eval_every")
+    derived["head unroll_steps (HEAD_UNROLL_STEPS, else the largest gamma)"] = (
+        config.head.training(config.grid.gammas).unroll_steps)
+  elif stage.startswith("distill_"):
+    recipe = stage[len("distill_"):]
+    names = _TRAINING_FIELDS + _ROLE_FIELDS["target"] + _ROLE_FIELDS["draft"] + (
+        "distill_learning_rate", "divergence", "max_new_tokens", "eval_every")
+    derived[f"steps (distill_steps / recipe_steps[{recipe!r}])"] = config.distill_steps_of(
+        recipe)
+    if recipe == "adaspec":
+      names += ("adaspec_reference", "adaspec_top_k", "adaspec_normalization")
+    if recipe in config.cached_recipes:
+      names += ("teacher_cache_k",)
+    if recipe in config.acceptance_head_recipes:
+      names += ("acceptance_head", "eval_examples")
+  else:  # evaluate, report: every field
+    names = tuple(f.name for f in dataclasses.fields(config)
+                  if f.name not in UNCOMPARED_FIELDS)
+  settings = {name: getattr(config, name) for name in names}
+  settings.update(derived)
+  return _jsonable(settings)
+
+
+def changed_settings(config: PipelineConfig, stage: str) -> Optional[dict]:
+  """{name: (recorded, current)} of the settings that differ from those `stage`'s marker
+  recorded ({} when none); None when the marker recorded none (written before markers kept
+  them, or by a study), whose settings cannot be compared."""
+  current = stage_settings(config, stage)
+  recorded = read_json(_marker(config, stage)).get(SETTINGS_KEY)
+  if current is None or recorded is None:
+    return None
+  return {name: (recorded.get(name, "<not recorded>"), current.get(name, "<not read>"))
+          for name in sorted(set(recorded) | set(current))
+          if recorded.get(name) != current.get(name)}
+
+
 def stage_status(config: PipelineConfig, stage: str) -> str:
-  """'done', 'stale' (an input finished after it) or 'todo'."""
+  """'done', 'stale' (an input finished after it, or its recorded settings differ from the
+  current ones: changed_settings) or 'todo'."""
   marker = _marker(config, stage)
   if not os.path.exists(marker):
     return "todo"
@@ -78,7 +170,24 @@ def stage_status(config: PipelineConfig, stage: str) -> str:
     dep_marker = _marker(config, dependency)
     if not os.path.exists(dep_marker) or os.path.getmtime(dep_marker) > mtime:
       return "stale"
-  return "done"
+  return "stale" if changed_settings(config, stage) else "done"
+
+
+def _log_status(config: PipelineConfig, stage: str, status: str) -> None:
+  """Says why a finished stage is rerun (changed settings, each old -> new) or that an old
+  marker's settings cannot be compared."""
+  if not os.path.exists(_marker(config, stage)):
+    return
+  changed = changed_settings(config, stage)
+  if changed is None and status == "done" and stage_settings(config, stage) is not None:
+    logging.info("Stage %s: its marker (%s) records no settings (written before markers kept "
+                 "them), so they cannot be compared with this run's; reusing it.", stage,
+                 _marker(config, stage))
+  elif changed:
+    logging.warning(
+        "Stage %s: settings changed since it ran: %s; the stage and the stages that depend "
+        "on it start over.", stage,
+        "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in changed.items()))
 
 
 def check_run_dir(run_dir: str) -> None:
@@ -122,6 +231,7 @@ def run_pipeline(config: PipelineConfig, stage_fns: Optional[dict] = None,
   outcome = {}
   for stage in required_stages(config, stages):
     status = stage_status(config, stage)
+    _log_status(config, stage, status)
     if status == "done":
       logging.info("Stage %s: done, skipped.", stage)
       outcome[stage] = "skipped"
@@ -129,7 +239,7 @@ def run_pipeline(config: PipelineConfig, stage_fns: Optional[dict] = None,
     stage_dir = config.stage_dir(stage)
     primary = multihost.is_primary()  # the one writer of markers (multihost.py)
     if status == "stale" and os.path.exists(stage_dir) and primary:
-      logging.info("Stage %s: inputs changed, starting over.", stage)
+      logging.info("Stage %s: inputs or settings changed, starting over.", stage)
       shutil.rmtree(stage_dir)
     multihost.barrier(f"stage_start:{stage}")
     os.makedirs(stage_dir, exist_ok=True)
@@ -140,6 +250,9 @@ def run_pipeline(config: PipelineConfig, stage_fns: Optional[dict] = None,
     if primary or stage not in PRIMARY_ONLY_STAGES:
       summary = fn(config, stage) or {}
       summary["wall_clock_s"] = time.time() - start
+      settings = stage_settings(config, stage)
+      if settings is not None:
+        summary[SETTINGS_KEY] = settings
       if primary:
         write_json_atomic(_marker(config, stage), summary)
     # The next stage reads this one's outputs: every process waits for the marker.
