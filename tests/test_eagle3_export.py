@@ -2,6 +2,7 @@
 round trip to equal logits."""
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -13,8 +14,8 @@ from test_heads import tiny_target
 
 
 
-def _head(draft_ids=None, layers=(1, 2)):
-  target = tiny_target("llama")
+def _head(draft_ids=None, layers=(1, 2, 3)):
+  target = tiny_target("llama", layers=4)
   params = target.init(jax.random.PRNGKey(0))
   head = Head(HeadConfig(target.config, feature_layers=layers, mlp_dim=40, draft_ids=draft_ids))
   return target, params, head, head.init(jax.random.PRNGKey(1), params)
@@ -30,7 +31,7 @@ def test_export_writes_exactly_the_documented_keys_and_fields(tmp_path):
     tensors = load_file(f"{folder}/model.safetensors")
     assert tuple(sorted(tensors)) == eagle3.SGLANG_KEYS  # the embedding is the target's
     assert tensors["lm_head.weight"].shape == (33, 32)
-    assert tensors["fc.weight"].shape == (32, 64)
+    assert tensors["fc.weight"].shape == (32, 96)
     assert tensors["midlayer.self_attn.q_proj.weight"].shape == (2 * 16, 64)
     np.testing.assert_array_equal(tensors["d2t"] + np.arange(33), np.arange(0, 97, 3))
     assert int(tensors["t2d"].sum()) == 33 and tensors["t2d"].dtype == bool
@@ -38,13 +39,13 @@ def test_export_writes_exactly_the_documented_keys_and_fields(tmp_path):
   assert sglang["architectures"] == ["LlamaForCausalLMEagle3"]
   assert sglang["num_hidden_layers"] == 1 and sglang["draft_vocab_size"] == 33
   assert sglang["intermediate_size"] == 40 and sglang["vocab_size"] == 97
-  assert sglang["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1]
+  assert sglang["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
   speculators = json.load(open(f"{paths['speculators']}/config.json"))
   assert tuple(sorted(speculators)) == eagle3.SPECULATORS_FIELDS
   assert speculators["speculators_model_type"] == "eagle3"
   assert speculators["speculators_config"]["verifier"]["name_or_path"] == "meta-llama/x"
   assert speculators["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
-  assert speculators["eagle_aux_hidden_state_layer_ids"] == [0, 1]
+  assert speculators["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
   # A head whose embedding was trained apart from the target's carries its own.
   head_params["token_embedder"]["embedding"] = head_params["token_embedder"]["embedding"] + 1
   assert eagle3.EMBEDDING_KEY in eagle3.to_tensors(head, head_params, params)
@@ -59,15 +60,30 @@ def test_export_round_trips_to_equal_logits(tmp_path, draft_ids):
   loaded, loaded_params = eagle3.import_eagle3(paths["sglang"], target.config, params)
   assert loaded == head
   tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 6), 2, 97)
-  features = jax.random.normal(jax.random.PRNGKey(3), (2, 6, 64))
+  features = jax.random.normal(jax.random.PRNGKey(3), (2, 6, 96))
   np.testing.assert_array_equal(loaded.unroll(loaded_params, tokens, features, 2),
                                 head.unroll(head_params, tokens, features, 2))
 
 
 def test_export_refusals_name_the_reason():
-  _, _, head, head_params = _head(layers=(0, 2))
+  _, _, head, head_params = _head(layers=(0, 2, 3))
   with pytest.raises(ValueError, match="embedding output"):
+    eagle3.to_tensors(head, head_params)
+  # SGLang's and vLLM's EAGLE-3 fc reads exactly 3 target hidden states (3 * hidden wide):
+  # a head of 2 or 4 feature layers would export an fc.weight neither engine loads.
+  for layers in ((1, 2), (1, 2, 3, 4)):
+    _, _, head, head_params = _head(layers=layers)
+    with pytest.raises(ValueError, match=re.escape(f"feature_layers={layers} has "
+                                                   f"{len(layers)} hidden states;") +
+                       ".*exactly 3"):
+      eagle3.to_tensors(head, head_params)
+  # The last decoder layer's output (index 4 of a 4-layer target) is never captured: the
+  # engines capture a hidden state before a decoder layer runs.
+  _, _, head, head_params = _head(layers=(1, 2, 4))
+  with pytest.raises(ValueError, match=r"feature layer 4 is the output of the target's last "
+                                       "decoder layer"):
     eagle3.to_tensors(head, head_params)
   t5 = Head(HeadConfig(tiny_target("decoder_only").config))
   with pytest.raises(ValueError, match="llama-kind head"):
     eagle3.to_tensors(t5, None)
+

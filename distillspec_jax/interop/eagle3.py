@@ -30,7 +30,9 @@ Tensors (torch Linear weights are [out, in]; H heads, K kv heads, D head_dim, n 
 
 Feature layers: our hidden-state index i (the output of decoder layer i) is layer id i - 1 in
 both formats (the id of the layer whose output is captured); index 0, the embedding output,
-has no layer id and is refused.
+has no layer id and is refused. The engines' heads read exactly three hidden states, each
+captured before a decoder layer runs: a head of another number of feature layers, or one
+reading the last decoder layer's output, is refused too.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ _TENSORS = (
 EMBEDDING_KEY = "embed_tokens.weight"
 # The tensors an export holds (plus EMBEDDING_KEY where the head's embedding is its own).
 SGLANG_KEYS = tuple(sorted([theirs for _, theirs, _ in _TENSORS] + ["d2t", "t2d"]))
+# The hidden states an engine's EAGLE-3 head reads (SGLang's and vLLM's fc: 3 * hidden_size).
+NUM_FEATURE_LAYERS = 3
 SPECULATORS_FIELDS = ("architectures", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids",
                       "embed_requires_grad", "norm_before_residual", "speculators_config",
                       "speculators_model_type", "target_hidden_size",
@@ -87,6 +91,20 @@ def _check_exportable(head: Head) -> None:
   if 0 in head.feature_layers:
     raise ValueError(f"feature_layers={head.feature_layers} reads the embedding output (index "
                      "0), which EAGLE-3's layer ids cannot name; export a head of layers >= 1.")
+  layers, last = head.feature_layers, c.target.num_decoder_layers
+  if len(layers) != NUM_FEATURE_LAYERS:
+    raise ValueError(f"feature_layers={layers} has {len(layers)} hidden states; SGLang's and "
+                     f"vLLM's EAGLE-3 heads read exactly {NUM_FEATURE_LAYERS} (their fc is "
+                     f"{NUM_FEATURE_LAYERS} * hidden_size wide), so neither engine would load "
+                     f"this export. Train the head on {NUM_FEATURE_LAYERS} feature layers "
+                     "(HeadConfig.feature_layers; for a target of 8 or more layers the default "
+                     "low, middle, high).")
+  if last in layers:
+    raise ValueError(f"feature layer {last} is the output of the target's last decoder layer, "
+                     "which the engines cannot hand the head: they capture a hidden state "
+                     f"before a decoder layer runs (SGLang never reaches layer id {last - 1}). "
+                     f"Export a head of layers 1 .. {last - 1} (for a target of 8 or more layers "
+                     "the default low, middle, high layers qualify).")
 
 
 def layer_config(head: Head) -> dict:
@@ -217,3 +235,4 @@ def import_eagle3(folder: str, target: TransformerConfig,
   head = Head(HeadConfig(target, feature_layers=layers, mlp_dim=int(config["intermediate_size"]),
                          draft_ids=None if full else tuple(int(i) for i in ids)))
   return head, _from_tensors(tensors, head, target_params)
+
