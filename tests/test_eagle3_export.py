@@ -87,3 +87,20 @@ def test_export_refusals_name_the_reason():
   with pytest.raises(ValueError, match="llama-kind head"):
     eagle3.to_tensors(t5, None)
 
+
+@pytest.mark.slow
+def test_import_refuses_an_export_made_for_another_target(tmp_path):
+  """The head's shapes come from the target passed to import_eagle3: an export of another
+  target's attention shape (same q/k/v sizes: 2 heads x 16 vs 4 heads x 8) would load into
+  the wrong heads silently, another width or vocabulary fails inside numpy naming neither."""
+  target, params, head, head_params = _head()
+  paths = eagle3.export_eagle3(head, head_params, str(tmp_path), verifier="v",
+                               target_params=params)
+  config = target.config
+  for other, field in ((config.replace(num_heads=4, head_dim=8, num_kv_heads=2),
+                        "num_attention_heads"),
+                       (config.replace(emb_dim=48), "hidden_size"),
+                       (config.replace(vocab_size=120), "vocab_size"),
+                       (config.replace(rope_theta=500000.0), "rope_theta")):
+    with pytest.raises(ValueError, match=rf"{field}=.* does not match the target's"):
+      eagle3.import_eagle3(paths["sglang"], other, params)

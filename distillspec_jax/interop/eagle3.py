@@ -74,6 +74,10 @@ EMBEDDING_KEY = "embed_tokens.weight"
 SGLANG_KEYS = tuple(sorted([theirs for _, theirs, _ in _TENSORS] + ["d2t", "t2d"]))
 # The hidden states an engine's EAGLE-3 head reads (SGLang's and vLLM's fc: 3 * hidden_size).
 NUM_FEATURE_LAYERS = 3
+# The config.json fields of the head's layer that come from the target: an export is imported
+# only for a target whose fields equal them.
+TARGET_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "vocab_size", "rms_norm_eps", "rope_theta", "rope_scaling")
 SPECULATORS_FIELDS = ("architectures", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids",
                       "embed_requires_grad", "norm_before_residual", "speculators_config",
                       "speculators_model_type", "target_hidden_size",
@@ -228,6 +232,7 @@ def import_eagle3(folder: str, target: TransformerConfig,
   from safetensors.numpy import load_file
   with open(os.path.join(folder, "config.json")) as f:
     config = json.load(f)
+  _check_import_target(config, target, folder)
   tensors = load_file(os.path.join(folder, "model.safetensors"))
   ids = (np.asarray(tensors["d2t"]) + np.arange(len(tensors["d2t"]))).astype(int)
   layers = tuple(int(i) + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
@@ -236,3 +241,21 @@ def import_eagle3(folder: str, target: TransformerConfig,
                          draft_ids=None if full else tuple(int(i) for i in ids)))
   return head, _from_tensors(tensors, head, target_params)
 
+
+def _check_import_target(config: dict, target: TransformerConfig, folder: str) -> None:
+  """Refuses a target whose attention shape, width, vocabulary, norm epsilon or RoPE differ
+  from the export's: the head's layer is built from the target, so such an export would
+  fail to reshape or, where the sizes agree (2 heads x 16 against 4 heads x 8), load into
+  the wrong layout silently."""
+  if target.kind != "llama" or target.use_qkv_bias:
+    raise ValueError(f"import_eagle3 builds a llama-kind head; this target is {target.kind}"
+                     f"{' with q/k/v biases' if target.use_qkv_bias else ''}, whose head "
+                     "layer differs from the engines' EAGLE-3 Llama layer. Import it for the "
+                     "llama-kind target it was exported from.")
+  expected = hf_llama.config_to_hf(target)
+  for key in TARGET_FIELDS:
+    if key in config and config[key] != expected[key]:
+      raise ValueError(f"{folder}/config.json: {key}={config[key]!r} does not match the "
+                       f"target's {key}={expected[key]!r}; the export was made for another "
+                       "target. Import it for the target it was exported from (the "
+                       "speculators config names it as the verifier).")
