@@ -207,3 +207,30 @@ def test_head_bench_projects_a_finished_reports_rows(tmp_path):
   assert row["cost_model_speedup"] == pytest.approx(3.0 * 1e-4 / (2e-4 + draft_cost))
   assert row["projected_speedup_32_layers"] == pytest.approx(
       3.0 * 1e-4 * scale / (2e-4 * scale + draft_cost))
+
+
+def test_predicted_acceptance_of_a_reduced_vocabulary_head_is_its_real_acceptance():
+  """The draft's expected acceptance is sum_v min(p(v), q(v)) over the target's whole
+  vocabulary: the target's mass on ids outside the draft vocabulary can never be accepted.
+  The loss compares distributions over the draft ids (the target's renormalised, as
+  SpecForge), but predicted_acceptance and acceptance_step{s} must not."""
+  ids = tuple(range(2, VOCAB, 3))
+  target, params, head, head_params, batch = _setup(draft_ids=ids)
+  objective = HeadDistillationObjective(target, head, DistillationConfig(lambda1=1.0),
+                                        HeadTrainingConfig(2))
+  _, metrics = jax.jit(objective.loss)(head_params, {"target": params}, batch)
+  target_logits = target.logits(params, batch)
+  layers = head.feature_layers
+  _, features, _ = target.layer_features(params, batch, layers)
+  unrolled = head.unroll(head_params, batch["decoder_target_tokens"], features, 2)
+  weights = np.asarray(batch["decoder_loss_weights"])
+  for s in range(2):
+    p = np.asarray(jax.nn.softmax(target_logits[:, s + 1:]))
+    q = np.asarray(jax.nn.softmax(head.to_target_logits(unrolled[s][:, :-(s + 1)])))
+    w = weights[:, s + 1:]
+    per_row = np.sum(np.minimum(p, q).sum(-1) * w, 1) / np.sum(w, 1)
+    np.testing.assert_allclose(float(metrics[f"acceptance_step{s + 1}"]), per_row.mean(),
+                               rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["predicted_acceptance"]),
+                             float(metrics["acceptance_step1"]), rtol=1e-6)
+

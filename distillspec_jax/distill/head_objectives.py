@@ -172,6 +172,11 @@ class HeadDistillationObjective:
   def step_logits(self, params, frozen, batch):
     """(target logits over the draft vocabulary [batch, T, draft vocab], the head's unrolled
     logits [k, batch, T, draft vocab], the reference head's or None)."""
+    target_logits, head_logits, reference = self._logits(params, frozen, batch)
+    return self.head.to_draft_logits(target_logits), head_logits, reference
+
+  def _logits(self, params, frozen, batch):
+    """`step_logits` with the target's logits over its whole vocabulary [batch, T, vocab]."""
     layers = self.head.feature_layers
     target_logits, features, encoded = jax.lax.stop_gradient(
         self.target.layer_features(frozen["target"], batch, layers))
@@ -182,7 +187,7 @@ class HeadDistillationObjective:
     if self.reference is not None:
       reference = jax.lax.stop_gradient(self.reference.unroll(
           frozen["reference"], tokens, features, k, encoded, mask))
-    return self.head.to_draft_logits(target_logits), head_logits, reference
+    return target_logits, head_logits, reference
 
   def loss(self, params, frozen, batch, dropout_rng=None):
     """Scalar loss and metrics: loss, divergence, tvd and predicted_acceptance (step 1's:
@@ -190,7 +195,8 @@ class HeadDistillationObjective:
     acceptance_step{s}, num_tokens, and AdaSPEC's selection stats (step 1's)."""
     del dropout_rng  # the head has no dropout
     c = self.config
-    teacher, head_logits, reference = self.step_logits(params, frozen, batch)
+    full, head_logits, reference = self._logits(params, frozen, batch)
+    teacher = self.head.to_draft_logits(full)
     weights = batch["decoder_loss_weights"]
     total, metrics = 0.0, {}
     step_weights = self.training.weights
@@ -211,8 +217,13 @@ class HeadDistillationObjective:
         metrics[f"kept_fraction_step{s + 1}"] = stats["kept_fraction"]
         if s == 0:
           metrics.update(stats)
+      # 1 - TVD over the target's whole vocabulary (the head's probability 0 outside its
+      # draft vocabulary): the target's mass there is never accepted, so the renormalised
+      # teacher the loss reads would overstate the acceptance.
       tvd = jnp.mean(divergences.per_sequence_divergence(
-          "tvd", teacher_s, jax.lax.stop_gradient(head_logits[s]), weights_s))
+          "tvd", _shift_left(full, s + 1),
+          self.head.to_target_logits(jax.lax.stop_gradient(head_logits[s])), weights_s,
+          target_temperature=c.target_temperature, draft_temperature=c.draft_temperature))
       metrics[f"acceptance_step{s + 1}"] = 1.0 - tvd
       metrics[f"loss_step{s + 1}"] = loss_s
       if s == 0:
