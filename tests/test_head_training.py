@@ -234,3 +234,13 @@ def test_predicted_acceptance_of_a_reduced_vocabulary_head_is_its_real_acceptanc
   np.testing.assert_allclose(float(metrics["predicted_acceptance"]),
                              float(metrics["acceptance_step1"]), rtol=1e-6)
 
+
+def test_settings_a_head_does_not_train_with_are_refused():
+  """A head's loss has no block-acceptance weighting and no acceptance head: such settings
+  were ignored silently (a uniform loss, no acceptance term)."""
+  target, _, head, _, _ = _setup()
+  with pytest.raises(ValueError, match="position_weighting='block_acceptance'"):
+    HeadDistillationObjective(target, head,
+                              DistillationConfig(position_weighting="block_acceptance"))
+  with pytest.raises(ValueError, match="acceptance_weight=0.5"):
+    HeadDistillationObjective(target, head, DistillationConfig(acceptance_weight=0.5))

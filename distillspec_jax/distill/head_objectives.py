@@ -147,6 +147,16 @@ class HeadDistillationObjective:
                        "or neither.")
     if self.reference is not None:
       self.reference.check_target(self.target)
+    c = self.config
+    if c.position_weighting != "uniform":
+      raise ValueError(f"position_weighting={c.position_weighting!r}: a head's training-time "
+                       "test weighs its unrolled steps by HeadTrainingConfig.step_weights, not "
+                       "by block acceptance, and would ignore it; set "
+                       "DistillationConfig.position_weighting='uniform' for a head.")
+    if c.acceptance_weight != 0.0:
+      raise ValueError(f"acceptance_weight={c.acceptance_weight} trains an acceptance head, "
+                       "which a draft head has none of, so the term would be ignored; set "
+                       "DistillationConfig.acceptance_weight=0 for a head.")
 
   @property
   def model(self) -> Head:
