@@ -2,6 +2,7 @@
 round trip to equal logits."""
 
 import json
+import logging
 import re
 
 import jax
@@ -104,3 +105,24 @@ def test_import_refuses_an_export_made_for_another_target(tmp_path):
                        (config.replace(rope_theta=500000.0), "rope_theta")):
     with pytest.raises(ValueError, match=rf"{field}=.* does not match the target's"):
       eagle3.import_eagle3(paths["sglang"], other, params)
+
+
+@pytest.mark.slow
+def test_an_export_with_the_heads_own_embedding_says_sglang_serves_the_targets(tmp_path,
+                                                                               caplog):
+  """SGLang's EAGLE-3 worker replaces the draft's embedding with the target's (set_embed)
+  whatever the checkpoint holds: a head whose embedding was trained apart from the target's
+  is served with another embedding there, silently. The export says so, and the speculators
+  config's embed_requires_grad says the embedding was trained."""
+  target, params, head, head_params = _head()
+  with caplog.at_level(logging.WARNING):
+    paths = eagle3.export_eagle3(head, head_params, str(tmp_path / "shared"), verifier="v",
+                                 target_params=params)
+  assert "embed_tokens" not in caplog.text
+  assert json.load(open(f"{paths['speculators']}/config.json"))["embed_requires_grad"] is False
+  head_params["token_embedder"]["embedding"] = head_params["token_embedder"]["embedding"] + 1
+  with caplog.at_level(logging.WARNING):
+    paths = eagle3.export_eagle3(head, head_params, str(tmp_path / "own"), verifier="v",
+                                 target_params=params)
+  assert "SGLang replaces the head's embed_tokens with the target's" in caplog.text
+  assert json.load(open(f"{paths['speculators']}/config.json"))["embed_requires_grad"] is True

@@ -38,6 +38,7 @@ reading the last decoder layer's output, is refused too.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any, Optional
 
@@ -127,7 +128,8 @@ def sglang_config(head: Head) -> dict:
   return out
 
 
-def speculators_config(head: Head, verifier: str, speculative_tokens: int) -> dict:
+def speculators_config(head: Head, verifier: str, speculative_tokens: int,
+                       own_embedding: bool = False) -> dict:
   layer = layer_config(head)
   layer["architectures"] = ["LlamaForCausalLM"]
   return {
@@ -145,7 +147,8 @@ def speculators_config(head: Head, verifier: str, speculative_tokens: int) -> di
       "norm_before_residual": False,  # the residual stream is the fused feature before norm
       "target_hidden_size": head.config.width,
       "eagle_aux_hidden_state_layer_ids": [i - 1 for i in head.feature_layers],
-      "embed_requires_grad": False,
+      # Whether the embedding was trained apart from the target's (exported as embed_tokens).
+      "embed_requires_grad": bool(own_embedding),
   }
 
 
@@ -185,8 +188,18 @@ def export_eagle3(head: Head, params: Params, directory: str, *, verifier: str,
   the target's name or path as the engines load it. Returns {folder: path}."""
   from safetensors.numpy import save_file  # the interop layer's optional dependency
   tensors = to_tensors(head, params, target_params)
+  own_embedding = EMBEDDING_KEY in tensors
+  if own_embedding:
+    logging.warning(
+        "EAGLE-3 export to %s: the head's token embedding is not the target's (or no "
+        "target_params were given to compare), so the export carries it as %s. vLLM loads it, "
+        "but SGLang replaces the head's embed_tokens with the target's when it serves an "
+        "EAGLE-3 head (its worker's set_embed), so the sglang folder would be served with "
+        "another embedding than the one trained: serve it with vLLM, or train the head with "
+        "the target's embedding.", directory, EMBEDDING_KEY)
   configs = {"sglang": sglang_config(head),
-             "speculators": speculators_config(head, verifier, speculative_tokens)}
+             "speculators": speculators_config(head, verifier, speculative_tokens,
+                                               own_embedding)}
   paths = {}
   for name, config in configs.items():
     folder = os.path.join(directory, name)
