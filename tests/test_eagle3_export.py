@@ -126,3 +126,26 @@ def test_an_export_with_the_heads_own_embedding_says_sglang_serves_the_targets(t
                                  target_params=params)
   assert "SGLang replaces the head's embed_tokens with the target's" in caplog.text
   assert json.load(open(f"{paths['speculators']}/config.json"))["embed_requires_grad"] is True
+
+
+@pytest.mark.slow
+def test_import_reads_a_specforge_folder_without_eagle_config_or_vocabulary_map(tmp_path):
+  """A SpecForge-trained head's config.json may have no eagle_config (SGLang then captures
+  its default layers 2, n // 2, n - 3) and a full-vocabulary head no d2t / t2d: both were a
+  KeyError naming neither."""
+  from safetensors.numpy import load_file, save_file
+  target = tiny_target("llama", layers=8)
+  params = target.init(jax.random.PRNGKey(0))
+  head = Head(HeadConfig(target.config, feature_layers=(2, 4, 5), mlp_dim=40))
+  head_params = head.init(jax.random.PRNGKey(1), params)
+  folder = eagle3.export_eagle3(head, head_params, str(tmp_path), verifier="v",
+                                target_params=params)["sglang"]
+  config = json.load(open(f"{folder}/config.json"))
+  del config["eagle_config"]
+  json.dump(config, open(f"{folder}/config.json", "w"))
+  tensors = load_file(f"{folder}/model.safetensors")
+  save_file({k: v for k, v in tensors.items() if k not in ("d2t", "t2d")},
+            f"{folder}/model.safetensors")
+  loaded, loaded_params = eagle3.import_eagle3(folder, target.config, params)
+  assert loaded == head
+  np.testing.assert_array_equal(loaded_params["fc"]["kernel"], head_params["fc"]["kernel"])

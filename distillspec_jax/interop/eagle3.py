@@ -247,8 +247,28 @@ def import_eagle3(folder: str, target: TransformerConfig,
     config = json.load(f)
   _check_import_target(config, target, folder)
   tensors = load_file(os.path.join(folder, "model.safetensors"))
-  ids = (np.asarray(tensors["d2t"]) + np.arange(len(tensors["d2t"]))).astype(int)
-  layers = tuple(int(i) + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+  missing = [theirs for _, theirs, _ in _TENSORS if theirs not in tensors]
+  if missing:
+    raise ValueError(f"{folder}/model.safetensors lacks {', '.join(missing)}: it is not an "
+                     "EAGLE-3 head of SGLang's LlamaForCausalLMEagle3 layout (module "
+                     "docstring); point import_eagle3 at an export's sglang folder.")
+  if "d2t" in tensors:
+    ids = (np.asarray(tensors["d2t"]) + np.arange(len(tensors["d2t"]))).astype(int)
+  else:  # no map: the draft vocabulary is the target's (SGLang reads no hot tokens either)
+    rows = tensors["lm_head.weight"].shape[0]
+    if rows != target.vocab_size:
+      raise ValueError(f"{folder}/model.safetensors has no d2t (draft id -> target id "
+                       f"offsets) but lm_head.weight has {rows} rows for the target's "
+                       f"vocab_size={target.vocab_size}; a reduced draft vocabulary needs its "
+                       "d2t tensor (SpecForge and export_eagle3 write it).")
+    ids = np.arange(target.vocab_size)
+  layer_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+  if layer_ids is None:
+    # SGLang's default capture (before layers 2, n // 2, n - 3): those hidden-state indices.
+    n = target.num_decoder_layers
+    layers = (2, n // 2, n - 3)
+  else:
+    layers = tuple(int(i) + 1 for i in layer_ids)
   full = len(ids) == target.vocab_size and np.array_equal(ids, np.arange(target.vocab_size))
   head = Head(HeadConfig(target, feature_layers=layers, mlp_dim=int(config["intermediate_size"]),
                          draft_ids=None if full else tuple(int(i) for i in ids)))
