@@ -244,3 +244,27 @@ def test_settings_a_head_does_not_train_with_are_refused():
                               DistillationConfig(position_weighting="block_acceptance"))
   with pytest.raises(ValueError, match="acceptance_weight=0.5"):
     HeadDistillationObjective(target, head, DistillationConfig(acceptance_weight=0.5))
+
+
+def test_deep_steps_report_the_acceptance_of_the_rows_they_score():
+  """Step s scores positions t + s + 1 of each row: a short row (row 1 ends at position 5)
+  has none at steps >= 5. Such a row counted as TVD 0 (acceptance 1) in acceptance_step{s},
+  so deep steps read higher than any row they scored."""
+  target, params, head, head_params, batch = _setup()
+  k = 6
+  objective = HeadDistillationObjective(target, head, DistillationConfig(lambda1=1.0),
+                                        HeadTrainingConfig(k))
+  _, metrics = jax.jit(objective.loss)(head_params, {"target": params}, batch)
+  target_logits = target.logits(params, batch)
+  _, features, _ = target.layer_features(params, batch, head.feature_layers)
+  unrolled = head.unroll(head_params, batch["decoder_target_tokens"], features, k)
+  weights = np.asarray(batch["decoder_loss_weights"])
+  for s in range(k):
+    p = np.asarray(jax.nn.softmax(target_logits[:, s + 1:]))
+    q = np.asarray(jax.nn.softmax(unrolled[s][:, :-(s + 1)]))
+    w = weights[:, s + 1:]
+    scored = np.sum(w, 1) > 0
+    per_row = np.sum(np.minimum(p, q).sum(-1) * w, 1) / np.maximum(np.sum(w, 1), 1)
+    np.testing.assert_allclose(float(metrics[f"acceptance_step{s + 1}"]),
+                               per_row[scored].mean(), rtol=1e-5)
+

@@ -230,10 +230,14 @@ class HeadDistillationObjective:
       # 1 - TVD over the target's whole vocabulary (the head's probability 0 outside its
       # draft vocabulary): the target's mass there is never accepted, so the renormalised
       # teacher the loss reads would overstate the acceptance.
-      tvd = jnp.mean(divergences.per_sequence_divergence(
+      # Averaged over the rows the step scores: a short row has no position at a deep step
+      # (its TVD would read 0, acceptance 1).
+      row_tvd = divergences.per_sequence_divergence(
           "tvd", _shift_left(full, s + 1),
           self.head.to_target_logits(jax.lax.stop_gradient(head_logits[s])), weights_s,
-          target_temperature=c.target_temperature, draft_temperature=c.draft_temperature))
+          target_temperature=c.target_temperature, draft_temperature=c.draft_temperature)
+      scored = (jnp.sum(weights_s, axis=1) > 0).astype(row_tvd.dtype)
+      tvd = jnp.sum(row_tvd * scored) / jnp.maximum(jnp.sum(scored), 1.0)
       metrics[f"acceptance_step{s + 1}"] = 1.0 - tvd
       metrics[f"loss_step{s + 1}"] = loss_s
       if s == 0:
