@@ -268,3 +268,13 @@ def test_deep_steps_report_the_acceptance_of_the_rows_they_score():
     np.testing.assert_allclose(float(metrics[f"acceptance_step{s + 1}"]),
                                per_row[scored].mean(), rtol=1e-5)
 
+
+def test_unrolling_as_deep_as_the_sequence_is_refused_naming_both():
+  """Step s trains on positions t + s + 1 < T: k >= T leaves a step with nothing to learn,
+  and k > T failed inside jnp.concatenate naming neither."""
+  target, params, head, head_params, batch = _setup()
+  for k in (8, 10):
+    objective = HeadDistillationObjective(target, head, DistillationConfig(lambda1=1.0),
+                                          HeadTrainingConfig(k))
+    with pytest.raises(ValueError, match=rf"unroll steps={k} .* 8 positions"):
+      objective.loss(head_params, {"target": params}, batch)
