@@ -87,6 +87,13 @@ def test_export_refusals_name_the_reason():
   t5 = Head(HeadConfig(tiny_target("decoder_only").config))
   with pytest.raises(ValueError, match="llama-kind head"):
     eagle3.to_tensors(t5, None)
+  # A Qwen3 / Gemma 3 head's layer is its target kind's (q/k norms; Gemma's norms and GELU),
+  # not T5's: the message names what the engines' Llama layer lacks.
+  for kind, lacks in (("qwen3", "q/k norms"), ("gemma3", "GELU")):
+    config = tiny_target("llama", layers=4).config.replace(kind=kind)
+    head = Head(HeadConfig(config, feature_layers=(1, 2, 3)))
+    with pytest.raises(ValueError, match=rf"this head is {kind} \(its layer has {lacks}"):
+      eagle3.to_tensors(head, None)
 
 
 @pytest.mark.slow

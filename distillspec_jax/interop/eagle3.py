@@ -85,11 +85,19 @@ SPECULATORS_FIELDS = ("architectures", "draft_vocab_size", "eagle_aux_hidden_sta
                       "transformer_layer_config")
 
 
+# What a head's layer has beyond the engines' EAGLE-3 Llama layer, by target kind.
+_KIND_LAYERS = {"qwen3": "q/k norms (an RMSNorm over every query and key head)",
+                "gemma3": "GELU-gated MLP, q/k norms and Gemma's attention scale",
+                "t5": "T5 relative-position attention and a gated-GELU MLP"}
+
+
 def _check_exportable(head: Head) -> None:
   c = head.config
   if c.kind != "llama":
     raise ValueError(f"EAGLE-3 export takes a llama-kind head; this head is {c.kind} (its "
-                     "layer has T5 attention the serving engines' EAGLE-3 heads lack).")
+                     f"layer has {_KIND_LAYERS.get(c.kind, _KIND_LAYERS['t5'])}, which the "
+                     "engines' EAGLE-3 Llama layer lacks: the head's layer is its target "
+                     "kind's). Export heads of llama-kind targets.")
   if c.target.use_qkv_bias:
     raise ValueError("EAGLE-3 export: the engines' EAGLE-3 Llama layer has no q/k/v biases; "
                      "this target (Qwen2-style use_qkv_bias=True) cannot be exported.")
