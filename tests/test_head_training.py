@@ -278,3 +278,19 @@ def test_unrolling_as_deep_as_the_sequence_is_refused_naming_both():
                                           HeadTrainingConfig(k))
     with pytest.raises(ValueError, match=rf"unroll steps={k} .* 8 positions"):
       objective.loss(head_params, {"target": params}, batch)
+
+
+def test_an_adaspec_reference_head_of_another_shape_is_refused():
+  """The reference head is unrolled on the head's features and compared over the head's draft
+  ids: one reading other layers got the head's features silently (or failed inside its fc),
+  one over other draft ids of the same count had its margin taken over mismatched tokens."""
+  target, _, head, _, _ = _setup(draft_ids=tuple(range(0, 20)))
+  config = DistillationConfig(lambda1=1.0, top_k_fraction=0.5)
+  other_ids = Head(head.config.replace(draft_ids=tuple(range(11, 31))))
+  with pytest.raises(ValueError, match="reference head's draft_ids"):
+    HeadDistillationObjective(target, head, config, reference=other_ids)
+  other_layers = Head(head.config.replace(feature_layers=(2, 1, 0)))
+  with pytest.raises(ValueError, match=r"reference head's feature_layers=\(2, 1, 0\)"):
+    HeadDistillationObjective(target, head, config, reference=other_layers)
+  # Another MLP width is a reference of its own: allowed.
+  HeadDistillationObjective(target, head, config, reference=Head(head.config.replace(mlp_dim=8)))

@@ -147,6 +147,17 @@ class HeadDistillationObjective:
                        "or neither.")
     if self.reference is not None:
       self.reference.check_target(self.target)
+      # The reference is unrolled on the head's features and compared over its draft ids.
+      mine, theirs = self.head.config, self.reference.config
+      if tuple(theirs.layers) != tuple(mine.layers):
+        raise ValueError(f"The AdaSPEC reference head's feature_layers={tuple(theirs.layers)} "
+                         f"are not the head's {tuple(mine.layers)}: the reference reads the "
+                         "head's features. Use a reference head of the head's feature layers "
+                         "(an FKL-distilled copy of the head).")
+      if theirs.draft_ids != mine.draft_ids:
+        raise ValueError("The AdaSPEC reference head's draft_ids differ from the head's: the "
+                         "token margin compares both over the head's draft vocabulary. Use a "
+                         "reference head of the head's draft_ids (an FKL-distilled copy).")
     c = self.config
     if c.position_weighting != "uniform":
       raise ValueError(f"position_weighting={c.position_weighting!r}: a head's training-time "
