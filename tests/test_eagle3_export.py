@@ -46,7 +46,10 @@ def test_export_writes_exactly_the_documented_keys_and_fields(tmp_path):
   assert speculators["speculators_model_type"] == "eagle3"
   assert speculators["speculators_config"]["verifier"]["name_or_path"] == "meta-llama/x"
   assert speculators["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
-  assert speculators["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+  # vLLM captures a hidden state before decoder layer id (its llama.py: `if idx in
+  # aux_hidden_state_layers` ahead of layer idx) and reads the ids as they are: id i is our
+  # hidden-state index i. SGLang adds 1 to its ids (the output of layer id): index i - 1.
+  assert speculators["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
   # A head whose embedding was trained apart from the target's carries its own.
   head_params["token_embedder"]["embedding"] = head_params["token_embedder"]["embedding"] + 1
   assert eagle3.EMBEDDING_KEY in eagle3.to_tensors(head, head_params, params)

@@ -28,9 +28,11 @@ Tensors (torch Linear weights are [out, in]; H heads, K kv heads, D head_dim, n 
   token_embedder/embedding                      embed_tokens.weight, only where it differs from
                                                 the target's (the engines share the target's)
 
-Feature layers: our hidden-state index i (the output of decoder layer i) is layer id i - 1 in
-both formats (the id of the layer whose output is captured); index 0, the embedding output,
-has no layer id and is refused. The engines' heads read exactly three hidden states, each
+Feature layers: our hidden-state index i (the output of decoder layer i, the input of layer
+i + 1) is written as each engine reads it. SGLang's `eagle_config` ids name the layer whose
+output is captured (it captures before layer id + 1): id i - 1. vLLM captures before decoder
+layer id and reads the speculators config's ids as they are: id i. Index 0, the embedding
+output, has no SGLang id and is refused. The engines' heads read exactly three hidden states, each
 captured before a decoder layer runs: a head of another number of feature layers, or one
 reading the last decoder layer's output, is refused too.
 """
@@ -154,7 +156,8 @@ def speculators_config(head: Head, verifier: str, speculative_tokens: int,
       "draft_vocab_size": head.config.draft_vocab_size,
       "norm_before_residual": False,  # the residual stream is the fused feature before norm
       "target_hidden_size": head.config.width,
-      "eagle_aux_hidden_state_layer_ids": [i - 1 for i in head.feature_layers],
+      # vLLM captures before decoder layer id and reads the ids as they are: our index i.
+      "eagle_aux_hidden_state_layer_ids": [int(i) for i in head.feature_layers],
       # Whether the embedding was trained apart from the target's (exported as embed_tokens).
       "embed_requires_grad": bool(own_embedding),
   }
