@@ -159,3 +159,19 @@ def test_import_reads_a_specforge_folder_without_eagle_config_or_vocabulary_map(
   loaded, loaded_params = eagle3.import_eagle3(folder, target.config, params)
   assert loaded == head
   np.testing.assert_array_equal(loaded_params["fc"]["kernel"], head_params["fc"]["kernel"])
+
+
+@pytest.mark.slow
+def test_an_export_whose_first_sglang_id_is_not_1_warns(tmp_path, caplog):
+  """SGLang since PR 25454 adds 1 to the eagle_config ids only when the first is 1 (else it
+  reads them as capture-before ids): an export whose first feature layer is not hidden
+  state 2 is read one layer lower there than by earlier SGLang, silently. The export warns."""
+  target = tiny_target("llama", layers=8)
+  params = target.init(jax.random.PRNGKey(0))
+  for layers, warned in (((2, 4, 5), False), ((3, 4, 5), True)):
+    head = Head(HeadConfig(target.config, feature_layers=layers, mlp_dim=40))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      eagle3.export_eagle3(head, head.init(jax.random.PRNGKey(1), params),
+                           str(tmp_path / str(layers[0])), verifier="v", target_params=params)
+    assert ("first feature layer 3" in caplog.text) == warned

@@ -208,6 +208,15 @@ def export_eagle3(head: Head, params: Params, directory: str, *, verifier: str,
         "EAGLE-3 head (its worker's set_embed), so the sglang folder would be served with "
         "another embedding than the one trained: serve it with vLLM, or train the head with "
         "the target's embedding.", directory, EMBEDDING_KEY)
+  first = head.feature_layers[0]
+  if first != 2:
+    logging.warning(
+        "EAGLE-3 export to %s: the first feature layer %d is not hidden state 2, so the sglang "
+        "config's first layer id is %d, not 1. SGLang before PR 25454 adds 1 to every id (the "
+        "layers trained on); later SGLang adds 1 only when the first id is 1 and otherwise reads "
+        "the ids one layer lower, silently. Serve it with an SGLang that adds 1, or train the "
+        "head with hidden state 2 first (the default low, middle, high layers of a target of 8 "
+        "or more layers).", directory, first, first - 1)
   configs = {"sglang": sglang_config(head),
              "speculators": speculators_config(head, verifier, speculative_tokens,
                                                own_embedding)}
