@@ -175,3 +175,17 @@ def test_an_export_whose_first_sglang_id_is_not_1_warns(tmp_path, caplog):
       eagle3.export_eagle3(head, head.init(jax.random.PRNGKey(1), params),
                            str(tmp_path / str(layers[0])), verifier="v", target_params=params)
     assert ("first feature layer 3" in caplog.text) == warned
+
+
+@pytest.mark.slow
+def test_import_reads_the_speculators_folder_too(tmp_path):
+  """The speculators config nests the layer's fields under transformer_layer_config and holds
+  vLLM's layer ids (our hidden-state indices): read as an sglang config it skipped every
+  target check and fell back to default layers, silently."""
+  target, params, head, head_params = _head(layers=(1, 2, 3))
+  paths = eagle3.export_eagle3(head, head_params, str(tmp_path), verifier="v",
+                               target_params=params)
+  loaded, loaded_params = eagle3.import_eagle3(paths["speculators"], target.config, params)
+  assert loaded == head
+  with pytest.raises(ValueError, match="hidden_size=32 does not match the target's"):
+    eagle3.import_eagle3(paths["speculators"], target.config.replace(emb_dim=48), params)

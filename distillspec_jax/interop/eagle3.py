@@ -261,10 +261,12 @@ def _shape_at(shapes, path) -> tuple:
 
 def import_eagle3(folder: str, target: TransformerConfig,
                   target_params: Optional[Params] = None) -> tuple[Head, Params]:
-  """Reads an export's `sglang` folder back: (Head for `target`, params)."""
+  """Reads an export's `sglang` or `speculators` folder back: (Head for `target`, params)."""
   from safetensors.numpy import load_file
   with open(os.path.join(folder, "config.json")) as f:
-    config = json.load(f)
+    raw = json.load(f)
+  speculators = "transformer_layer_config" in raw  # vLLM's format: the layer's fields nested
+  config = raw["transformer_layer_config"] if speculators else raw
   _check_import_target(config, target, folder)
   tensors = load_file(os.path.join(folder, "model.safetensors"))
   missing = [theirs for _, theirs, _ in _TENSORS if theirs not in tensors]
@@ -282,13 +284,16 @@ def import_eagle3(folder: str, target: TransformerConfig,
                        f"vocab_size={target.vocab_size}; a reduced draft vocabulary needs its "
                        "d2t tensor (SpecForge and export_eagle3 write it).")
     ids = np.arange(target.vocab_size)
-  layer_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+  if speculators:  # vLLM's ids: captured before layer id, our hidden-state index id
+    layer_ids, offset = raw.get("eagle_aux_hidden_state_layer_ids"), 0
+  else:  # SGLang's ids: the output of layer id, our hidden-state index id + 1
+    layer_ids, offset = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"), 1
   if layer_ids is None:
-    # SGLang's default capture (before layers 2, n // 2, n - 3): those hidden-state indices.
+    # The engines' default capture (before layers 2, n // 2, n - 3): those hidden-state indices.
     n = target.num_decoder_layers
     layers = (2, n // 2, n - 3)
   else:
-    layers = tuple(int(i) + 1 for i in layer_ids)
+    layers = tuple(int(i) + offset for i in layer_ids)
   full = len(ids) == target.vocab_size and np.array_equal(ids, np.arange(target.vocab_size))
   head = Head(HeadConfig(target, feature_layers=layers, mlp_dim=int(config["intermediate_size"]),
                          draft_ids=None if full else tuple(int(i) for i in ids)))
