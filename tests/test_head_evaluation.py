@@ -249,3 +249,16 @@ def test_the_eval_binary_refuses_a_head_setting_that_does_not_fit(tmp_path):
   from distillspec_jax.models.head import write_head_config
   write_head_config(str(tmp_path), head)
   assert read_head_config(str(tmp_path), target.config, "DRAFT_CHECKPOINT_PATH") == head
+
+
+def test_a_head_unrolled_past_its_training_sequences_is_refused_before_any_work(tmp_path):
+  """The training-time test compares step s with the target at positions t + s < T: a job
+  unrolling the head as deep as its training rows (T = the targets length on an
+  encoder-decoder) failed only at the head stage's first step."""
+  from distillspec_jax.evaluation.decoding_grid import DecodingGrid
+  from distillspec_jax.studies.pipeline_config import HeadStageConfig, PipelineConfig
+  with pytest.raises(ValueError, match=r"unroll_steps=7 .* 6 positions"):
+    PipelineConfig(run_dir=str(tmp_path), grid=DecodingGrid(gammas=(7,)),
+                   task_feature_lengths={"inputs": 40, "targets": 6}, head=HeadStageConfig())
+  PipelineConfig(run_dir=str(tmp_path), grid=DecodingGrid(gammas=(5,)),
+                 task_feature_lengths={"inputs": 40, "targets": 6}, head=HeadStageConfig())

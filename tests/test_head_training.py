@@ -239,3 +239,90 @@ def test_on_policy_head_samples_end_at_the_targets_stop_ids():
         np.asarray(stopped["decoder_loss_weights"])[r] > 0]
     np.testing.assert_array_equal(kept, s[:n], err_msg=f"row {r}")
   assert cut >= 1
+
+
+def test_predicted_acceptance_of_a_reduced_vocabulary_head_is_its_real_acceptance():
+  """The draft's expected acceptance is sum_v min(p(v), q(v)) over the target's whole
+  vocabulary: the target's mass on ids outside the draft vocabulary can never be accepted.
+  The loss compares distributions over the draft ids (the target's renormalised, as
+  SpecForge), but predicted_acceptance and acceptance_step{s} must not."""
+  ids = tuple(range(2, VOCAB, 3))
+  target, params, head, head_params, batch = _setup(draft_ids=ids)
+  objective = HeadDistillationObjective(target, head, DistillationConfig(lambda1=1.0),
+                                        HeadTrainingConfig(2))
+  _, metrics = jax.jit(objective.loss)(head_params, {"target": params}, batch)
+  target_logits = target.logits(params, batch)
+  layers = head.feature_layers
+  _, features, _ = target.layer_features(params, batch, layers)
+  unrolled = head.unroll(head_params, batch["decoder_target_tokens"], features, 2)
+  weights = np.asarray(batch["decoder_loss_weights"])
+  for s in range(2):
+    p = np.asarray(jax.nn.softmax(target_logits[:, s + 1:]))
+    q = np.asarray(jax.nn.softmax(head.to_target_logits(unrolled[s][:, :-(s + 1)])))
+    w = weights[:, s + 1:]
+    per_row = np.sum(np.minimum(p, q).sum(-1) * w, 1) / np.sum(w, 1)
+    np.testing.assert_allclose(float(metrics[f"acceptance_step{s + 1}"]), per_row.mean(),
+                               rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["predicted_acceptance"]),
+                             float(metrics["acceptance_step1"]), rtol=1e-6)
+
+
+def test_settings_a_head_does_not_train_with_are_refused():
+  """A head's loss has no block-acceptance weighting and no acceptance head: such settings
+  were ignored silently (a uniform loss, no acceptance term)."""
+  target, _, head, _, _ = _setup()
+  with pytest.raises(ValueError, match="position_weighting='block_acceptance'"):
+    HeadDistillationObjective(target, head,
+                              DistillationConfig(position_weighting="block_acceptance"))
+  with pytest.raises(ValueError, match="acceptance_weight=0.5"):
+    HeadDistillationObjective(target, head, DistillationConfig(acceptance_weight=0.5))
+
+
+def test_deep_steps_report_the_acceptance_of_the_rows_they_score():
+  """Step s scores positions t + s + 1 of each row: a short row (row 1 ends at position 5)
+  has none at steps >= 5. Such a row counted as TVD 0 (acceptance 1) in acceptance_step{s},
+  so deep steps read higher than any row they scored."""
+  target, params, head, head_params, batch = _setup()
+  k = 6
+  objective = HeadDistillationObjective(target, head, DistillationConfig(lambda1=1.0),
+                                        HeadTrainingConfig(k))
+  _, metrics = jax.jit(objective.loss)(head_params, {"target": params}, batch)
+  target_logits = target.logits(params, batch)
+  _, features, _ = target.layer_features(params, batch, head.feature_layers)
+  unrolled = head.unroll(head_params, batch["decoder_target_tokens"], features, k)
+  weights = np.asarray(batch["decoder_loss_weights"])
+  for s in range(k):
+    p = np.asarray(jax.nn.softmax(target_logits[:, s + 1:]))
+    q = np.asarray(jax.nn.softmax(unrolled[s][:, :-(s + 1)]))
+    w = weights[:, s + 1:]
+    scored = np.sum(w, 1) > 0
+    per_row = np.sum(np.minimum(p, q).sum(-1) * w, 1) / np.maximum(np.sum(w, 1), 1)
+    np.testing.assert_allclose(float(metrics[f"acceptance_step{s + 1}"]),
+                               per_row[scored].mean(), rtol=1e-5)
+
+
+def test_unrolling_as_deep_as_the_sequence_is_refused_naming_both():
+  """Step s trains on positions t + s + 1 < T: k >= T leaves a step with nothing to learn,
+  and k > T failed inside jnp.concatenate naming neither."""
+  target, params, head, head_params, batch = _setup()
+  for k in (8, 10):
+    objective = HeadDistillationObjective(target, head, DistillationConfig(lambda1=1.0),
+                                          HeadTrainingConfig(k))
+    with pytest.raises(ValueError, match=rf"unroll steps={k} .* 8 positions"):
+      objective.loss(head_params, {"target": params}, batch)
+
+
+def test_an_adaspec_reference_head_of_another_shape_is_refused():
+  """The reference head is unrolled on the head's features and compared over the head's draft
+  ids: one reading other layers got the head's features silently (or failed inside its fc),
+  one over other draft ids of the same count had its margin taken over mismatched tokens."""
+  target, _, head, _, _ = _setup(draft_ids=tuple(range(0, 20)))
+  config = DistillationConfig(lambda1=1.0, top_k_fraction=0.5)
+  other_ids = Head(head.config.replace(draft_ids=tuple(range(11, 31))))
+  with pytest.raises(ValueError, match="reference head's draft_ids"):
+    HeadDistillationObjective(target, head, config, reference=other_ids)
+  other_layers = Head(head.config.replace(feature_layers=(2, 1, 0)))
+  with pytest.raises(ValueError, match=r"reference head's feature_layers=\(2, 1, 0\)"):
+    HeadDistillationObjective(target, head, config, reference=other_layers)
+  # Another MLP width is a reference of its own: allowed.
+  HeadDistillationObjective(target, head, config, reference=Head(head.config.replace(mlp_dim=8)))

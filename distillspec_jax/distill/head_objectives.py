@@ -150,6 +150,27 @@ class HeadDistillationObjective:
                        "or neither.")
     if self.reference is not None:
       self.reference.check_target(self.target)
+      # The reference is unrolled on the head's features and compared over its draft ids.
+      mine, theirs = self.head.config, self.reference.config
+      if tuple(theirs.layers) != tuple(mine.layers):
+        raise ValueError(f"The AdaSPEC reference head's feature_layers={tuple(theirs.layers)} "
+                         f"are not the head's {tuple(mine.layers)}: the reference reads the "
+                         "head's features. Use a reference head of the head's feature layers "
+                         "(an FKL-distilled copy of the head).")
+      if theirs.draft_ids != mine.draft_ids:
+        raise ValueError("The AdaSPEC reference head's draft_ids differ from the head's: the "
+                         "token margin compares both over the head's draft vocabulary. Use a "
+                         "reference head of the head's draft_ids (an FKL-distilled copy).")
+    c = self.config
+    if c.position_weighting != "uniform":
+      raise ValueError(f"position_weighting={c.position_weighting!r}: a head's training-time "
+                       "test weighs its unrolled steps by HeadTrainingConfig.step_weights, not "
+                       "by block acceptance, and would ignore it; set "
+                       "DistillationConfig.position_weighting='uniform' for a head.")
+    if c.acceptance_weight != 0.0:
+      raise ValueError(f"acceptance_weight={c.acceptance_weight} trains an acceptance head, "
+                       "which a draft head has none of, so the term would be ignored; set "
+                       "DistillationConfig.acceptance_weight=0 for a head.")
 
   @property
   def model(self) -> Head:
@@ -175,6 +196,11 @@ class HeadDistillationObjective:
   def step_logits(self, params, frozen, batch):
     """(target logits over the draft vocabulary [batch, T, draft vocab], the head's unrolled
     logits [k, batch, T, draft vocab], the reference head's or None)."""
+    target_logits, head_logits, reference = self._logits(params, frozen, batch)
+    return self.head.to_draft_logits(target_logits), head_logits, reference
+
+  def _logits(self, params, frozen, batch):
+    """`step_logits` with the target's logits over its whole vocabulary [batch, T, vocab]."""
     layers = self.head.feature_layers
     target_logits, features, encoded = jax.lax.stop_gradient(
         self.target.layer_features(frozen["target"], batch, layers))
@@ -185,7 +211,7 @@ class HeadDistillationObjective:
     if self.reference is not None:
       reference = jax.lax.stop_gradient(self.reference.unroll(
           frozen["reference"], tokens, features, k, encoded, mask))
-    return self.head.to_draft_logits(target_logits), head_logits, reference
+    return target_logits, head_logits, reference
 
   def loss(self, params, frozen, batch, dropout_rng=None):
     """Scalar loss and metrics: loss, divergence, tvd and predicted_acceptance (step 1's:
@@ -193,7 +219,8 @@ class HeadDistillationObjective:
     acceptance_step{s}, num_tokens, and AdaSPEC's selection stats (step 1's)."""
     del dropout_rng  # the head has no dropout
     c = self.config
-    teacher, head_logits, reference = self.step_logits(params, frozen, batch)
+    full, head_logits, reference = self._logits(params, frozen, batch)
+    teacher = self.head.to_draft_logits(full)
     weights = batch["decoder_loss_weights"]
     total, metrics = 0.0, {}
     step_weights = self.training.weights
@@ -214,8 +241,17 @@ class HeadDistillationObjective:
         metrics[f"kept_fraction_step{s + 1}"] = stats["kept_fraction"]
         if s == 0:
           metrics.update(stats)
-      tvd = jnp.mean(divergences.per_sequence_divergence(
-          "tvd", teacher_s, jax.lax.stop_gradient(head_logits[s]), weights_s))
+      # 1 - TVD over the target's whole vocabulary (the head's probability 0 outside its
+      # draft vocabulary): the target's mass there is never accepted, so the renormalised
+      # teacher the loss reads would overstate the acceptance.
+      # Averaged over the rows the step scores: a short row has no position at a deep step
+      # (its TVD would read 0, acceptance 1).
+      row_tvd = divergences.per_sequence_divergence(
+          "tvd", _shift_left(full, s + 1),
+          self.head.to_target_logits(jax.lax.stop_gradient(head_logits[s])), weights_s,
+          target_temperature=c.target_temperature, draft_temperature=c.draft_temperature)
+      scored = (jnp.sum(weights_s, axis=1) > 0).astype(row_tvd.dtype)
+      tvd = jnp.sum(row_tvd * scored) / jnp.maximum(jnp.sum(scored), 1.0)
       metrics[f"acceptance_step{s + 1}"] = 1.0 - tvd
       metrics[f"loss_step{s + 1}"] = loss_s
       if s == 0:

@@ -28,14 +28,19 @@ Tensors (torch Linear weights are [out, in]; H heads, K kv heads, D head_dim, n 
   token_embedder/embedding                      embed_tokens.weight, only where it differs from
                                                 the target's (the engines share the target's)
 
-Feature layers: our hidden-state index i (the output of decoder layer i) is layer id i - 1 in
-both formats (the id of the layer whose output is captured); index 0, the embedding output,
-has no layer id and is refused.
+Feature layers: our hidden-state index i (the output of decoder layer i, the input of layer
+i + 1) is written as each engine reads it. SGLang's `eagle_config` ids name the layer whose
+output is captured (it captures before layer id + 1): id i - 1. vLLM captures before decoder
+layer id and reads the speculators config's ids as they are: id i. Index 0, the embedding
+output, has no SGLang id and is refused. The engines' heads read exactly three hidden states, each
+captured before a decoder layer runs: a head of another number of feature layers, or one
+reading the last decoder layer's output, is refused too.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any, Optional
 
@@ -70,23 +75,51 @@ _TENSORS = (
 EMBEDDING_KEY = "embed_tokens.weight"
 # The tensors an export holds (plus EMBEDDING_KEY where the head's embedding is its own).
 SGLANG_KEYS = tuple(sorted([theirs for _, theirs, _ in _TENSORS] + ["d2t", "t2d"]))
+# The hidden states an engine's EAGLE-3 head reads (SGLang's and vLLM's fc: 3 * hidden_size).
+NUM_FEATURE_LAYERS = 3
+# The config.json fields of the head's layer that come from the target: an export is imported
+# only for a target whose fields equal them.
+TARGET_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "vocab_size", "rms_norm_eps", "rope_theta", "rope_scaling")
 SPECULATORS_FIELDS = ("architectures", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids",
                       "embed_requires_grad", "norm_before_residual", "speculators_config",
                       "speculators_model_type", "target_hidden_size",
                       "transformer_layer_config")
 
 
+# What a head's layer has beyond the engines' EAGLE-3 Llama layer, by target kind.
+_KIND_LAYERS = {"qwen3": "q/k norms (an RMSNorm over every query and key head)",
+                "gemma3": "GELU-gated MLP, q/k norms and Gemma's attention scale",
+                "t5": "T5 relative-position attention and a gated-GELU MLP"}
+
+
 def _check_exportable(head: Head) -> None:
   c = head.config
   if c.kind != "llama":
     raise ValueError(f"EAGLE-3 export takes a llama-kind head; this head is {c.kind} (its "
-                     "layer has T5 attention the serving engines' EAGLE-3 heads lack).")
+                     f"layer has {_KIND_LAYERS.get(c.kind, _KIND_LAYERS['t5'])}, which the "
+                     "engines' EAGLE-3 Llama layer lacks: the head's layer is its target "
+                     "kind's). Export heads of llama-kind targets.")
   if c.target.use_qkv_bias:
     raise ValueError("EAGLE-3 export: the engines' EAGLE-3 Llama layer has no q/k/v biases; "
                      "this target (Qwen2-style use_qkv_bias=True) cannot be exported.")
   if 0 in head.feature_layers:
     raise ValueError(f"feature_layers={head.feature_layers} reads the embedding output (index "
                      "0), which EAGLE-3's layer ids cannot name; export a head of layers >= 1.")
+  layers, last = head.feature_layers, c.target.num_decoder_layers
+  if len(layers) != NUM_FEATURE_LAYERS:
+    raise ValueError(f"feature_layers={layers} has {len(layers)} hidden states; SGLang's and "
+                     f"vLLM's EAGLE-3 heads read exactly {NUM_FEATURE_LAYERS} (their fc is "
+                     f"{NUM_FEATURE_LAYERS} * hidden_size wide), so neither engine would load "
+                     f"this export. Train the head on {NUM_FEATURE_LAYERS} feature layers "
+                     "(HeadConfig.feature_layers; for a target of 8 or more layers the default "
+                     "low, middle, high).")
+  if last in layers:
+    raise ValueError(f"feature layer {last} is the output of the target's last decoder layer, "
+                     "which the engines cannot hand the head: they capture a hidden state "
+                     f"before a decoder layer runs (SGLang never reaches layer id {last - 1}). "
+                     f"Export a head of layers 1 .. {last - 1} (for a target of 8 or more layers "
+                     "the default low, middle, high layers qualify).")
 
 
 def layer_config(head: Head) -> dict:
@@ -105,7 +138,8 @@ def sglang_config(head: Head) -> dict:
   return out
 
 
-def speculators_config(head: Head, verifier: str, speculative_tokens: int) -> dict:
+def speculators_config(head: Head, verifier: str, speculative_tokens: int,
+                       own_embedding: bool = False) -> dict:
   layer = layer_config(head)
   layer["architectures"] = ["LlamaForCausalLM"]
   return {
@@ -122,8 +156,10 @@ def speculators_config(head: Head, verifier: str, speculative_tokens: int) -> di
       "draft_vocab_size": head.config.draft_vocab_size,
       "norm_before_residual": False,  # the residual stream is the fused feature before norm
       "target_hidden_size": head.config.width,
-      "eagle_aux_hidden_state_layer_ids": [i - 1 for i in head.feature_layers],
-      "embed_requires_grad": False,
+      # vLLM captures before decoder layer id and reads the ids as they are: our index i.
+      "eagle_aux_hidden_state_layer_ids": [int(i) for i in head.feature_layers],
+      # Whether the embedding was trained apart from the target's (exported as embed_tokens).
+      "embed_requires_grad": bool(own_embedding),
   }
 
 
@@ -163,8 +199,27 @@ def export_eagle3(head: Head, params: Params, directory: str, *, verifier: str,
   the target's name or path as the engines load it. Returns {folder: path}."""
   from safetensors.numpy import save_file  # the interop layer's optional dependency
   tensors = to_tensors(head, params, target_params)
+  own_embedding = EMBEDDING_KEY in tensors
+  if own_embedding:
+    logging.warning(
+        "EAGLE-3 export to %s: the head's token embedding is not the target's (or no "
+        "target_params were given to compare), so the export carries it as %s. vLLM loads it, "
+        "but SGLang replaces the head's embed_tokens with the target's when it serves an "
+        "EAGLE-3 head (its worker's set_embed), so the sglang folder would be served with "
+        "another embedding than the one trained: serve it with vLLM, or train the head with "
+        "the target's embedding.", directory, EMBEDDING_KEY)
+  first = head.feature_layers[0]
+  if first != 2:
+    logging.warning(
+        "EAGLE-3 export to %s: the first feature layer %d is not hidden state 2, so the sglang "
+        "config's first layer id is %d, not 1. SGLang before PR 25454 adds 1 to every id (the "
+        "layers trained on); later SGLang adds 1 only when the first id is 1 and otherwise reads "
+        "the ids one layer lower, silently. Serve it with an SGLang that adds 1, or train the "
+        "head with hidden state 2 first (the default low, middle, high layers of a target of 8 "
+        "or more layers).", directory, first, first - 1)
   configs = {"sglang": sglang_config(head),
-             "speculators": speculators_config(head, verifier, speculative_tokens)}
+             "speculators": speculators_config(head, verifier, speculative_tokens,
+                                               own_embedding)}
   paths = {}
   for name, config in configs.items():
     folder = os.path.join(directory, name)
@@ -206,14 +261,59 @@ def _shape_at(shapes, path) -> tuple:
 
 def import_eagle3(folder: str, target: TransformerConfig,
                   target_params: Optional[Params] = None) -> tuple[Head, Params]:
-  """Reads an export's `sglang` folder back: (Head for `target`, params)."""
+  """Reads an export's `sglang` or `speculators` folder back: (Head for `target`, params)."""
   from safetensors.numpy import load_file
   with open(os.path.join(folder, "config.json")) as f:
-    config = json.load(f)
+    raw = json.load(f)
+  speculators = "transformer_layer_config" in raw  # vLLM's format: the layer's fields nested
+  config = raw["transformer_layer_config"] if speculators else raw
+  _check_import_target(config, target, folder)
   tensors = load_file(os.path.join(folder, "model.safetensors"))
-  ids = (np.asarray(tensors["d2t"]) + np.arange(len(tensors["d2t"]))).astype(int)
-  layers = tuple(int(i) + 1 for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+  missing = [theirs for _, theirs, _ in _TENSORS if theirs not in tensors]
+  if missing:
+    raise ValueError(f"{folder}/model.safetensors lacks {', '.join(missing)}: it is not an "
+                     "EAGLE-3 head of SGLang's LlamaForCausalLMEagle3 layout (module "
+                     "docstring); point import_eagle3 at an export's sglang folder.")
+  if "d2t" in tensors:
+    ids = (np.asarray(tensors["d2t"]) + np.arange(len(tensors["d2t"]))).astype(int)
+  else:  # no map: the draft vocabulary is the target's (SGLang reads no hot tokens either)
+    rows = tensors["lm_head.weight"].shape[0]
+    if rows != target.vocab_size:
+      raise ValueError(f"{folder}/model.safetensors has no d2t (draft id -> target id "
+                       f"offsets) but lm_head.weight has {rows} rows for the target's "
+                       f"vocab_size={target.vocab_size}; a reduced draft vocabulary needs its "
+                       "d2t tensor (SpecForge and export_eagle3 write it).")
+    ids = np.arange(target.vocab_size)
+  if speculators:  # vLLM's ids: captured before layer id, our hidden-state index id
+    layer_ids, offset = raw.get("eagle_aux_hidden_state_layer_ids"), 0
+  else:  # SGLang's ids: the output of layer id, our hidden-state index id + 1
+    layer_ids, offset = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"), 1
+  if layer_ids is None:
+    # The engines' default capture (before layers 2, n // 2, n - 3): those hidden-state indices.
+    n = target.num_decoder_layers
+    layers = (2, n // 2, n - 3)
+  else:
+    layers = tuple(int(i) + offset for i in layer_ids)
   full = len(ids) == target.vocab_size and np.array_equal(ids, np.arange(target.vocab_size))
   head = Head(HeadConfig(target, feature_layers=layers, mlp_dim=int(config["intermediate_size"]),
                          draft_ids=None if full else tuple(int(i) for i in ids)))
   return head, _from_tensors(tensors, head, target_params)
+
+
+def _check_import_target(config: dict, target: TransformerConfig, folder: str) -> None:
+  """Refuses a target whose attention shape, width, vocabulary, norm epsilon or RoPE differ
+  from the export's: the head's layer is built from the target, so such an export would
+  fail to reshape or, where the sizes agree (2 heads x 16 against 4 heads x 8), load into
+  the wrong layout silently."""
+  if target.kind != "llama" or target.use_qkv_bias:
+    raise ValueError(f"import_eagle3 builds a llama-kind head; this target is {target.kind}"
+                     f"{' with q/k/v biases' if target.use_qkv_bias else ''}, whose head "
+                     "layer differs from the engines' EAGLE-3 Llama layer. Import it for the "
+                     "llama-kind target it was exported from.")
+  expected = hf_llama.config_to_hf(target)
+  for key in TARGET_FIELDS:
+    if key in config and config[key] != expected[key]:
+      raise ValueError(f"{folder}/config.json: {key}={config[key]!r} does not match the "
+                       f"target's {key}={expected[key]!r}; the export was made for another "
+                       "target. Import it for the target it was exported from (the "
+                       "speculators config names it as the verifier).")

@@ -509,6 +509,12 @@ class Head:
              encoded: Optional[Array] = None, encoder_mask: Optional[Array] = None) -> Array:
     """`HeadNetwork.unroll`: draft-vocabulary logits [steps, batch, T, draft vocab]."""
     steps = check_unroll_steps(steps)
+    length = tokens.shape[1]
+    if steps >= length:
+      raise ValueError(f"unroll steps={steps} reaches past the sequence's {length} positions: "
+                       f"step s (1-based) is compared with the target at positions t + s < "
+                       f"{length}, so k >= {length} leaves a step with no token to learn. "
+                       f"Unroll fewer steps (k < {length}) or train on longer sequences.")
     module = self.module
     return module.apply({"params": params}, tokens, features, steps, encoded, encoder_mask,
                         method=module.unroll)

@@ -307,6 +307,15 @@ class PipelineConfig:
                          "head = None (the main job's PipelineConfig trains heads).")
       self.head.check_target(self.target_model)
       training = self.head.training(self.grid.gammas)  # step_weights: one per unrolled step
+      lengths = self.task_feature_lengths
+      width = lengths["targets"] + (lengths.get("inputs", 0)
+                                    if self.feature_converter == "decoder" else 0)
+      if training.unroll_steps >= width:
+        raise ValueError(
+            f"The head's unroll_steps={training.unroll_steps} (HeadStageConfig.unroll_steps, "
+            f"None = the largest gamma) reaches past its training rows' {width} positions "
+            "(TASK_FEATURE_LENGTHS): step s is compared with the target at positions t + s < "
+            f"{width}. Unroll fewer steps or train on longer sequences.")
       if training.unroll_steps < max(self.grid.gammas):
         logging.warning(
             "HeadStageConfig.unroll_steps=%d is below the largest gamma %d: the head is not "
