@@ -189,9 +189,9 @@ class EvaluationRow(JsonRecord):
     predicted_alpha: the draft's 1 - TVD along the target's own samples (the eval binary;
       None in the main job).
     speed: speed.SpeedFigures of the timed prompts (None: not timed; every key null).
-    num_examples: the prompts evaluated (the eval binary: the task's, which is fewer than
-      EVAL_EXAMPLES when its split is smaller; a mixture's row: the sum over its tasks;
-      None: not recorded, as in the main job and a metrics.json written before it was).
+    num_examples: the prompts evaluated (fewer than EVAL_EXAMPLES when the task's split is
+      smaller; a mixture's row: the sum over its tasks; None: not recorded, as in a
+      metrics.json or report.json written before it was).
   """
 
   task: str

@@ -888,7 +888,8 @@ def stage_evaluate(config: PipelineConfig, stage: str) -> dict:
   if not primary:  # process 0 writes eval.json; the others only took part in the decodes
     return {"num_test_prompts": int(len(examples))}
   rows = [evaluate_lib.EvaluationRow.of(config.task, run,
-                                        timing.row(run.draft, run.point).figures)
+                                        timing.row(run.draft, run.point).figures,
+                                        num_examples=len(examples))
           for run in rows]
   write_json_atomic(os.path.join(config.stage_dir(stage), "eval.json"),
                     evaluation_json(alone, rows, timing, summaries))
